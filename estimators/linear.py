@@ -1,0 +1,345 @@
+"""Unbiased linear count estimators with exact variances and confidence bounds.
+
+Every estimator in the papers is linear in the per-round report counts of one station:
+
+    estimate = sum_{r,o} w[r, o] * C[r, o]  -  N * mu_No
+
+Per vehicle, ``X = sum_r w[r, report_r]`` is a function of its die roll and truth, so its
+mean, variance and range under "Yes" and "No" follow exactly from the mechanism's table
+(:class:`StationView`). Weights are normalized so ``mu_Yes - mu_No = 1``, hence
+
+    E[estimate]   = Yes                                   (unbiased)
+    Var[estimate] = N * var_No + Yes * (var_Yes - var_No)  (= alpha + beta * Yes)
+
+with the rounds' correlation (Sampling Privacy's one die per epoch) taken into account.
+
+Confidence bounds (``shared/reference/MECHANISMS.md`` §7):
+
+* **score** (Wilson-type): ``{Y in [0, N] : (est - Y)^2 <= z^2 Var(Y)}``, a quadratic in Y;
+  valid at zero and small counts, where the variance depends strongly on Y.
+* **plug-in**: ``est +- z sqrt(Var(max(est, 0)))``; shown for contrast, under-covers at
+  small counts.
+* **hoeffding** (distribution-free, seed 001): each vehicle's ``X`` lies in a range ``R``;
+  ``P(|est - Y| >= t) <= 2 exp(-2 t^2 / sum R_i^2)``, solved for Y the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from scipy.stats import norm
+
+from ._types import FloatArray, IntArray
+from .mechanisms import ALP_BOTTOM, ALP_YES, Mechanism
+
+__all__ = [
+    "Bound",
+    "LinearEstimator",
+    "StationView",
+    "alp_estimators",
+    "count_estimator",
+    "fresh_difference",
+    "gls",
+    "mean_of",
+    "quadratic_interval",
+    "rr_estimator",
+    "sp_difference",
+    "station_counts",
+    "station_view",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class StationView:
+    """What one station's estimator sees of a mechanism.
+
+    ``latent[s, t, f]``: P(face f | truth t) for station s, t = 0 (No) or 1 (Yes).
+    ``outputs[r, s, t, f]``: the report in round r, in the view's output alphabet.
+    A size-1 station axis broadcasts over all stations.
+
+    Station-valued mechanisms are reduced to "is the report this station?" (outputs 0/1)
+    with "Yes" = truth s and "No" = truth 0 (no station); every other "No" truth gives the
+    same distribution of the reduced report (checked by a unit test).
+    """
+
+    latent: FloatArray
+    outputs: IntArray
+    n_outputs: int
+    n_stations: int
+
+    @property
+    def n_rounds(self) -> int:
+        return int(self.outputs.shape[0])
+
+
+def station_view(mech: Mechanism, stations: Sequence[int] | IntArray | None = None) -> StationView:
+    """The per-station view of ``mech`` (stations 1..V for station-valued mechanisms)."""
+    if mech.station_valued:
+        v = mech.n_truths - 1
+        st = np.arange(1, v + 1, dtype=np.int64) if stations is None else np.asarray(stations, dtype=np.int64)
+        if st.size == 0 or st.min() < 1 or st.max() > v:
+            raise ValueError(f"stations must lie in 1..{v}")
+        faces = np.arange(mech.n_faces, dtype=np.int64)[None, None, :]
+        truths = np.stack([np.zeros_like(st), st], axis=1)[:, :, None]  # (S, 2, 1)
+        outputs = np.stack([
+            np.broadcast_to(mech.emit(r, faces, truths) == st[:, None, None], (st.size, 2, mech.n_faces))
+            for r in range(mech.n_rounds)
+        ]).astype(np.int64)
+        full = mech.latent_full()
+        latent = full[truths[:, :, 0]]  # (S, 2, F)
+        return StationView(latent=latent, outputs=outputs, n_outputs=2, n_stations=int(st.size))
+    if mech.n_truths != 2:
+        raise ValueError(f"{mech.name}: not binary and not station-valued")
+    faces = np.arange(mech.n_faces, dtype=np.int64)[None, :]
+    truths = np.array([[0], [1]], dtype=np.int64)
+    outputs = np.stack([np.broadcast_to(mech.emit(r, faces, truths), (2, mech.n_faces))
+                        for r in range(mech.n_rounds)])[:, None, :, :]
+    return StationView(latent=mech.latent_full()[None, :, :], outputs=outputs.astype(np.int64),
+                       n_outputs=mech.n_outputs, n_stations=1)
+
+
+def station_counts(mech: Mechanism, round_counts: IntArray,
+                   stations: Sequence[int] | IntArray | None = None) -> IntArray:
+    """Per-station counts ``(S, R, 2)`` of a station-valued mechanism's round counts ``(R, O)``.
+
+    Column 1 is the number of reports naming the station, column 0 all the others.
+    """
+    rc = np.asarray(round_counts, dtype=np.int64)
+    v = mech.n_truths - 1
+    st = np.arange(1, v + 1, dtype=np.int64) if stations is None else np.asarray(stations, dtype=np.int64)
+    hits = rc[:, st].T  # (S, R)
+    totals = rc.sum(axis=1)[None, :]
+    return np.stack([totals - hits, hits], axis=2)
+
+
+@dataclass(frozen=True)
+class Bound:
+    confidence: float
+    lower: FloatArray
+    upper: FloatArray
+
+
+def quadratic_interval(est: FloatArray, alpha: FloatArray, beta: FloatArray, k: float | FloatArray,
+                       n: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``{Y in [0, n] : (est - Y)^2 <= k (alpha + beta Y)}``.
+
+    If no Y in [0, n] qualifies (the data are inconsistent with every admissible count at
+    this level) the bound collapses to the admissible point closest to the set.
+    """
+    est, alpha, beta, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (est, alpha, beta, n)))
+    b = 2.0 * est + k * beta
+    disc = b * b - 4.0 * (est * est - k * alpha)
+    root = np.sqrt(np.maximum(disc, 0.0))
+    lo = (b - root) / 2.0
+    hi = (b + root) / 2.0
+    centre = np.clip(b / 2.0, 0.0, n)
+    lo = np.where(disc < 0, centre, lo)
+    hi = np.where(disc < 0, centre, hi)
+    lo_c = np.clip(lo, 0.0, n)
+    hi_c = np.clip(hi, 0.0, n)
+    return lo_c, hi_c
+
+
+def _z2(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return float(norm.ppf(0.5 + confidence / 2.0) ** 2)
+
+
+@dataclass(frozen=True, eq=False)
+class LinearEstimator:
+    """``estimate = sum w * C - N * mu_No`` for each station of a view (see module doc)."""
+
+    name: str
+    view: StationView
+    weights: FloatArray  # (S or 1, R, O), normalized: mu_Yes - mu_No = 1
+
+    @classmethod
+    def from_raw(cls, name: str, view: StationView, raw: FloatArray) -> LinearEstimator:
+        raw = np.asarray(raw, dtype=np.float64)
+        if raw.ndim == 2:
+            raw = raw[None]
+        probe = cls(name, view, raw)
+        gap = probe._raw_moments[0][:, 1] - probe._raw_moments[0][:, 0]
+        if np.any(np.abs(gap) < 1e-15):
+            raise ValueError(f"{name}: the statistic does not depend on the truth")
+        return cls(name, view, raw / gap[:, None, None])
+
+    # -- exact per-vehicle moments -----------------------------------------------------
+    @cached_property
+    def contributions(self) -> FloatArray:
+        """``X[s, t, f]``: a vehicle's contribution to the statistic."""
+        v = self.view
+        s = max(self.weights.shape[0], v.outputs.shape[1])
+        x = np.zeros((s, 2, v.latent.shape[2]))
+        for r in range(v.n_rounds):
+            w_r = np.broadcast_to(self.weights[:, r, :], (s, v.n_outputs))
+            out_r = np.broadcast_to(v.outputs[r], (s, 2, v.latent.shape[2])).reshape(s, -1)
+            x += np.take_along_axis(w_r, out_r, axis=1).reshape(s, 2, -1)
+        return x
+
+    @cached_property
+    def _raw_moments(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        x = self.contributions
+        p = np.broadcast_to(self.view.latent, x.shape)
+        mean = (p * x).sum(axis=2)
+        var = (p * (x - mean[:, :, None]) ** 2).sum(axis=2)
+        support = p > 0
+        rng = np.where(support, x, -np.inf).max(axis=2) - np.where(support, x, np.inf).min(axis=2)
+        return mean, var, rng
+
+    @property
+    def mean(self) -> FloatArray:
+        """``(S, 2)``: per-vehicle mean contribution under No (col 0) and Yes (col 1)."""
+        return self._raw_moments[0]
+
+    @property
+    def var(self) -> FloatArray:
+        return self._raw_moments[1]
+
+    @property
+    def range(self) -> FloatArray:
+        return self._raw_moments[2]
+
+    def covariance_with(self, other: LinearEstimator) -> FloatArray:
+        """``(S, 2)``: per-vehicle Cov(X_self, X_other) under No and Yes."""
+        xa, xb = np.broadcast_arrays(self.contributions, other.contributions)
+        p = np.broadcast_to(self.view.latent, xa.shape)
+        ma = (p * xa).sum(axis=2, keepdims=True)
+        mb = (p * xb).sum(axis=2, keepdims=True)
+        out: FloatArray = (p * (xa - ma) * (xb - mb)).sum(axis=2)
+        return out
+
+    # -- estimates ----------------------------------------------------------------------
+    def estimate(self, counts: IntArray | FloatArray, n: float | FloatArray) -> FloatArray:
+        """Unbiased estimate per station from counts ``(S, R, O)`` and population ``N``."""
+        c = np.asarray(counts, dtype=np.float64)
+        if c.ndim != 3 or c.shape[1:] != self.weights.shape[1:]:
+            want = f"(S, {self.weights.shape[1]}, {self.weights.shape[2]})"
+            raise ValueError(f"{self.name}: counts must have shape {want}, got {c.shape}")
+        stat = (c * self.weights).sum(axis=(1, 2))
+        out: FloatArray = stat - np.asarray(n, dtype=np.float64) * self.mean[:, 0]
+        return out
+
+    def variance(self, yes: float | FloatArray, n: float | FloatArray) -> FloatArray:
+        """Exact variance of the estimate when ``yes`` of ``n`` vehicles are at the station."""
+        alpha, beta = self.variance_coefficients(n)
+        out: FloatArray = alpha + beta * np.asarray(yes, dtype=np.float64)
+        return out
+
+    def variance_coefficients(self, n: float | FloatArray) -> tuple[FloatArray, FloatArray]:
+        """``(alpha, beta)`` with ``Var = alpha + beta * Yes``."""
+        nn = np.asarray(n, dtype=np.float64)
+        return nn * self.var[:, 0], self.var[:, 1] - self.var[:, 0] + 0.0 * nn
+
+    def score_interval(self, est: FloatArray, n: float | FloatArray,
+                       confidence: float) -> tuple[FloatArray, FloatArray]:
+        alpha, beta = self.variance_coefficients(n)
+        return quadratic_interval(est, alpha, beta, _z2(confidence), np.asarray(n, dtype=np.float64))
+
+    def plugin_interval(self, est: FloatArray, n: float | FloatArray,
+                        confidence: float) -> tuple[FloatArray, FloatArray]:
+        sd = np.sqrt(np.maximum(self.variance(np.maximum(est, 0.0), n), 0.0))
+        z = np.sqrt(_z2(confidence))
+        return est - z * sd, est + z * sd
+
+    def hoeffding_interval(self, est: FloatArray, n: float | FloatArray,
+                           confidence: float) -> tuple[FloatArray, FloatArray]:
+        """Distribution-free bound (seed 001's Chernoff/Hoeffding argument, generalized)."""
+        nn = np.asarray(n, dtype=np.float64)
+        r2 = self.range**2
+        k = np.log(2.0 / (1.0 - confidence)) / 2.0
+        return quadratic_interval(est, nn * r2[:, 0], r2[:, 1] - r2[:, 0], k, nn)
+
+    def bounds(self, est: FloatArray, n: float | FloatArray, confidences: Sequence[float] = (0.95, 0.99),
+               method: str = "score") -> list[Bound]:
+        fn = {"score": self.score_interval, "plugin": self.plugin_interval,
+              "hoeffding": self.hoeffding_interval}[method]
+        return [Bound(c, *fn(est, n, c)) for c in confidences]
+
+
+def count_estimator(name: str, view: StationView, output: int, round_: int = 0) -> LinearEstimator:
+    """Estimate Yes from the count of one report value in one round."""
+    raw = np.zeros((1, view.n_rounds, view.n_outputs))
+    raw[0, round_, output] = 1.0
+    return LinearEstimator.from_raw(name, view, raw)
+
+
+def mean_of(name: str, a: LinearEstimator, b: LinearEstimator) -> LinearEstimator:
+    """The plain average (a + b) / 2 of two estimators of the same view."""
+    wa, wb = np.broadcast_arrays(a.weights, b.weights)
+    return LinearEstimator(name, a.view, (wa + wb) / 2.0)
+
+
+def gls(name: str, a: LinearEstimator, b: LinearEstimator, design_yes: float | FloatArray = 0.0,
+        design_n: float | FloatArray = 1.0) -> LinearEstimator:
+    """Best linear unbiased combination ``lam * a + (1 - lam) * b``.
+
+    The weights minimize the exact variance at the design point (``design_yes`` of
+    ``design_n`` vehicles). With the design fixed before the data are seen (a plan, or the
+    previous epoch's estimate) the result stays exactly linear and unbiased, and its
+    variance at the design point is never above that of a, b or their average. The
+    default design ``Yes = 0`` is the noise-dominated regime ALP is built for.
+    """
+    y = np.asarray(design_yes, dtype=np.float64)
+    nn = np.asarray(design_n, dtype=np.float64)
+    va = nn * a.var[:, 0] + y * (a.var[:, 1] - a.var[:, 0])
+    vb = nn * b.var[:, 0] + y * (b.var[:, 1] - b.var[:, 0])
+    cab = a.covariance_with(b)
+    c = nn * cab[:, 0] + y * (cab[:, 1] - cab[:, 0])
+    denom = va + vb - 2.0 * c
+    lam = np.where(denom > 0, (vb - c) / np.where(denom > 0, denom, 1.0), 0.5)
+    wa, wb = np.broadcast_arrays(a.weights, b.weights)
+    lam_b = np.broadcast_to(np.asarray(lam, dtype=np.float64).reshape(-1, 1, 1), wa.shape)
+    return LinearEstimator(name, a.view, lam_b * wa + (1.0 - lam_b) * wb)
+
+
+def sp_difference(mech: Mechanism, stations: Sequence[int] | IntArray | None = None) -> LinearEstimator:
+    """Sampling Privacy difference estimator (seed 000 eqs. 11, 16):
+    ``(C_v,round2 - C_v,round1) / pis``."""
+    if mech.n_rounds != 2 or not mech.station_valued:
+        raise ValueError("sp_difference needs a two-round Sampling Privacy mechanism")
+    view = station_view(mech, stations)
+    raw = np.zeros((1, 2, 2))
+    raw[0, 1, 1], raw[0, 0, 1] = 1.0, -1.0
+    return LinearEstimator.from_raw("sp_difference", view, raw)
+
+
+def rr_estimator(mech: Mechanism, stations: Sequence[int] | IntArray | None = None) -> LinearEstimator:
+    """Randomized-response estimator: ``(C_1 - P(1|No) N) / (P(1|Yes) - P(1|No))``;
+    for two-coin RR this is ``(C_1 - (1 - pi1) pi2 N) / pi1``."""
+    if mech.station_valued:
+        return count_estimator("rr", station_view(mech, stations), 1)
+    return count_estimator("rr", station_view(mech), ALP_YES)
+
+
+def fresh_difference(mech: Mechanism) -> LinearEstimator:
+    """Fresh-sample estimator (seed 002): ``(C_round1 - C_round2 - N (pisNo1 - pisNo2)) /
+    (pisYes1 - pisYes2 - (pisNo1 - pisNo2))`` -- the poster's formula when pisNo1 = pisNo2."""
+    raw = np.zeros((1, 2, 2))
+    raw[0, 0, 1], raw[0, 1, 1] = 1.0, -1.0
+    return LinearEstimator.from_raw("fresh_difference", station_view(mech), raw)
+
+
+def alp_estimators(mech: Mechanism, design_yes: float = 0.0, design_n: float = 1.0) -> dict[str, LinearEstimator]:
+    """Anonymized Local Privacy estimators (seed 004 §V-E).
+
+    * ``alp_yhat``: Lemma 1, from the count of "Yes" reports;
+    * ``alp_bottom``: Lemma 2, from the count of ⊥ reports;
+    * ``alp_average``: ``(Y_hat + ⊥_hat) / 2``. Definition 5 of the paper prints
+      ``(Y_hat - ⊥_hat) / 2``; both lemmas estimate Yes, so that expression has expectation
+      zero -- a sign slip, corrected here;
+    * ``alp_gls``: the best linear unbiased combination of the two (see :func:`gls`).
+    """
+    view = station_view(mech)
+    yhat = count_estimator("alp_yhat", view, ALP_YES)
+    bottom = count_estimator("alp_bottom", view, ALP_BOTTOM)
+    return {
+        "alp_yhat": yhat,
+        "alp_bottom": bottom,
+        "alp_average": mean_of("alp_average", yhat, bottom),
+        "alp_gls": gls("alp_gls", yhat, bottom, design_yes, design_n),
+    }

@@ -1,0 +1,204 @@
+"""Privacy accounting: brute-force local epsilon, the papers' closed forms, amplification,
+composition over epochs, Haystack crowd sizes and the device-side query audit.
+
+The brute force is the definition: ``max over outputs o and truths t, t' of
+ln(P(o|t) / P(o|t'))`` over a mechanism's output table; infinite where an output is possible
+under one truth and impossible under another. The closed forms are kept as separate
+functions so the tests can hold them against the brute force and document where a closed
+form leaves outputs out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import binom
+
+from ._types import FloatArray
+from .mechanisms import Mechanism
+
+__all__ = [
+    "AuditResult",
+    "CrowdSize",
+    "MechanismEpsilon",
+    "advanced_composition",
+    "alp_epsilon_closed_form",
+    "amplified_epsilon",
+    "audit_query",
+    "basic_composition",
+    "crowd_size",
+    "linked_epsilon",
+    "local_epsilon",
+    "mechanism_epsilon",
+    "rr_epsilon_closed_form",
+    "sp_binary_epsilon_closed_form",
+    "sp_epsilon_closed_form",
+]
+
+
+def local_epsilon(table: FloatArray, chunk: int = 512) -> float:
+    """Brute-force local epsilon of an output table ``P(o | t)`` of shape ``(T, O)``."""
+    tab = np.asarray(table, dtype=np.float64)
+    if tab.ndim != 2:
+        raise ValueError("table must be 2-d (truths x outputs)")
+    col_max = np.full(tab.shape[1], -np.inf)
+    col_min = np.full(tab.shape[1], np.inf)
+    for i in range(0, tab.shape[0], chunk):
+        part = tab[i:i + chunk]
+        col_max = np.maximum(col_max, part.max(axis=0))
+        col_min = np.minimum(col_min, part.min(axis=0))
+    used = col_max > 0
+    if np.any(col_min[used] <= 0):
+        return math.inf
+    if not np.any(used):
+        return 0.0
+    return float(np.max(np.log(col_max[used]) - np.log(col_min[used])))
+
+
+@dataclass(frozen=True)
+class MechanismEpsilon:
+    """Per-epoch epsilons of a mechanism.
+
+    ``epsilon``: the headline -- the largest per-round epsilon, i.e. what one report leaks
+    when a vehicle's rounds cannot be linked (the papers' assumption; for Sampling Privacy
+    round 1 is truth-independent and this is the round-2 epsilon).
+    ``epsilon_linked``: the epsilon of the joint table of all rounds, what an adversary who
+    links a vehicle's rounds would face (infinite for Sampling Privacy: 0 -> V' happens only
+    for the sampled face).
+    """
+
+    epsilon: float
+    per_round: tuple[float, ...]
+    epsilon_linked: float
+
+
+def mechanism_epsilon(mech: Mechanism) -> MechanismEpsilon:
+    per_round = tuple(local_epsilon(mech.output_table(r)) for r in range(mech.n_rounds))
+    linked = per_round[0] if mech.n_rounds == 1 else linked_epsilon(mech)
+    return MechanismEpsilon(max(per_round), per_round, linked)
+
+
+def linked_epsilon(mech: Mechanism) -> float:
+    """Brute-force epsilon of the joint report of all rounds, computed sparsely.
+
+    Equal to ``local_epsilon(mech.joint_table())`` but only touches the (truth, face) grid,
+    so it also works where the dense joint table (T x O**R) would not fit in memory.
+    """
+    t_n, o_n = mech.n_truths, mech.n_outputs
+    key = np.zeros((t_n, mech.n_faces), dtype=np.int64)
+    for r in range(mech.n_rounds):
+        key = key * o_n + np.broadcast_to(
+            mech.emit(r, np.arange(mech.n_faces, dtype=np.int64)[None, :],
+                      np.arange(t_n, dtype=np.int64)[:, None]), key.shape)
+    prob = mech.latent_full()
+    live = prob > 0
+    truth = np.broadcast_to(np.arange(t_n, dtype=np.int64)[:, None], key.shape)[live]
+    pair = key[live]
+    cell, inverse = np.unique(pair * t_n + truth, return_inverse=True)
+    mass = np.bincount(inverse, weights=prob[live])
+    cell_pair = cell // t_n
+    pairs, per_pair = np.unique(cell_pair, return_inverse=True)
+    support = np.bincount(per_pair, minlength=pairs.size)
+    if np.any(support < t_n):
+        return math.inf
+    hi = np.full(pairs.size, -np.inf)
+    lo = np.full(pairs.size, np.inf)
+    np.maximum.at(hi, per_pair, mass)
+    np.minimum.at(lo, per_pair, mass)
+    return float(np.max(np.log(hi) - np.log(lo)))
+
+
+# -- the papers' closed forms --------------------------------------------------------------
+def sp_binary_epsilon_closed_form(pi0: float, pis: float) -> float:
+    """Seed 000 eqs. 21 and 25: round-2 output 0 and output 1, the larger of the two."""
+    eq21 = max(math.log((pi0 + pis) / pi0), math.log(pi0 / (pi0 + pis)))
+    eq25 = max(math.log((1 - pi0) / (1 - pi0 - pis)), math.log((1 - pi0 - pis) / (1 - pi0)))
+    return max(eq21, eq25)
+
+
+def sp_epsilon_closed_form(pi: Iterable[float], pis: float) -> float:
+    """Seed 000 eq. 29, maximized over the true value V' (index 0 = no station included)."""
+    return max(max(math.log((p + pis) / p), math.log(p / (p + pis))) for p in pi)
+
+
+def rr_epsilon_closed_form(pi1: float, pi2: float) -> float:
+    """Seed 000 eq. 30: the likelihood ratio of a "Yes" report only.
+
+    The complete epsilon also takes the "No" report, ``(1-(1-pi1)pi2)/((1-pi1)(1-pi2))``,
+    which is larger whenever ``pi2 > 1/2``; :func:`local_epsilon` takes both.
+    """
+    return math.log((pi1 + (1 - pi1) * pi2) / ((1 - pi1) * pi2))
+
+
+def alp_epsilon_closed_form(pisYes1: float, pisYes2: float, pi1: float, pi2: float,  # noqa: N803
+                            pisNo: float, pi3: float) -> float:  # noqa: N803
+    """Seed 004 eqs. 8-11: ``max(eps1, eps2)`` as printed.
+
+    Eq. 8 compares only the "Yes" report (in the Yes/No direction) and the "No" report (in
+    the No/Yes direction): it leaves out ⊥ and the reverse directions, so it can be below
+    the true epsilon (with the paper's parameters: ln 1.97 = 0.68 printed vs ln 3.5 = 1.25
+    from the "No" report in the Yes/No direction).
+    """
+    eps1 = math.log((pisYes1 * pi1 + pisYes2 * pi2) / (pisNo * pi3))
+    eps2 = math.log((pisNo * (1 - pi3)) / (pisYes1 * (1 - pi1) + pisYes2 * (1 - pi2)))
+    return max(eps1, eps2)
+
+
+# -- amplification, composition, crowds ---------------------------------------------------
+def amplified_epsilon(epsilon: float, sampling_rate: float) -> float:
+    """Seed 003 Theorem 1: an eps-DP step after Bernoulli(beta) sampling is
+    ``ln(1 + beta (e^eps - 1))``-DP."""
+    if not 0.0 <= sampling_rate <= 1.0:
+        raise ValueError("sampling_rate must be in [0, 1]")
+    if math.isinf(epsilon):
+        return math.inf if sampling_rate > 0 else 0.0
+    return math.log1p(sampling_rate * math.expm1(epsilon))
+
+
+def basic_composition(epsilon: float, epochs: int) -> float:
+    """``T * eps`` over T epochs."""
+    return epochs * epsilon
+
+
+def advanced_composition(epsilon: float, epochs: int, delta: float = 1e-6) -> float:
+    """``eps sqrt(2 T ln(1/delta)) + T eps (e^eps - 1)`` (with the stated delta)."""
+    if not 0.0 < delta < 1.0:
+        raise ValueError("delta must be in (0, 1)")
+    if math.isinf(epsilon):
+        return math.inf
+    return epsilon * math.sqrt(2 * epochs * math.log(1 / delta)) + epochs * epsilon * math.expm1(epsilon)
+
+
+@dataclass(frozen=True)
+class CrowdSize:
+    mean: float
+    p01: float
+
+
+def crowd_size(no_count: int, pisNo: float, pi3: float) -> CrowdSize:  # noqa: N803
+    """Haystack crowd size (seed 004 §VI-B): "No" owners answering "Yes" for a station,
+    ``Binomial(No, pisNo * pi3)``: mean and lower 1% quantile."""
+    p = pisNo * pi3
+    return CrowdSize(mean=no_count * p, p01=float(binom.ppf(0.01, no_count, p)))
+
+
+# -- query audit (seed 004 §IV-B) --------------------------------------------------------
+@dataclass(frozen=True)
+class AuditResult:
+    accepted: bool
+    reason: str | None
+
+
+def audit_query(epsilon: float, sensors: Collection[int | str], epsilon_limit: float,
+                blacklist: Collection[int | str] = ()) -> AuditResult:
+    """A device's decision on a query: refuse it if its per-epoch epsilon exceeds the
+    device's limit (or is not finite), or if it names a blacklisted sensor."""
+    if math.isnan(epsilon) or epsilon > epsilon_limit:
+        return AuditResult(False, f"epsilon {epsilon:.4g} exceeds the device limit {epsilon_limit:.4g}")
+    banned = sorted({str(s) for s in sensors} & {str(s) for s in blacklist})
+    if banned:
+        return AuditResult(False, f"query names blacklisted sensor(s): {', '.join(banned)}")
+    return AuditResult(True, None)
