@@ -36,6 +36,7 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
+from .planning import PlanError, build_mechanism, plan
 from .privacy import (
     AuditResult,
     CrowdSize,
@@ -65,6 +66,7 @@ __all__ = [
     "Mechanism",
     "MechanismEpsilon",
     "PerStation",
+    "PlanError",
     "SparseReports",
     "StationView",
     "advanced_composition",
@@ -76,6 +78,7 @@ __all__ = [
     "amplified_epsilon",
     "audit_query",
     "basic_composition",
+    "build_mechanism",
     "count_estimator",
     "crowd_size",
     "epsilon_rr",
@@ -87,6 +90,7 @@ __all__ = [
     "local_epsilon",
     "mean_of",
     "mechanism_epsilon",
+    "plan",
     "quadratic_interval",
     "rr_epsilon_closed_form",
     "rr_estimator",

@@ -44,6 +44,8 @@ def local_epsilon(table: FloatArray, chunk: int = 512) -> float:
     tab = np.asarray(table, dtype=np.float64)
     if tab.ndim != 2:
         raise ValueError("table must be 2-d (truths x outputs)")
+    if not np.all(np.isfinite(tab)) or np.any(tab < 0):
+        raise ValueError("table entries must be finite, non-negative probabilities")
     col_max = np.full(tab.shape[1], -np.inf)
     col_min = np.full(tab.shape[1], np.inf)
     for i in range(0, tab.shape[0], chunk):
@@ -112,16 +114,26 @@ def linked_epsilon(mech: Mechanism) -> float:
 
 
 # -- the papers' closed forms --------------------------------------------------------------
+def _log_ratio(num: float, den: float) -> float:
+    """``ln(num/den)`` with the limits a likelihood ratio takes: ``+inf`` for x/0, ``-inf`` for
+    0/x, and 0 for 0/0 (an output impossible under both truths leaks nothing)."""
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    if num == 0.0:
+        return -math.inf
+    return math.log(num / den)
+
+
 def sp_binary_epsilon_closed_form(pi0: float, pis: float) -> float:
     """Seed 000 eqs. 21 and 25: round-2 output 0 and output 1, the larger of the two."""
-    eq21 = max(math.log((pi0 + pis) / pi0), math.log(pi0 / (pi0 + pis)))
-    eq25 = max(math.log((1 - pi0) / (1 - pi0 - pis)), math.log((1 - pi0 - pis) / (1 - pi0)))
+    eq21 = max(_log_ratio(pi0 + pis, pi0), _log_ratio(pi0, pi0 + pis))
+    eq25 = max(_log_ratio(1 - pi0, 1 - pi0 - pis), _log_ratio(1 - pi0 - pis, 1 - pi0))
     return max(eq21, eq25)
 
 
 def sp_epsilon_closed_form(pi: Iterable[float], pis: float) -> float:
     """Seed 000 eq. 29, maximized over the true value V' (index 0 = no station included)."""
-    return max(max(math.log((p + pis) / p), math.log(p / (p + pis))) for p in pi)
+    return max(max(_log_ratio(p + pis, p), _log_ratio(p, p + pis)) for p in pi)
 
 
 def rr_epsilon_closed_form(pi1: float, pi2: float) -> float:
@@ -130,7 +142,7 @@ def rr_epsilon_closed_form(pi1: float, pi2: float) -> float:
     The complete epsilon also takes the "No" report, ``(1-(1-pi1)pi2)/((1-pi1)(1-pi2))``,
     which is larger whenever ``pi2 > 1/2``; :func:`local_epsilon` takes both.
     """
-    return math.log((pi1 + (1 - pi1) * pi2) / ((1 - pi1) * pi2))
+    return _log_ratio(pi1 + (1 - pi1) * pi2, (1 - pi1) * pi2)
 
 
 def alp_epsilon_closed_form(pisYes1: float, pisYes2: float, pi1: float, pi2: float,  # noqa: N803
@@ -142,15 +154,21 @@ def alp_epsilon_closed_form(pisYes1: float, pisYes2: float, pi1: float, pi2: flo
     the true epsilon (with the paper's parameters: ln 1.97 = 0.68 printed vs ln 3.5 = 1.25
     from the "No" report in the Yes/No direction).
     """
-    eps1 = math.log((pisYes1 * pi1 + pisYes2 * pi2) / (pisNo * pi3))
-    eps2 = math.log((pisNo * (1 - pi3)) / (pisYes1 * (1 - pi1) + pisYes2 * (1 - pi2)))
+    eps1 = _log_ratio(pisYes1 * pi1 + pisYes2 * pi2, pisNo * pi3)
+    eps2 = _log_ratio(pisNo * (1 - pi3), pisYes1 * (1 - pi1) + pisYes2 * (1 - pi2))
     return max(eps1, eps2)
 
 
 # -- amplification, composition, crowds ---------------------------------------------------
 def amplified_epsilon(epsilon: float, sampling_rate: float) -> float:
     """Seed 003 Theorem 1: an eps-DP step after Bernoulli(beta) sampling is
-    ``ln(1 + beta (e^eps - 1))``-DP."""
+    ``ln(1 + beta (e^eps - 1))``-DP.
+
+    The theorem is about add/remove-one neighbours: a record that is not sampled leaves no
+    trace. It does not shrink a *local* epsilon where a non-sampled owner visibly reports ⊥:
+    there the sampling coin is the same under both truths and cancels (the tests show the
+    brute force of such a table stays at eps).
+    """
     if not 0.0 <= sampling_rate <= 1.0:
         raise ValueError("sampling_rate must be in [0, 1]")
     if math.isinf(epsilon):
@@ -194,9 +212,14 @@ class AuditResult:
 
 def audit_query(epsilon: float, sensors: Collection[int | str], epsilon_limit: float,
                 blacklist: Collection[int | str] = ()) -> AuditResult:
-    """A device's decision on a query: refuse it if its per-epoch epsilon exceeds the
-    device's limit (or is not finite), or if it names a blacklisted sensor."""
-    if math.isnan(epsilon) or epsilon > epsilon_limit:
+    """A device's decision on a query: refuse it if its per-epoch epsilon is not a finite
+    non-negative number, exceeds the device's limit, or if it names a blacklisted sensor.
+    Fails closed: an unusable limit refuses every query."""
+    if math.isnan(epsilon_limit) or epsilon_limit < 0:
+        return AuditResult(False, f"device epsilon limit {epsilon_limit!r} is not usable")
+    if not math.isfinite(epsilon) or epsilon < 0:
+        return AuditResult(False, f"query epsilon {epsilon!r} is not a finite non-negative number")
+    if epsilon > epsilon_limit:
         return AuditResult(False, f"epsilon {epsilon:.4g} exceeds the device limit {epsilon_limit:.4g}")
     banned = sorted({str(s) for s in sensors} & {str(s) for s in blacklist})
     if banned:
