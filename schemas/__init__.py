@@ -1,0 +1,37 @@
+"""The wire contract: frozen pydantic models and their encodings. JSON Schema for subscribers."""
+
+from .query import MECHANISM_NAMES, Query, QueryMechanism
+from .wire import (
+    MAGIC,
+    ArraySpec,
+    BatchHeader,
+    DecodedBatch,
+    EndOfEpoch,
+    GroundTruth,
+    SingleReport,
+    WireError,
+    decode_record,
+    encode_batch,
+    encode_json,
+    json_schemas,
+    new_batch_id,
+)
+
+__all__ = [
+    "MAGIC",
+    "MECHANISM_NAMES",
+    "ArraySpec",
+    "BatchHeader",
+    "DecodedBatch",
+    "EndOfEpoch",
+    "GroundTruth",
+    "Query",
+    "QueryMechanism",
+    "SingleReport",
+    "WireError",
+    "decode_record",
+    "encode_batch",
+    "encode_json",
+    "json_schemas",
+    "new_batch_id",
+]

@@ -11,7 +11,10 @@ from typing import Any
 
 from estimators import planning
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+EXIT_BROKER = 3
+EXIT_INTERRUPTED = 130
 
 
 def _param(text: str) -> tuple[str, float]:
@@ -79,7 +82,169 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, default=1e-6, help="delta of advanced composition")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
+    _add_replay(sub)
+    _add_analyst(sub)
+    _add_synth(sub)
     return parser
+
+
+def _add_replay(sub: Any) -> None:
+    from producers.settings import ReplaySettings
+
+    from .settings_cli import add_settings_flags
+
+    p = sub.add_parser("replay", help="replay a PeMS traffic day as privatized vehicle reports into Kafka",
+                       description="Replay a PeMS day (real files, or the synthetic default) through the fleet's "
+                                   "devices into Kafka. Every flag can also be set as a PTT_* environment variable; "
+                                   "flags win.")
+    add_settings_flags(p, ReplaySettings)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_replay)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    import logging
+
+    from pydantic import ValidationError
+
+    from producers.fleet import FleetTooSmall
+    from producers.replay import replay
+    from producers.settings import ReplaySettings
+    from producers.sink import BrokerUnavailable
+
+    from .settings_cli import settings_from_args
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from_args(ReplaySettings, args)
+        summary = replay(settings, progress=not args.quiet)
+    except ValidationError as exc:
+        print(f"ptt replay: error: {exc}", file=sys.stderr)
+        return 2
+    except (FleetTooSmall, ValueError, OSError) as exc:
+        print(f"ptt replay: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokerUnavailable as exc:
+        print(f"ptt replay: error: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+    print(f"data: {summary.data_quality}")
+    print(f"fleet: {summary.fleet_size:,} vehicles; replayed {summary.epochs} epochs, {summary.reports:,} reports in "
+          f"{summary.records:,} records in {summary.elapsed_s:.1f}s")
+    for qid, n in sorted(summary.refused.items()):
+        print(f"refused: {n:,} vehicle-epochs of {qid} ({summary.refusal_reasons.get(qid, '')})")
+    if summary.delivery_failures:
+        print(f"ptt replay: {summary.delivery_failures} records could not be delivered", file=sys.stderr)
+        return 1
+    if summary.interrupted:
+        print("interrupted: sent data flushed and marked", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _add_analyst(sub: Any) -> None:
+    from producers.settings import KafkaSettings
+
+    from .settings_cli import add_settings_flags
+
+    p = sub.add_parser("analyst", help="publish, update and list queries on the compacted queries topic")
+    asub = p.add_subparsers(dest="analyst_command", required=True)
+    for name, helptext in (("publish", "publish a new query (version 1 unless --version)"),
+                           ("update", "publish the next version of an existing query, changing what is given")):
+        q = asub.add_parser(name, help=helptext)
+        q.add_argument("query_id")
+        q.add_argument("--analyst", dest="analyst_id", required=(name == "publish"))
+        q.add_argument("--mechanism", choices=["sp", "alp", "rr"], required=(name == "publish"))
+        q.add_argument("--sensors", type=lambda t: tuple(int(x) for x in t.split(",") if x.strip()),
+                       required=(name == "publish"), help="comma-separated PeMS station ids")
+        q.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE")
+        q.add_argument("--population", type=int, required=(name == "publish"), help="N rows")
+        q.add_argument("--t-start", required=(name == "publish"), help="ISO-8601 with zone")
+        q.add_argument("--t-end", required=(name == "publish"), help="ISO-8601 with zone")
+        q.add_argument("--version", type=int, default=None)
+        add_settings_flags(q, KafkaSettings)
+        q.set_defaults(func=_cmd_analyst)
+    ls = asub.add_parser("list", help="list every version of every query")
+    ls.add_argument("--json", action="store_true")
+    add_settings_flags(ls, KafkaSettings)
+    ls.set_defaults(func=_cmd_analyst)
+
+
+def _cmd_analyst(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from producers.settings import KafkaSettings
+    from producers.sink import BrokerUnavailable, publish_query, read_queries
+    from schemas import Query
+
+    from .settings_cli import settings_from_args
+
+    try:
+        settings = settings_from_args(KafkaSettings, args)
+        existing = read_queries(settings)
+        if args.analyst_command == "list":
+            for q in existing:
+                if args.json:
+                    print(q.model_dump_json())
+                else:
+                    print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
+                          f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
+                          f"epsilon={q.epsilon:.4g}  by {q.analyst_id}")
+            return 0
+        fields: dict[str, Any] = {k: getattr(args, k) for k in
+                                  ("analyst_id", "mechanism", "sensors", "population", "t_start", "t_end")
+                                  if getattr(args, k) is not None}
+        if args.param:
+            fields["params"] = dict(args.param)
+        same = [q for q in existing if q.query_id == args.query_id]
+        if args.analyst_command == "update":
+            if not same:
+                print(f"ptt analyst: error: no query {args.query_id!r} to update", file=sys.stderr)
+                return 2
+            latest = max(same, key=lambda q: q.version)
+            merged = {**latest.model_dump(), **fields, "version": args.version or latest.version + 1}
+            if "params" in fields:
+                merged["params"] = {**latest.params, **fields["params"]}
+            query = Query.model_validate(merged)
+        else:
+            query = Query.model_validate({**fields, "query_id": args.query_id, "version": args.version or 1})
+        if any(q.version == query.version for q in same):
+            print(f"ptt analyst: error: {query.record_key} exists; versions are immutable", file=sys.stderr)
+            return 2
+        publish_query(settings, query)
+        print(f"published {query.record_key} (epsilon {query.epsilon:.4g} per epoch)")
+        return 0
+    except ValidationError as exc:
+        print(f"ptt analyst: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokerUnavailable as exc:
+        print(f"ptt analyst: error: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+
+
+def _add_synth(sub: Any) -> None:
+    p = sub.add_parser("synth", help="write a synthetic PeMS day (Station Raw 30 s + metadata)")
+    p.add_argument("out_dir")
+    p.add_argument("--stations", type=int, default=16)
+    p.add_argument("--seed", type=int, default=2026)
+    p.add_argument("--date", default="2026-11-18")
+    p.add_argument("--weekend", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--no-glitches", action="store_true")
+    p.set_defaults(func=_cmd_synth)
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from datetime import date
+
+    from producers.synthetic import write_synthetic_day
+
+    try:
+        day = write_synthetic_day(args.out_dir, args.stations, args.seed, date.fromisoformat(args.date),
+                                  args.weekend, glitches=not args.no_glitches)
+    except ValueError as exc:
+        print(f"ptt synth: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {day.raw_path} and {day.meta_path} ({len(day.stations)} stations)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,142 @@
+"""The simulated fleet: who is where each epoch, and what each device sends. Pure, seeded.
+
+Vehicles have virtual identities only inside this module (positions in an array that is
+shuffled every epoch); nothing that leaves it can name or link a vehicle. Every draw comes
+from a generator seeded by (seed, query, version, epoch, producer), so a replay can be
+reproduced and checked against the statistics core directly.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from estimators import audit_query
+from schemas import Query
+
+__all__ = ["Device", "EpochReports", "FleetTooSmall", "epoch_rng", "fleet_share", "privatize", "query_truth_counts",
+           "split_fleet"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+class FleetTooSmall(ValueError):
+    """The fleet cannot hold the vehicles the data puts at stations in some epoch."""
+
+
+def fleet_share(fleet_size: int, index: int, count: int) -> int:
+    """Vehicles owned by producer ``index`` of ``count`` (the first ones take the remainder)."""
+    base, extra = divmod(fleet_size, count)
+    return base + (1 if index < extra else 0)
+
+
+def split_fleet(seed: int, epoch: int, flows: IntArray, fleet_size: int, producer_count: int) -> IntArray:
+    """How many of each producer's vehicles are at each station: ``(producers, 1 + stations)``.
+
+    Column 0 counts vehicles at none of the data's stations. Every producer process computes
+    the same split (a seeded multivariate hypergeometric draw), then samples only its own row.
+    """
+    flows = np.asarray(flows, dtype=np.int64)
+    at_stations = int(flows.sum())
+    if at_stations > fleet_size:
+        raise FleetTooSmall(f"epoch {epoch}: {at_stations} vehicles at stations but the fleet has {fleet_size}; "
+                            f"use a fleet of at least the day's peak total flow")
+    colors = np.concatenate([[fleet_size - at_stations], flows])
+    rng = np.random.default_rng([seed, epoch, 0x5_1217])
+    out = np.zeros((producer_count, colors.size), dtype=np.int64)
+    remaining = colors.copy()
+    for k in range(producer_count - 1):
+        take = fleet_share(fleet_size, k, producer_count)
+        out[k] = rng.multivariate_hypergeometric(remaining, take) if take else 0
+        remaining -= out[k]
+    out[-1] = remaining
+    return out
+
+
+def query_truth_counts(producer_row: IntArray, data_stations: IntArray, query: Query) -> IntArray:
+    """Truth counts ``(V + 1,)`` in the query's station order; index 0 = at none of its sensors
+    (elsewhere, at a station the query does not monitor, or at none at all)."""
+    position = {int(s): j for j, s in enumerate(data_stations)}
+    counts = np.zeros(query.n_stations + 1, dtype=np.int64)
+    for i, sensor in enumerate(query.sensors):
+        j = position.get(sensor)
+        if j is not None:
+            counts[i + 1] = producer_row[j + 1]
+    counts[0] = int(producer_row.sum()) - int(counts[1:].sum())
+    return counts
+
+
+def epoch_rng(seed: int, query: Query, epoch: int, producer_index: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(query.query_id.encode()), query.version, epoch, producer_index])
+
+
+@dataclass(frozen=True)
+class Device:
+    """What every simulated device is configured to accept (seed 004 §IV-B query audit)."""
+
+    epsilon_limit: float = 10.0
+    blacklist: frozenset[int] = frozenset()
+
+    def accepts(self, query: Query) -> tuple[bool, str | None]:
+        result = audit_query(query.epsilon, query.sensors, self.epsilon_limit, self.blacklist)
+        return result.accepted, result.reason
+
+
+@dataclass
+class EpochReports:
+    """What one producer sends for one query and epoch.
+
+    ``rounds[r]`` holds the arrays of round r: ``{"value": ...}`` (Sampling Privacy,
+    per-vehicle), ``{"station": ..., "output": ...}`` (per-sensor, per-vehicle) or
+    ``{"counts": ...}`` (tally). ``reports[r]`` is how many reports (tally: vehicles) the
+    round stands for.
+    """
+
+    participants: int
+    refused: int
+    refusal_reason: str | None
+    rounds: list[dict[str, IntArray]] = field(default_factory=list)
+    reports: list[int] = field(default_factory=list)
+
+
+def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
+              device: Device) -> EpochReports:
+    """Run every device of one producer for one epoch of ``query``.
+
+    Per-vehicle mode: each vehicle privatizes its own truth; each round's reports are
+    shuffled independently (no position links a vehicle's two rounds), and per-sensor
+    mechanisms send only the non-default (station, report) pairs, shuffled across vehicles.
+    Tally mode: the exact-tally path of the statistics core.
+    """
+    n = int(truth_counts.sum())
+    ok, reason = device.accepts(query)
+    if not ok:
+        return EpochReports(participants=0, refused=n, refusal_reason=reason,
+                            rounds=[{} for _ in range(query.n_rounds)], reports=[0] * query.n_rounds)
+    out = EpochReports(participants=n, refused=0, refusal_reason=None)
+    ps = query.per_station
+    if mode == "tally":
+        if ps is None:
+            counts = query.build().tally(rng, truth_counts)
+            out.rounds = [{"counts": counts[r]} for r in range(query.n_rounds)]
+        else:
+            out.rounds = [{"counts": ps.tally(rng, truth_counts[1:], n).ravel()}]
+        out.reports = [n] * query.n_rounds
+        return out
+    if mode != "per-vehicle":
+        raise ValueError(f"unknown mode {mode!r}")
+    truths = np.repeat(np.arange(truth_counts.size, dtype=np.int64), truth_counts)
+    rng.shuffle(truths)  # virtual identities: a vehicle is a position, re-drawn every epoch
+    if ps is None:
+        reports = query.build().sample(rng, truths)
+        out.rounds = [{"value": reports[r][rng.permutation(n)]} for r in range(query.n_rounds)]
+        out.reports = [n] * query.n_rounds
+    else:
+        pairs = ps.sample_sparse(rng, truths)
+        order = rng.permutation(pairs.station.size)
+        out.rounds = [{"station": pairs.station[order], "output": pairs.output[order]}]
+        out.reports = [int(pairs.station.size)]
+    return out

@@ -1,0 +1,330 @@
+"""Replay a PeMS traffic day as privatized vehicle reports into Kafka.
+
+Per epoch and producer process: split the fleet over the stations (seeded, identical in every
+process), run each vehicle's device for every active query (newest version whose T_start has
+passed, switching only at epoch boundaries), send the reports in columnar batches keyed by
+random batch ids, then an end-of-epoch marker to every partition per (query, round).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from schemas import EndOfEpoch, GroundTruth, Query, encode_batch, encode_json, new_batch_id
+
+from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
+from .pems import TrafficDay, epoch_start, read_metadata, read_station_5min, read_station_raw
+from .settings import ReplaySettings
+from .sink import QueryReader, ReportSink, ensure_topics, publish_query
+from .synthetic import write_synthetic_day
+
+__all__ = ["ReplaySummary", "active_queries", "default_queries", "fleet_size_for", "load_day", "replay"]
+
+log = logging.getLogger(__name__)
+KIND_HEADER = "ptt-kind"
+
+
+def load_day(settings: ReplaySettings) -> TrafficDay:
+    """The traffic day to replay: a real PeMS file, or the synthetic default (cached)."""
+    if settings.pems_raw is not None:
+        day = read_station_raw(settings.pems_raw)
+        meta_path = settings.meta
+    elif settings.pems_5min is not None:
+        day = read_station_5min(settings.pems_5min)
+        meta_path = settings.meta
+    else:
+        folder = settings.data_dir / (f"synthetic-{settings.synthetic_stations}-{settings.synthetic_seed}-"
+                                      f"{settings.synthetic_date:%Y%m%d}-{settings.weekend}")
+        raw = folder / f"d07_text_station_raw_{settings.synthetic_date:%Y_%m_%d}.txt.gz"
+        meta = folder / f"d07_text_meta_{settings.synthetic_date:%Y_%m_%d}.txt"
+        if not (raw.exists() and meta.exists()):
+            write_synthetic_day(folder, settings.synthetic_stations, settings.synthetic_seed,
+                                settings.synthetic_date, settings.weekend)
+        day = read_station_raw(raw)
+        meta_path = settings.meta or meta
+    if meta_path is not None:
+        meta_map, _ = read_metadata(meta_path)
+        day.attach_metadata(meta_map)
+    if day.epochs.size == 0:
+        raise ValueError(f"no usable rows in the data ({day.quality.summary()})")
+    return day
+
+
+def fleet_size_for(day: TrafficDay, settings: ReplaySettings) -> int:
+    """Fleet size: at least the day's peak total flow; grown by query expansion."""
+    need = day.peak_total()
+    size = settings.fleet_size if settings.fleet_size is not None else need
+    if size < need:
+        raise FleetTooSmall(f"--fleet-size {size} is smaller than the day's peak total flow {need}")
+    return max(size, settings.expand_to or 0)
+
+
+def default_queries(day: TrafficDay, population: int) -> list[Query]:
+    """The demo's queries over all the day's stations: Sampling Privacy, ALP and the RR baseline
+    (the papers' parameters), valid for the whole day."""
+    sensors = tuple(int(s) for s in day.stations)
+    t0, t1 = epoch_start(int(day.epochs[0])), epoch_start(int(day.epochs[-1]) + 1)
+    common: dict[str, Any] = {"analyst_id": "demo", "version": 1, "sensors": sensors, "population": population,
+                              "t_start": t0, "t_end": t1}
+    return [Query(query_id=f"{m}-day", mechanism=m, **common) for m in ("sp", "alp", "rr")]
+
+
+def active_queries(queries: Iterable[Query], when: datetime) -> list[Query]:
+    """Per query id, the newest version whose T_start has passed, if ``when`` is before its T_end."""
+    newest: dict[str, Query] = {}
+    for q in queries:
+        if q.t_start <= when and (q.query_id not in newest or q.version > newest[q.query_id].version):
+            newest[q.query_id] = q
+    return [q for _, q in sorted(newest.items()) if when < q.t_end]
+
+
+@dataclass
+class ReplaySummary:
+    epochs: int = 0
+    reports: int = 0
+    records: int = 0
+    delivery_failures: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    refusal_reasons: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+    fleet_size: int = 0
+    data_quality: str = ""
+    elapsed_s: float = 0.0
+
+
+# indices of the shared per-producer counters
+_EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED = range(6)
+
+
+def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
+                   counters: Any | None = None) -> ReplaySummary:
+    day = load_day(settings)
+    fleet = fleet_size_for(day, settings)
+    device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
+    producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
+    sink = ReportSink(settings, settings.reports_topic)
+    reader = QueryReader(settings)
+    reader.catch_up()
+    summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
+    epochs = day.epochs[settings.start_epoch:]
+    flows = day.flows[settings.start_epoch:]
+    if settings.max_epochs is not None:
+        epochs, flows = epochs[: settings.max_epochs], flows[: settings.max_epochs]
+    sent: dict[tuple[str, int], dict[int, list[int]]] = {}
+    by_key: dict[str, Query] = {}
+    current: list[Query] = []
+    epoch = -1
+    try:
+        for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
+            epoch = int(epoch_np)
+            if settings.speed > 0:
+                delay = t0 + i * 30.0 / settings.speed - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+            when = epoch_start(epoch)
+            reader.poll(0)
+            current = active_queries(reader.queries.values(), when)
+            split = split_fleet(settings.seed, epoch, flow_row, fleet, count)
+            if settings.truth and index == 0:
+                truth = GroundTruth(epoch=epoch, epoch_start=when, stations=tuple(int(s) for s in day.stations),
+                                    flows=tuple(int(f) for f in flow_row))
+                sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
+                          headers=[(KIND_HEADER, b"ground_truth")])
+            sent = {}
+            participants: dict[str, tuple[int, int]] = {}
+            for q in current:
+                tc = query_truth_counts(split[index], day.stations, q)
+                er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device)
+                participants[q.query_id] = (er.participants, er.refused)
+                if er.refused:
+                    summary.refused[q.query_id] += er.refused
+                    summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
+                by_key[q.record_key] = q
+                for r in range(q.n_rounds):
+                    per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
+                    if er.participants:
+                        _send_round(sink, settings, producer_id, q, epoch, r, er.rounds[r], er.reports[r],
+                                    per_part, summary)
+            sink.flush()
+            _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode, False)
+            summary.epochs += 1
+            if counters is not None:
+                counters[_EPOCHS] = summary.epochs
+                counters[_REPORTS] = summary.reports
+                counters[_RECORDS] = summary.records
+                counters[_FAILED] = sink.failed
+                counters[_REFUSED] = sum(summary.refused.values())
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        if epoch >= 0 and sent:  # mark what was sent of the epoch in progress
+            participants = {q.query_id: (0, 0) for q in current}
+            sink.flush()
+            _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode, True)
+    finally:
+        try:
+            sink.close()
+        finally:
+            reader.close()
+        summary.delivery_failures = sink.failed
+        if counters is not None:
+            counters[_FAILED] = sink.failed
+            counters[_DONE] = 1
+    return summary
+
+
+def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
+                arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
+                summary: ReplaySummary) -> None:
+    base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "round": r,
+            "producer_id": producer_id, "n_stations": q.n_stations, "n_outputs": q.build().n_outputs}
+    if "counts" in arrays:
+        chunks = [(reports, arrays)]
+        kind, layout = "tally", "counts"
+    else:
+        first = next(iter(arrays.values()))
+        size = settings.batch_size
+        chunks = [(min(size, first.size - s), {k: v[s:s + size] for k, v in arrays.items()})
+                  for s in range(0, first.size, size)]
+        kind, layout = "reports", ("values" if "value" in arrays else "pairs")
+    for n, chunk in chunks:
+        batch_id = new_batch_id()
+        key = batch_id.encode()
+        partition = sink.partition_for(key)
+        value = encode_batch({**base, "kind": kind, "layout": layout, "batch_id": batch_id, "reports": n}, chunk)
+        sink.send(value, key=key, partition=partition, headers=[(KIND_HEADER, kind.encode())])
+        per_part[partition][0] += n
+        per_part[partition][1] += 1
+        summary.reports += n
+        summary.records += 1
+
+
+def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,
+                  sent: dict[tuple[str, int], dict[int, list[int]]], by_key: dict[str, Query],
+                  participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool) -> None:
+    for (key, r), per_part in sent.items():
+        q = by_key[key]
+        total_reports = sum(v[0] for v in per_part.values())
+        total_batches = sum(v[1] for v in per_part.values())
+        got, refused = participants.get(q.query_id, (0, 0))
+        for p, (n_rep, n_bat) in per_part.items():
+            marker = EndOfEpoch(producer_id=producer_id, producer_index=index, producer_count=count,
+                                query_id=q.query_id, query_version=q.version, epoch=epoch, round=r, partition=p,
+                                reports_to_partition=n_rep, batches_to_partition=n_bat,
+                                reports_total=total_reports, batches_total=total_batches,
+                                participants=got, refused=refused, mode=mode, interrupted=interrupted)
+            sink.send(encode_json(marker), key=f"eoe-{producer_id}".encode(), partition=p,
+                      headers=[(KIND_HEADER, b"end_of_epoch")])
+    sink.flush()
+
+
+def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        _producer_loop(settings, index, count, t0, counters)
+    except KeyboardInterrupt:
+        pass
+
+
+class Progress:
+    """A one-line progress bar on stderr: epochs, epochs/s, reports/s, failures."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.start = time.time()
+        self.last = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def update(self, epochs: int, reports: int, failures: int, force: bool = False) -> None:
+        now = time.time()
+        if not self.enabled or (not force and now - self.last < (0.2 if self.tty else 5.0)):
+            return
+        self.last = now
+        dt = max(now - self.start, 1e-9)
+        line = (f"epoch {epochs}/{self.total} ({100 * epochs / max(self.total, 1):.0f}%)  "
+                f"{epochs / dt:.1f} epochs/s  {reports / dt:,.0f} reports/s  delivery failures {failures}")
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+
+def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
+    """Replay the day with ``settings.producers`` producer processes; returns the totals."""
+    started = time.time()
+    day = load_day(settings)
+    fleet = fleet_size_for(day, settings)
+    ensure_topics(settings)
+    reader = QueryReader(settings)
+    try:
+        reader.catch_up()
+        have = dict(reader.queries)
+    finally:
+        reader.close()
+    if not have and settings.default_queries:
+        for q in default_queries(day, fleet):
+            publish_query(settings, q)
+    total = day.epochs.size - settings.start_epoch
+    if settings.max_epochs is not None:
+        total = min(total, settings.max_epochs)
+    bar = Progress(total, progress)
+    t0 = time.time()
+    if settings.producers == 1:
+        counters = [0] * 6
+
+        class _Tick(list[int]):
+            def __setitem__(self, i: Any, v: Any) -> None:
+                super().__setitem__(i, v)
+                bar.update(self[_EPOCHS], self[_REPORTS], self[_FAILED])
+
+        try:
+            summary = _producer_loop(settings, 0, 1, t0, _Tick(counters))
+        finally:
+            bar.close()
+        summary.elapsed_s = time.time() - started
+        return summary
+    ctx = mp.get_context("spawn")
+    shared = [ctx.Array("q", 6, lock=False) for _ in range(settings.producers)]
+    procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k]), daemon=False)
+             for k in range(settings.producers)]
+    for p in procs:
+        p.start()
+    summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
+    try:
+        while any(p.is_alive() for p in procs):
+            bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),
+                       sum(c[_FAILED] for c in shared))
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+        bar.close()
+    summary.epochs = min(c[_EPOCHS] for c in shared)
+    summary.reports = sum(c[_REPORTS] for c in shared)
+    summary.records = sum(c[_RECORDS] for c in shared)
+    summary.delivery_failures = sum(c[_FAILED] for c in shared)
+    refused = sum(c[_REFUSED] for c in shared)
+    if refused:
+        summary.refused["all queries"] = refused
+    if any(p.exitcode not in (0, None) for p in procs) and not summary.interrupted:
+        raise RuntimeError(f"producer processes failed: exit codes {[p.exitcode for p in procs]}")
+    summary.elapsed_s = time.time() - started
+    return summary

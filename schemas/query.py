@@ -1,0 +1,97 @@
+"""The analyst's query (seed 004 §IV-B): what is asked, of whom, with which mechanism, when.
+
+Published on the compacted queries topic, one record per (query id, version). Devices audit
+it before answering (epsilon limit, sensor blacklist).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import cached_property
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from estimators import Mechanism, PerStation, build_mechanism, mechanism_epsilon
+
+__all__ = ["MECHANISM_NAMES", "Query", "QueryMechanism"]
+
+MECHANISM_NAMES = ("sp", "alp", "rr")
+QueryMechanism = Literal["sp", "alp", "rr"]
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class Query(BaseModel):
+    """⟨query id, analyst id, monitored sensors, mechanism and its parameters, N rows, epoch
+    length, T_start, T_end, version⟩.
+
+    ``sensors`` are PeMS station ids in the order that defines station indices on the wire:
+    sensor ``sensors[i]`` is station index ``i + 1``; index 0 means "at none of them".
+    ``mechanism``: ``sp`` (Sampling Privacy over the sensors, two rounds), ``alp``
+    (Anonymized Local Privacy asked per sensor) or ``rr`` (two-coin randomized response per
+    sensor, the baseline). ``params`` use the math reference's names; missing ones take the
+    papers' evaluation values.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    query_id: str = Field(pattern=_ID)
+    analyst_id: str = Field(pattern=_ID)
+    version: int = Field(ge=1)
+    sensors: tuple[int, ...] = Field(min_length=1, max_length=65_000)
+    mechanism: QueryMechanism
+    params: dict[str, float] = Field(default_factory=dict)
+    population: int = Field(ge=1, description="N rows: how many data owners the query is sized for")
+    epoch_length_s: int = Field(default=30, ge=1)
+    t_start: AwareDatetime
+    t_end: AwareDatetime
+
+    @model_validator(mode="after")
+    def _check(self) -> Query:
+        if len(set(self.sensors)) != len(self.sensors):
+            raise ValueError("sensors must be unique")
+        if any(s <= 0 for s in self.sensors):
+            raise ValueError("sensor ids must be positive PeMS station ids")
+        if self.t_end <= self.t_start:
+            raise ValueError("t_end must be after t_start")
+        self.build()  # raises ValueError (PlanError) on unknown or invalid parameters
+        return self
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def n_stations(self) -> int:
+        return len(self.sensors)
+
+    @property
+    def n_rounds(self) -> int:
+        return 2 if self.mechanism == "sp" else 1
+
+    @property
+    def record_key(self) -> str:
+        """Key on the compacted queries topic: every version is kept."""
+        return f"{self.query_id}:v{self.version}"
+
+    def build(self) -> Mechanism:
+        """The mechanism a device runs: station-valued for ``sp``, binary per sensor else."""
+        return self._mechanism
+
+    @cached_property
+    def _mechanism(self) -> Mechanism:
+        return build_mechanism(self.mechanism, self.params, stations=self.n_stations)
+
+    @cached_property
+    def per_station(self) -> PerStation | None:
+        """For ``alp``/``rr``: the binary mechanism asked about each sensor."""
+        return None if self.mechanism == "sp" else PerStation(self.build(), self.n_stations)
+
+    @cached_property
+    def epsilon(self) -> float:
+        """Per-epoch local epsilon (brute force) a device audits."""
+        return mechanism_epsilon(self.build()).epsilon
+
+    def active_at(self, when: datetime) -> bool:
+        return self.t_start <= when < self.t_end
+
+    def station_index(self) -> dict[int, int]:
+        """PeMS station id -> station index on the wire (1-based)."""
+        return {s: i + 1 for i, s in enumerate(self.sensors)}

@@ -1,0 +1,262 @@
+"""Records on the reports and ground-truth topics, and their byte encoding.
+
+Reports topic, one Kafka record each:
+
+* ``reports`` -- a columnar batch of many vehicles' privatized reports for one
+  (query, version, epoch, round), binary: ``b"PTT1"``, a 4-byte big-endian header length,
+  the JSON :class:`BatchHeader`, then the arrays it declares (little-endian, in order).
+  ``layout="values"``: one array ``value`` of reported station indices (Sampling Privacy).
+  ``layout="pairs"``: arrays ``station`` and ``output`` -- the non-default (station, report)
+  pairs of a per-sensor mechanism (ALP: the non-⊥ pairs; RR: the "1" answers).
+* ``tally`` -- the exact-tally path: the same header with ``layout="counts"`` and one array
+  ``counts`` of per-output counts (``n_outputs`` for Sampling Privacy; ``n_stations x
+  n_outputs``, row-major, for per-sensor mechanisms).
+* ``report`` -- one device's report as JSON (:class:`SingleReport`), so that a real device
+  can send one without the batch encoding.
+* ``end_of_epoch`` -- JSON (:class:`EndOfEpoch`), sent by each producer to every partition
+  after an epoch's round, with what it sent there and in total.
+
+Privacy: nothing here names a vehicle. Batches hold reports of one round only, shuffled;
+``batch_id`` is random; ``producer_id`` names a producer process run. Partition keys are
+batch ids (end-of-epoch markers go to an explicit partition).
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+__all__ = [
+    "MAGIC",
+    "ArraySpec",
+    "BatchHeader",
+    "DecodedBatch",
+    "EndOfEpoch",
+    "GroundTruth",
+    "SingleReport",
+    "WireError",
+    "decode_record",
+    "encode_batch",
+    "encode_json",
+    "json_schemas",
+    "new_batch_id",
+]
+
+MAGIC = b"PTT1"
+_LEN = struct.Struct(">I")
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_DTYPES = {"u1": np.uint8, "u2": np.uint16, "u4": np.uint32, "i8": np.int64}
+DTypeName = Literal["u1", "u2", "u4", "i8"]
+Round = Annotated[int, Field(ge=0, le=1)]
+
+
+class WireError(ValueError):
+    """A record that cannot be decoded; ``reason`` is a short machine-readable code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def new_batch_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArraySpec(_Frozen):
+    name: Literal["value", "station", "output", "counts"]
+    dtype: DTypeName
+    length: int = Field(ge=0)
+
+
+class BatchHeader(_Frozen):
+    """Header of a binary ``reports`` or ``tally`` record."""
+
+    kind: Literal["reports", "tally"]
+    query_id: str = Field(pattern=_ID)
+    query_version: int = Field(ge=1)
+    epoch: int = Field(ge=0, description="absolute epoch index: epoch start (Unix s) // epoch length")
+    round: Round
+    batch_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    producer_id: str = Field(pattern=_ID)
+    reports: int = Field(ge=0, description="how many reports (tally: vehicles) the record stands for")
+    layout: Literal["values", "pairs", "counts"]
+    n_stations: int = Field(ge=1)
+    n_outputs: int = Field(ge=2)
+    arrays: tuple[ArraySpec, ...]
+
+
+class SingleReport(_Frozen):
+    """One device's report in JSON. ``value`` (Sampling Privacy: station index 0..V) or
+    ``pairs`` (per-sensor mechanisms: the non-default ``[station index, report]`` pairs)."""
+
+    kind: Literal["report"] = "report"
+    query_id: str = Field(pattern=_ID)
+    query_version: int = Field(ge=1)
+    epoch: int = Field(ge=0)
+    round: Round = 0
+    batch_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    value: int | None = Field(default=None, ge=0)
+    pairs: tuple[tuple[int, int], ...] | None = None
+
+
+class EndOfEpoch(_Frozen):
+    """A producer's end-of-epoch marker for one (query, version, epoch, round), sent to
+    every partition of the reports topic."""
+
+    kind: Literal["end_of_epoch"] = "end_of_epoch"
+    producer_id: str = Field(pattern=_ID)
+    producer_index: int = Field(ge=0)
+    producer_count: int = Field(ge=1, description="producer processes sharing the fleet")
+    query_id: str = Field(pattern=_ID)
+    query_version: int = Field(ge=1)
+    epoch: int = Field(ge=0)
+    round: Round
+    partition: int = Field(ge=0)
+    reports_to_partition: int = Field(ge=0)
+    batches_to_partition: int = Field(ge=0)
+    reports_total: int = Field(ge=0)
+    batches_total: int = Field(ge=0)
+    participants: int = Field(ge=0, description="vehicles of this producer that answered the query")
+    refused: int = Field(ge=0, description="vehicles of this producer whose device refused the query")
+    mode: Literal["per-vehicle", "tally"]
+    interrupted: bool = False
+
+
+class GroundTruth(_Frozen):
+    """Evaluation only: the true per-station flows of an epoch, for dashboards during replays.
+    Never produced from vehicles' reports; a real deployment has no such topic."""
+
+    kind: Literal["ground_truth"] = "ground_truth"
+    evaluation_only: Literal[True] = True
+    epoch: int = Field(ge=0)
+    epoch_start: AwareDatetime
+    stations: tuple[int, ...]
+    flows: tuple[int, ...]
+
+
+JsonRecord = Annotated[SingleReport | EndOfEpoch | GroundTruth, Field(discriminator="kind")]
+_JSON = TypeAdapter(JsonRecord)
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    header: BatchHeader
+    arrays: dict[str, npt.NDArray[Any]]
+
+
+def _min_unsigned(max_value: int) -> DTypeName:
+    return "u1" if max_value < 2**8 else "u2" if max_value < 2**16 else "u4"
+
+
+def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]) -> bytes:
+    """Encode a binary record. Index arrays use the smallest unsigned dtype that fits."""
+    specs = []
+    blobs = []
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        if name == "counts":
+            dt: DTypeName = "i8"
+        elif name == "output":
+            dt = "u1"
+        else:
+            dt = _min_unsigned(int(header_fields["n_stations"]))
+        specs.append(ArraySpec(name=name, dtype=dt, length=int(a.size)))
+        blobs.append(np.ascontiguousarray(a.ravel(), dtype=np.dtype(_DTYPES[dt]).newbyteorder("<")).tobytes())
+    header = BatchHeader(**header_fields, arrays=tuple(specs))
+    head = header.model_dump_json().encode()
+    return b"".join([MAGIC, _LEN.pack(len(head)), head, *blobs])
+
+
+def encode_json(record: SingleReport | EndOfEpoch | GroundTruth) -> bytes:
+    return record.model_dump_json().encode()
+
+
+def decode_record(value: bytes | None) -> DecodedBatch | SingleReport | EndOfEpoch | GroundTruth:
+    """Decode any record of the reports or truth topics; :class:`WireError` if impossible."""
+    if not value:
+        raise WireError("empty", "record has no value")
+    if value[:4] == MAGIC:
+        return _decode_binary(value)
+    if value[:1] == b"{":
+        try:
+            return _JSON.validate_json(value)
+        except ValidationError as exc:
+            raise WireError("bad_json_record", _short(exc)) from exc
+    raise WireError("bad_encoding", "neither a PTT1 binary batch nor a JSON object")
+
+
+def _decode_binary(value: bytes) -> DecodedBatch:
+    if len(value) < 8:
+        raise WireError("truncated", "binary record shorter than its frame header")
+    (hlen,) = _LEN.unpack_from(value, 4)
+    if 8 + hlen > len(value):
+        raise WireError("truncated", f"header length {hlen} exceeds the record")
+    try:
+        header = BatchHeader.model_validate_json(value[8:8 + hlen])
+    except ValidationError as exc:
+        raise WireError("bad_header", _short(exc)) from exc
+    offset = 8 + hlen
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for spec in header.arrays:
+        dt = np.dtype(_DTYPES[spec.dtype]).newbyteorder("<")
+        size = spec.length * dt.itemsize
+        if offset + size > len(value):
+            raise WireError("size_mismatch", f"array {spec.name} needs {size} bytes, record too short")
+        arrays[spec.name] = np.frombuffer(value, dtype=dt, count=spec.length, offset=offset).astype(np.int64)
+        offset += size
+    if offset != len(value):
+        raise WireError("size_mismatch", f"{len(value) - offset} trailing bytes after the declared arrays")
+    _check_layout(header, arrays)
+    return DecodedBatch(header, arrays)
+
+
+def _check_layout(h: BatchHeader, arrays: dict[str, npt.NDArray[Any]]) -> None:
+    want = {"values": {"value"}, "pairs": {"station", "output"}, "counts": {"counts"}}[h.layout]
+    if set(arrays) != want:
+        raise WireError("bad_layout", f"layout {h.layout} needs arrays {sorted(want)}, got {sorted(arrays)}")
+    if (h.kind == "tally") != (h.layout == "counts"):
+        raise WireError("bad_layout", f"kind {h.kind} cannot use layout {h.layout}")
+    if h.layout == "values":
+        v = arrays["value"]
+        if v.size != h.reports:
+            raise WireError("size_mismatch", f"{v.size} values for {h.reports} reports")
+        if v.size and v.max() > h.n_stations:
+            raise WireError("out_of_range", f"station index {int(v.max())} > {h.n_stations}")
+    elif h.layout == "pairs":
+        s, o = arrays["station"], arrays["output"]
+        if s.size != o.size or s.size != h.reports:
+            raise WireError("size_mismatch", f"{s.size} stations, {o.size} outputs, {h.reports} reports")
+        if s.size and (s.min() < 1 or s.max() > h.n_stations):
+            raise WireError("out_of_range", f"station index outside 1..{h.n_stations}")
+        if o.size and o.max() >= h.n_outputs:
+            raise WireError("out_of_range", f"report value {int(o.max())} >= {h.n_outputs}")
+    else:
+        c = arrays["counts"]
+        if c.size not in (h.n_outputs, h.n_stations * h.n_outputs):
+            raise WireError("size_mismatch", f"{c.size} counts for {h.n_stations} stations x {h.n_outputs} outputs")
+        if c.size and c.min() < 0:
+            raise WireError("out_of_range", "negative count")
+
+
+def _short(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{loc}: {first.get('msg', 'invalid')}{more}"
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schemas of the JSON records, for subscribers and devices."""
+    return {m.__name__: m.model_json_schema() for m in (SingleReport, EndOfEpoch, GroundTruth, BatchHeader)}
+

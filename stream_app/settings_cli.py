@@ -1,0 +1,70 @@
+"""Command-line flags generated from a pydantic-settings class: every ``PTT_X`` environment
+variable has a ``--x`` flag, flags default to "not given", and given flags win."""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from datetime import date
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings
+
+__all__ = ["add_settings_flags", "settings_from_args"]
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def _base(annotation: Any) -> tuple[Any, bool]:
+    """Strip ``X | None``; return (type, optional)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseSettings],
+                       skip: frozenset[str] = frozenset()) -> None:
+    prefix = str(model.model_config.get("env_prefix", ""))
+    for name, info in model.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind, _ = _base(info.annotation)
+        env = f"{prefix}{name}".upper()
+        helptext = f"{info.description or name} (env {env}; default {info.default!r})"
+        kw: dict[str, Any] = {"default": None, "dest": name, "help": helptext.replace("%", "%%")}
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            continue
+        if typing.get_origin(kind) is typing.Literal:
+            kw["choices"] = list(typing.get_args(kind))
+        elif kind in (int, float, str):
+            kw["type"] = kind
+        elif kind is Path:
+            kw["type"] = Path
+        elif kind is date:
+            kw["type"] = date.fromisoformat
+        elif kind is SecretStr:
+            kw["type"] = str
+        elif typing.get_origin(kind) is tuple:
+            kw["type"] = _int_tuple
+        parser.add_argument(flag, **kw)
+
+
+def settings_from_args(model: type[S], args: argparse.Namespace) -> S:
+    given = {name: getattr(args, name) for name in model.model_fields
+             if getattr(args, name, None) is not None}
+    return model(**given)
