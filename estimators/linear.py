@@ -16,7 +16,8 @@ with the rounds' correlation (Sampling Privacy's one die per epoch) taken into a
 Confidence bounds (``shared/reference/MECHANISMS.md`` §7):
 
 * **score** (Wilson-type): ``{Y in [0, N] : (est - Y)^2 <= z^2 Var(Y)}``, a quadratic in Y;
-  valid at zero and small counts, where the variance depends strongly on Y.
+  valid at zero and small counts, where the variance depends strongly on Y. Estimates that
+  live on a lattice (a scaled binomial) get a continuity correction of half a step.
 * **plug-in**: ``est +- z sqrt(Var(max(est, 0)))``; shown for contrast, under-covers at
   small counts.
 * **hoeffding** (distribution-free, seed 001): each vehicle's ``X`` lies in a range ``R``;
@@ -123,24 +124,30 @@ class Bound:
 
 
 def quadratic_interval(est: FloatArray, alpha: FloatArray, beta: FloatArray, k: float | FloatArray,
-                       n: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """``{Y in [0, n] : (est - Y)^2 <= k (alpha + beta Y)}``.
+                       n: FloatArray, slack: float | FloatArray = 0.0) -> tuple[FloatArray, FloatArray]:
+    """``{Y in [0, n] : |est - Y| <= slack + sqrt(k (alpha + beta Y))}``.
 
-    If no Y in [0, n] qualifies (the data are inconsistent with every admissible count at
-    this level) the bound collapses to the admissible point closest to the set.
+    ``slack`` is a continuity correction (half a lattice step). The upper end is the larger
+    root of ``(est + slack - Y)^2 = k (alpha + beta Y)`` (at least ``est + slack``), the lower
+    end the smaller root around ``est - slack`` (at most ``est - slack``). If no Y in [0, n]
+    qualifies -- the data are inconsistent with every admissible count at this level -- the
+    bound collapses to the admissible point closest to the set.
     """
-    est, alpha, beta, n = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (est, alpha, beta, n)))
-    b = 2.0 * est + k * beta
-    disc = b * b - 4.0 * (est * est - k * alpha)
-    root = np.sqrt(np.maximum(disc, 0.0))
-    lo = (b - root) / 2.0
-    hi = (b + root) / 2.0
-    centre = np.clip(b / 2.0, 0.0, n)
-    lo = np.where(disc < 0, centre, lo)
-    hi = np.where(disc < 0, centre, hi)
-    lo_c = np.clip(lo, 0.0, n)
-    hi_c = np.clip(hi, 0.0, n)
-    return lo_c, hi_c
+    est, alpha, beta, n, slack = np.broadcast_arrays(
+        *(np.asarray(x, dtype=np.float64) for x in (est, alpha, beta, n, slack)))
+
+    def roots(centre: FloatArray) -> tuple[FloatArray, FloatArray]:
+        b = 2.0 * centre + k * beta
+        disc = b * b - 4.0 * (centre * centre - k * alpha)
+        root = np.sqrt(np.maximum(disc, 0.0))
+        ok = disc >= 0
+        return np.where(ok, (b - root) / 2.0, np.inf), np.where(ok, (b + root) / 2.0, -np.inf)
+
+    lo_root, _ = roots(est - slack)
+    _, hi_root = roots(est + slack)
+    lo = np.minimum(est - slack, lo_root)
+    hi = np.maximum(est + slack, hi_root)
+    return np.clip(lo, 0.0, n), np.clip(hi, 0.0, n)
 
 
 def _z2(confidence: float) -> float:
@@ -235,10 +242,37 @@ class LinearEstimator:
         nn = np.asarray(n, dtype=np.float64)
         return nn * self.var[:, 0], self.var[:, 1] - self.var[:, 0] + 0.0 * nn
 
+    @cached_property
+    def lattice_step(self) -> FloatArray:
+        """``(S,)``: spacing of the lattice the estimate lives on, 0 if it has none.
+
+        A vehicle's contribution takes a few values; if all their differences are integer
+        multiples of one step ``d`` (Sampling Privacy: ``1/pis``), every estimate is a
+        multiple of ``d`` plus a constant. Values that are incommensurate (the ALP average)
+        make the estimate effectively continuous: step 0.
+        """
+        x = self.contributions
+        p = np.broadcast_to(self.view.latent, x.shape)
+        steps = np.zeros(x.shape[0])
+        for s in range(x.shape[0]):
+            vals = np.unique(np.round(x[s][p[s] > 0], 12))
+            diffs = np.diff(vals)
+            if diffs.size == 0:
+                continue
+            d = float(diffs.min())
+            ratios = (vals - vals[0]) / d
+            if np.allclose(ratios, np.round(ratios), atol=1e-9):
+                steps[s] = d
+        return steps
+
     def score_interval(self, est: FloatArray, n: float | FloatArray,
                        confidence: float) -> tuple[FloatArray, FloatArray]:
+        """Score interval with a continuity correction of half the lattice step:
+        ``|est - Y| <= step/2 + z sd(Y)``. Without it a lattice estimate (a scaled binomial, as
+        Sampling Privacy's) under-covers at small counts (93.1% at Yes = 5 at 95%)."""
         alpha, beta = self.variance_coefficients(n)
-        return quadratic_interval(est, alpha, beta, _z2(confidence), np.asarray(n, dtype=np.float64))
+        return quadratic_interval(est, alpha, beta, _z2(confidence), np.asarray(n, dtype=np.float64),
+                                  slack=self.lattice_step / 2.0)
 
     def plugin_interval(self, est: FloatArray, n: float | FloatArray,
                         confidence: float) -> tuple[FloatArray, FloatArray]:
