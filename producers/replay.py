@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -107,8 +109,46 @@ class ReplaySummary:
 _EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED = range(6)
 
 
+class StopFlag:
+    """Ctrl-C (SIGINT) or SIGTERM asks the loop to stop at its next safe point instead of
+    raising wherever it lands (possibly inside the Kafka client). A second Ctrl-C forces quit."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._previous: Any = None
+
+    def __enter__(self) -> StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.event.is_set():
+            raise KeyboardInterrupt
+        self.event.set()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True if a stop was requested."""
+        return self.event.wait(seconds) if seconds > 0 else self.event.is_set()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+
 def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                    counters: Any | None = None) -> ReplaySummary:
+    with StopFlag() as stop:
+        return _run_epochs(settings, index, count, t0, counters, stop)
+
+
+def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any | None,
+                stop: StopFlag) -> ReplaySummary:
     day = load_day(settings)
     fleet = fleet_size_for(day, settings)
     device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
@@ -121,17 +161,13 @@ def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
     flows = day.flows[settings.start_epoch:]
     if settings.max_epochs is not None:
         epochs, flows = epochs[: settings.max_epochs], flows[: settings.max_epochs]
-    sent: dict[tuple[str, int], dict[int, list[int]]] = {}
-    by_key: dict[str, Query] = {}
-    current: list[Query] = []
-    epoch = -1
     try:
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
+            if settings.speed > 0 and stop.wait(t0 + i * 30.0 / settings.speed - time.time()):
+                break
+            if stop.requested:
+                break
             epoch = int(epoch_np)
-            if settings.speed > 0:
-                delay = t0 + i * 30.0 / settings.speed - time.time()
-                if delay > 0:
-                    time.sleep(delay)
             when = epoch_start(epoch)
             reader.poll(0)
             current = active_queries(reader.queries.values(), when)
@@ -141,9 +177,12 @@ def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                                     flows=tuple(int(f) for f in flow_row))
                 sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
                           headers=[(KIND_HEADER, b"ground_truth")])
-            sent = {}
+            sent: dict[tuple[str, int], dict[int, list[int]]] = {}
+            by_key: dict[str, Query] = {}
             participants: dict[str, tuple[int, int]] = {}
             for q in current:
+                if stop.requested:
+                    break
                 tc = query_truth_counts(split[index], day.stations, q)
                 er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device)
                 participants[q.query_id] = (er.participants, er.refused)
@@ -155,9 +194,13 @@ def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                     per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
                     if er.participants:
                         _send_round(sink, settings, producer_id, q, epoch, r, er.rounds[r], er.reports[r],
-                                    per_part, summary)
+                                    per_part, summary, stop)
             sink.flush()
-            _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode, False)
+            # an interrupted epoch is marked with exactly what was sent of it
+            _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
+                          stop.requested)
+            if stop.requested:
+                break
             summary.epochs += 1
             if counters is not None:
                 counters[_EPOCHS] = summary.epochs
@@ -165,13 +208,8 @@ def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                 counters[_RECORDS] = summary.records
                 counters[_FAILED] = sink.failed
                 counters[_REFUSED] = sum(summary.refused.values())
-    except KeyboardInterrupt:
-        summary.interrupted = True
-        if epoch >= 0 and sent:  # mark what was sent of the epoch in progress
-            participants = {q.query_id: (0, 0) for q in current}
-            sink.flush()
-            _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode, True)
     finally:
+        summary.interrupted = stop.requested
         try:
             sink.close()
         finally:
@@ -185,7 +223,7 @@ def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
 
 def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
                 arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
-                summary: ReplaySummary) -> None:
+                summary: ReplaySummary, stop: StopFlag) -> None:
     base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "round": r,
             "producer_id": producer_id, "n_stations": q.n_stations, "n_outputs": q.build().n_outputs}
     if "counts" in arrays:
@@ -198,6 +236,8 @@ def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q:
                   for s in range(0, first.size, size)]
         kind, layout = "reports", ("values" if "value" in arrays else "pairs")
     for n, chunk in chunks:
+        if stop.requested:
+            return
         batch_id = new_batch_id()
         key = batch_id.encode()
         partition = sink.partition_for(key)
@@ -230,10 +270,7 @@ def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, ep
 
 def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any) -> None:
     logging.basicConfig(level=logging.WARNING)
-    try:
-        _producer_loop(settings, index, count, t0, counters)
-    except KeyboardInterrupt:
-        pass
+    _producer_loop(settings, index, count, t0, counters)
 
 
 class Progress:
@@ -302,21 +339,24 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     for p in procs:
         p.start()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
-    try:
-        while any(p.is_alive() for p in procs):
-            bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),
-                       sum(c[_FAILED] for c in shared))
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        summary.interrupted = True
-        for p in procs:
-            p.join(timeout=60)
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-        bar.close()
+    with StopFlag() as stop:
+        try:
+            while any(p.is_alive() for p in procs):
+                bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),
+                           sum(c[_FAILED] for c in shared))
+                if stop.wait(0.2):
+                    summary.interrupted = True
+                    for p in procs:  # graceful: children treat SIGTERM like the first Ctrl-C
+                        if p.is_alive():
+                            p.terminate()
+                    for p in procs:
+                        p.join(timeout=60)
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+            bar.close()
     summary.epochs = min(c[_EPOCHS] for c in shared)
     summary.reports = sum(c[_REPORTS] for c in shared)
     summary.records = sum(c[_RECORDS] for c in shared)

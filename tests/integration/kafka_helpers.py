@@ -1,0 +1,54 @@
+"""Reading topics back in tests (kafka-python, real broker)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from producers.settings import KafkaSettings
+from schemas import DecodedBatch, EndOfEpoch, GroundTruth, SingleReport, decode_record
+
+
+def drain(settings: KafkaSettings, topic: str, quiet_polls: int = 3, timeout_s: float = 60.0) -> list[Any]:
+    """Every record of ``topic``, read from the beginning until it stays quiet."""
+    consumer = KafkaConsumer(**settings.client_kwargs(), group_id=None, enable_auto_commit=False,
+                             max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+        consumer.seek_to_beginning()
+        out: list[Any] = []
+        quiet = 0
+        deadline = time.time() + timeout_s
+        while quiet < quiet_polls and time.time() < deadline:
+            got = consumer.poll(timeout_ms=300, max_records=50_000)
+            n = sum(len(v) for v in got.values())
+            for records in got.values():
+                out.extend(records)
+            quiet = quiet + 1 if n == 0 else 0
+        return out
+    finally:
+        consumer.close()
+
+
+class Decoded:
+    """The reports topic, decoded and grouped."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.batches: dict[tuple[str, int, int, int], list[tuple[int, DecodedBatch]]] = defaultdict(list)
+        self.markers: dict[tuple[str, int, int, int], list[EndOfEpoch]] = defaultdict(list)
+        self.other: list[SingleReport | GroundTruth] = []
+        self.keys: list[bytes | None] = []
+        for rec in records:
+            item = decode_record(rec.value)
+            if isinstance(item, DecodedBatch):
+                h = item.header
+                self.batches[(h.query_id, h.query_version, h.epoch, h.round)].append((rec.partition, item))
+                self.keys.append(rec.key)
+            elif isinstance(item, EndOfEpoch):
+                self.markers[(item.query_id, item.query_version, item.epoch, item.round)].append(item)
+            else:
+                self.other.append(item)
