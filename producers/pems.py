@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import IO
 from zoneinfo import ZoneInfo
@@ -118,8 +119,19 @@ def _open_text(path: str | Path) -> IO[str]:
     return p.open("r", encoding="utf-8", errors="replace", newline="")
 
 
+@lru_cache(maxsize=1 << 16)
 def _parse_ts(text: str) -> datetime:
-    return datetime.strptime(text.strip(), "%m/%d/%Y %H:%M:%S").replace(tzinfo=PACIFIC)
+    """Parse ``MM/DD/YYYY HH:MM:SS`` (Pacific). Cached: a file repeats each stamp per station."""
+    t = text.strip()
+    if len(t) != 19 or t[2] != "/" or t[5] != "/" or t[10] != " ":
+        raise ValueError(f"bad timestamp {text!r}")
+    return datetime(int(t[6:10]), int(t[0:2]), int(t[3:5]), int(t[11:13]), int(t[14:16]), int(t[17:19]),
+                    tzinfo=PACIFIC)
+
+
+@lru_cache(maxsize=1 << 16)
+def _epoch_of_stamp(text: str) -> int:
+    return epoch_of(_parse_ts(text))
 
 
 def _num(text: str) -> float | None:
@@ -163,29 +175,34 @@ def read_station_raw(path: str | Path, spike_per_lane: int = DEFAULT_SPIKE_PER_L
 
 def _raw_row(row: list[str], cells: dict[tuple[int, int], int], quality: QualityReport,
              spike_per_lane: int) -> str | None:
-    if not row or all(not c.strip() for c in row):
+    n_fields = len(row)
+    if n_fields == 0 or not "".join(row).strip():
         return "blank_line"
-    if len(row) < 2 or len(row) > 2 + 3 * MAX_LANES:
+    if n_fields < 2 or n_fields > 2 + 3 * MAX_LANES:
         return "bad_field_count"
     try:
-        ts = _parse_ts(row[0])
+        epoch = _epoch_of_stamp(row[0])
     except ValueError:
         return "bad_timestamp"
     try:
         station = int(row[1])
     except ValueError:
         return "bad_station_id"
-    lanes = row[2:] + [""] * (3 * MAX_LANES - len(row) + 2)
     total = 0
     present = 0
     flags: list[str] = []
-    for k in range(MAX_LANES):
+    for k in range(2, n_fields, 3):
+        flow_text = row[k].strip()
+        if not flow_text:
+            continue
+        occ_text = row[k + 1].strip() if k + 1 < n_fields else ""
+        speed_text = row[k + 2].strip() if k + 2 < n_fields else ""
         try:
-            flow, occ, speed = (_num(x) for x in lanes[3 * k:3 * k + 3])
+            flow = float(flow_text)
+            occ = float(occ_text) if occ_text else None
+            speed = float(speed_text) if speed_text else None
         except ValueError:
             return "bad_number"
-        if flow is None:
-            continue
         present += 1
         if flow < 0 or (occ is not None and not 0 <= occ <= 1):
             flags.append("out_of_range")
@@ -197,7 +214,7 @@ def _raw_row(row: list[str], cells: dict[tuple[int, int], int], quality: Quality
             total += int(round(flow))
     if present == 0:
         return "empty_row"
-    key = (epoch_of(ts), station)
+    key = (epoch, station)
     if key in cells:
         return "duplicate_epoch"
     for f in flags:

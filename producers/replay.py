@@ -142,14 +142,13 @@ class StopFlag:
 
 
 def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
-                   counters: Any | None = None) -> ReplaySummary:
+                   counters: Any | None = None, day: TrafficDay | None = None) -> ReplaySummary:
     with StopFlag() as stop:
-        return _run_epochs(settings, index, count, t0, counters, stop)
+        return _run_epochs(settings, index, count, t0, counters, stop, day or load_day(settings))
 
 
 def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any | None,
-                stop: StopFlag) -> ReplaySummary:
-    day = load_day(settings)
+                stop: StopFlag, day: TrafficDay) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
@@ -327,7 +326,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
                 bar.update(self[_EPOCHS], self[_REPORTS], self[_FAILED])
 
         try:
-            summary = _producer_loop(settings, 0, 1, t0, _Tick(counters))
+            summary = _producer_loop(settings, 0, 1, t0, _Tick(counters), day)
         finally:
             bar.close()
         summary.elapsed_s = time.time() - started

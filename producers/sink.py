@@ -156,12 +156,17 @@ class QueryReader:
                 self.queries[(q.query_id, q.version)] = q
         return n
 
-    def catch_up(self, quiet_polls: int = 2, timeout_ms: int = 500) -> None:
-        """Poll until ``quiet_polls`` polls in a row bring nothing (the broker's end offsets
-        cannot be trusted here, see BROKER.md)."""
-        quiet = 0
-        while quiet < quiet_polls:
-            quiet = quiet + 1 if self.poll(timeout_ms) == 0 else 0
+    def catch_up(self, timeout_s: float = 30.0) -> None:
+        """Poll until every partition's position has reached its high-water mark as reported
+        with fetched data (the broker's ListOffsets end offsets are wrong here, BROKER.md)."""
+        deadline = time.time() + timeout_s
+        parts = self._consumer.assignment()
+        while time.time() < deadline:
+            self.poll(200)
+            marks = {tp: self._consumer.highwater(tp) for tp in parts}
+            if all(m is not None and self._consumer.position(tp) >= m for tp, m in marks.items()):
+                return
+        raise BrokerUnavailable(f"could not read the queries topic to its end within {timeout_s}s")
 
     def close(self) -> None:
         self._consumer.close()

