@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run plan test lint bench clean
 
 setup: $(STAMP)
 
@@ -14,8 +14,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The main job. Today: the planner at the papers' settings for the headline mechanisms.
+# The main job: embedded broker + replay of the synthetic day (DEMO_ARGS to change, e.g.
+# DEMO_ARGS="--speed 0 --max-epochs 120"). `make plan` prints the planner at the papers' settings.
+DEMO_ARGS ?=
 run: $(STAMP)
+	$(BIN)/ptt demo $(DEMO_ARGS)
+
+plan: $(STAMP)
 	$(BIN)/ptt plan sp --population 47719 --expected-yes 100 --stations 3220
 	@echo
 	$(BIN)/ptt plan alp --population 48719 --expected-yes 100
@@ -32,6 +37,7 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/bench_sampling.py
+	$(BIN)/python tests/benchmarks/bench_replay.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

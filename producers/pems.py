@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -203,6 +204,8 @@ def _raw_row(row: list[str], cells: dict[tuple[int, int], int], quality: Quality
             speed = float(speed_text) if speed_text else None
         except ValueError:
             return "bad_number"
+        if not all(math.isfinite(v) for v in (flow, occ, speed) if v is not None):
+            return "bad_number"  # float() also takes "nan", "inf", "1e400"
         present += 1
         if flow < 0 or (occ is not None and not 0 <= occ <= 1):
             flags.append("out_of_range")
@@ -216,7 +219,12 @@ def _raw_row(row: list[str], cells: dict[tuple[int, int], int], quality: Quality
         return "empty_row"
     key = (epoch, station)
     if key in cells:
-        return "duplicate_epoch"
+        # Local timestamps carry no offset: on the autumn DST day the hour 01:00-02:00 comes
+        # twice. A second reading of such an ambiguous stamp is the later (standard-time) one.
+        later = epoch_of(_parse_ts(row[0]).replace(fold=1))
+        if later == epoch or (later, station) in cells:
+            return "duplicate_epoch"
+        key = (later, station)
     for f in flags:
         quality.lanes_flagged[f] += 1
     cells[key] = total
@@ -258,6 +266,8 @@ def _five_min_row(row: list[str], cells: dict[tuple[int, int], int]) -> str | No
                 return "empty_row"
             total = float(sum(known))
     except ValueError:
+        return "bad_number"
+    if not math.isfinite(total):
         return "bad_number"
     if total < 0:
         return "out_of_range"

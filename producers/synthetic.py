@@ -34,7 +34,7 @@ def daily_profile(weekend: bool = False) -> npt.NDArray[np.float64]:
     if weekend:
         shape = 0.08 + 0.75 * bump(13.5, 3.5) + 0.15 * bump(19.0, 2.0)
     else:
-        shape = 0.06 + 0.95 * bump(7.75, 1.1) + 0.55 * bump(12.5, 2.5) + 1.0 * bump(17.25, 1.4)
+        shape = 0.06 + 0.95 * bump(7.75, 1.2) + 0.7 * bump(12.5, 2.8) + 1.0 * bump(17.25, 1.5)
     out: npt.NDArray[np.float64] = shape / shape.max()
     return out
 
@@ -67,7 +67,7 @@ def write_synthetic_day(out_dir: str | Path, n_stations: int = 16, seed: int = 2
     mainline = rng.random(n_stations) < 0.7
     lanes = np.where(mainline, rng.integers(3, 6, n_stations), rng.integers(1, 3, n_stations))
     # station peak intensity (vehicles per 30 s at the profile's peak)
-    peak = np.where(mainline, rng.uniform(40, 62, n_stations), rng.uniform(10, 22, n_stations))
+    peak = np.where(mainline, rng.uniform(45, 66, n_stations), rng.uniform(10, 22, n_stations))
     peak = np.minimum(peak, 16.0 * lanes)  # keep lanes physical (< ~2,000 veh/h/lane)
     single_loop = rng.random(n_stations) < 0.25  # no speed measurement
     offset_s = rng.integers(0, EPOCH_S, n_stations)  # readings at e.g. hh:mm:21 and hh:mm:51
@@ -109,8 +109,9 @@ def write_synthetic_day(out_dir: str | Path, n_stations: int = 16, seed: int = 2
             lines.append(f"{stamp},{stations[j]}," + ",".join(fields))
     data = ("\n".join(lines) + "\n").encode()
     if gzip_output:
-        with gzip.open(raw_path, "wb", compresslevel=5) as fh:
-            fh.write(data)
+        with open(raw_path, "wb") as raw_fh, \
+                gzip.GzipFile(filename="", mode="wb", compresslevel=5, fileobj=raw_fh, mtime=0) as fh:
+            fh.write(data)  # mtime 0: the same seed gives the same bytes
     else:
         raw_path.write_bytes(data)
 

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 __all__ = [
     "MAGIC",
@@ -107,7 +107,13 @@ class SingleReport(_Frozen):
     round: Round = 0
     batch_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     value: int | None = Field(default=None, ge=0)
-    pairs: tuple[tuple[int, int], ...] | None = None
+    pairs: tuple[tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]], ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> SingleReport:
+        if (self.value is None) == (self.pairs is None):
+            raise ValueError("a report carries exactly one of value (Sampling Privacy) or pairs (per-sensor)")
+        return self
 
 
 class EndOfEpoch(_Frozen):
@@ -142,7 +148,13 @@ class GroundTruth(_Frozen):
     epoch: int = Field(ge=0)
     epoch_start: AwareDatetime
     stations: tuple[int, ...]
-    flows: tuple[int, ...]
+    flows: tuple[Annotated[int, Field(ge=0)], ...]
+
+    @model_validator(mode="after")
+    def _aligned(self) -> GroundTruth:
+        if len(self.stations) != len(self.flows):
+            raise ValueError(f"{len(self.stations)} stations but {len(self.flows)} flows")
+        return self
 
 
 JsonRecord = Annotated[SingleReport | EndOfEpoch | GroundTruth, Field(discriminator="kind")]
@@ -160,11 +172,19 @@ def _min_unsigned(max_value: int) -> DTypeName:
 
 
 def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[Any]]) -> bytes:
-    """Encode a binary record. Index arrays use the smallest unsigned dtype that fits."""
+    """Encode a binary record. Index arrays use the smallest unsigned dtype that fits.
+
+    Values outside their range (a station index above ``n_stations``, a report value at or
+    above ``n_outputs``, a negative count) are refused with ``ValueError``, never wrapped.
+    """
     specs = []
     blobs = []
+    limits = {"value": int(header_fields["n_stations"]), "station": int(header_fields["n_stations"]),
+              "output": int(header_fields["n_outputs"]) - 1}
     for name, arr in arrays.items():
         a = np.asarray(arr)
+        if a.size and (a.min() < 0 or (name in limits and a.max() > limits[name])):
+            raise ValueError(f"array {name!r} has values outside 0..{limits.get(name, 'inf')}")
         if name == "counts":
             dt: DTypeName = "i8"
         elif name == "output":
@@ -206,6 +226,9 @@ def _decode_binary(value: bytes) -> DecodedBatch:
         header = BatchHeader.model_validate_json(value[8:8 + hlen])
     except ValidationError as exc:
         raise WireError("bad_header", _short(exc)) from exc
+    names = [spec.name for spec in header.arrays]
+    if len(set(names)) != len(names):
+        raise WireError("bad_layout", f"array names repeat: {names}")
     offset = 8 + hlen
     arrays: dict[str, npt.NDArray[Any]] = {}
     for spec in header.arrays:

@@ -85,7 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay(sub)
     _add_analyst(sub)
     _add_synth(sub)
+    d = sub.add_parser("demo", help="embedded broker + replay of the synthetic day, nothing to configure")
+    d.add_argument("--speed", type=float, default=120.0, help="x real time (default 120: a day in 12 minutes)")
+    d.add_argument("--max-epochs", type=int, default=None, help="stop after this many epochs")
+    d.add_argument("--stations", type=int, default=16)
+    d.add_argument("--port", type=int, default=None, help="broker port (default: a free one)")
+    d.set_defaults(func=_cmd_demo)
     return parser
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.speed, args.max_epochs, args.stations, args.port)
 
 
 def _add_replay(sub: Any) -> None:

@@ -1,0 +1,444 @@
+"""The simulated fleet (``producers.fleet``): who is where, and what each device sends.
+
+Checked: ``split_fleet`` margins (rows = each producer's share, columns = the data's flows),
+its refusal when the fleet is too small, its determinism per (seed, epoch);
+``query_truth_counts``; ``privatize`` in per-vehicle and tally modes for ``sp``, ``alp`` and
+``rr``: report counts, allowed values, the device audit, reproducibility from
+``epoch_rng``, equality of the tally path with the statistics core's exact tally; and the
+privacy invariant of MECHANISMS.md §3: a vehicle's two Sampling Privacy rounds are never
+linkable by position (each round is shuffled on its own), nor is a report's position
+related to its vehicle.
+
+Statistical assertions use fixed seeds (deterministic); the false-failure rate each would
+have for a random seed under a correct implementation is stated at the assertion.
+Family-wise (all of them together) false-failure < 5e-3 for a random seed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import estimators as E
+from producers.fleet import (
+    Device,
+    EpochReports,
+    FleetTooSmall,
+    epoch_rng,
+    fleet_share,
+    privatize,
+    query_truth_counts,
+    split_fleet,
+)
+from schemas import Query
+
+SEED = 20261118
+T0 = datetime(2026, 11, 18, 8, 0, tzinfo=UTC)
+P_MIN = 1e-3  # p-value floor of the chi-square checks: false-failure 1e-3 each
+
+
+def make_query(mechanism: str, sensors: tuple[int, ...], params: dict[str, float] | None = None,
+               query_id: str = "q-fleet", version: int = 1) -> Query:
+    return Query(query_id=query_id, analyst_id="analyst-1", version=version, sensors=sensors,
+                 mechanism=mechanism, params=params or {}, population=50_000,
+                 t_start=T0, t_end=T0 + timedelta(days=1))
+
+
+def sensors(v: int) -> tuple[int, ...]:
+    return tuple(500_000 + 7 * i for i in range(1, v + 1))
+
+
+def truth_for(v: int, n_none: int, per_station: int) -> np.ndarray:
+    """Truth counts (V + 1,): ``n_none`` at none of the sensors, ``per_station`` at each
+    sensor except the second (nobody there)."""
+    tc = np.full(v + 1, per_station, dtype=np.int64)
+    tc[0] = n_none
+    if v >= 2:
+        tc[2] = 0
+    return tc
+
+
+def ascent_fraction(x: np.ndarray) -> float:
+    d = np.diff(x)
+    up, down = int((d > 0).sum()), int((d < 0).sum())
+    return up / (up + down)
+
+
+# ---------------------------------------------------------------------------------------
+# split_fleet, fleet_share
+# ---------------------------------------------------------------------------------------
+FLOWS = np.array([30, 0, 55, 12, 7, 1], dtype=np.int64)
+
+
+def test_fleet_share_splits_the_fleet() -> None:
+    for fleet, count in [(1000, 3), (10, 4), (2, 5), (47_719, 8), (7, 1)]:
+        shares = [fleet_share(fleet, k, count) for k in range(count)]
+        assert sum(shares) == fleet
+        assert max(shares) - min(shares) <= 1
+        assert shares == sorted(shares, reverse=True)  # the first ones take the remainder
+
+
+@pytest.mark.parametrize(("fleet", "count"), [(1000, 3), (105, 4), (200, 1), (110, 7), (3, 5)])
+def test_split_fleet_margins(fleet: int, count: int) -> None:
+    flows = FLOWS if FLOWS.sum() <= fleet else np.array([1, 0, 1, 0, 1, 0])
+    out = split_fleet(SEED, 4_000_123, flows, fleet, count)
+    assert out.shape == (count, 1 + flows.size)
+    assert out.dtype == np.int64 and out.min() >= 0
+    assert out.sum(axis=1).tolist() == [fleet_share(fleet, k, count) for k in range(count)]
+    assert out.sum(axis=0).tolist() == [fleet - int(flows.sum()), *flows.tolist()]
+
+
+def test_split_fleet_exactly_full() -> None:
+    out = split_fleet(SEED, 1, FLOWS, int(FLOWS.sum()), 3)
+    assert out[:, 0].tolist() == [0, 0, 0]
+    assert out.sum(axis=0)[1:].tolist() == FLOWS.tolist()
+
+
+def test_split_fleet_too_small() -> None:
+    with pytest.raises(FleetTooSmall) as info:
+        split_fleet(SEED, 4_242, FLOWS, int(FLOWS.sum()) - 1, 2)
+    msg = str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert "epoch 4242" in msg and f"{int(FLOWS.sum())} vehicles" in msg and f"{int(FLOWS.sum()) - 1}" in msg
+    assert "at least" in msg and "peak" in msg
+
+
+def test_split_fleet_is_a_function_of_seed_and_epoch() -> None:
+    a = split_fleet(SEED, 77, FLOWS, 1000, 4)
+    assert np.array_equal(a, split_fleet(SEED, 77, FLOWS.copy(), 1000, 4))
+    others = [split_fleet(SEED, e, FLOWS, 1000, 4) for e in range(78, 88)]
+    assert all(not np.array_equal(a, o) for o in others)  # P(equal) is tiny for each
+    assert not np.array_equal(a, split_fleet(SEED + 1, 77, FLOWS, 1000, 4))
+    # a fresh array with the same values gives the same split
+    assert np.array_equal(a, split_fleet(SEED, 77, np.asarray(FLOWS.tolist()), 1000, 4))
+
+
+def test_split_fleet_is_unbiased_across_producers() -> None:
+    """Over 300 epochs, producer k's count at station j sums to 300 * share_k * flow_j /
+    fleet within 5 SE (SE from the hypergeometric variance). 3 x 7 cells, each two-sided
+    normal tail 5.7e-7: false-failure < 2e-5."""
+    fleet, count, epochs = 400, 3, 300
+    colors = np.array([fleet - int(FLOWS.sum()), *FLOWS.tolist()], dtype=float)
+    total = sum(split_fleet(SEED, e, FLOWS, fleet, count) for e in range(epochs))
+    for k in range(count):
+        n = fleet_share(fleet, k, count)
+        p = colors / fleet
+        expect = epochs * n * p
+        var = epochs * n * p * (1 - p) * (fleet - n) / (fleet - 1)
+        se = np.sqrt(np.maximum(var, 1e-12))
+        assert np.all(np.abs(total[k] - expect) <= 5 * se + 1e-9)
+
+
+# ---------------------------------------------------------------------------------------
+# query_truth_counts
+# ---------------------------------------------------------------------------------------
+def test_query_truth_counts_maps_sensors_and_puts_the_rest_at_zero() -> None:
+    data_stations = np.array([100, 200, 300, 400], dtype=np.int64)
+    row = np.array([50, 5, 6, 7, 8], dtype=np.int64)  # 50 at none of the data's stations
+    q = make_query("sp", (300, 999, 100))  # 999 is not in the data
+    counts = query_truth_counts(row, data_stations, q)
+    assert counts.tolist() == [50 + 6 + 8, 7, 0, 5]
+    assert int(counts.sum()) == int(row.sum())
+    # every sensor absent from the data: everyone is at index 0
+    none = query_truth_counts(row, data_stations, make_query("sp", (1, 2)))
+    assert none.tolist() == [76, 0, 0]
+
+
+def test_split_then_truth_counts_add_up_over_producers() -> None:
+    data_stations = np.array([11, 22, 33, 44, 55, 66], dtype=np.int64)
+    split = split_fleet(SEED, 9, FLOWS, 500, 3)
+    q = make_query("alp", (44, 11, 77))
+    per = np.array([query_truth_counts(split[k], data_stations, q) for k in range(3)])
+    assert per.sum(axis=0).tolist() == [500 - 12 - 30, 12, 30, 0]
+    assert per.sum(axis=1).tolist() == [fleet_share(500, k, 3) for k in range(3)]
+
+
+# ---------------------------------------------------------------------------------------
+# privatize: counts and values
+# ---------------------------------------------------------------------------------------
+def test_sp_per_vehicle_reports() -> None:
+    q = make_query("sp", sensors(3))
+    tc = truth_for(3, 400, 150)
+    n = int(tc.sum())
+    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    assert isinstance(er, EpochReports)
+    assert (er.participants, er.refused, er.refusal_reason) == (n, 0, None)
+    assert len(er.rounds) == 2 and er.reports == [n, n]  # one report per vehicle per round
+    for r in range(2):
+        assert set(er.rounds[r]) == {"value"}
+        v = er.rounds[r]["value"]
+        assert v.shape == (n,) and np.issubdtype(v.dtype, np.integer)
+        assert v.min() >= 0 and v.max() <= 3
+    # one die per vehicle for both rounds: only face S changes its report (0 -> truth), so
+    # the round difference is exact per station -- 0 where nobody is, >= 0 elsewhere
+    c1, c2 = (np.bincount(er.rounds[r]["value"], minlength=4) for r in range(2))
+    assert c2[2] == c1[2]
+    assert c2[1] >= c1[1] and c2[3] >= c1[3] and c2[0] <= c1[0]
+    assert int(c2.sum()) == int(c1.sum()) == n
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_per_sensor_per_vehicle_reports_are_pairs(mechanism: str) -> None:
+    """Only the non-default (station, report) pairs are sent: ALP the non-⊥ ones (0 or 1),
+    RR the "1" answers. Their number is a sum of independent Bernoullis with mean
+    ``Yes*P(non-default|Yes) + (N*V - Yes)*P(non-default|No)``; asserted within 6 sd
+    (false-failure 2e-9)."""
+    v = 20
+    q = make_query(mechanism, sensors(v))
+    tc = truth_for(v, 1500, 40)
+    n, yes = int(tc.sum()), int(tc[1:].sum())
+    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    assert (er.participants, er.refused) == (n, 0)
+    assert len(er.rounds) == 1
+    assert set(er.rounds[0]) == {"station", "output"}  # no "vehicle" array ever leaves
+    st, out = er.rounds[0]["station"], er.rounds[0]["output"]
+    assert st.shape == out.shape and er.reports == [int(st.size)]
+    assert st.min() >= 1 and st.max() <= v
+    allowed = {E.ALP_NO, E.ALP_YES} if mechanism == "alp" else {1}
+    assert set(np.unique(out).tolist()) <= allowed
+    ps = q.per_station
+    assert ps is not None
+    table = q.build().output_table(0)
+    default = ps.default
+    p_yes, p_no = 1 - table[1, default], 1 - table[0, default]
+    mean = yes * p_yes + (n * v - yes) * p_no
+    var = yes * p_yes * (1 - p_yes) + (n * v - yes) * p_no * (1 - p_no)
+    assert abs(st.size - mean) < 6 * np.sqrt(var)
+    # the consumer's view: per-station counts, the default column filled in from N
+    counts = ps.counts_from_sparse(E.SparseReports(np.zeros(0, np.int64), st, out), n)
+    assert counts.shape == (v, q.build().n_outputs) and np.all(counts.sum(axis=1) == n)
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+def test_tally_mode_reports(mechanism: str) -> None:
+    v = 5
+    q = make_query(mechanism, sensors(v))
+    tc = truth_for(v, 700, 60)
+    n = int(tc.sum())
+    er = privatize(q, tc, np.random.default_rng(SEED), "tally", Device())
+    assert (er.participants, er.refused, er.refusal_reason) == (n, 0, None)
+    assert len(er.rounds) == q.n_rounds and er.reports == [n] * q.n_rounds
+    o = q.build().n_outputs
+    for rnd in er.rounds:
+        assert set(rnd) == {"counts"}
+        c = rnd["counts"]
+        assert c.min() >= 0
+        if mechanism == "sp":
+            assert c.shape == (v + 1,) and int(c.sum()) == n
+        else:
+            assert c.shape == (v * o,)
+            assert np.all(c.reshape(v, o).sum(axis=1) == n)
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+def test_tally_mode_equals_the_core_exact_tally(mechanism: str) -> None:
+    v = 4
+    q = make_query(mechanism, sensors(v))
+    tc = truth_for(v, 333, 77)
+    n = int(tc.sum())
+    er = privatize(q, tc, np.random.default_rng(99), "tally", Device())
+    # the mechanism as the statistics core builds it, independently of the Query object
+    mech = E.build_mechanism(mechanism, {}, stations=v)
+    if mechanism == "sp":
+        expected = mech.tally(np.random.default_rng(99), tc)
+        for r in range(2):
+            assert np.array_equal(er.rounds[r]["counts"], expected[r])
+    else:
+        expected = E.PerStation(mech, v).tally(np.random.default_rng(99), tc[1:], n).ravel()
+        assert np.array_equal(er.rounds[0]["counts"], expected)
+
+
+@pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+def test_no_vehicles(mechanism: str, mode: str) -> None:
+    q = make_query(mechanism, sensors(3))
+    er = privatize(q, np.zeros(4, dtype=np.int64), np.random.default_rng(1), mode, Device())
+    assert er.participants == 0 and er.refused == 0
+    assert er.reports == [0] * q.n_rounds
+    for rnd in er.rounds:
+        for arr in rnd.values():
+            assert int(arr.sum()) == 0
+
+
+def test_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        privatize(make_query("sp", sensors(2)), np.array([1, 1, 1]), np.random.default_rng(1), "batch", Device())
+
+
+# ---------------------------------------------------------------------------------------
+# The privacy invariant: rounds are never linkable, positions say nothing
+# ---------------------------------------------------------------------------------------
+def _inconsistent(r1: np.ndarray, r2: np.ndarray) -> int:
+    """Positions i with r1[i] != 0 and r2[i] != r1[i]. If position i were one vehicle in
+    both rounds this is impossible under Sampling Privacy (faces 1..V repeat themselves,
+    face 0 and face S report 0 in round 1), so the count is 0 for aligned arrays."""
+    return int(((r1 != 0) & (r2 != r1)).sum())
+
+
+def _contingency_p(r1: np.ndarray, r2: np.ndarray, k: int) -> float:
+    table = np.zeros((k, k), dtype=np.int64)
+    np.add.at(table, (r1, r2), 1)
+    table = table[table.sum(axis=1) > 0][:, table.sum(axis=0) > 0]
+    return float(stats.chi2_contingency(table).pvalue)
+
+
+def test_sp_rounds_are_not_linkable_by_position() -> None:
+    """Had the two per-round arrays kept one vehicle per position, a (0 -> v) pair would
+    reveal that vehicle's station (MECHANISMS.md §3). Compare with the aligned reports the
+    mechanism produces in device memory (``Mechanism.sample``) for the same truths:
+
+    * aligned: 0 impossible transitions, and round 2 is strongly dependent on round 1;
+    * sent: many impossible transitions (about the count expected for two independent
+      shuffles, within 20%), and a chi-square test of independence between the values at
+      the same position in the two rounds has p > 1e-3 (false-failure 1e-3).
+    """
+    v = 3
+    q = make_query("sp", sensors(v))
+    tc = np.array([3000, 1000, 1000, 1000], dtype=np.int64)
+    n = int(tc.sum())
+    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    r1, r2 = er.rounds[0]["value"], er.rounds[1]["value"]
+
+    truths = np.repeat(np.arange(v + 1), tc)
+    aligned = q.build().sample(np.random.default_rng(SEED), truths)
+    assert _inconsistent(aligned[0], aligned[1]) == 0
+    assert _contingency_p(aligned[0], aligned[1], v + 1) < 1e-100
+    # the aligned pairs really reveal the truth: every 0 -> u pair sits on a vehicle at u
+    revealing = (aligned[0] == 0) & (aligned[1] != 0)
+    assert revealing.sum() > 1000 and np.array_equal(aligned[1][revealing], truths[revealing])
+
+    n1 = np.bincount(r1, minlength=v + 1)
+    n2 = np.bincount(r2, minlength=v + 1)
+    expected = sum(int(n1[u]) * (n - int(n2[u])) / n for u in range(1, v + 1))
+    assert expected > 1000
+    assert abs(_inconsistent(r1, r2) - expected) < 0.2 * expected  # sd ~ 30, margin > 10 sd
+    assert _contingency_p(r1, r2, v + 1) > P_MIN
+    # the per-round counts are those of the aligned reports' distribution: same sizes
+    assert r1.size == r2.size == n
+
+
+def test_sp_position_says_nothing_about_the_vehicle() -> None:
+    """Truth counts are handed over grouped by station (index 0 first). A report's position
+    must not carry that order: the first and second halves of each round have the same
+    value distribution (chi-square homogeneity, p > 1e-3 each, false-failure 2e-3)."""
+    q = make_query("sp", sensors(3))
+    tc = np.array([2000, 2000, 0, 2000], dtype=np.int64)
+    er = privatize(q, tc, np.random.default_rng(SEED + 5), "per-vehicle", Device())
+    for r in range(2):
+        x = er.rounds[r]["value"]
+        half = x.size // 2
+        table = np.array([np.bincount(x[:half], minlength=4), np.bincount(x[half:], minlength=4)])
+        table = table[:, table.sum(axis=0) > 0]
+        assert stats.chi2_contingency(table).pvalue > P_MIN
+
+
+def test_sp_rounds_use_different_permutations() -> None:
+    """Two independent uniform shuffles agree at a position with probability 1/n. Put one
+    vehicle at each of V = 400 stations: then in the aligned reports round 2 equals round 1
+    at every position of a non-S face, and the positions of matching values (over vehicles
+    not at index 0) reveal the alignment; after independent shuffles matches are chance
+    level: expected sum_u n1(u) n2(u) / n, asserted within 6 sd (Poisson approximation,
+    false-failure 2e-9)."""
+    v = 400
+    q = make_query("sp", sensors(v))
+    tc = np.ones(v + 1, dtype=np.int64)
+    tc[0] = 600
+    n = int(tc.sum())
+    er = privatize(q, tc, np.random.default_rng(SEED + 9), "per-vehicle", Device())
+    r1, r2 = er.rounds[0]["value"], er.rounds[1]["value"]
+    n1, n2 = np.bincount(r1, minlength=v + 1), np.bincount(r2, minlength=v + 1)
+    chance = float((n1.astype(float) * n2).sum() / n)
+    matches = int((r1 == r2).sum())
+    assert abs(matches - chance) < 6 * np.sqrt(chance)
+    aligned = q.build().sample(np.random.default_rng(SEED + 9), np.repeat(np.arange(v + 1), tc))
+    assert int((aligned[0] == aligned[1]).sum()) > 0.4 * n  # what alignment would look like
+
+
+def test_per_sensor_pairs_are_shuffled_across_vehicles() -> None:
+    """Without the shuffle, a vehicle's pairs come out together, stations ascending (the
+    Bernoulli grid is walked vehicle by vehicle): ~90% ascents between neighbours. After a
+    uniform shuffle, ascents and descents are equally likely among ~20,000 pairs: fraction
+    0.5 with sd ~0.002; asserted within 0.03 (> 10 sd)."""
+    v = 200
+    q = make_query("alp", sensors(v))
+    tc = np.zeros(v + 1, dtype=np.int64)
+    tc[0], tc[1:] = 1800, 1
+    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    st = er.rounds[0]["station"]
+    assert st.size > 15_000
+    assert abs(ascent_fraction(st) - 0.5) < 0.03
+    truths = np.repeat(np.arange(v + 1), tc)
+    ps = q.per_station
+    assert ps is not None
+    raw = ps.sample_sparse(np.random.default_rng(SEED), truths)
+    assert ascent_fraction(raw.station) > 0.8  # the unshuffled order would leak grouping
+
+
+# ---------------------------------------------------------------------------------------
+# The device audit
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+def test_device_refuses_a_query_over_its_epsilon_limit(mechanism: str, mode: str) -> None:
+    q = make_query(mechanism, sensors(3))
+    tc = truth_for(3, 100, 20)
+    n = int(tc.sum())
+    er = privatize(q, tc, np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon * 0.99))
+    assert er.participants == 0 and er.refused == n
+    assert er.refusal_reason is not None and "exceeds" in er.refusal_reason
+    assert all(not rnd for rnd in er.rounds) and len(er.rounds) == q.n_rounds  # nothing to send
+    assert er.reports == [0] * q.n_rounds
+    # at the limit exactly, the query is accepted
+    ok = privatize(q, tc, np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon))
+    assert ok.participants == n and ok.refused == 0 and ok.refusal_reason is None
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+def test_device_refuses_a_blacklisted_sensor(mechanism: str) -> None:
+    q = make_query(mechanism, sensors(3))
+    banned = q.sensors[1]
+    tc = truth_for(3, 100, 20)
+    er = privatize(q, tc, np.random.default_rng(1), "per-vehicle", Device(blacklist=frozenset({banned, 1})))
+    assert er.participants == 0 and er.refused == int(tc.sum())
+    assert er.refusal_reason is not None and "blacklisted" in er.refusal_reason and str(banned) in er.refusal_reason
+    assert all(not rnd for rnd in er.rounds)
+    assert Device(blacklist=frozenset({1, 2})).accepts(q) == (True, None)
+
+
+def test_device_fails_closed_on_an_unusable_limit() -> None:
+    q = make_query("sp", sensors(2))
+    ok, reason = Device(epsilon_limit=float("nan")).accepts(q)
+    assert not ok and reason
+
+
+# ---------------------------------------------------------------------------------------
+# Reproducibility
+# ---------------------------------------------------------------------------------------
+def _arrays(er: EpochReports) -> list[np.ndarray]:
+    return [a for rnd in er.rounds for _, a in sorted(rnd.items())]
+
+
+@pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+def test_epoch_rng_reproduces_an_epoch(mechanism: str, mode: str) -> None:
+    q = make_query(mechanism, sensors(6))
+    tc = truth_for(6, 900, 50)
+
+    def run(query: Query, seed: int = 7, epoch: int = 4_500_000, producer: int = 1) -> list[np.ndarray]:
+        return _arrays(privatize(query, tc, epoch_rng(seed, query, epoch, producer), mode, Device()))
+
+    base = run(q)
+    again = run(q)
+    assert len(base) == len(again) and all(np.array_equal(a, b) for a, b in zip(base, again, strict=True))
+
+    def differs(other: list[np.ndarray]) -> bool:
+        return len(other) != len(base) or any(not np.array_equal(a, b) for a, b in zip(base, other, strict=True))
+
+    assert differs(run(q, seed=8))
+    assert differs(run(q, epoch=4_500_001))
+    assert differs(run(q, producer=2))
+    assert differs(run(make_query(mechanism, sensors(6), version=2)))
+    assert differs(run(make_query(mechanism, sensors(6), query_id="q-other")))
