@@ -1,0 +1,61 @@
+"""Configuration: PTT_* environment variables and flags; flags win; secrets stay secret."""
+
+from __future__ import annotations
+
+import pytest
+
+from producers.settings import KafkaSettings, ReplaySettings
+from stream_app.cli import build_parser
+from stream_app.settings_cli import settings_from_args
+
+
+def _replay(argv: list[str]) -> ReplaySettings:
+    args = build_parser().parse_args(["replay", *argv])
+    return settings_from_args(ReplaySettings, args)
+
+
+def test_env_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PTT_SEED", "5")
+    monkeypatch.setenv("PTT_TRUTH", "0")  # "0" must be False (faust's bool(os.getenv) mistake)
+    monkeypatch.setenv("PTT_MODE", "tally")
+    monkeypatch.setenv("PTT_DEVICE_BLACKLIST", "[400001, 400002]")
+    s = _replay([])
+    assert (s.seed, s.truth, s.mode, s.device_blacklist) == (5, False, "tally", (400001, 400002))
+    s = _replay(["--seed", "9", "--truth", "--mode", "per-vehicle", "--device-blacklist", "7,8"])
+    assert (s.seed, s.truth, s.mode, s.device_blacklist) == (9, True, "per-vehicle", (7, 8))
+
+
+def test_invalid_values_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="speed"):
+        _replay(["--speed", "-1"])
+    with pytest.raises(ValueError, match="not both"):
+        _replay(["--pems-raw", "a.txt", "--pems-5min", "b.txt"])
+    monkeypatch.setenv("PTT_PRODUCERS", "0")
+    with pytest.raises(ValueError, match="producers"):
+        _replay([])
+
+
+def test_security_options_pass_through_and_stay_secret() -> None:
+    s = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="u",
+                      sasl_plain_password="hunter2", ssl_cafile="/etc/ca.pem")  # type: ignore[arg-type]
+    kw = s.client_kwargs()
+    assert kw["security_protocol"] == "SASL_SSL" and kw["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert kw["sasl_plain_password"] == "hunter2" and kw["ssl_cafile"] == "/etc/ca.pem"
+    assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
+    assert KafkaSettings().client_kwargs().keys() >= {"bootstrap_servers", "security_protocol"}
+    assert "sasl_mechanism" not in KafkaSettings().client_kwargs()
+
+
+def test_every_setting_has_a_flag() -> None:
+    parser = build_parser()
+    replay = parser._subparsers._group_actions[0].choices["replay"]  # type: ignore[union-attr]
+    dests = {a.dest for a in replay._actions}
+    assert set(ReplaySettings.model_fields) <= dests
+
+
+def test_readme_lists_every_setting() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    missing = [n for n in ReplaySettings.model_fields if f"`PTT_{n.upper()}`" not in readme]
+    assert not missing, f"README's configuration table lacks {missing}"
