@@ -175,6 +175,19 @@ class LinearEstimator:
             raise ValueError(f"{name}: the statistic does not depend on the truth")
         return cls(name, view, raw / gap[:, None, None])
 
+    @classmethod
+    def stacked(cls, name: str, parts: Sequence[LinearEstimator]) -> LinearEstimator:
+        """One estimator over the stations of several estimators (chunks of stations) that
+        keeps only their per-station moments and lattice steps: O(S) memory instead of the
+        O(S x faces) contribution table. ``covariance_with`` is not available on it."""
+        weights = np.concatenate([np.broadcast_to(p.weights, (p.mean.shape[0], *p.weights.shape[1:]))
+                                  for p in parts])
+        est = cls(name, parts[0].view, weights)
+        moments = tuple(np.concatenate([p._raw_moments[i] for p in parts]) for i in range(3))
+        est.__dict__["_raw_moments"] = moments  # fill the cached properties directly
+        est.__dict__["lattice_step"] = np.concatenate([p.lattice_step for p in parts])
+        return est
+
     # -- exact per-vehicle moments -----------------------------------------------------
     @cached_property
     def contributions(self) -> FloatArray:
@@ -331,22 +344,38 @@ def gls(name: str, a: LinearEstimator, b: LinearEstimator, design_yes: float | F
     return LinearEstimator(name, a.view, lam_b * wa + (1.0 - lam_b) * wb)
 
 
+_CHUNK_CELLS = 4_000_000  # stations x faces per chunk of a station-valued view
+
+
+def _per_station(name: str, mech: Mechanism, stations: Sequence[int] | IntArray | None,
+                 raw: FloatArray) -> LinearEstimator:
+    """Build a station-valued estimator in chunks of stations when the view would be large."""
+    st = np.arange(1, mech.n_truths, dtype=np.int64) if stations is None else np.asarray(stations, dtype=np.int64)
+    chunk = max(1, _CHUNK_CELLS // (2 * mech.n_faces))
+    if st.size <= chunk:
+        return LinearEstimator.from_raw(name, station_view(mech, st), raw)
+    parts = [LinearEstimator.from_raw(name, station_view(mech, st[i:i + chunk]), raw)
+             for i in range(0, st.size, chunk)]
+    return LinearEstimator.stacked(name, parts)
+
+
 def sp_difference(mech: Mechanism, stations: Sequence[int] | IntArray | None = None) -> LinearEstimator:
     """Sampling Privacy difference estimator (seed 000 eqs. 11, 16):
     ``(C_v,round2 - C_v,round1) / pis``."""
     if mech.n_rounds != 2 or not mech.station_valued:
         raise ValueError("sp_difference needs a two-round Sampling Privacy mechanism")
-    view = station_view(mech, stations)
     raw = np.zeros((1, 2, 2))
     raw[0, 1, 1], raw[0, 0, 1] = 1.0, -1.0
-    return LinearEstimator.from_raw("sp_difference", view, raw)
+    return _per_station("sp_difference", mech, stations, raw)
 
 
 def rr_estimator(mech: Mechanism, stations: Sequence[int] | IntArray | None = None) -> LinearEstimator:
     """Randomized-response estimator: ``(C_1 - P(1|No) N) / (P(1|Yes) - P(1|No))``;
     for two-coin RR this is ``(C_1 - (1 - pi1) pi2 N) / pi1``."""
     if mech.station_valued:
-        return count_estimator("rr", station_view(mech, stations), 1)
+        raw = np.zeros((1, 1, 2))
+        raw[0, 0, 1] = 1.0
+        return _per_station("rr", mech, stations, raw)
     return count_estimator("rr", station_view(mech), ALP_YES)
 
 

@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
     _add_replay(sub)
+    _add_worker(sub)
     _add_analyst(sub)
     _add_synth(sub)
     d = sub.add_parser("demo", help="embedded broker + replay of the synthetic day, nothing to configure")
@@ -151,6 +152,37 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print("interrupted: sent data flushed and marked", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _add_worker(sub: Any) -> None:
+    from .settings import WorkerSettings
+    from .settings_cli import add_settings_flags
+
+    p = sub.add_parser("worker", help="run a stream-app worker (Faust): estimates, dead letters, /metrics",
+                       description="Run one worker of the stream app. Start several with the same --app-id to "
+                                   "share the work (give each its own --web-port).")
+    add_settings_flags(p, WorkerSettings)
+    p.set_defaults(func=_cmd_worker)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from producers.sink import BrokerUnavailable
+
+    from .app import run_worker
+    from .settings import WorkerSettings
+    from .settings_cli import settings_from_args
+
+    try:
+        settings = settings_from_args(WorkerSettings, args)
+        return run_worker(settings)
+    except ValidationError as exc:
+        print(f"ptt worker: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokerUnavailable as exc:
+        print(f"ptt worker: error: {exc}", file=sys.stderr)
+        return EXIT_BROKER
 
 
 def _add_analyst(sub: Any) -> None:

@@ -1,0 +1,83 @@
+"""What the stream app publishes: estimates (one record per query, epoch, station and
+estimator) and dead letters (anything it could not process, with the reason).
+
+Subscribers rely on the field names of :class:`Estimate`; new fields may be added.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+__all__ = ["DeadLetter", "Estimate", "EstimateBound", "ESTIMATE_SCHEMA_PATH", "estimate_json_schema"]
+
+ESTIMATE_SCHEMA_PATH = Path(__file__).with_name("estimate.schema.json")
+EstimatorName = Literal["sp_difference", "alp_average", "alp_yhat", "alp_bottom", "alp_gls", "rr"]
+
+
+class EstimateBound(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    confidence: float = Field(gt=0, lt=1)
+    lower: float
+    upper: float
+
+
+class Estimate(BaseModel):
+    """One estimate of one station's count in one epoch by one estimator.
+
+    ``estimate`` is unbiased and may be negative; ``bounds`` are score (Wilson-type)
+    confidence intervals for the true count, within [0, participants]. ``withheld`` is null,
+    or the reason the estimate is not published (then ``estimate`` and ``bounds`` are null/empty).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["estimate"] = "estimate"
+    query_id: str
+    query_version: int = Field(ge=1)
+    mechanism: Literal["sp", "alp", "rr"]
+    estimator: EstimatorName
+    epoch: int = Field(ge=0, description="absolute epoch index: Unix seconds // epoch length")
+    epoch_start: AwareDatetime
+    station: int = Field(description="PeMS station id")
+    estimate: float | None
+    sd: float | None = Field(description="standard deviation of the estimate at max(estimate, 0)")
+    bounds: tuple[EstimateBound, ...]
+    reports: int = Field(ge=0, description="reports counted in the epoch (all rounds)")
+    participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
+    epsilon: float = Field(description="per-epoch local epsilon of the query (brute force)")
+    withheld: str | None = None
+    closed_by: Literal["markers", "watermark", "wall_clock"]
+    round_count_mismatch: int = Field(description="round-2 minus round-1 reports (Sampling Privacy; 0 otherwise)")
+    late: int = Field(ge=0, description="late records for this epoch seen before publication (kept out)")
+    refused: int = Field(ge=0, description="vehicles whose device refused the query")
+    missing_batches: int = Field(ge=0, description="batches the producers' markers announce but never arrived")
+
+
+class DeadLetter(BaseModel):
+    """A record the stream app could not process, and why. The original value is kept
+    (base64, truncated to 4 KiB) so it can be inspected; it never contains a vehicle id
+    because no valid record does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["dead_letter"] = "dead_letter"
+    reason: str
+    detail: str
+    topic: str
+    partition: int
+    offset: int
+    value_b64: str
+    value_bytes: int
+
+
+def estimate_json_schema() -> dict[str, Any]:
+    return Estimate.model_json_schema()
+
+
+def write_estimate_schema(path: Path = ESTIMATE_SCHEMA_PATH) -> None:
+    path.write_text(json.dumps(estimate_json_schema(), indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,43 @@
+"""Configuration of a stream-app worker: PTT_* environment variables and flags; flags win."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from producers.settings import KafkaSettings
+
+__all__ = ["WorkerSettings"]
+
+
+class WorkerSettings(KafkaSettings):
+    app_id: str = Field(default="ptt-stream", description="Faust app id: consumer group and internal topic prefix")
+    estimates_topic: str = "ptt.estimates"
+    dead_letter_topic: str = "ptt.dead-letter"
+    internal_partitions: int = Field(default=4, ge=1, description="partitions of the re-keyed stage and tables")
+    web_host: str = Field(default="127.0.0.1", description="where /metrics is served")
+    web_port: int = Field(default=6066, ge=1, le=65535, description="port of /metrics")
+    confidences: tuple[float, ...] = Field(default=(0.95, 0.99), description="confidence levels of the bounds")
+    min_participants: int = Field(default=20, ge=0, description="withhold estimates of epochs with fewer vehicles")
+    allowed_lateness_epochs: int = Field(default=2, ge=0, description="watermark lateness before an epoch closes")
+    wall_clock_grace_s: float = Field(default=60.0, gt=0,
+                                      description="live data: close an epoch this long after its end")
+    live_horizon_s: float = Field(default=3600.0, gt=0,
+                                  description="epochs older than this are not closed by the clock")
+    tick_interval_s: float = Field(default=5.0, gt=0, description="how often the wall-clock check runs")
+    store: str = Field(default="memory://", description="Faust table store (state is rebuilt from the changelog)")
+    log_level: str = "info"
+
+    @field_validator("confidences")
+    @classmethod
+    def _levels(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or any(not 0 < c < 1 for c in v):
+            raise ValueError("confidences must be in (0, 1)")
+        return tuple(sorted(set(v)))
+
+    @property
+    def partials_topic(self) -> str:
+        return f"{self.app_id}-partials"
+
+    @property
+    def changelog_topic(self) -> str:
+        return f"{self.app_id}-windows-changelog"
