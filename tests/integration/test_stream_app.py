@@ -1,0 +1,270 @@
+"""The stream app with a real broker and real Faust worker processes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from producers.local_broker import free_port
+from producers.replay import fleet_size_for, load_day, replay
+from producers.settings import KafkaSettings, ReplaySettings
+from producers.sink import ReportSink, read_queries
+from schemas import encode_batch, new_batch_id
+from stream_app.settings import WorkerSettings
+
+from .kafka_helpers import drain
+from .stream_helpers import WorkerProcess, core_estimates, metric, read_estimates, wait_for
+
+pytestmark = pytest.mark.integration
+
+ESTIMATORS_PER_QUERY = {"sp": 1, "alp": 4, "rr": 1}
+
+
+def _settings(broker: str, tmp: Path, **replay_kw: object) -> tuple[ReplaySettings, WorkerSettings]:
+    u = uuid.uuid4().hex[:8]
+    kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
+                          truth_topic=f"truth-{u}", partitions=3)
+    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", synthetic_stations=6, seed=11,
+                        batch_size=200, **replay_kw)  # type: ignore[arg-type]
+    ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
+                        dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
+                        tick_interval_s=1.0, min_participants=1)
+    return rs, ws
+
+
+def _expected_records(rs: ReplaySettings, epochs: int) -> int:
+    queries = read_queries(rs)
+    return epochs * sum(ESTIMATORS_PER_QUERY[q.mechanism] * q.n_stations for q in queries)
+
+
+def _assert_matches_core(rs: ReplaySettings, ws: WorkerSettings, epochs: int, start: int = 0) -> None:
+    got = read_estimates(ws)
+    day = load_day(rs)
+    fleet = fleet_size_for(day, rs)
+    for q in read_queries(rs):
+        for i in range(start, start + epochs):
+            core = core_estimates(q, rs, day, i, fleet, ws.confidences)
+            for name, (values, bounds, n) in core.items():
+                for j, station in enumerate(q.sensors):
+                    e = got[(q.query_id, q.version, int(day.epochs[i]), station, name)]
+                    assert e.withheld is None and e.participants == n and e.closed_by == "markers"
+                    assert e.estimate == pytest.approx(values[j], rel=1e-12, abs=1e-9)
+                    for b in e.bounds:
+                        lo, hi = bounds[b.confidence]
+                        assert (b.lower, b.upper) == pytest.approx((lo[j], hi[j]), rel=1e-12, abs=1e-9)
+
+
+def _run(ws: WorkerSettings, tmp: Path, name: str = "w") -> WorkerProcess:
+    w = WorkerProcess(ws, tmp / f"{name}-{ws.web_port}.log").start()
+    w.wait_ready()
+    return w
+
+
+def _wait_estimates(ws: WorkerSettings, n: int, timeout_s: float = 120.0) -> None:
+    wait_for(lambda: len(read_estimates(ws)) >= n, timeout_s, f"{n} estimates")
+
+
+def test_end_to_end_matches_the_statistics_core(broker: str, tmp_path: Path) -> None:
+    rs, ws = _settings(broker, tmp_path, max_epochs=6)
+    replay(rs, progress=False)
+    w = _run(ws, tmp_path)
+    try:
+        n = _expected_records(rs, 6)
+        _wait_estimates(ws, n)
+        _assert_matches_core(rs, ws, 6)
+        text = w.metrics()
+        assert metric(text, "ptt_epochs_closed_total", closed_by="markers") == 6 * 3
+        assert metric(text, "ptt_dead_letters_total") == 0
+        day = load_day(rs)
+        assert metric(text, "ptt_ground_truth_epoch") == int(day.epochs[5])
+    finally:
+        w.stop()
+    assert len(read_estimates(ws)) == n  # nothing else was published
+
+
+def test_one_and_two_workers_give_identical_estimates(broker: str, tmp_path: Path) -> None:
+    rs1, ws1 = _settings(broker, tmp_path, max_epochs=5)
+    rs2, ws2 = _settings(broker, tmp_path, max_epochs=5)
+    replay(rs1, progress=False)
+    replay(rs2, progress=False)
+    one = _run(ws1, tmp_path, "one")
+    twins = [_run(ws2, tmp_path, "a"), _run(ws2.model_copy(update={"web_port": free_port()}), tmp_path, "b")]
+    try:
+        n = _expected_records(rs1, 5)
+        _wait_estimates(ws1, n)
+        _wait_estimates(ws2, n)
+    finally:
+        for w in (one, *twins):
+            w.stop()
+    a = {k[:1] + k[2:]: e.model_dump(exclude={"query_id"}) for k, e in read_estimates(ws1).items()}
+    b = {k[:1] + k[2:]: e.model_dump(exclude={"query_id"}) for k, e in read_estimates(ws2).items()}
+    assert a == b and len(a) == n
+
+
+def test_sigkill_mid_day_and_restart_loses_nothing(broker: str, tmp_path: Path) -> None:
+    rs, ws = _settings(broker, tmp_path, max_epochs=30, speed=150.0)  # one epoch per 0.2 s
+    w = _run(ws, tmp_path, "first")
+    import threading
+
+    t = threading.Thread(target=replay, args=(rs,), kwargs={"progress": False})
+    t.start()
+    time.sleep(3.0)
+    w.kill()  # mid-day, no goodbye
+    time.sleep(1.0)
+    w2 = _run(ws, tmp_path, "second")
+    try:
+        t.join(timeout=120)
+        _wait_estimates(ws, _expected_records(rs, 30), timeout_s=180)
+        _assert_matches_core(rs, ws, 30)
+        text = w2.metrics()
+        assert metric(text, "ptt_dead_letters_total") == 0
+    finally:
+        w2.stop()
+
+
+def test_malformed_flood_goes_to_dead_letters_and_changes_nothing(broker: str, tmp_path: Path) -> None:
+    rs, ws = _settings(broker, tmp_path, max_epochs=4)
+    replay(rs, progress=False)
+    day = load_day(rs)
+    q = next(q for q in read_queries(rs) if q.mechanism == "sp")
+    sink = ReportSink(rs, rs.reports_topic)
+    rng = np.random.default_rng(3)
+    sent: Counter[str] = Counter()
+
+    def send(value: bytes, reason: str) -> None:
+        key = new_batch_id().encode()
+        sink.send(value, key=key, partition=sink.partition_for(key))
+        sent[reason] += 1
+
+    base = {"kind": "reports", "query_id": q.query_id, "query_version": 1, "epoch": int(day.epochs[1]), "round": 0,
+            "producer_id": "intruder", "layout": "values", "n_stations": q.n_stations, "n_outputs": q.n_stations + 1}
+    for _ in range(40):
+        send(rng.bytes(int(rng.integers(1, 300))), "bad_encoding")
+        send(b"PTT1" + rng.bytes(30), "truncated_or_bad_header")
+        send(encode_batch({**base, "query_version": 9, "batch_id": new_batch_id(), "reports": 2},
+                          {"value": np.array([1, 2])}), "unknown_query")
+        send(encode_batch({**base, "n_stations": q.n_stations + 1, "n_outputs": q.n_stations + 2,
+                           "batch_id": new_batch_id(), "reports": 2}, {"value": np.array([1, 2])}), "mismatched_sizes")
+        send(encode_batch({**base, "epoch": 1, "batch_id": new_batch_id(), "reports": 1}, {"value": np.array([1])}),
+             "outside_query_window")
+        send(b'{"kind": "report", "query_id": "sp-day"}', "bad_json_record")
+    sink.flush()
+    sink.close()
+    w = _run(ws, tmp_path)
+    try:
+        _wait_estimates(ws, _expected_records(rs, 4))
+        wait_for(lambda: metric(w.metrics(), "ptt_dead_letters_total") >= sum(sent.values()), 60, "dead letters")
+        _assert_matches_core(rs, ws, 4)
+        letters = [rec for rec in drain(ws, ws.dead_letter_topic)]
+        assert len(letters) == sum(sent.values()) == 240
+        reasons = Counter(rec.key.decode() for rec in letters)
+        assert reasons["unknown_query"] == 40 and reasons["mismatched_sizes"] == 40
+        assert reasons["outside_query_window"] == 40 and reasons["bad_json_record"] == 40
+        assert reasons["bad_encoding"] == 40
+        assert sum(v for k, v in reasons.items() if k in ("truncated", "bad_header", "size_mismatch")) == 40
+    finally:
+        w.stop()
+
+
+def test_late_records_are_counted_and_kept_out(broker: str, tmp_path: Path) -> None:
+    rs, ws = _settings(broker, tmp_path, max_epochs=3)
+    replay(rs, progress=False)
+    w = _run(ws, tmp_path)
+    try:
+        n = _expected_records(rs, 3)
+        _wait_estimates(ws, n)
+        before = read_estimates(ws)
+        day = load_day(rs)
+        q = next(q for q in read_queries(rs) if q.mechanism == "sp")
+        sink = ReportSink(rs, rs.reports_topic)
+        batch_id = new_batch_id()
+        late = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": 1,
+                             "epoch": int(day.epochs[0]), "round": 1, "producer_id": "straggler",
+                             "layout": "values", "n_stations": q.n_stations, "n_outputs": q.n_stations + 1,
+                             "batch_id": batch_id, "reports": 50}, {"value": np.full(50, 1)})
+        sink.send(late, key=batch_id.encode(), partition=sink.partition_for(batch_id.encode()))
+        sink.close()
+        wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 1, 60, "late record")
+        time.sleep(2.0)
+        assert read_estimates(ws) == before  # nothing republished, nothing changed
+    finally:
+        w.stop()
+
+
+def test_interval_coverage_over_a_replayed_day(broker: str, tmp_path: Path) -> None:
+    """480 epochs (05:00-09:00, the morning peak) x 6 stations, exact-tally mode.
+
+    ALP and RR: the fraction of 95%/99% intervals covering the truth is within +-2 points of
+    nominal over all (station, epoch) cells (2,880 cells: the tolerance is >= 4.9 SE at 95%,
+    false-failure < 1e-6). Sampling Privacy cannot be held to nominal over a whole day: at
+    truth 0 or 1 coverage is forced to 100% (the estimate is 0 with probability >= 0.55), so
+    it is held to nominal +-2 on cells with truth >= 20 and, over all cells, to the exact
+    expected coverage of the day's truths (computed from Binomial(Yes, pis)) +-2 points.
+    """
+    from scipy.stats import binom
+
+    import estimators as E
+
+    rs, ws = _settings(broker, tmp_path, mode="tally", start_epoch=600, max_epochs=480)
+    replay(rs, progress=False)
+    w = _run(ws, tmp_path)
+    try:
+        _wait_estimates(ws, _expected_records(rs, 480), timeout_s=300)
+    finally:
+        w.stop()
+    got = read_estimates(ws)
+    day = load_day(rs)
+    truth = {(int(day.epochs[i]), int(s)): int(day.flows[i, j])
+             for i in range(600, 1080) for j, s in enumerate(day.stations)}
+    by_est: dict[str, list[tuple[int, dict[float, bool]]]] = {}
+    for (_, _, epoch, station, name), e in got.items():
+        y = truth[(epoch, station)]
+        by_est.setdefault(name, []).append((y, {b.confidence: b.lower <= y <= b.upper for b in e.bounds}))
+    sp = E.sp_difference(E.sampling_privacy(6), stations=[1])
+    for name, cells in by_est.items():
+        ys = np.array([y for y, _ in cells])
+        for lvl in (0.95, 0.99):
+            cov = np.array([c[lvl] for _, c in cells])
+            if name != "sp_difference":
+                assert abs(cov.mean() - lvl) <= 0.02, (name, lvl, cov.mean())
+                continue
+            busy = ys >= 20
+            assert busy.sum() > 500 and abs(cov[busy].mean() - lvl) <= 0.02, (lvl, cov[busy].mean())
+            expected = []
+            for y in ys:
+                k = np.arange(y + 1)
+                lo, hi = sp.score_interval(k / 0.45, 1e6, lvl)
+                expected.append(float((binom.pmf(k, y, 0.45)[:, None] * ((lo <= y) & (y <= hi))[:, None]).sum()))
+            assert abs(cov.mean() - np.mean(expected)) <= 0.02, (lvl, cov.mean(), np.mean(expected))
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_metrics_pass_promtool_and_labels_are_bounded(broker: str, tmp_path: Path) -> None:
+    rs, ws = _settings(broker, tmp_path, max_epochs=2)
+    replay(rs, progress=False)
+    w = _run(ws, tmp_path)
+    try:
+        _wait_estimates(ws, _expected_records(rs, 2))
+        text = w.metrics()
+    finally:
+        w.stop()
+    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    allowed = {"query", "mechanism", "estimator", "station", "confidence", "round", "reason", "closed_by", "kind",
+               "statistic", "topic", "partition", "le", "quantile"}
+    for line in text.splitlines():
+        if line.startswith("ptt_") and "{" in line:
+            labels = {kv.split("=")[0] for kv in line[line.index("{") + 1:line.index("}")].split(",")}
+            assert labels <= allowed, line
+    day = load_day(rs)
+    for s in day.stations:
+        assert f'station="{int(s)}"' in text
+    assert metric(text, "ptt_query_epsilon", query="sp-day") > 0
+    assert metric(text, "ptt_query_crowd_size_vehicles", query="alp-day", statistic="mean") > 0
