@@ -37,6 +37,19 @@ class KafkaSettings(BaseSettings):
     bootstrap_timeout_ms: int = Field(default=10_000, ge=100, description="how long one connection attempt waits")
     connect_attempts: int = Field(default=3, ge=1, description="connection attempts (exponential back-off)")
 
+    def to_env(self) -> dict[str, str]:
+        """The ``PTT_*`` environment variables that reproduce these settings in a child process."""
+        import json
+
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            env[f"PTT_{name.upper()}"] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
+        return env
+
     def client_kwargs(self) -> dict[str, Any]:
         """Connection and security options for any kafka-python client."""
         kw: dict[str, Any] = {

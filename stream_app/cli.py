@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
     _add_replay(sub)
     _add_worker(sub)
+    _add_subscribe(sub)
     _add_analyst(sub)
     _add_synth(sub)
     d = sub.add_parser("demo", help="embedded broker + replay of the synthetic day, nothing to configure")
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-epochs", type=int, default=None, help="stop after this many epochs")
     d.add_argument("--stations", type=int, default=16)
     d.add_argument("--port", type=int, default=None, help="broker port (default: a free one)")
+    d.add_argument("--metrics-port", type=int, default=6066)
+    d.add_argument("--prometheus-port", type=int, default=9090)
+    d.add_argument("--exit-when-done", action="store_true", help="stop after the replay instead of serving on")
     d.set_defaults(func=_cmd_demo)
     return parser
 
@@ -98,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args.speed, args.max_epochs, args.stations, args.port)
+    return run_demo(args.speed, args.max_epochs, args.stations, args.port, args.metrics_port, args.prometheus_port,
+                    args.exit_when_done)
 
 
 def _add_replay(sub: Any) -> None:
@@ -183,6 +188,38 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except BrokerUnavailable as exc:
         print(f"ptt worker: error: {exc}", file=sys.stderr)
         return EXIT_BROKER
+
+
+def _add_subscribe(sub: Any) -> None:
+    from producers.settings import KafkaSettings
+
+    from .settings_cli import add_settings_flags
+
+    p = sub.add_parser("subscribe", help="tail the estimates topic (a table, or JSON lines)")
+    p.add_argument("--topic", default="ptt.estimates", help="estimates topic (default ptt.estimates)")
+    p.add_argument("--json", action="store_true", help="one JSON estimate per line")
+    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--query", default=None)
+    p.add_argument("--station", type=int, default=None)
+    p.add_argument("--estimator", default=None)
+    p.add_argument("--idle-timeout", type=float, default=None, help="stop after this many seconds without data")
+    add_settings_flags(p, KafkaSettings)
+    p.set_defaults(func=_cmd_subscribe)
+
+
+def _cmd_subscribe(args: argparse.Namespace) -> int:
+    from producers.settings import KafkaSettings
+
+    from .settings_cli import settings_from_args
+    from .subscribe import subscribe
+
+    try:
+        subscribe(settings_from_args(KafkaSettings, args), args.topic, json_lines=args.json,
+                  from_beginning=args.from_beginning, query=args.query, station=args.station,
+                  estimator=args.estimator, idle_timeout_s=args.idle_timeout)
+    except KeyboardInterrupt:
+        return 0
+    return 0
 
 
 def _add_analyst(sub: Any) -> None:

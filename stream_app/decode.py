@@ -18,7 +18,6 @@ from .windows import Partial
 __all__ = ["Rejected", "to_partials"]
 
 QueryLookup = Callable[[str, int], Query | None]
-EPOCH_S = 30
 
 
 @dataclass(frozen=True)
@@ -36,8 +35,9 @@ def _check_query(lookup: QueryLookup, query_id: str, version: int, epoch: int, r
     q = lookup(query_id, version)
     if q is None:
         return Rejected("unknown_query", f"no query {query_id!r} version {version}")
-    start = int(q.t_start.timestamp()) // EPOCH_S
-    end = -(-int(q.t_end.timestamp()) // EPOCH_S)
+    length = q.epoch_length_s
+    start = int(q.t_start.timestamp()) // length
+    end = -(-int(q.t_end.timestamp()) // length)
     if not start <= epoch < end:
         return Rejected("outside_query_window", f"epoch {epoch} outside {q.record_key}'s [{start}, {end})")
     if rnd >= q.n_rounds:
@@ -60,10 +60,15 @@ def _batch(b: DecodedBatch, q: Query, partition: int) -> Partial | Rejected:
             counts = np.bincount(b.arrays["value"], minlength=v + 1)
             return Partial("batch", reports=h.reports, mode="full", counts=counts.tolist(), **common)
         if h.layout == "counts" and b.arrays["counts"].size == v + 1:
+            if int(b.arrays["counts"].sum()) != h.reports:
+                return Rejected("mismatched_sizes", f"tally counts must sum to the {h.reports} vehicles")
             return Partial("batch", reports=h.reports, mode="full", counts=b.arrays["counts"].tolist(), **common)
         return Rejected("wrong_layout", f"{h.layout} ({b.arrays[next(iter(b.arrays))].size}) for a Sampling "
                                         f"Privacy query over {v} stations")
+    default = _default_report(q)
     if h.layout == "pairs":
+        if np.any(b.arrays["output"] == default):
+            return Rejected("out_of_range", f"pairs carry only non-default reports; {default} is the default")
         flat = (b.arrays["station"] - 1) * n_out + b.arrays["output"]
         counts = np.bincount(flat, minlength=v * n_out)
         return Partial("batch", reports=h.reports, mode="sparse", counts=counts.tolist(), **common)
@@ -87,12 +92,21 @@ def _single(r: SingleReport, q: Query, partition: int) -> Partial | Rejected:
         counts = [0] * (v + 1)
         counts[r.value] = 1
         return Partial("batch", reports=1, mode="full", counts=counts, **common)
-    if r.pairs is None or any(s > v or o >= n_out for s, o in r.pairs):
-        return Rejected("out_of_range", f"a {q.mechanism} report needs pairs with station 1..{v}, report < {n_out}")
+    default = _default_report(q)
+    if r.pairs is None or any(s > v or o >= n_out or o == default for s, o in r.pairs):
+        return Rejected("out_of_range", f"a {q.mechanism} report needs pairs with station 1..{v} and a "
+                                        f"non-default report < {n_out} (default {default})")
+    if len({s for s, _ in r.pairs}) != len(r.pairs):
+        return Rejected("out_of_range", "a station appears twice in one report")
     counts = [0] * (v * n_out)
     for s, o in r.pairs:
         counts[(s - 1) * n_out + o] += 1
     return Partial("batch", reports=len(r.pairs), mode="sparse", counts=counts, **common)
+
+
+def _default_report(q: Query) -> int:
+    ps = q.per_station
+    return -1 if ps is None else ps.default
 
 
 def to_partials(value: bytes | None, partition: int, lookup: QueryLookup) -> Partial | Rejected:

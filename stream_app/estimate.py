@@ -66,8 +66,8 @@ def estimates_for(qe: QueryEstimators, w: Window, closed_by: CloseReason, epoch_
     participants, missing_producers = w.participants()
     reports = int(sum(w.reports))
     withheld: str | None = None
-    if q.mechanism == "sp":
-        n = participants if participants is not None else max(w.reports)
+    if q.mechanism == "sp":  # one report per vehicle per round: N is at least any round's reports
+        n = max(participants or 0, *w.reports)
         counts = station_counts(q.build(), np.asarray(w.counts, dtype=np.int64))
     else:
         n = participants or 0
@@ -76,6 +76,8 @@ def estimates_for(qe: QueryEstimators, w: Window, closed_by: CloseReason, epoch_
             withheld = "participants unknown: no end-of-epoch marker arrived"
         elif missing_producers:
             withheld = f"participants unknown: no marker from producer(s) {missing_producers}"
+    if withheld is None and w.interrupted():
+        withheld = "epoch interrupted: a producer stopped in the middle of it"
     if withheld is None and n < min_participants:
         withheld = f"fewer than {min_participants} participating vehicles ({n})"
     if withheld is None and counts is None:

@@ -94,6 +94,7 @@ class Window:
     closed_by: CloseReason | None = None
     late: int = 0
     duplicates: int = 0
+    conflicts: int = 0
 
     @classmethod
     def new(cls, query_id: str, version: int, epoch: int, n_rounds: int, width: int) -> Window:
@@ -146,9 +147,16 @@ class Window:
             return "added"
         if p.kind == "marker":
             mkey = f"{p.round}:{p.producer_index}:{p.source_partition}"
-            if mkey in self.markers and self.markers[mkey]["producer_id"] == p.producer_id:
-                self.duplicates += 1
-                return "duplicate"
+            held = self.markers.get(mkey)
+            if held is not None:
+                if held["producer_id"] == p.producer_id:
+                    self.duplicates += 1
+                    return "duplicate"
+                # Two producer runs claim the same slot (e.g. a producer restarted with a new
+                # id). Keep one by a rule that does not depend on arrival order.
+                self.conflicts += 1
+                if held["producer_id"] < p.producer_id:
+                    return "duplicate"
             self.markers[mkey] = {"producer_id": p.producer_id, "producer_count": p.producer_count,
                                   "batches": p.batches, "reports": p.reports, "participants": p.participants,
                                   "refused": p.refused, "interrupted": p.interrupted}
@@ -177,6 +185,10 @@ class Window:
                 per_producer[i] = m["participants"]
         missing = [i for i in range(k or 0) if i not in per_producer]
         return (sum(per_producer.values()) if per_producer else None), missing
+
+    def interrupted(self) -> bool:
+        """A producer stopped in the middle of this epoch (its markers say so)."""
+        return any(m["interrupted"] for m in self.markers.values())
 
     def refused(self) -> int:
         per_producer = {int(k.split(":")[1]): m["refused"] for k, m in self.markers.items() if k.startswith("0:")}

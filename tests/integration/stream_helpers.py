@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,13 +26,8 @@ from .kafka_helpers import drain
 
 
 def env_for(settings: KafkaSettings) -> dict[str, str]:
-    """PTT_* environment variables that reproduce ``settings`` in a child process."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        env[f"PTT_{name.upper()}"] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
-    return env
+    """The process environment plus the PTT_* variables that reproduce ``settings``."""
+    return {**os.environ, **settings.to_env()}
 
 
 class WorkerProcess:

@@ -1,0 +1,63 @@
+"""``ptt subscribe``: tail the estimates topic as a table or as JSON lines."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+from kafka import KafkaConsumer, TopicPartition
+
+from producers.settings import KafkaSettings
+from schemas.estimates import Estimate
+
+__all__ = ["format_row", "subscribe"]
+
+HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
+         f"{'N':>8} {'eps':>6}"
+
+
+def format_row(e: Estimate) -> str:
+    if e.withheld:
+        head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
+        return f"{head} withheld: {e.withheld}"
+    b95 = next((b for b in e.bounds if abs(b.confidence - 0.95) < 1e-9), e.bounds[0] if e.bounds else None)
+    bound = f"[{b95.lower:.1f}, {b95.upper:.1f}]" if b95 else ""
+    return (f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8} "
+            f"{e.estimate or 0.0:>10.1f} {bound:>20} {e.participants:>8} {e.epsilon:>6.2f}")
+
+
+def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
+             ) -> Iterator[bytes]:
+    consumer = KafkaConsumer(**settings.client_kwargs(), group_id=None, enable_auto_commit=False,
+                             consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        if from_beginning:
+            consumer.seek_to_beginning()
+        for rec in consumer:
+            yield rec.value
+    finally:
+        consumer.close()
+
+
+def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, from_beginning: bool = False,
+              query: str | None = None, station: int | None = None, estimator: str | None = None,
+              idle_timeout_s: float | None = None, out: TextIO = sys.stdout) -> int:
+    """Print estimates as they arrive; returns how many were printed."""
+    n = 0
+    if not json_lines:
+        print(HEADER, file=out, flush=True)
+    for value in _records(settings, topic, from_beginning, idle_timeout_s):
+        try:
+            e = Estimate.model_validate_json(value)
+        except ValueError:
+            continue
+        if (query and e.query_id != query) or (station and e.station != station) or \
+                (estimator and e.estimator != estimator):
+            continue
+        print(value.decode() if json_lines else format_row(e), file=out, flush=True)
+        n += 1
+    return n

@@ -1,0 +1,482 @@
+"""Stage 1 (``stream_app.decode.to_partials``): one record of the reports topic -> a
+:class:`Partial` or a :class:`Rejected` reason. No Faust, no broker.
+
+Records are built with the real encoders (``schemas.encode_batch``, ``encode_json``) for
+queries built with ``schemas.Query`` (``sp``, ``alp``, ``rr`` over four sensors, valid for
+ten 30-second epochs), looked up by a plain function. Checked:
+
+* ``values`` batch -> full counts equal to ``np.bincount``; ``pairs`` batch -> sparse counts
+  at ``(station - 1) * n_outputs + output``; tally counts (``sp``: ``V + 1``; per-sensor:
+  ``V x outputs`` row-major, each row summing to the vehicles, else ``mismatched_sizes``);
+* markers -> ``Partial(kind="marker")`` with every field carried, source partition = the
+  partition the record arrived on;
+* rejection reasons: the decoder's own (``empty``, ``bad_encoding``, ``truncated``,
+  ``bad_json_record``, ``bad_header``, ``size_mismatch``), ``unknown_query``,
+  ``outside_query_window`` (both ends, for batches, markers and single reports),
+  ``bad_round``, ``mismatched_sizes``, ``wrong_layout``, ``bad_marker``,
+  ``unexpected_record``, ``out_of_range``;
+* single reports (``sp`` value, ``alp``/``rr`` pairs) -> one-report partials;
+* ``Rejected.letter`` -> a ``DeadLetter`` with base64 of at most 4 KiB and the true length.
+
+Two failing tests show gaps: a per-sensor ``pairs`` record (batch or single report) may
+carry the DEFAULT report (⊥ for ALP, 0 for RR), which the wire contract excludes and which
+stage 2 then counts twice; and an ``sp`` tally whose counts do not sum to its ``reports`` is
+accepted although the per-sensor tally is checked for exactly that.
+
+Random arrays come from fixed seeds; nothing is asserted statistically.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from schemas import (
+    EndOfEpoch,
+    GroundTruth,
+    Query,
+    SingleReport,
+    encode_batch,
+    encode_json,
+    new_batch_id,
+)
+from schemas.estimates import DeadLetter
+from stream_app.decode import Rejected, to_partials
+from stream_app.windows import Partial, Window
+
+T0 = datetime(2026, 11, 18, 16, 0, tzinfo=UTC)  # 08:00 Pacific, a multiple of 30 s
+E0 = int(T0.timestamp()) // 30
+N_EPOCHS = 10
+SENSORS = (400_001, 400_017, 400_230, 401_002)
+V = len(SENSORS)
+
+
+def make_query(mechanism: str, query_id: str | None = None, version: int = 1,
+               sensors: tuple[int, ...] = SENSORS) -> Query:
+    return Query(query_id=query_id or f"q-{mechanism}", analyst_id="analyst-1", version=version, sensors=sensors,
+                 mechanism=mechanism, population=10_000, t_start=T0, t_end=T0 + timedelta(seconds=30 * N_EPOCHS))
+
+
+QUERIES = {m: make_query(m) for m in ("sp", "alp", "rr")}
+
+
+def lookup(query_id: str, version: int) -> Query | None:
+    for q in QUERIES.values():
+        if (q.query_id, q.version) == (query_id, version):
+            return q
+    return None
+
+
+def n_out(q: Query) -> int:
+    return q.build().n_outputs
+
+
+def header(q: Query, kind: str, layout: str, reports: int, **over: Any) -> dict[str, Any]:
+    """The header fields exactly as producers/replay.py ``_send_round`` builds them."""
+    h: dict[str, Any] = {"query_id": q.query_id, "query_version": q.version, "epoch": E0 + 2, "round": 0,
+                         "producer_id": "p0-0123abcd", "n_stations": q.n_stations, "n_outputs": n_out(q),
+                         "kind": kind, "layout": layout, "batch_id": new_batch_id(), "reports": reports}
+    h.update(over)
+    return h
+
+
+def values_record(q: Query, values: np.ndarray, **over: Any) -> bytes:
+    return encode_batch(header(q, "reports", "values", int(values.size), **over), {"value": values})
+
+
+def pairs_record(q: Query, station: np.ndarray, output: np.ndarray, **over: Any) -> bytes:
+    return encode_batch(header(q, "reports", "pairs", int(station.size), **over),
+                        {"station": station, "output": output})
+
+
+def tally_record(q: Query, counts: np.ndarray, reports: int, **over: Any) -> bytes:
+    return encode_batch(header(q, "tally", "counts", reports, **over), {"counts": counts})
+
+
+def eoe(q: Query, **over: Any) -> EndOfEpoch:
+    f: dict[str, Any] = {"producer_id": "p1-89abcdef", "producer_index": 1, "producer_count": 3,
+                         "query_id": q.query_id, "query_version": q.version, "epoch": E0 + 2, "round": 0,
+                         "partition": 2, "reports_to_partition": 120, "batches_to_partition": 3,
+                         "reports_total": 400, "batches_total": 9, "participants": 380, "refused": 7,
+                         "mode": "per-vehicle"}
+    f.update(over)
+    return EndOfEpoch(**f)
+
+
+def single(q: Query, **over: Any) -> SingleReport:
+    f: dict[str, Any] = {"query_id": q.query_id, "query_version": q.version, "epoch": E0 + 2,
+                         "batch_id": new_batch_id()}
+    f.update(over)
+    return SingleReport(**f)
+
+
+def accepted(value: bytes | None, partition: int = 0) -> Partial:
+    out = to_partials(value, partition, lookup)
+    assert isinstance(out, Partial), out
+    return out
+
+
+def rejected(value: bytes | None, partition: int = 0) -> Rejected:
+    out = to_partials(value, partition, lookup)
+    assert isinstance(out, Rejected), out
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# batches
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rnd", [0, 1])
+def test_values_batch_gives_full_counts_equal_to_bincount(rnd: int) -> None:
+    q = QUERIES["sp"]
+    values = np.random.default_rng(11 + rnd).integers(0, V + 1, size=257)
+    values[:3] = V  # the largest index is in
+    raw = values_record(q, values, round=rnd, epoch=E0 + 5)
+    p = accepted(raw, partition=3)
+    assert p.kind == "batch" and p.mode == "full"
+    assert p.counts == np.bincount(values, minlength=V + 1).tolist()
+    assert len(p.counts) == n_out(q) == V + 1
+    assert (p.query_id, p.query_version, p.epoch, p.round) == (q.query_id, 1, E0 + 5, rnd)
+    assert (p.source_partition, p.reports, p.producer_id) == (3, 257, "p0-0123abcd")
+    assert p.batch_id == json.loads(raw[8:8 + int.from_bytes(raw[4:8], "big")])["batch_id"]
+    assert p.key == f"{q.query_id}:v1:e{E0 + 5}"
+
+
+def test_values_batch_with_no_reports() -> None:
+    p = accepted(values_record(QUERIES["sp"], np.zeros(0, dtype=np.int64)))
+    assert p.counts == [0] * (V + 1) and p.reports == 0
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_pairs_batch_gives_sparse_counts(mechanism: str) -> None:
+    q = QUERIES[mechanism]
+    o = n_out(q)
+    default = q.per_station.default  # type: ignore[union-attr]
+    rng = np.random.default_rng(23)
+    station = rng.integers(1, V + 1, size=300)
+    others = np.array([x for x in range(o) if x != default])
+    output = others[rng.integers(0, others.size, size=300)]
+    p = accepted(pairs_record(q, station, output), partition=1)
+    assert p.kind == "batch" and p.mode == "sparse" and p.reports == 300 and p.source_partition == 1
+    want = np.zeros((V, o), dtype=np.int64)
+    for s, out in zip(station, output, strict=True):
+        want[s - 1, out] += 1
+    assert p.counts == want.ravel().tolist()
+    assert len(p.counts) == V * o
+    # the station-major layout puts station s's outputs at (s - 1) * o ... s * o - 1
+    assert p.counts[(int(station[0]) - 1) * o + int(output[0])] >= 1
+
+
+def test_sp_tally_counts_pass_through() -> None:
+    q = QUERIES["sp"]
+    counts = np.array([50, 3, 0, 7, 12])
+    p = accepted(tally_record(q, counts, reports=72, round=1))
+    assert p.mode == "full" and p.counts == counts.tolist() and p.reports == 72 and p.round == 1
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_per_sensor_tally_counts_pass_through(mechanism: str) -> None:
+    q = QUERIES[mechanism]
+    ps = q.per_station
+    assert ps is not None
+    n = 90
+    counts = ps.tally(np.random.default_rng(5), np.array([10, 0, 3, 1]), n)
+    assert counts.shape == (V, n_out(q)) and np.all(counts.sum(axis=1) == n)
+    p = accepted(tally_record(q, counts.ravel(), reports=n))
+    assert p.mode == "full" and p.reports == n
+    assert p.counts == counts.ravel().tolist()
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_per_sensor_tally_rows_must_sum_to_the_vehicles(mechanism: str) -> None:
+    q = QUERIES[mechanism]
+    counts = np.full((V, n_out(q)), 10)
+    counts[2, 0] += 1  # station 3 has one report too many
+    rej = rejected(tally_record(q, counts.ravel(), reports=10 * n_out(q)))
+    assert rej.reason == "mismatched_sizes"
+    assert "sum" in rej.detail
+
+
+def test_sp_tally_must_sum_to_the_vehicles() -> None:
+    """BUG (stream_app/decode.py, _batch, sp ``counts`` branch): a Sampling Privacy tally is
+    accepted whatever its counts sum to. Expected (as for per-sensor tallies, whose rows are
+    checked): ``mismatched_sizes`` when ``sum(counts) != reports``; actual: a Partial whose
+    ``reports`` (used for N without markers and for round_count_mismatch) disagree with its
+    counts."""
+    q = QUERIES["sp"]
+    out = to_partials(tally_record(q, np.array([50, 3, 0, 7, 12]), reports=10), 0, lookup)
+    assert isinstance(out, Rejected) and out.reason == "mismatched_sizes", out
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_pairs_with_the_default_report_are_rejected(mechanism: str) -> None:
+    """BUG (stream_app/decode.py, _batch ``pairs`` branch and _single): per-sensor pairs are by
+    contract the NON-default reports (schemas/wire.py: "ALP: the non-⊥ pairs; RR: the '1'
+    answers"); the default is implied per vehicle in stage 2
+    (estimate._per_station_counts: default += N_sparse - non-default). A pair carrying the
+    default output is accepted and lands in the default column as well, so that station's
+    counts sum to more than N. Expected: Rejected (out_of_range); actual: a Partial."""
+    q = QUERIES[mechanism]
+    d = q.per_station.default  # type: ignore[union-attr]
+    batch_out = to_partials(pairs_record(q, np.array([1, 2]), np.array([d, d])), 0, lookup)
+    single_out = to_partials(encode_json(single(q, pairs=((1, d),))), 0, lookup)
+    assert isinstance(batch_out, Rejected), batch_out
+    assert isinstance(single_out, Rejected), single_out
+
+
+# ---------------------------------------------------------------------------------------
+# markers
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+def test_marker_carries_its_fields(mechanism: str) -> None:
+    q = QUERIES[mechanism]
+    rnd = q.n_rounds - 1
+    m = eoe(q, round=rnd, interrupted=True)
+    p = accepted(encode_json(m), partition=2)
+    assert p == Partial("marker", query_id=q.query_id, query_version=1, epoch=E0 + 2, round=rnd, source_partition=2,
+                        producer_id="p1-89abcdef", reports=120, producer_index=1, producer_count=3, batches=3,
+                        participants=380, refused=7, interrupted=True)
+    assert p.key == f"{q.query_id}:v1:e{E0 + 2}"
+
+
+def test_marker_must_arrive_on_its_partition() -> None:
+    q = QUERIES["alp"]
+    rej = rejected(encode_json(eoe(q, partition=2)), partition=1)
+    assert rej.reason == "bad_marker" and "partition" in rej.detail
+    assert accepted(encode_json(eoe(q, partition=0)), partition=0).source_partition == 0
+
+
+@pytest.mark.parametrize(("index", "count"), [(3, 3), (5, 1)])
+def test_marker_producer_index_below_count(index: int, count: int) -> None:
+    rej = rejected(encode_json(eoe(QUERIES["rr"], producer_index=index, producer_count=count)), partition=2)
+    assert rej.reason == "bad_marker"
+    assert accepted(encode_json(eoe(QUERIES["rr"], producer_index=count - 1, producer_count=count)),
+                    partition=2).producer_index == count - 1
+
+
+def test_markers_and_batches_of_one_epoch_fill_a_window() -> None:
+    """Stage 1's partials are what stage 2's window takes (widths and keys agree)."""
+    q = QUERIES["alp"]
+    w = Window.new(q.query_id, q.version, E0 + 2, q.n_rounds, V * n_out(q))
+    b = accepted(pairs_record(q, np.array([1, 4, 4]), np.array([1, 0, 1])), partition=0)
+    m = accepted(encode_json(eoe(q, producer_id="p0-0123abcd", producer_index=0, producer_count=1, partition=0,
+                                 batches_to_partition=1, participants=50, refused=0)), partition=0)
+    assert b.key == m.key == "q-alp:v1:e" + str(E0 + 2)
+    assert w.add(b) == "added" and w.add(m) == "added"
+    assert w.markers_complete(1) and w.missing_batches() == 0 and w.participants() == (50, [])
+
+
+# ---------------------------------------------------------------------------------------
+# rejections
+# ---------------------------------------------------------------------------------------
+def _frame(head: dict[str, Any], body: bytes = b"") -> bytes:
+    h = json.dumps(head).encode()
+    return b"PTT1" + len(h).to_bytes(4, "big") + h + body
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (None, "empty"),
+    (b"", "empty"),
+    (b"garbage, not a record", "bad_encoding"),
+    (b"\x00\x01\x02", "bad_encoding"),
+    (b"PTT1\x00", "truncated"),
+    (b"PTT1\x00\x00\x01\x00{}", "truncated"),
+    (b"{}", "bad_json_record"),
+    (b'{"kind": "report"', "bad_json_record"),
+    (b'{"kind": "estimate", "query_id": "q-sp"}', "bad_json_record"),
+    (_frame({"kind": "reports"}), "bad_header"),
+], ids=["none", "empty", "text", "binary", "short-frame", "short-header", "empty-json", "broken-json",
+        "other-kind", "bad-header"])
+def test_undecodable_records_keep_the_decoders_reason(value: bytes | None, reason: str) -> None:
+    rej = rejected(value)
+    assert rej.reason == reason and rej.detail
+
+
+def test_trailing_bytes_are_a_size_mismatch() -> None:
+    raw = values_record(QUERIES["sp"], np.array([0, 1, 2]))
+    assert rejected(raw + b"\x00").reason == "size_mismatch"
+
+
+@pytest.mark.parametrize("make", [
+    lambda q: values_record(q, np.array([1, 2]), query_id="q-nobody"),
+    lambda q: values_record(q, np.array([1, 2]), query_version=2),
+    lambda q: encode_json(eoe(q, query_id="q-nobody", partition=0)),
+    lambda q: encode_json(eoe(q, query_version=7, partition=0)),
+    lambda q: encode_json(single(q, value=1, query_version=2)),
+], ids=["batch-id", "batch-version", "marker-id", "marker-version", "single-version"])
+def test_unknown_query_or_version(make: Any) -> None:
+    rej = rejected(make(QUERIES["sp"]))
+    assert rej.reason == "unknown_query"
+
+
+@pytest.mark.parametrize("epoch", [E0 - 1, E0 + N_EPOCHS, E0 + 1000, 0])
+def test_epoch_outside_the_query_window(epoch: int) -> None:
+    q = QUERIES["sp"]
+    for raw in (values_record(q, np.array([1]), epoch=epoch), encode_json(eoe(q, epoch=epoch, partition=0)),
+                encode_json(single(q, value=1, epoch=epoch))):
+        rej = rejected(raw)
+        assert rej.reason == "outside_query_window", raw
+        assert str(epoch) in rej.detail
+
+
+@pytest.mark.parametrize("epoch", [E0, E0 + N_EPOCHS - 1])
+def test_first_and_last_epoch_of_the_query_are_inside(epoch: int) -> None:
+    q = QUERIES["sp"]
+    assert accepted(values_record(q, np.array([1]), epoch=epoch)).epoch == epoch
+    assert accepted(encode_json(eoe(q, epoch=epoch, partition=0))).epoch == epoch
+
+
+def test_query_window_not_on_epoch_boundaries() -> None:
+    """An epoch is inside if it overlaps [t_start, t_end): floor of t_start, ceiling of t_end."""
+    q = Query(query_id="q-odd", analyst_id="a", version=1, sensors=SENSORS, mechanism="sp", population=100,
+              t_start=T0 + timedelta(seconds=10), t_end=T0 + timedelta(seconds=70))
+    local = {("q-odd", 1): q}
+    for epoch, inside in [(E0 - 1, False), (E0, True), (E0 + 1, True), (E0 + 2, True), (E0 + 3, False)]:
+        out = to_partials(values_record(q, np.array([1]), epoch=epoch), 0, lambda i, v: local.get((i, v)))
+        assert isinstance(out, Partial) == inside, (epoch, out)
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_round_one_of_a_one_round_query(mechanism: str) -> None:
+    q = QUERIES[mechanism]
+    o = n_out(q)
+    for raw in (pairs_record(q, np.array([1]), np.array([1]), round=1),
+                tally_record(q, np.full(V * o, 5), reports=5 * o, round=1),
+                encode_json(eoe(q, round=1, partition=0)),
+                encode_json(single(q, round=1, pairs=((1, 1),)))):
+        rej = rejected(raw)
+        assert rej.reason == "bad_round", raw
+    assert accepted(values_record(QUERIES["sp"], np.array([1]), round=1)).round == 1
+
+
+@pytest.mark.parametrize("over", [{"n_stations": V + 1}, {"n_stations": V - 1}, {"n_outputs": V + 2}],
+                         ids=["more-stations", "fewer-stations", "more-outputs"])
+def test_sp_batch_sizes_must_match_the_query(over: dict[str, int]) -> None:
+    rej = rejected(values_record(QUERIES["sp"], np.array([1, 1, 0]), **over))
+    assert rej.reason == "mismatched_sizes"
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("over", [{"n_stations": V + 1}, {"n_outputs": 4}], ids=["stations", "outputs"])
+def test_per_sensor_batch_sizes_must_match_the_query(mechanism: str, over: dict[str, int]) -> None:
+    rej = rejected(pairs_record(QUERIES[mechanism], np.array([1]), np.array([1]), **over))
+    assert rej.reason == "mismatched_sizes"
+
+
+def test_wrong_layout_for_the_mechanism() -> None:
+    sp, alp, rr = QUERIES["sp"], QUERIES["alp"], QUERIES["rr"]
+    cases = [
+        pairs_record(sp, np.array([1, 2]), np.array([1, 1])),  # pairs for Sampling Privacy
+        tally_record(sp, np.full(V * (V + 1), 1), reports=V),  # a V x outputs tally for SP
+        values_record(alp, np.array([0, 1, 2])),  # station values for a per-sensor query
+        values_record(rr, np.array([0, 1])),
+        tally_record(alp, np.array([5, 3, 2]), reports=10),  # one row instead of V rows
+        tally_record(rr, np.array([6, 4]), reports=10),
+    ]
+    for raw in cases:
+        assert rejected(raw).reason == "wrong_layout"
+
+
+def test_ground_truth_on_the_reports_topic() -> None:
+    gt = GroundTruth(epoch=E0, epoch_start=T0, stations=SENSORS, flows=(3, 0, 5, 1))
+    rej = rejected(encode_json(gt))
+    assert rej.reason == "unexpected_record"
+
+
+# ---------------------------------------------------------------------------------------
+# single reports
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("value", "rnd"), [(0, 0), (3, 1), (V, 0)])
+def test_single_sp_report(value: int, rnd: int) -> None:
+    r = single(QUERIES["sp"], value=value, round=rnd)
+    p = accepted(encode_json(r), partition=2)
+    want = [0] * (V + 1)
+    want[value] = 1
+    assert (p.kind, p.mode, p.reports, p.counts) == ("batch", "full", 1, want)
+    assert (p.round, p.source_partition, p.producer_id, p.batch_id) == (rnd, 2, "device", r.batch_id)
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_single_per_sensor_report(mechanism: str) -> None:
+    q = QUERIES[mechanism]
+    o = n_out(q)
+    nd = [x for x in range(o) if x != q.per_station.default]  # type: ignore[union-attr]
+    pairs = ((1, nd[0]), (4, nd[-1]), (2, nd[0]))
+    p = accepted(encode_json(single(q, pairs=pairs)))
+    want = [0] * (V * o)
+    for s, out in pairs:
+        want[(s - 1) * o + out] += 1
+    assert (p.kind, p.mode, p.reports, p.counts, p.producer_id) == ("batch", "sparse", 3, want, "device")
+    empty = accepted(encode_json(single(q, pairs=())))  # a device whose reports are all the default
+    assert empty.reports == 0 and empty.counts == [0] * (V * o)
+
+
+@pytest.mark.parametrize(("mechanism", "fields"), [
+    ("sp", {"value": V + 1}),
+    ("sp", {"value": 255}),
+    ("sp", {"pairs": ((1, 1),)}),
+    ("alp", {"value": 1}),
+    ("alp", {"pairs": ((V + 1, 1),)}),
+    ("alp", {"pairs": ((1, 1), (2, 3))}),
+    ("rr", {"pairs": ((1, 2),)}),
+    ("rr", {"pairs": ((V + 5, 1),)}),
+], ids=["sp-value", "sp-value-255", "sp-pairs", "alp-value", "alp-station", "alp-output", "rr-output",
+        "rr-station"])
+def test_single_report_out_of_range(mechanism: str, fields: dict[str, Any]) -> None:
+    rej = rejected(encode_json(single(QUERIES[mechanism], **fields)))
+    assert rej.reason == "out_of_range"
+
+
+def test_single_report_schema_violations_are_bad_json() -> None:
+    q = QUERIES["alp"]
+    base = json.loads(encode_json(single(q, pairs=((1, 1),))))
+    for bad in ({**base, "pairs": [[0, 1]]}, {**base, "value": 1}, {**base, "vehicle_id": "x"},
+                {**base, "round": 2}):
+        assert rejected(json.dumps(bad).encode()).reason == "bad_json_record"
+
+
+# ---------------------------------------------------------------------------------------
+# dead letters
+# ---------------------------------------------------------------------------------------
+def test_dead_letter_keeps_at_most_4_kib_and_the_true_length() -> None:
+    value = bytes(range(256)) * 40 + b"tail"  # 10,244 bytes
+    rej = rejected(value)
+    letter = rej.letter("ptt.reports", 3, 12_345, value)
+    assert isinstance(letter, DeadLetter)
+    assert (letter.kind, letter.reason, letter.detail) == ("dead_letter", rej.reason, rej.detail)
+    assert (letter.topic, letter.partition, letter.offset) == ("ptt.reports", 3, 12_345)
+    assert letter.value_bytes == len(value) == 10_244
+    assert base64.b64decode(letter.value_b64) == value[:4096]
+    assert DeadLetter.model_validate_json(letter.model_dump_json()) == letter
+
+
+def test_dead_letter_of_a_short_or_missing_value() -> None:
+    small = b"nope"
+    letter = Rejected("bad_encoding", "x").letter("t", 0, 0, small)
+    assert base64.b64decode(letter.value_b64) == small and letter.value_bytes == 4
+    none = Rejected("empty", "record has no value").letter("t", 1, 2, None)
+    assert none.value_b64 == "" and none.value_bytes == 0
+    exact = bytes(4096)
+    assert base64.b64decode(Rejected("r", "d").letter("t", 0, 0, exact).value_b64) == exact
+
+
+def test_dead_letter_detail_is_bounded() -> None:
+    letter = Rejected("internal_error", "x" * 5000).letter("t", 0, 0, b"v")
+    assert letter.detail == "x" * 2000
+
+
+def test_every_rejection_makes_a_valid_dead_letter() -> None:
+    q = QUERIES["alp"]
+    samples = [None, b"zz", values_record(QUERIES["sp"], np.array([1]), epoch=E0 - 5),
+               encode_json(eoe(q, partition=3)), encode_json(single(q, value=0)),
+               encode_json(GroundTruth(epoch=E0, epoch_start=T0, stations=(1,), flows=(2,)))]
+    for i, raw in enumerate(samples):
+        rej = rejected(raw, partition=1)
+        letter = rej.letter("ptt.reports", 1, i, raw)
+        assert letter.reason == rej.reason and letter.value_bytes == len(raw or b"")
+        back = json.loads(letter.model_dump_json())
+        assert set(back) == {"kind", "reason", "detail", "topic", "partition", "offset", "value_b64", "value_bytes"}
