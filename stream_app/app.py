@@ -223,7 +223,8 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             wm_key = f"{WM_PREFIX}{part}"
             try:
                 p = Partial.from_bytes(event.value)
-                wm = Watermarks.from_dict(windows.get(wm_key))
+                wm_raw = windows.get(wm_key)
+                wm = Watermarks.from_dict(wm_raw)
                 published: list[Estimate] = []
                 if p.kind == "tick":
                     for key in list(wm.open):
@@ -260,7 +261,8 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                         other = Window.from_dict(windows[key])
                         published += _close(other, "watermark", wm, key)
                         windows[key] = other.to_dict()
-                windows[wm_key] = wm.to_dict()
+                if wm.to_dict() != wm_raw:  # a changelog write only when the watermark state changed
+                    windows[wm_key] = wm.to_dict()
                 for e in published:
                     await estimates.send(key=str(e.station).encode(), value=e.model_dump_json().encode())
                     metrics.epoch_lag.labels(e.query_id).set(
