@@ -56,6 +56,9 @@ def test_every_setting_has_a_flag() -> None:
 def test_readme_lists_every_setting() -> None:
     from pathlib import Path
 
+    from stream_app.settings import WorkerSettings
+
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    missing = [n for n in ReplaySettings.model_fields if f"`PTT_{n.upper()}`" not in readme]
+    names = set(ReplaySettings.model_fields) | set(WorkerSettings.model_fields)
+    missing = [n for n in sorted(names) if f"`PTT_{n.upper()}`" not in readme]
     assert not missing, f"README's configuration table lacks {missing}"
