@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from estimators import planning
@@ -15,6 +15,20 @@ __all__ = ["build_parser", "main"]
 
 EXIT_BROKER = 3
 EXIT_INTERRUPTED = 130
+
+
+def _guarded(command: str, fn: Callable[[], int]) -> int:
+    """Run a command; bad input is one line and exit 2, an unreachable broker exit 3."""
+    from producers.sink import BrokerUnavailable
+
+    try:
+        return fn()
+    except BrokerUnavailable as exc:
+        print(f"ptt {command}: error: {exc}", file=sys.stderr)
+        return EXIT_BROKER
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError is a ValueError
+        print(f"ptt {command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _param(text: str) -> tuple[str, float]:
@@ -85,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay(sub)
     _add_worker(sub)
     _add_subscribe(sub)
+    _add_report(sub)
     _add_analyst(sub)
     _add_synth(sub)
     d = sub.add_parser("demo", help="embedded broker + replay of the synthetic day, nothing to configure")
@@ -123,28 +138,22 @@ def _add_replay(sub: Any) -> None:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import logging
 
-    from pydantic import ValidationError
-
-    from producers.fleet import FleetTooSmall
-    from producers.replay import replay
+    from producers.replay import ReplaySummary, replay
     from producers.settings import ReplaySettings
-    from producers.sink import BrokerUnavailable
 
     from .settings_cli import settings_from_args
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = settings_from_args(ReplaySettings, args)
-        summary = replay(settings, progress=not args.quiet)
-    except ValidationError as exc:
-        print(f"ptt replay: error: {exc}", file=sys.stderr)
-        return 2
-    except (FleetTooSmall, ValueError, OSError) as exc:
-        print(f"ptt replay: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokerUnavailable as exc:
-        print(f"ptt replay: error: {exc}", file=sys.stderr)
-        return EXIT_BROKER
+    result: list[ReplaySummary] = []
+
+    def go() -> int:
+        result.append(replay(settings_from_args(ReplaySettings, args), progress=not args.quiet))
+        return 0
+
+    code = _guarded("replay", go)
+    if code:
+        return code
+    summary = result[0]
     print(f"data: {summary.data_quality}")
     print(f"fleet: {summary.fleet_size:,} vehicles; replayed {summary.epochs} epochs, {summary.reports:,} reports in "
           f"{summary.records:,} records in {summary.elapsed_s:.1f}s")
@@ -171,23 +180,11 @@ def _add_worker(sub: Any) -> None:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from producers.sink import BrokerUnavailable
-
     from .app import run_worker
     from .settings import WorkerSettings
     from .settings_cli import settings_from_args
 
-    try:
-        settings = settings_from_args(WorkerSettings, args)
-        return run_worker(settings)
-    except ValidationError as exc:
-        print(f"ptt worker: error: {exc}", file=sys.stderr)
-        return 2
-    except BrokerUnavailable as exc:
-        print(f"ptt worker: error: {exc}", file=sys.stderr)
-        return EXIT_BROKER
+    return _guarded("worker", lambda: run_worker(settings_from_args(WorkerSettings, args)))
 
 
 def _add_subscribe(sub: Any) -> None:
@@ -222,6 +219,16 @@ def _cmd_subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="plots (truth vs estimate with bands) and a text summary of a replay",
+                       description="Read estimates and ground truth (from the topics or saved JSON lines) and write "
+                                   "PNG plots in the style of seed 004 Figure 1 plus a summary.")
+    from . import report
+
+    report.add_arguments(p)
+    p.set_defaults(func=report.run)
+
+
 def _add_analyst(sub: Any) -> None:
     from producers.settings import KafkaSettings
 
@@ -251,55 +258,50 @@ def _add_analyst(sub: Any) -> None:
 
 
 def _cmd_analyst(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
+    return _guarded("analyst", lambda: _analyst(args))
 
+
+def _analyst(args: argparse.Namespace) -> int:
     from producers.settings import KafkaSettings
-    from producers.sink import BrokerUnavailable, publish_query, read_queries
+    from producers.sink import publish_query, read_queries
     from schemas import Query
 
     from .settings_cli import settings_from_args
 
-    try:
-        settings = settings_from_args(KafkaSettings, args)
-        existing = read_queries(settings)
-        if args.analyst_command == "list":
-            for q in existing:
-                if args.json:
-                    print(q.model_dump_json())
-                else:
-                    print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
-                          f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
-                          f"epsilon={q.epsilon:.4g}  by {q.analyst_id}")
-            return 0
-        fields: dict[str, Any] = {k: getattr(args, k) for k in
-                                  ("analyst_id", "mechanism", "sensors", "population", "t_start", "t_end")
-                                  if getattr(args, k) is not None}
-        if args.param:
-            fields["params"] = dict(args.param)
-        same = [q for q in existing if q.query_id == args.query_id]
-        if args.analyst_command == "update":
-            if not same:
-                print(f"ptt analyst: error: no query {args.query_id!r} to update", file=sys.stderr)
-                return 2
-            latest = max(same, key=lambda q: q.version)
-            merged = {**latest.model_dump(), **fields, "version": args.version or latest.version + 1}
-            if "params" in fields:
-                merged["params"] = {**latest.params, **fields["params"]}
-            query = Query.model_validate(merged)
-        else:
-            query = Query.model_validate({**fields, "query_id": args.query_id, "version": args.version or 1})
-        if any(q.version == query.version for q in same):
-            print(f"ptt analyst: error: {query.record_key} exists; versions are immutable", file=sys.stderr)
-            return 2
-        publish_query(settings, query)
-        print(f"published {query.record_key} (epsilon {query.epsilon:.4g} per epoch)")
+    settings = settings_from_args(KafkaSettings, args)
+    existing = read_queries(settings)
+    if args.analyst_command == "list":
+        for q in existing:
+            if args.json:
+                print(q.model_dump_json())
+            else:
+                print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
+                      f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
+                      f"epsilon={q.epsilon:.4g}  by {q.analyst_id}")
         return 0
-    except ValidationError as exc:
-        print(f"ptt analyst: error: {exc}", file=sys.stderr)
+    fields: dict[str, Any] = {k: getattr(args, k) for k in
+                              ("analyst_id", "mechanism", "sensors", "population", "t_start", "t_end")
+                              if getattr(args, k) is not None}
+    if args.param:
+        fields["params"] = dict(args.param)
+    same = [q for q in existing if q.query_id == args.query_id]
+    if args.analyst_command == "update":
+        if not same:
+            print(f"ptt analyst: error: no query {args.query_id!r} to update", file=sys.stderr)
+            return 2
+        latest = max(same, key=lambda q: q.version)
+        merged = {**latest.model_dump(), **fields, "version": args.version or latest.version + 1}
+        if "params" in fields:
+            merged["params"] = {**latest.params, **fields["params"]}
+        query = Query.model_validate(merged)
+    else:
+        query = Query.model_validate({**fields, "query_id": args.query_id, "version": args.version or 1})
+    if any(q.version == query.version for q in same):
+        print(f"ptt analyst: error: {query.record_key} exists; versions are immutable", file=sys.stderr)
         return 2
-    except BrokerUnavailable as exc:
-        print(f"ptt analyst: error: {exc}", file=sys.stderr)
-        return EXIT_BROKER
+    publish_query(settings, query)
+    print(f"published {query.record_key} (epsilon {query.epsilon:.4g} per epoch)")
+    return 0
 
 
 def _add_synth(sub: Any) -> None:

@@ -12,7 +12,6 @@ Run: ``python tests/benchmarks/bench_replay.py [--vehicles N] [--epochs M] [--st
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,8 @@ from pathlib import Path
 from producers.local_broker import LocalBroker
 from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
-from producers.sink import ReportSink, ensure_topics, publish_query
+from producers.sink import ensure_topics, publish_query
+from tests.benchmarks.common import raw_produce
 from tests.integration.kafka_helpers import drain
 
 
@@ -47,17 +47,7 @@ def main() -> None:
         sizes = [len(r.value) for r in records]
         total = sum(sizes)
 
-        raw = s.model_copy(update={"reports_topic": "bench-raw"})
-        ensure_topics(raw, {"bench-raw": 4})
-        sink = ReportSink(raw, "bench-raw")
-        payloads = [os.urandom(n) for n in sizes]
-        t0 = time.perf_counter()
-        for i, value in enumerate(payloads):
-            key = f"{i:032x}".encode()
-            sink.send(value, key=key, partition=sink.partition_for(key))
-        sink.flush()
-        t_raw = time.perf_counter() - t0
-        sink.close()
+        t_raw = raw_produce(s, "bench-raw", sizes)
 
     print(f"replay: {summary.epochs} epochs, {summary.reports:,} reports ({args.vehicles:,} vehicles x 2 rounds), "
           f"{len(records):,} records incl. markers, {total / 1e6:.1f} MB")

@@ -16,7 +16,6 @@ Run: ``python tests/benchmarks/bench_stream.py [--vehicles N] [--epochs M]``
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from producers.settings import ReplaySettings
 from producers.sink import ReportSink, ensure_topics, publish_query
 from schemas import EndOfEpoch, SingleReport, encode_json, new_batch_id
 from stream_app.settings import WorkerSettings
+from tests.benchmarks.common import raw_produce
 from tests.integration.kafka_helpers import drain
 from tests.integration.stream_helpers import WorkerProcess, read_estimates, wait_for
 
@@ -48,22 +48,6 @@ def _pipeline(rs: ReplaySettings, ws: WorkerSettings, expected: int, tmp: Path) 
         return _last_estimate_time(ws) - t0, summary.reports
     finally:
         worker.stop()
-
-
-def _consume_all(settings: ReplaySettings, topic: str, n: int) -> None:
-    """Consume ``topic`` from the beginning until ``n`` records have arrived."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(**settings.client_kwargs(), group_id=None, enable_auto_commit=False,
-                      max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
-    try:
-        c.assign([TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or set())])
-        c.seek_to_beginning()
-        got = 0
-        while got < n:
-            got += sum(len(v) for v in c.poll(timeout_ms=100, max_records=100_000).values())
-    finally:
-        c.close()
 
 
 def main() -> None:
@@ -97,18 +81,7 @@ def main() -> None:
         total = sum(sizes)
 
         # 2. raw produce + consume of the same bytes
-        raw = rs.model_copy(update={"reports_topic": "raw"})
-        ensure_topics(raw, {"raw": 4})
-        sink = ReportSink(raw, "raw")
-        payloads = [os.urandom(n) for n in sizes]
-        t0 = time.perf_counter()
-        for i, value in enumerate(payloads):
-            key = f"{i:032x}".encode()
-            sink.send(value, key=key, partition=sink.partition_for(key))
-        sink.flush()
-        _consume_all(raw, "raw", len(payloads))
-        t_raw = time.perf_counter() - t0
-        sink.close()
+        t_raw = raw_produce(rs, "raw", sizes, consume=True)
 
         # 3. naive: one JSON message per report
         rs_n, ws_n = settings("naive", expand_to=args.naive_vehicles, max_epochs=args.naive_epochs)

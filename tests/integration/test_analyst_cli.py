@@ -1,0 +1,66 @@
+"""`ptt analyst publish | update | list` against a real broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from producers.settings import KafkaSettings
+from producers.sink import read_queries
+from stream_app.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def _flags(s: KafkaSettings) -> list[str]:
+    return ["--bootstrap-servers", s.bootstrap_servers, "--queries-topic", s.queries_topic]
+
+
+def test_publish_update_list(kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    f = _flags(kafka_settings)
+    assert main(["analyst", "publish", "peak-sp", "--analyst", "ana", "--mechanism", "sp", "--sensors",
+                 "400001,400002,400003", "--population", "5000", "--t-start", "2026-11-18T06:00:00-08:00",
+                 "--t-end", "2026-11-18T10:00:00-08:00", "--param", "pis=0.3", *f]) == 0
+    assert "published peak-sp:v1" in capsys.readouterr().out
+    assert main(["analyst", "update", "peak-sp", "--param", "pis=0.25", "--t-start",
+                 "2026-11-18T07:00:00-08:00", *f]) == 0
+    assert "published peak-sp:v2" in capsys.readouterr().out
+    assert main(["analyst", "list", "--json", *f]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(q["query_id"], q["version"], q["params"]["pis"]) for q in listed] == [("peak-sp", 1, 0.3),
+                                                                                   ("peak-sp", 2, 0.25)]
+    assert listed[1]["sensors"] == [400001, 400002, 400003] and listed[1]["analyst_id"] == "ana"
+    assert listed[1]["t_start"].startswith("2026-11-18T07:00:00")
+    assert [q.version for q in read_queries(kafka_settings)] == [1, 2]
+    assert main(["analyst", "list", *f]) == 0
+    assert "peak-sp v2  sp  3 sensors" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["update", "nope", "--param", "pis=0.2"], "no query 'nope' to update"),
+    (["publish", "q", "--analyst", "a", "--mechanism", "alp", "--sensors", "1", "--population", "10",
+      "--t-start", "2026-11-18T06:00:00-08:00", "--t-end", "2026-11-18T05:00:00-08:00"], "t_end must be after"),
+    (["publish", "q", "--analyst", "a", "--mechanism", "alp", "--sensors", "1", "--population", "10",
+      "--t-start", "2026-11-18T06:00:00-08:00", "--t-end", "2026-11-18T07:00:00-08:00", "--param", "pisNo=3"],
+     "pisNo must be a probability"),
+])
+def test_bad_requests(kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str], argv: list[str],
+                      message: str) -> None:
+    assert main(["analyst", *argv, *_flags(kafka_settings)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_versions_are_immutable(kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    f = _flags(kafka_settings)
+    args = ["analyst", "publish", "q1", "--analyst", "a", "--mechanism", "rr", "--sensors", "7", "--population",
+            "100", "--t-start", "2026-11-18T06:00:00-08:00", "--t-end", "2026-11-18T07:00:00-08:00", *f]
+    assert main(args) == 0
+    assert main(args) == 2
+    assert "versions are immutable" in capsys.readouterr().err
+
+
+def test_unreachable_broker(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyst", "list", "--bootstrap-servers", "127.0.0.1:1", "--bootstrap-timeout-ms", "200",
+                 "--connect-attempts", "1"]) == 3
+    assert "cannot reach the Kafka broker" in capsys.readouterr().err
