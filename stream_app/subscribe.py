@@ -55,7 +55,7 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
             e = Estimate.model_validate_json(value)
         except ValueError:
             continue
-        if (query and e.query_id != query) or (station and e.station != station) or \
+        if (query and e.query_id != query) or (station is not None and e.station != station) or \
                 (estimator and e.estimator != estimator):
             continue
         print(value.decode() if json_lines else format_row(e), file=out, flush=True)

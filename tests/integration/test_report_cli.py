@@ -1,0 +1,123 @@
+"""``ptt report`` against a real broker: a short replay, a real worker, then the report read
+from the topics and from saved JSON lines (``ptt subscribe --json``) must say the same.
+
+Four epochs of the synthetic 6-station day, the three demo queries (SP, ALP with its four
+estimators, RR): 4 x 6 x (1 + 4 + 1) = 144 estimates. The summary's cells must equal the
+estimates on the topic, per (query, estimator) and in total; the default plots are the three
+headline estimators at the six stations, PNGs of 1,200 x 500 px.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib import image as mpimg
+
+from producers.local_broker import free_port
+from producers.replay import replay
+from producers.settings import KafkaSettings, ReplaySettings
+from stream_app.settings import WorkerSettings
+
+from .kafka_helpers import drain
+from .stream_helpers import WorkerProcess, env_for, read_estimates, wait_for
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 4
+STATIONS = 6
+ESTIMATORS = {"sp-day": ["sp_difference"], "alp-day": ["alp_average", "alp_bottom", "alp_gls", "alp_yhat"],
+              "rr-day": ["rr"]}
+N_ESTIMATES = EPOCHS * STATIONS * sum(len(v) for v in ESTIMATORS.values())
+
+
+def _settings(broker: str, tmp: Path) -> tuple[ReplaySettings, WorkerSettings]:
+    u = uuid.uuid4().hex[:8]
+    kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
+                          truth_topic=f"truth-{u}", partitions=3)
+    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", synthetic_stations=STATIONS, seed=11,
+                        batch_size=200, max_epochs=EPOCHS)
+    ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
+                        dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
+                        tick_interval_s=1.0, min_participants=1)
+    return rs, ws
+
+
+def _ptt(ws: WorkerSettings, *argv: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stream_app.cli", *argv], env=env_for(ws), stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+
+
+def _groups(out: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    doc = json.loads((out / "summary.json").read_text())
+    return {(g["query_id"], g["estimator"]): g for g in doc["groups"]}
+
+
+def test_report_from_the_topics_and_from_saved_lines(broker: str, tmp_path: Path) -> None:
+    rs, ws = _settings(broker, tmp_path)
+    replay(rs, progress=False)
+    worker = WorkerProcess(ws, tmp_path / "worker.log").start()
+    try:
+        worker.wait_ready()
+        wait_for(lambda: len(read_estimates(ws)) >= N_ESTIMATES, 60, f"{N_ESTIMATES} estimates")
+    finally:
+        worker.stop()
+    published = read_estimates(ws)
+    assert len(published) == N_ESTIMATES
+
+    topic_out = tmp_path / "from-topic"
+    done = _ptt(ws, "report", "--from-topic", "--bootstrap-servers", broker, "--estimates-topic",
+                ws.estimates_topic, "--truth-topic", ws.truth_topic, "--out", str(topic_out))
+    assert done.returncode == 0, done.stderr
+    assert (topic_out / "summary.txt").read_text() in done.stdout
+    groups = _groups(topic_out)
+    assert sum(g["cells"] for g in groups.values()) == N_ESTIMATES
+    assert sorted(groups) == sorted((q, e) for q, names in ESTIMATORS.items() for e in names)
+    for (qid, name), g in groups.items():
+        expected = sum(1 for k in published if k[0] == qid and k[4] == name)
+        assert g["cells"] == expected == EPOCHS * STATIONS
+        assert (g["withheld"], g["without_truth"], g["with_truth"]) == (0, 0, expected)
+        assert set(g["coverage"]) == {"0.95", "0.99"} and all(0 <= v <= 1 for v in g["coverage"].values())
+        assert g["mae"] is not None and g["mean_width"]["0.99"] >= g["mean_width"]["0.95"] > 0
+    pngs = sorted(topic_out.glob("*.png"))
+    assert len(pngs) == 3 * STATIONS  # one headline estimator per query, the six stations
+    assert {p.name.split("_", 1)[0] for p in pngs} == set(ESTIMATORS)
+    for p in pngs:
+        assert mpimg.imread(p).shape[:2] == (500, 1200)
+
+    # the same estimates saved by `ptt subscribe --json`, the truth saved from its topic
+    saved = tmp_path / "estimates.jsonl"
+    with saved.open("w") as fh:
+        sub = _ptt(ws, "subscribe", "--json", "--from-beginning", "--idle-timeout", "3", "--topic",
+                   ws.estimates_topic, "--bootstrap-servers", broker, stdout=fh)
+    assert sub.returncode == 0, sub.stderr
+    assert len(saved.read_text().splitlines()) == N_ESTIMATES
+    truth = tmp_path / "truth.jsonl"
+    truth.write_bytes(b"\n".join(rec.value for rec in drain(rs, rs.truth_topic)) + b"\n")
+    file_out = tmp_path / "from-file"
+    done = _ptt(ws, "report", "--estimates", str(saved), "--truth", str(truth), "--out", str(file_out))
+    assert done.returncode == 0, done.stderr
+    assert _groups(file_out) == groups
+    assert sorted(p.name for p in file_out.glob("*.png")) == [p.name for p in pngs]
+
+    # saved estimates with the truth from its topic; a filter; then nothing matching: exit 2
+    mixed_out = tmp_path / "mixed"
+    done = _ptt(ws, "report", "--estimates", str(saved), "--truth-topic", ws.truth_topic, "--bootstrap-servers",
+                broker, "--query", "sp-day", "--out", str(mixed_out))
+    assert done.returncode == 0, done.stderr
+    assert _groups(mixed_out) == {k: v for k, v in groups.items() if k[0] == "sp-day"}
+    done = _ptt(ws, "report", "--from-topic", "--bootstrap-servers", broker, "--estimates-topic",
+                ws.estimates_topic, "--no-truth", "--station", "1", "--out", str(tmp_path / "none"))
+    assert done.returncode == 2 and done.stderr.startswith("ptt report: error: no matching estimates")
+    done = _ptt(ws, "report", "--from-topic", "--bootstrap-servers", broker, "--estimates-topic",
+                f"missing-{uuid.uuid4().hex[:8]}", "--out", str(tmp_path / "none"))
+    assert done.returncode == 2 and "does not exist" in done.stderr and done.stderr.count("\n") == 1
+    done = _ptt(ws, "report", "--from-topic", "--bootstrap-servers", broker, "--estimates-topic",
+                ws.estimates_topic, "--truth-topic", f"missing-{uuid.uuid4().hex[:8]}", "--out", str(tmp_path / "none"))
+    assert done.returncode == 2 and "--no-truth" in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "none").exists()

@@ -1,0 +1,314 @@
+"""``ptt report`` without a broker (``stream_app.report``).
+
+A small hand-made case (two queries, two stations, three epochs; a duplicate, a withheld
+estimate, a cell without ground truth, lines that are not estimates) is checked number by
+number: cells, coverage per level, mean absolute error, bias, RMSE, mean widths, withheld
+and missing-truth counts, and that deduplication keeps the last record. Then the summary of
+a seeded Sampling Privacy run through the statistics core is compared with numpy applied
+directly to the same arrays; the plots are read back as images of the promised size; the
+filters, the station choice and the command line (exit code 2 on bad inputs) are checked.
+
+Randomness: one seeded tally; every assertion is an exact identity.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+import estimators as E
+from schemas.estimates import Estimate, EstimateBound
+from schemas.wire import GroundTruth
+from stream_app import report as R
+from stream_app.cli import main
+
+PT = timezone(timedelta(hours=-8))
+T0 = datetime(2026, 11, 18, 8, 0, tzinfo=PT)
+E0 = int(T0.timestamp()) // 30
+A, B = 400_001, 400_002
+WITHHELD = "fewer than 20 participating vehicles (3)"
+
+
+def _est(epoch: int, station: int, estimate: float | None, b95: tuple[float, float] | None = None,
+         b99: tuple[float, float] | None = None, *, query: str = "q", version: int = 1, mechanism: str = "sp",
+         estimator: str = "sp_difference", withheld: str | None = None, epsilon: float = 2.0) -> Estimate:
+    bounds = [] if withheld else [EstimateBound(confidence=c, lower=b[0], upper=b[1])
+                                  for c, b in ((0.95, b95), (0.99, b99)) if b is not None]
+    return Estimate(query_id=query, query_version=version, mechanism=mechanism, estimator=estimator,  # type: ignore[arg-type]
+                    epoch=E0 + epoch, epoch_start=T0 + timedelta(seconds=30 * epoch), station=station,
+                    estimate=None if withheld else estimate, sd=None if withheld else 1.0, bounds=tuple(bounds),
+                    reports=100, participants=100, epsilon=epsilon, withheld=withheld, closed_by="markers",
+                    round_count_mismatch=0, late=0, refused=0, missing_batches=0)
+
+
+def _truth(epoch: int, flows: dict[int, int]) -> GroundTruth:
+    return GroundTruth(epoch=E0 + epoch, epoch_start=T0 + timedelta(seconds=30 * epoch),
+                       stations=tuple(flows), flows=tuple(flows.values()))
+
+
+def _lines(records: list[Estimate | GroundTruth | bytes]) -> list[bytes]:
+    return [r if isinstance(r, bytes) else r.model_dump_json().encode() for r in records]
+
+
+# query q (sp_difference): epoch 0 at A first published as 100, then republished as 10;
+# epoch 1 at B withheld; epoch 2 at A has no ground truth. Query r (rr): station A only.
+ESTIMATES = _lines([
+    _est(0, A, 100.0, (90, 110), (85, 115)),  # replaced below: dedupe keeps the last
+    _est(0, A, 10.0, (8, 12), (6, 14)),  # truth 11: both levels cover, error -1
+    _est(0, B, 5.0, (4, 6), (3, 9)),  # truth 8: only 99% covers, error -3
+    b"not json at all",
+    _est(1, A, 20.0, (18, 22), (15, 25)),  # truth 30: neither covers, error -10
+    _est(1, B, None, withheld=WITHHELD),
+    b"",  # blank lines are skipped, not counted
+    _est(2, A, 7.0, (5, 9), (4, 10)),  # no truth for A at epoch 2
+    _est(2, B, 2.0, (0, 4), (0, 6)),  # truth 3: both cover, error -1
+    _truth(0, {A: 11}),  # a truth record among the estimates is not an estimate
+    _est(0, A, 4.0, (1, 6), (0, 12), query="r", mechanism="rr", estimator="rr", epsilon=3.0),  # truth 11
+    _est(1, A, 31.0, (25, 35), (22, 40), query="r", mechanism="rr", estimator="rr", epsilon=3.0),  # truth 30
+])
+TRUTH = _lines([_truth(0, {A: 11, B: 8}), _truth(1, {A: 30, B: 0}), _truth(2, {B: 3}), b"{broken"])
+
+
+def _groups() -> dict[tuple[str, str], R.GroupSummary]:
+    loaded = R.load_estimates(ESTIMATES)
+    truth = R.load_truth(TRUTH)
+    return {(g.query_id, g.estimator): g for g in R.summarize(R.join(loaded.rows, truth.truth))}
+
+
+def test_loading_counts_and_dedupe_keeps_the_last() -> None:
+    loaded = R.load_estimates(ESTIMATES)
+    assert (loaded.read, loaded.invalid, loaded.duplicates, loaded.filtered_out) == (11, 2, 1, 0)
+    assert len(loaded.rows) == 8
+    a0 = next(r for r in loaded.rows if r.key == ("q", 1, E0, A, "sp_difference"))
+    assert a0.estimate == 10.0 and a0.bound(0.95) == (8, 12) and a0.bound(0.99) == (6, 14)
+    assert a0.epoch_start == T0 and a0.epoch_start.utcoffset() == timedelta(hours=-8)
+    # a new version of the same epoch is a different estimate, not a duplicate
+    again = R.load_estimates([*ESTIMATES, *_lines([_est(0, A, 9.0, (7, 11), (5, 13), version=2)])])
+    assert len(again.rows) == 9 and again.duplicates == 1
+    truth = R.load_truth(TRUTH)
+    assert (truth.epochs, truth.read, truth.invalid) == (3, 4, 1)
+    assert truth.truth == {(E0, A): 11, (E0, B): 8, (E0 + 1, A): 30, (E0 + 1, B): 0, (E0 + 2, B): 3}
+    later = R.load_truth([*TRUTH, *_lines([_truth(2, {B: 4})])])  # a later record of an epoch replaces it
+    assert later.truth[(E0 + 2, B)] == 4 and later.epochs == 3
+    only_b = R.load_truth(TRUTH, stations={B})  # only the stations the estimates need
+    assert only_b.truth == {(E0, B): 8, (E0 + 1, B): 0, (E0 + 2, B): 3} and only_b.epochs == 3
+
+
+def test_summary_numbers_on_the_hand_made_case() -> None:
+    g = _groups()
+    q = g[("q", "sp_difference")]
+    assert (q.cells, q.withheld, q.without_truth, q.with_truth, q.stations, q.epochs) == (6, 1, 1, 4, 2, 3)
+    assert q.withheld_reasons == {WITHHELD: 1}
+    assert q.coverage == {0.95: 2 / 4, 0.99: 3 / 4}
+    assert q.mae == 15 / 4 and q.bias == -15 / 4
+    assert q.rmse == pytest.approx(math.sqrt((1 + 9 + 100 + 1) / 4), rel=1e-15)
+    assert q.mean_width == {0.95: pytest.approx(18 / 5), 0.99: pytest.approx(36 / 5)}  # over the 5 published
+    assert (q.mechanism, q.versions, q.epsilon, q.epsilon_by_version) == ("sp", (1,), 2.0, {1: 2.0})
+    assert (q.first_epoch_start, q.last_epoch_start) == (T0, T0 + timedelta(seconds=60))
+    r = g[("r", "rr")]
+    assert (r.cells, r.withheld, r.without_truth, r.with_truth) == (2, 0, 0, 2)
+    assert r.coverage == {0.95: 0.5, 0.99: 1.0}  # 11 outside [1, 6], inside [0, 12]; 30 inside both
+    assert (r.mae, r.bias, r.epsilon) == (4.0, -3.0, 3.0)
+    assert list(g) == [("q", "sp_difference"), ("r", "rr")]
+
+
+def test_summary_json_and_text_say_the_same() -> None:
+    loaded, truth = R.load_estimates(ESTIMATES), R.load_truth(TRUTH)
+    groups = R.summarize(R.join(loaded.rows, truth.truth))
+    doc = json.loads(json.dumps(R.summary_json(groups, loaded, truth)))
+    q = doc["groups"][0]
+    assert q["coverage"] == {"0.95": 0.5, "0.99": 0.75} and q["cells"] == 6 and q["withheld"] == 1
+    assert q["without_truth"] == 1 and q["mae"] == 3.75 and q["epsilon"] == 2.0
+    assert q["first_epoch_start"] == "2026-11-18T08:00:00-08:00"
+    assert doc["estimates"] == {"read": 11, "kept": 8, "duplicates": 1, "filtered_out": 0, "invalid": 2}
+    assert doc["truth"] == {"epochs": 3, "read": 4, "invalid": 1}
+    text = R.format_summary(groups, loaded, truth)
+    assert "q / sp_difference (sp; epsilon per epoch v1: 2)" in text
+    assert "95% bounds" in text and "coverage  50.0%" in text and "coverage  75.0%" in text
+    assert "MAE 3.75" in text and "withheld                 1" in text and "without ground truth     1" in text
+
+
+def test_without_truth_coverage_and_error_are_not_computed() -> None:
+    loaded = R.load_estimates(ESTIMATES)
+    q = R.summarize(R.join(loaded.rows, {}))[0]
+    assert q.coverage == {0.95: None, 0.99: None} and q.mae is None and q.rmse is None
+    assert q.without_truth == 5 and q.with_truth == 0 and q.mean_width[0.95] == pytest.approx(3.6)
+    assert "ground truth: none given" in R.format_summary([q]) and "n/a" in R.format_summary([q])
+
+
+def test_filters() -> None:
+    only_r = R.load_estimates(ESTIMATES, R.Selection(queries=frozenset({"r"})))
+    assert {r.query_id for r in only_r.rows} == {"r"} and only_r.filtered_out == 7 and only_r.duplicates == 0
+    only_b = R.load_estimates(ESTIMATES, R.Selection(stations=frozenset({B})))
+    assert {r.station for r in only_b.rows} == {B} and len(only_b.rows) == 3
+    only_rr = R.load_estimates(ESTIMATES, R.Selection(estimators=frozenset({"rr", "alp_gls"})))
+    assert {r.estimator for r in only_rr.rows} == {"rr"} and len(only_rr.rows) == 2
+    both = R.load_estimates(ESTIMATES, R.Selection(queries=frozenset({"q"}), stations=frozenset({A})))
+    assert [(r.query_id, r.station, r.epoch - E0) for r in both.rows] == [("q", A, 0), ("q", A, 1), ("q", A, 2)]
+    assert R.load_estimates(ESTIMATES, R.Selection(queries=frozenset({"nope"}))).rows == []
+
+
+def test_summary_matches_numpy_on_a_seeded_sampling_privacy_run() -> None:
+    """300 epochs at 3 stations: the statistics core's own estimates and score bounds, summarized."""
+    rng = np.random.default_rng(20261118)
+    mech = E.sampling_privacy(3)
+    est = E.sp_difference(mech)
+    n_veh, epochs = 400, 300
+    truths = rng.integers(0, 60, size=(epochs, 3))
+    estimates, rows_truth = [], []
+    values_all, lo_all, hi_all = [], [], []
+    for i in range(epochs):
+        tc = np.concatenate([[n_veh - truths[i].sum()], truths[i]]).astype(np.int64)
+        counts = E.station_counts(mech, mech.tally(rng, tc))
+        v = est.estimate(counts, n_veh)
+        (lo95, hi95), (lo99, hi99) = est.score_interval(v, n_veh, 0.95), est.score_interval(v, n_veh, 0.99)
+        for j, s in enumerate((A, B, 400_003)):
+            estimates.append(_est(i, s, float(v[j]), (float(lo95[j]), float(hi95[j])),
+                                  (float(lo99[j]), float(hi99[j]))))
+        rows_truth.append(_truth(i, {A: int(truths[i, 0]), B: int(truths[i, 1]), 400_003: int(truths[i, 2])}))
+        values_all.append(v)
+        lo_all.append((lo95, lo99))
+        hi_all.append((hi95, hi99))
+    loaded = R.load_estimates(_lines(estimates))
+    g = R.summarize(R.join(loaded.rows, R.load_truth(_lines(rows_truth)).truth))[0]
+    v = np.array(values_all)
+    lo, hi = np.array(lo_all), np.array(hi_all)  # (epochs, level, station)
+    assert g.cells == g.with_truth == 900 and g.withheld == 0
+    for k, lvl in enumerate((0.95, 0.99)):
+        covered = (lo[:, k] <= truths) & (truths <= hi[:, k])
+        assert g.coverage[lvl] == pytest.approx(covered.mean(), abs=1e-15)
+        assert g.mean_width[lvl] == pytest.approx((hi[:, k] - lo[:, k]).mean(), rel=1e-12)
+    assert g.mae == pytest.approx(np.abs(v - truths).mean(), rel=1e-12)
+    assert g.bias == pytest.approx((v - truths).mean(), rel=1e-9, abs=1e-12)
+    assert 0.9 < g.coverage[0.95] <= g.coverage[0.99]  # sanity: these are honest bounds
+
+
+def test_series_breaks_lines_at_withheld_epochs_and_gaps() -> None:
+    loaded, truth = R.load_estimates(ESTIMATES), R.load_truth(TRUTH)
+    cells = R.join(loaded.rows, truth.truth)
+    s = R.series_for(cells, "q", B, "sp_difference", every=1)
+    assert s is not None and s.epoch_s == 30 and s.every == 1 and s.utc_offsets == ("UTC\u221208:00",)
+    assert s.times == [(T0 + timedelta(seconds=30 * i)).replace(tzinfo=None) for i in range(3)]  # wall clock
+    assert s.truth == [8.0, 0.0, 3.0]
+    assert s.estimate[0] == 5.0 and math.isnan(s.estimate[1]) and s.estimate[2] == 2.0  # withheld: a gap
+    assert s.bands[0.99][0][2] == 0.0 and math.isnan(s.bands[0.99][1][1])
+    assert (s.withheld, s.covered[0.95], s.covered[0.99], s.mae) == (1, (1, 2), (2, 2), 2.0)
+    # a missing epoch in the data breaks the line with a NaN point
+    gap = R.series_for([c for c in cells if c.row.epoch != E0 + 1], "q", A, "sp_difference", every=1)
+    assert gap is not None and len(gap.times) == 3 and math.isnan(gap.estimate[1]) and gap.times[1] == gap.times[0]
+    thin = R.series_for(cells, "q", A, "sp_difference", every=2)
+    assert thin is not None and thin.estimate == [10.0, 7.0] and thin.covered[0.95] == (1, 2)  # facts: all epochs
+    assert R.series_for(cells, "q", 999, "sp_difference") is None
+
+
+def test_busiest_stations_by_truth_then_by_estimate() -> None:
+    loaded, truth = R.load_estimates(ESTIMATES), R.load_truth(TRUTH)
+    cells = R.join(loaded.rows, truth.truth)
+    assert R.busiest_stations(cells, 6) == [A, B]  # 11 + 30 against 8 + 0 + 3, counted once per epoch
+    assert R.busiest_stations(cells, 1) == [A]
+    no_truth = R.join(loaded.rows, {})
+    assert R.busiest_stations(no_truth, 2) == [A, B]  # by the estimates
+    assert R.plot_stations(cells, {B, 12345}, 6) == [B]
+    assert R.plot_stations(cells, None, 0) == []
+
+
+def test_plots_are_pngs_of_the_promised_size(tmp_path: Path) -> None:
+    loaded, truth = R.load_estimates(ESTIMATES), R.load_truth(TRUTH)
+    cells = R.join(loaded.rows, truth.truth)
+    written = R.write_plots(cells, tmp_path, [A, B])
+    assert sorted(p.name for p in written) == sorted(
+        [f"q_{A}_sp_difference.png", f"q_{B}_sp_difference.png", f"r_{A}_rr.png"])  # r has no cell at B
+    for p in written:
+        img = mpimg.imread(p)
+        assert img.shape[:2] == (R.FIG_HEIGHT_PX, R.FIG_WIDTH_PX) and p.stat().st_size > 10_000
+        assert float(img[..., :3].std()) > 0.05  # not a blank canvas
+    only = R.write_plots(cells, tmp_path / "sel", [A], estimators=["rr"])
+    assert [p.name for p in only] == [f"r_{A}_rr.png"]
+
+
+def test_alp_plot_defaults_to_the_average_and_overlays_gls(tmp_path: Path) -> None:
+    recs = [_est(i, A, 10.0 + i, (5, 15), (3, 20), query="alp-day", mechanism="alp", estimator=name)
+            for i in range(40) for name in ("alp_average", "alp_gls", "alp_yhat", "alp_bottom")]
+    cells = R.join(R.load_estimates(_lines(list(recs))).rows, {(E0 + i, A): 12 for i in range(40)})
+    written = R.write_plots(cells, tmp_path, [A], with_gls=True)
+    assert [p.name for p in written] == [f"alp-day_{A}_alp_average.png"]
+    assert mpimg.imread(written[0]).shape[:2] == (R.FIG_HEIGHT_PX, R.FIG_WIDTH_PX)
+
+
+def _write(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_cli_writes_plots_and_summaries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    est = _write(tmp_path / "est.jsonl", ESTIMATES)
+    truth = _write(tmp_path / "truth.jsonl", TRUTH)
+    out = tmp_path / "report"
+    assert main(["report", "--estimates", str(est), "--truth", str(truth), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("estimates: 11 records read, 8 kept; 1 duplicates dropped")
+    assert (out / "summary.txt").read_text() in printed
+    doc = json.loads((out / "summary.json").read_text())
+    assert [g["cells"] for g in doc["groups"]] == [6, 2]
+    assert sorted(doc["plots"]) == sorted(p.name for p in out.glob("*.png")) and len(doc["plots"]) == 3
+    # filters on the command line: repeatable and comma-separated
+    out2 = tmp_path / "only-b"
+    assert main(["report", "--estimates", str(est), "--truth", str(truth), "--out", str(out2),
+                 "--station", f"{B}", "--station", f"{A},{B}", "--query", "q", "--stations", "1"]) == 0
+    doc2 = json.loads((out2 / "summary.json").read_text())
+    assert [(g["query_id"], g["cells"]) for g in doc2["groups"]] == [("q", 6)]
+    assert len(doc2["plots"]) == 2  # --station names the stations: all of them are plotted
+    out3 = tmp_path / "none"
+    assert main(["report", "--estimates", str(est), "--no-truth", "--stations", "0", "--out", str(out3)]) == 0
+    doc3 = json.loads((out3 / "summary.json").read_text())
+    assert doc3["plots"] == [] and doc3["truth"] is None and doc3["groups"][0]["coverage"]["0.95"] is None
+
+
+@pytest.mark.parametrize("case", ["missing estimates", "missing truth", "no match", "empty", "not estimates",
+                                  "truth and no-truth"])
+def test_cli_exit_code_2_with_one_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    est = _write(tmp_path / "est.jsonl", ESTIMATES)
+    truth = _write(tmp_path / "truth.jsonl", TRUTH)
+    argv = {
+        "missing estimates": ["--estimates", str(tmp_path / "nope.jsonl"), "--truth", str(truth)],
+        "missing truth": ["--estimates", str(est), "--truth", str(tmp_path / "nope.jsonl")],
+        "no match": ["--estimates", str(est), "--truth", str(truth), "--query", "nope"],
+        "empty": ["--estimates", str(_write(tmp_path / "empty.jsonl", [])), "--no-truth"],
+        "not estimates": ["--estimates", str(truth), "--no-truth"],
+        "truth and no-truth": ["--estimates", str(est), "--truth", str(truth), "--no-truth"],
+    }[case]
+    out = tmp_path / "out"
+    assert main(["report", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ptt report: error: ") and err.count("\n") == 1, err
+    assert not (out / "summary.json").exists()
+
+
+def test_cli_needs_an_input_source(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["report"])
+    assert exc.value.code == 2 and "--from-topic" in capsys.readouterr().err
+
+
+def test_cli_unreachable_broker_is_one_line_and_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from producers.local_broker import free_port
+
+    code = main(["report", "--from-topic", "--bootstrap-servers", f"127.0.0.1:{free_port()}",
+                 "--bootstrap-timeout-ms", "300", "--connect-attempts", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 3 and err.startswith("ptt report: error: cannot reach the Kafka broker") and err.count("\n") == 1
+
+
+def test_importing_the_command_line_loads_neither_matplotlib_nor_kafka() -> None:
+    code = ("import sys; from stream_app.cli import build_parser; build_parser(); "
+            "print('matplotlib' in sys.modules, 'kafka' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
