@@ -3,6 +3,7 @@ stops everything it started."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -34,7 +35,8 @@ def test_demo_serves_metrics_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) ->
     log = (tmp_path / "demo.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "60", "--stations", "4",  # noqa: S603
                              "--port", str(broker_port), "--metrics-port", str(metrics_port),
-                             "--prometheus-port", str(prom_port)], stdout=log, stderr=subprocess.STDOUT)
+                             "--prometheus-port", str(prom_port)], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own process group: a failure kills it all
     try:
         deadline = time.time() + 120
         text = ""
@@ -53,7 +55,8 @@ def test_demo_serves_metrics_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) ->
         assert proc.wait(timeout=90) in (0, 130)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
         log.close()
     time.sleep(1.0)
     output = (tmp_path / "demo.log").read_text()

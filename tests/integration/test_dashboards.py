@@ -1,0 +1,259 @@
+"""Every panel of every Grafana dashboard shows data, against a real worker and a real Prometheus.
+
+A real ``ptt worker`` consumes a short replay (real broker) that also produces every event the
+overview counts: malformed records (dead letters), a record for a closed epoch (late), and a
+phase in which the devices refuse two of the three queries (refused vehicles, suppressed
+estimates). A real Prometheus (the system binary) scrapes the worker every second. Then each
+dashboard's template variables are resolved the way Grafana does (``label_values`` through the
+label-values API) and every PromQL expression of every panel is evaluated through
+``/api/v1/query``; an empty result fails the test with the dashboard, panel and expression.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from producers.local_broker import free_port
+from producers.replay import load_day
+from producers.replay import replay as run_replay
+from producers.settings import KafkaSettings, ReplaySettings
+from producers.sink import ReportSink, read_queries
+from schemas import encode_batch, new_batch_id
+from stream_app.demo import prometheus_config
+from stream_app.settings import WorkerSettings
+
+from .stream_helpers import WorkerProcess, metric, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus (Debian package) not installed"),
+]
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards"
+# Grafana's global variables, as Grafana would expand them for a 30-minute view
+GRAFANA_MACROS = {"__rate_interval": "1m", "__interval": "15s", "__range": "30m"}
+NORMAL_EPOCHS = 12
+REFUSING_EPOCHS = 3
+# epsilon per epoch of the demo queries: sp 1.91, alp 1.25, rr 3.04 -> sp and rr are refused
+REFUSING_LIMIT = 1.5
+
+
+class Prometheus:
+    """The system's ``prometheus`` in a subprocess on a free loopback port, data in ``tmp``."""
+
+    def __init__(self, tmp: Path, targets: list[str]) -> None:
+        self.tmp = tmp
+        self.targets = targets
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> Prometheus:
+        cfg = self.tmp / "prometheus.yml"
+        cfg.write_text(prometheus_config(self.targets, scrape_interval_s=1))
+        log = self.tmp / "prometheus.log"
+        with log.open("wb") as fh:
+            self.proc = subprocess.Popen([str(shutil.which("prometheus")), f"--config.file={cfg}",
+                                          f"--storage.tsdb.path={self.tmp / 'tsdb'}",
+                                          f"--web.listen-address=127.0.0.1:{self.port}"],
+                                         stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited ({self.proc.returncode}):\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2):  # noqa: S310 - loopback
+                    return self
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"prometheus not ready:\n{log.read_text()[-3000:]}")
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as exc:  # 400 on a bad expression: keep Prometheus' reason
+            body = json.loads(exc.read())
+        if body.get("status") != "success":
+            raise ValueError(f"{body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("query", query=expr)
+        assert data["resultType"] in ("vector", "scalar"), data["resultType"]
+        return list(data["result"]) if data["resultType"] == "vector" else [{"metric": {}, "value": data["result"]}]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def _settings(broker: str, tmp: Path) -> tuple[ReplaySettings, WorkerSettings]:
+    u = uuid.uuid4().hex[:8]
+    kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
+                          truth_topic=f"truth-{u}", partitions=3)
+    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", synthetic_stations=6, seed=11,
+                        batch_size=200, max_epochs=NORMAL_EPOCHS)
+    ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
+                        dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
+                        tick_interval_s=1.0, min_participants=1)
+    return rs, ws
+
+
+def _send_bad_records(rs: ReplaySettings) -> int:
+    """Malformed records for the dead-letter topic: random bytes and an invalid JSON report."""
+    sink = ReportSink(rs, rs.reports_topic)
+    rng = np.random.default_rng(5)
+    values = [rng.bytes(40) for _ in range(3)] + [b'{"kind": "report", "query_id": "sp-day"}'] * 2
+    for value in values:
+        key = new_batch_id().encode()
+        sink.send(value, key=key, partition=sink.partition_for(key))
+    sink.close()
+    return len(values)
+
+
+def _send_late_record(rs: ReplaySettings) -> str:
+    """One Sampling Privacy batch for the first epoch, long closed."""
+    day = load_day(rs)
+    q = next(q for q in read_queries(rs) if q.mechanism == "sp")
+    sink = ReportSink(rs, rs.reports_topic)
+    batch_id = new_batch_id()
+    late = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": q.version,
+                         "epoch": int(day.epochs[0]), "round": 1, "producer_id": "straggler", "layout": "values",
+                         "n_stations": q.n_stations, "n_outputs": q.n_stations + 1, "batch_id": batch_id,
+                         "reports": 5}, {"value": np.full(5, 1)})
+    sink.send(late, key=batch_id.encode(), partition=sink.partition_for(batch_id.encode()))
+    sink.close()
+    return q.query_id
+
+
+# -- Grafana's side: variables and substitution ------------------------------------------------
+
+def _regex_escape(value: str) -> str:
+    return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", value)
+
+
+def _substitute(text: str, values: dict[str, str]) -> str:
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in values:
+            raise KeyError(f"${name} has no value")
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, text)
+
+
+def _resolve_variables(prom: Prometheus, board: dict[str, Any]) -> dict[str, str]:
+    """Each variable's value as Grafana would interpolate it into a query: the first value of a
+    single-value variable, ``(a|b|c)`` for a multi-value one with everything selected."""
+    values = dict(GRAFANA_MACROS)
+    for var in board["templating"]["list"]:
+        m = re.fullmatch(r"label_values\((?:(.+?)\s*,\s*)?(\w+)\)", var["query"])
+        assert m, f"{board['title']}: variable {var['name']}: unsupported query {var['query']}"
+        selector, label = m.group(1), m.group(2)
+        params = {"match[]": _substitute(selector, values)} if selector else {}
+        options = prom.api(f"label/{label}/values", **params)
+        assert options, f"{board['title']}: variable ${var['name']} ({var['query']}) has no values"
+        if var.get("sort") in (3, 4):
+            options.sort(key=float, reverse=var["sort"] == 4)
+        if var.get("multi") or var.get("includeAll"):
+            values[var["name"]] = "(" + "|".join(_regex_escape(o) for o in options) + ")"
+        else:
+            values[var["name"]] = options[0]
+    return values
+
+
+def _problem(prom: Prometheus, expr: str, legend: str) -> str | None:
+    """Why this expression would show nothing in its panel (None when it shows data)."""
+    try:
+        result = prom.query(expr)
+    except ValueError as exc:
+        return f"invalid: {exc}"
+    if not result:
+        return "no data"
+    for label in re.findall(r"\{\{\s*(\w+)\s*\}\}", legend):
+        if any(label not in series["metric"] for series in result):
+            return f"legend label {label!r} missing from {[s['metric'] for s in result]}"
+    return None
+
+
+def test_every_panel_of_every_dashboard_has_data(broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    boards = [json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))]
+    assert len(boards) == 2
+    monkeypatch.chdir(tmp_path)  # the worker inherits it: Faust's data dir (<app id>-data) lands in tmp
+    rs, ws = _settings(broker, tmp_path)
+    worker = WorkerProcess(ws, tmp_path / "worker.log")
+    prom = Prometheus(tmp_path, [f"127.0.0.1:{ws.web_port}"])
+    try:
+        worker.start()
+        worker.wait_ready()
+        prom.start()
+        run_replay(rs, progress=False)
+        bad = _send_bad_records(rs)
+        refusing = rs.model_copy(update={"start_epoch": NORMAL_EPOCHS, "max_epochs": REFUSING_EPOCHS,
+                                         "device_epsilon_limit": REFUSING_LIMIT})
+        summary = run_replay(refusing, progress=False)
+        assert set(summary.refused) == {"sp-day", "rr-day"}, summary.refused
+        closed = 3 * (NORMAL_EPOCHS + REFUSING_EPOCHS)
+        wait_for(lambda: metric(worker.metrics(), "ptt_epochs_closed_total") >= closed, 60, "every epoch closed")
+        late_query = _send_late_record(rs)
+        wait_for(lambda: metric(worker.metrics(), "ptt_late_records_total", query=late_query) >= 1, 30, "late")
+        text = worker.metrics()
+        # the events the overview counts really happened (not just zero-valued series)
+        assert metric(text, "ptt_dead_letters_total") == bad
+        assert metric(text, "ptt_refused_vehicles_total", query="sp-day") > 0
+        assert metric(text, "ptt_refused_vehicles_total", query="rr-day") > 0
+        assert metric(text, "ptt_refused_vehicles_total", query="alp-day") == 0
+        assert metric(text, "ptt_suppressed_estimates_total", query="sp-day") > 0
+
+        wait_for(lambda: bool(prom.query("ptt_late_records_total")), 30, "Prometheus to scrape it all")
+        pending: dict[tuple[str, str, str], tuple[str, str]] = {}
+        for board in boards:
+            values = _resolve_variables(prom, board)
+            panels = [q for p in board["panels"] for q in (p, *p.get("panels", []))]  # rows hold panels
+            for panel in panels:
+                for t in panel.get("targets") or []:
+                    expr = _substitute(t["expr"], values)
+                    title = _substitute(panel["title"], values)
+                    pending[(board["title"], title, expr)] = (expr, t.get("legendFormat", ""))
+        # rates need two scrapes of a series (1 s apart): retry what is still empty for a while
+        problems: dict[tuple[str, str, str], str] = {}
+        deadline = time.time() + 30
+        while pending:
+            problems = {}
+            for key, (expr, legend) in pending.items():
+                why = _problem(prom, expr, legend)
+                if why is not None:
+                    problems[key] = why
+            pending = {k: v for k, v in pending.items() if k in problems}
+            if not pending or time.time() > deadline:
+                break
+            time.sleep(1.0)
+        assert not problems, "panels without data:\n" + "\n".join(
+            f"{b} / {p}: {why}\n    {expr}" for (b, p, expr), why in problems.items())
+    finally:
+        prom.stop()
+        worker.stop()
