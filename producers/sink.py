@@ -49,15 +49,18 @@ def _connect(what: str, settings: KafkaSettings, factory: Any, **kw: Any) -> Any
     raise AssertionError("unreachable")
 
 
-def ensure_topics(settings: KafkaSettings, partitions: dict[str, int] | None = None) -> None:
-    """Create the project's topics with explicit partition counts if they do not exist."""
+def ensure_topics(settings: KafkaSettings, partitions: dict[str, int] | None = None,
+                  compacted: set[str] | None = None) -> None:
+    """Create topics with explicit partition counts if they do not exist; ``compacted`` ones
+    (default: the queries topic) get ``cleanup.policy=compact``."""
     wanted = partitions or {settings.reports_topic: settings.partitions, settings.queries_topic: 1,
                             settings.truth_topic: 1}
+    compact = compacted if compacted is not None else {settings.queries_topic}
     admin = _connect("admin", settings, KafkaAdminClient)
     try:
         existing = set(admin.list_topics())
         new = [NewTopic(name, num_partitions=n, replication_factor=1,
-                        topic_configs={"cleanup.policy": "compact"} if name == settings.queries_topic else {})
+                        topic_configs={"cleanup.policy": "compact"} if name in compact else {})
                for name, n in wanted.items() if name not in existing]
         if new:
             try:

@@ -33,7 +33,7 @@ from producers.sink import QueryReader
 from schemas import GroundTruth, Query, decode_record
 from schemas.estimates import Estimate
 
-from .decode import Rejected, to_partials
+from .decode import REASONS, Rejected, to_partials
 from .estimate import QueryEstimators, estimates_for
 from .metrics import StreamMetrics
 from .settings import WorkerSettings
@@ -126,11 +126,13 @@ def _credentials(s: WorkerSettings) -> Any:
 def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = None) -> faust.App:
     s = settings
     registry = registry or CollectorRegistry()
+    s.worker_dir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         s.app_id,
         broker=[f"kafka://{hp}" for hp in s.bootstrap_servers.split(",")],
         broker_credentials=_credentials(s),
         store=s.store,
+        datadir=str(s.worker_dir / "{conf.name}"),
         topic_partitions=s.internal_partitions,
         topic_replication_factor=1,
         # BROKER.md: with the embedded broker, changelog recovery is exact only if every
@@ -146,6 +148,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         web_transport="tcp://",
     )
     metrics = StreamMetrics(registry)
+    metrics.know_reasons(REASONS)
     _faust_sensors(app, registry)
     newest: dict[str, int] = {}  # query -> newest epoch seen / closed, for the lag gauge
     closed_upto: dict[str, int] = {}
@@ -238,6 +241,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                     q = queries.get(p.query_id, p.query_version)
                     if q is None:  # stage 1 validated it; only a deleted query gets here
                         continue
+                    metrics.know_query(q.query_id)
                     raw = windows.get(p.key)
                     win = (Window.from_dict(raw) if raw is not None else
                            Window.new(p.query_id, p.query_version, p.epoch, q.n_rounds, queries.estimators(q).width))
@@ -306,7 +310,7 @@ def ensure_stream_topics(s: WorkerSettings) -> None:
         s.partials_topic: s.internal_partitions, s.changelog_topic: s.internal_partitions,
         s.estimates_topic: s.internal_partitions, s.dead_letter_topic: 1,
         f"{s.app_id}-__assignor-__leader": 1,
-    })
+    }, compacted={s.queries_topic, s.changelog_topic})
 
 
 def run_worker(s: WorkerSettings) -> int:

@@ -15,7 +15,12 @@ from schemas.estimates import DeadLetter
 
 from .windows import Partial
 
-__all__ = ["Rejected", "to_partials"]
+__all__ = ["REASONS", "Rejected", "to_partials"]
+
+# every reason a record can be dead-lettered for (schemas.WireError reasons, then stage 1's)
+REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", "bad_layout", "out_of_range",
+           "bad_json_record", "unknown_query", "outside_query_window", "bad_round", "mismatched_sizes",
+           "wrong_layout", "bad_marker", "unexpected_record", "internal_error")
 
 QueryLookup = Callable[[str, int], Query | None]
 

@@ -66,7 +66,8 @@ def run_demo(speed: float = 120.0, max_epochs: int | None = None, stations: int 
             LocalBroker(port=port, log_path=Path(tmp_name) / "broker.log") as broker:
         tmp = Path(tmp_name)
         try:
-            ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1)
+            ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
+                                worker_dir=tmp / "worker")
             with (tmp / "worker.log").open("wb") as log:
                 worker = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
                                           env={**_os_env(), **ws.to_env()}, stdout=log, stderr=subprocess.STDOUT)

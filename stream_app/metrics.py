@@ -51,3 +51,17 @@ class StreamMetrics:
         self.closed = Counter("ptt_epochs_closed", "Epochs closed", ["query", "closed_by"], registry=registry)
         self.missing_batches = Counter("ptt_missing_batches", "Batches announced by markers that never arrived",
                                        ["query"], registry=registry)
+        self._known: set[str] = set()
+
+    def know_query(self, query: str) -> None:
+        """Create a query's counter series at zero, so a healthy system shows 0, not "no data"."""
+        if query in self._known:
+            return
+        self._known.add(query)
+        for counter in (self.late, self.duplicates, self.refused, self.suppressed, self.missing_batches,
+                        self.reports):
+            counter.labels(query).inc(0)
+
+    def know_reasons(self, reasons: tuple[str, ...]) -> None:
+        for reason in reasons:
+            self.dead_letters.labels(reason).inc(0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, field_validator
 
 from producers.settings import KafkaSettings
@@ -25,6 +27,7 @@ class WorkerSettings(KafkaSettings):
                                   description="epochs older than this are not closed by the clock")
     tick_interval_s: float = Field(default=5.0, gt=0, description="how often the wall-clock check runs")
     store: str = Field(default="memory://", description="Faust table store (state is rebuilt from the changelog)")
+    worker_dir: Path = Field(default=Path(".ptt-data/worker"), description="the worker's local files (Faust datadir)")
     log_level: str = "info"
 
     @field_validator("confidences")

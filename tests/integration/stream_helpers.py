@@ -41,7 +41,8 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         with self.log.open("ab") as fh:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
-                                         env=env_for(self.settings), stdout=fh, stderr=subprocess.STDOUT)
+                                         env=env_for(self.settings), stdout=fh, stderr=subprocess.STDOUT,
+                                         cwd=self.log.parent)
         return self
 
     @property

@@ -334,12 +334,10 @@ def test_topics_service_creates_exactly_the_topics_of_the_code(services: dict[st
     done, created, calls = _run_topics_script(tmp_path, bootstrap)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {name: parts for name, (parts, _) in created.items()} == {n: p for n, (p, _) in expected.items()}
-    # topic configs as the code sets them; the table changelog also compacted, as Faust creates its
-    # changelogs (ensure_stream_topics creates it without a cleanup policy)
+    # topic configs exactly as the code sets them: the queries topic and the table changelog compacted
     want_cfg = {n: ",".join(f"{k}={v}" for k, v in cfg.items()) for n, (_, cfg) in expected.items()}
-    want_cfg[ws.changelog_topic] = "cleanup.policy=compact"
     assert {name: cfg for name, (_, cfg) in created.items()} == want_cfg
-    assert want_cfg[ws.queries_topic] == "cleanup.policy=compact"
+    assert want_cfg[ws.queries_topic] == want_cfg[ws.changelog_topic] == "cleanup.policy=compact"
     for line in calls.splitlines():
         if "--create" in line:
             assert "--if-not-exists" in line and "--replication-factor 1" in line

@@ -1,0 +1,35 @@
+"""Every reason a record can be dead-lettered for is known up front (its counter series exists
+at zero from the start, so dashboards show 0 rather than "no data")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from stream_app.decode import REASONS
+from stream_app.metrics import StreamMetrics
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_reasons_cover_every_raised_reason() -> None:
+    raised: set[str] = set()
+    for path in (ROOT / "schemas" / "wire.py", ROOT / "stream_app" / "decode.py", ROOT / "stream_app" / "app.py"):
+        raised |= set(re.findall(r'(?:WireError|Rejected)\(\s*"([a-z_]+)"', path.read_text()))
+    assert raised, "the scan found nothing: the pattern is stale"
+    assert raised <= set(REASONS), sorted(raised - set(REASONS))
+
+
+def test_counters_exist_at_zero() -> None:
+    reg = CollectorRegistry()
+    m = StreamMetrics(reg)
+    m.know_reasons(REASONS)
+    m.know_query("q1")
+    m.know_query("q1")  # idempotent
+    for reason in REASONS:
+        assert reg.get_sample_value("ptt_dead_letters_total", {"reason": reason}) == 0.0
+    for name in ("ptt_late_records_total", "ptt_duplicate_records_total", "ptt_refused_vehicles_total",
+                 "ptt_suppressed_estimates_total", "ptt_missing_batches_total", "ptt_reports_total"):
+        assert reg.get_sample_value(name, {"query": "q1"}) == 0.0
