@@ -268,3 +268,54 @@ def test_metrics_pass_promtool_and_labels_are_bounded(broker: str, tmp_path: Pat
         assert f'station="{int(s)}"' in text
     assert metric(text, "ptt_query_epsilon", query="sp-day") > 0
     assert metric(text, "ptt_query_crowd_size_vehicles", query="alp-day", statistic="mean") > 0
+
+
+def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
+    """One epoch sent by hand: round 0's batch is delivered twice (same batch id) before the
+    markers; the estimate equals the statistics core's and the duplicate is counted."""
+    import estimators as E
+    from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
+    from producers.replay import default_queries
+    from producers.sink import ensure_topics, publish_query
+    from schemas import EndOfEpoch, encode_json
+
+    rs, ws = _settings(broker, tmp_path)
+    ensure_topics(rs)
+    day = load_day(rs)
+    fleet = fleet_size_for(day, rs)
+    q = next(q for q in default_queries(day, fleet) if q.mechanism == "sp")
+    publish_query(rs, q)
+    epoch = int(day.epochs[0])
+    tc = query_truth_counts(split_fleet(rs.seed, epoch, day.flows[0], fleet, 1)[0], day.stations, q)
+    er = privatize(q, tc, epoch_rng(rs.seed, q, epoch, 0), "per-vehicle", Device())
+    sink = ReportSink(rs, rs.reports_topic)
+    for r in range(2):
+        batch_id = new_batch_id()
+        value = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": 1, "epoch": epoch,
+                              "round": r, "producer_id": "p0-hand", "layout": "values", "n_stations": q.n_stations,
+                              "n_outputs": q.n_stations + 1, "batch_id": batch_id, "reports": fleet},
+                             {"value": er.rounds[r]["value"]})
+        part = sink.partition_for(batch_id.encode())
+        for _ in range(2 if r == 0 else 1):  # round 0 delivered twice
+            sink.send(value, key=batch_id.encode(), partition=part)
+        for p in sink.partitions:
+            mine = p == part
+            sink.send(encode_json(EndOfEpoch(
+                producer_id="p0-hand", producer_index=0, producer_count=1, query_id=q.query_id, query_version=1,
+                epoch=epoch, round=r, partition=p, reports_to_partition=fleet if mine else 0,
+                batches_to_partition=1 if mine else 0, reports_total=fleet, batches_total=1, participants=fleet,
+                refused=0, mode="per-vehicle")), partition=p)
+    sink.close()
+    w = _run(ws, tmp_path)
+    try:
+        _wait_estimates(ws, q.n_stations)
+        wait_for(lambda: metric(w.metrics(), "ptt_duplicate_records_total", query=q.query_id) == 1, 30, "dup")
+    finally:
+        w.stop()
+    got = read_estimates(ws)
+    counts = E.station_counts(q.build(), np.stack([np.bincount(er.rounds[r]["value"], minlength=q.n_stations + 1)
+                                                   for r in range(2)]))
+    want = E.sp_difference(q.build()).estimate(counts, fleet)
+    for j, station in enumerate(q.sensors):
+        e = got[(q.query_id, 1, epoch, station, "sp_difference")]
+        assert e.estimate == pytest.approx(want[j]) and e.reports == 2 * fleet and e.missing_batches == 0
