@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = ["LocalBroker", "free_port", "tansu_binary"]
+__all__ = ["LocalBroker", "free_port", "tansu_binary", "terminate"]
 
 
 def tansu_binary() -> str:
@@ -43,6 +43,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def terminate(proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> None:
+    """SIGTERM a child process, wait for it, SIGKILL it if it will not go."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 class LocalBroker:
@@ -77,13 +89,7 @@ class LocalBroker:
         raise RuntimeError(f"the broker did not open port {self.port} within {timeout_s}s")
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        terminate(self._proc, timeout_s=10)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -9,7 +9,6 @@ with ``--exit-when-done``). Ctrl-C stops everything it started: no process is le
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from producers.local_broker import LocalBroker
+from producers.local_broker import LocalBroker, terminate
 from producers.replay import StopFlag, replay
 from producers.settings import ReplaySettings
 
@@ -45,17 +44,6 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None 
         except OSError:
             time.sleep(0.3)
     raise TimeoutError(f"{url} did not answer within {timeout_s}s")
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def run_demo(speed: float = 120.0, max_epochs: int | None = None, stations: int = 16, port: int | None = None,
@@ -109,8 +97,8 @@ def run_demo(speed: float = 120.0, max_epochs: int | None = None, stations: int 
                             return 1
             return 1 if summary.delivery_failures else 0
         finally:
-            _stop(prom)
-            _stop(worker)
+            terminate(prom)
+            terminate(worker)
 
 
 def _os_env() -> dict[str, str]:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 
 import estimators as E
 from producers.fleet import epoch_rng, query_truth_counts, split_fleet
+from producers.local_broker import free_port, terminate
 from producers.pems import TrafficDay
 from producers.settings import KafkaSettings, ReplaySettings
 from schemas import Query
@@ -71,13 +73,21 @@ class WorkerProcess:
             self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
+
+
+def pipeline_settings(broker: str, tmp: Path, **replay_kw: object) -> tuple[ReplaySettings, WorkerSettings]:
+    """Replay and worker settings sharing fresh topics (3 partitions) and a fresh app id."""
+    u = uuid.uuid4().hex[:8]
+    kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
+                          truth_topic=f"truth-{u}", partitions=3)
+    replay_kw = {"synthetic_stations": 6, **replay_kw}
+    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", seed=11, batch_size=200,
+                        **replay_kw)  # type: ignore[arg-type]
+    ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
+                        dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
+                        tick_interval_s=1.0, min_participants=1)
+    return rs, ws
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -14,29 +14,27 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from producers.local_broker import free_port
+from producers.local_broker import free_port, terminate
 from producers.replay import load_day
 from producers.replay import replay as run_replay
-from producers.settings import KafkaSettings, ReplaySettings
+from producers.settings import ReplaySettings
 from producers.sink import ReportSink, read_queries
 from schemas import encode_batch, new_batch_id
 from stream_app.demo import prometheus_config
 from stream_app.settings import WorkerSettings
 
-from .stream_helpers import WorkerProcess, metric, wait_for
+from .stream_helpers import WorkerProcess, metric, pipeline_settings, wait_for
 
 pytestmark = [
     pytest.mark.integration,
@@ -102,25 +100,11 @@ class Prometheus:
         return list(data["result"]) if data["resultType"] == "vector" else [{"metric": {}, "value": data["result"]}]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
 
 
 def _settings(broker: str, tmp: Path) -> tuple[ReplaySettings, WorkerSettings]:
-    u = uuid.uuid4().hex[:8]
-    kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
-                          truth_topic=f"truth-{u}", partitions=3)
-    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", synthetic_stations=6, seed=11,
-                        batch_size=200, max_epochs=NORMAL_EPOCHS)
-    ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
-                        dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
-                        tick_interval_s=1.0, min_participants=1)
-    return rs, ws
+    return pipeline_settings(broker, tmp, synthetic_stations=6, max_epochs=NORMAL_EPOCHS)
 
 
 def _send_bad_records(rs: ReplaySettings) -> int:

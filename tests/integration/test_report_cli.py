@@ -19,13 +19,12 @@ from typing import Any
 import pytest
 from matplotlib import image as mpimg
 
-from producers.local_broker import free_port
 from producers.replay import replay
-from producers.settings import KafkaSettings, ReplaySettings
+from producers.settings import ReplaySettings
 from stream_app.settings import WorkerSettings
 
 from .kafka_helpers import drain
-from .stream_helpers import WorkerProcess, env_for, read_estimates, wait_for
+from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,15 +36,7 @@ N_ESTIMATES = EPOCHS * STATIONS * sum(len(v) for v in ESTIMATORS.values())
 
 
 def _settings(broker: str, tmp: Path) -> tuple[ReplaySettings, WorkerSettings]:
-    u = uuid.uuid4().hex[:8]
-    kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
-                          truth_topic=f"truth-{u}", partitions=3)
-    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", synthetic_stations=STATIONS, seed=11,
-                        batch_size=200, max_epochs=EPOCHS)
-    ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
-                        dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
-                        tick_interval_s=1.0, min_participants=1)
-    return rs, ws
+    return pipeline_settings(broker, tmp, synthetic_stations=STATIONS, max_epochs=EPOCHS)
 
 
 def _ptt(ws: WorkerSettings, *argv: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -14,13 +13,13 @@ import pytest
 
 from producers.local_broker import free_port
 from producers.replay import fleet_size_for, load_day, replay
-from producers.settings import KafkaSettings, ReplaySettings
+from producers.settings import ReplaySettings
 from producers.sink import ReportSink, read_queries
 from schemas import encode_batch, new_batch_id
 from stream_app.settings import WorkerSettings
 
 from .kafka_helpers import drain
-from .stream_helpers import WorkerProcess, core_estimates, metric, read_estimates, wait_for
+from .stream_helpers import WorkerProcess, core_estimates, metric, pipeline_settings, read_estimates, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -28,15 +27,7 @@ ESTIMATORS_PER_QUERY = {"sp": 1, "alp": 4, "rr": 1}
 
 
 def _settings(broker: str, tmp: Path, **replay_kw: object) -> tuple[ReplaySettings, WorkerSettings]:
-    u = uuid.uuid4().hex[:8]
-    kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
-                          truth_topic=f"truth-{u}", partitions=3)
-    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", synthetic_stations=6, seed=11,
-                        batch_size=200, **replay_kw)  # type: ignore[arg-type]
-    ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
-                        dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
-                        tick_interval_s=1.0, min_participants=1)
-    return rs, ws
+    return pipeline_settings(broker, tmp, **replay_kw)
 
 
 def _expected_records(rs: ReplaySettings, epochs: int) -> int:
