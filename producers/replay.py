@@ -142,13 +142,22 @@ class StopFlag:
 
 
 def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
-                   counters: Any | None = None, day: TrafficDay | None = None) -> ReplaySummary:
+                   counters: Any | None = None, day: TrafficDay | None = None,
+                   peers: list[Any] | None = None) -> ReplaySummary:
     with StopFlag() as stop:
-        return _run_epochs(settings, index, count, t0, counters, stop, day or load_day(settings))
+        return _run_epochs(settings, index, count, t0, counters, stop, day or load_day(settings), peers or [])
+
+
+def _wait_for_peers(peers: list[Any], i: int, stop: StopFlag) -> None:
+    """Lockstep: start epoch i only once every producer has finished epoch i - 2, so producers
+    never drift apart by more than one epoch -- less than the stream app's allowed lateness,
+    whose watermark would otherwise close an epoch before a slower producer's data arrives."""
+    while peers and min(c[_EPOCHS] for c in peers) < i - 1 and not stop.wait(0.002):
+        pass
 
 
 def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any | None,
-                stop: StopFlag, day: TrafficDay) -> ReplaySummary:
+                stop: StopFlag, day: TrafficDay, peers: list[Any]) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
@@ -164,6 +173,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
             if settings.speed > 0 and stop.wait(t0 + i * 30.0 / settings.speed - time.time()):
                 break
+            _wait_for_peers(peers, i, stop)
             if stop.requested:
                 break
             epoch = int(epoch_np)
@@ -267,9 +277,9 @@ def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, ep
     sink.flush()
 
 
-def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any) -> None:
+def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any, peers: list[Any]) -> None:
     logging.basicConfig(level=logging.WARNING)
-    _producer_loop(settings, index, count, t0, counters)
+    _producer_loop(settings, index, count, t0, counters, peers=peers)
 
 
 class Progress:
@@ -333,7 +343,8 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
         return summary
     ctx = mp.get_context("spawn")
     shared = [ctx.Array("q", 6, lock=False) for _ in range(settings.producers)]
-    procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k]), daemon=False)
+    procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k], shared),
+                         daemon=False)
              for k in range(settings.producers)]
     for p in procs:
         p.start()
@@ -343,8 +354,9 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
             while any(p.is_alive() for p in procs):
                 bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),
                            sum(c[_FAILED] for c in shared))
-                if stop.wait(0.2):
-                    summary.interrupted = True
+                failed = any(p.exitcode not in (0, None) for p in procs)
+                if stop.wait(0.2) or failed:  # Ctrl-C, or a producer died: its peers would wait for it
+                    summary.interrupted = not failed
                     for p in procs:  # graceful: children treat SIGTERM like the first Ctrl-C
                         if p.is_alive():
                             p.terminate()

@@ -243,6 +243,9 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                         continue
                     metrics.know_query(q.query_id)
                     raw = windows.get(p.key)
+                    if raw is None and wm.too_old(p.epoch, n_source, s.allowed_lateness_epochs):
+                        metrics.late.labels(p.query_id).inc()
+                        continue
                     win = (Window.from_dict(raw) if raw is not None else
                            Window.new(p.query_id, p.query_version, p.epoch, q.n_rounds, queries.estimators(q).width))
                     result = win.add(p)

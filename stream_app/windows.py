@@ -239,6 +239,12 @@ class Watermarks:
             self.open.remove(key)
             del self.open_epochs[key]
 
+    def too_old(self, epoch: int, n_partitions: int, lateness: int) -> bool:
+        """An epoch the watermark passed before any of its data arrived here: a new window for
+        it would close at once on one straggler, so its records are late instead."""
+        wm = self.watermark(n_partitions)
+        return wm is not None and epoch < wm - lateness
+
     def due(self, n_partitions: int, lateness: int) -> list[WindowKey]:
         """Open windows the watermark has passed by more than ``lateness`` epochs."""
         wm = self.watermark(n_partitions)

@@ -165,26 +165,29 @@ def test_malformed_flood_goes_to_dead_letters_and_changes_nothing(broker: str, t
 
 
 def test_late_records_are_counted_and_kept_out(broker: str, tmp_path: Path) -> None:
-    rs, ws = _settings(broker, tmp_path, max_epochs=3)
+    """A straggler for a closed epoch, and one for an epoch the watermark passed before any of
+    its data came: both counted late, neither changes or creates an estimate."""
+    rs, ws = _settings(broker, tmp_path, start_epoch=10, max_epochs=6)
     replay(rs, progress=False)
     w = _run(ws, tmp_path)
     try:
-        n = _expected_records(rs, 3)
+        n = _expected_records(rs, 6)
         _wait_estimates(ws, n)
         before = read_estimates(ws)
         day = load_day(rs)
         q = next(q for q in read_queries(rs) if q.mechanism == "sp")
         sink = ReportSink(rs, rs.reports_topic)
-        batch_id = new_batch_id()
-        late = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": 1,
-                             "epoch": int(day.epochs[0]), "round": 1, "producer_id": "straggler",
-                             "layout": "values", "n_stations": q.n_stations, "n_outputs": q.n_stations + 1,
-                             "batch_id": batch_id, "reports": 50}, {"value": np.full(50, 1)})
-        sink.send(late, key=batch_id.encode(), partition=sink.partition_for(batch_id.encode()))
+        for index in (10, 2):  # closed / never seen (inside the query's window, below the watermark)
+            batch_id = new_batch_id()
+            late = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": 1,
+                                 "epoch": int(day.epochs[index]), "round": 1, "producer_id": "straggler",
+                                 "layout": "values", "n_stations": q.n_stations, "n_outputs": q.n_stations + 1,
+                                 "batch_id": batch_id, "reports": 50}, {"value": np.full(50, 1)})
+            sink.send(late, key=batch_id.encode(), partition=sink.partition_for(batch_id.encode()))
         sink.close()
-        wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 1, 60, "late record")
-        time.sleep(2.0)
-        assert read_estimates(ws) == before  # nothing republished, nothing changed
+        wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 2, 60, "late records")
+        time.sleep(3.0)
+        assert read_estimates(ws) == before  # nothing republished, nothing changed or created
     finally:
         w.stop()
 

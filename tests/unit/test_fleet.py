@@ -442,3 +442,30 @@ def test_epoch_rng_reproduces_an_epoch(mechanism: str, mode: str) -> None:
     assert differs(run(q, producer=2))
     assert differs(run(make_query(mechanism, sensors(6), version=2)))
     assert differs(run(make_query(mechanism, sensors(6), query_id="q-other")))
+
+
+def test_producers_move_in_lockstep() -> None:
+    """`_wait_for_peers`: epoch i starts only when every producer has finished epoch i - 2,
+    so producers drift apart by at most one epoch (below the stream app's allowed lateness)."""
+    import threading
+    import time
+
+    from producers.replay import _EPOCHS, StopFlag, _wait_for_peers
+
+    peers = [[0] * 6, [0] * 6]
+    peers[0][_EPOCHS], peers[1][_EPOCHS] = 5, 3
+    stop = StopFlag()
+    _wait_for_peers(peers, 4, stop)  # min 3 >= 4 - 1: no wait
+    released = threading.Event()
+
+    def later() -> None:
+        time.sleep(0.2)
+        peers[1][_EPOCHS] = 4
+        released.set()
+
+    threading.Thread(target=later).start()
+    t0 = time.monotonic()
+    _wait_for_peers(peers, 5, stop)  # needs min >= 4
+    assert released.is_set() and time.monotonic() - t0 >= 0.15
+    stop.event.set()
+    _wait_for_peers(peers, 99, stop)  # a stop request ends the wait

@@ -548,3 +548,14 @@ def test_two_stage1_workers_interleaving_gives_the_same_window() -> None:
             pos[s] += 1
         assert state(w) == state(one)
         assert _decisions(w, 4) == _decisions(one, 4)
+
+
+def test_too_old_epochs_are_late_before_a_window_exists() -> None:
+    """The watermark (min over source partitions of the newest epoch) minus the lateness:
+    epochs below it get no new window."""
+    wm = Watermarks()
+    assert not wm.too_old(1, n_partitions=2, lateness=2)  # no watermark yet
+    wm.see(0, 20)
+    wm.see(1, 15)
+    assert wm.watermark(2) == 15
+    assert wm.too_old(12, 2, 2) and not wm.too_old(13, 2, 2) and not wm.too_old(15, 2, 2)
