@@ -19,6 +19,9 @@ sysdeps:
 	    echo "warning: prometheus/promtool not installed (apt-get install prometheus); tests needing them skip"; \
 	  fi; \
 	fi
+	@if [ -n "$$CI" ] && ! command -v promtool >/dev/null 2>&1; then \
+	  echo "CI: prometheus/promtool could not be installed; the tests that need them must not be skipped"; exit 1; \
+	fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
