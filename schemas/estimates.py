@@ -19,7 +19,7 @@ EstimatorName = Literal["sp_difference", "alp_average", "alp_yhat", "alp_bottom"
 
 
 class EstimateBound(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     confidence: float = Field(gt=0, lt=1)
     lower: float
@@ -34,7 +34,7 @@ class Estimate(BaseModel):
     or the reason the estimate is not published (then ``estimate`` and ``bounds`` are null/empty).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     kind: Literal["estimate"] = "estimate"
     query_id: str
@@ -49,7 +49,8 @@ class Estimate(BaseModel):
     bounds: tuple[EstimateBound, ...]
     reports: int = Field(ge=0, description="reports counted in the epoch (all rounds)")
     participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
-    epsilon: float = Field(description="per-epoch local epsilon of the query (brute force)")
+    epsilon: float | None = Field(description="per-epoch local epsilon of the query (brute force); "
+                                              "null when infinite (no device would answer such a query)")
     withheld: str | None = None
     closed_by: Literal["markers", "watermark", "wall_clock"]
     round_count_mismatch: int = Field(description="round-2 minus round-1 reports (Sampling Privacy; 0 otherwise)")

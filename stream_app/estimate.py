@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -84,7 +85,8 @@ def estimates_for(qe: QueryEstimators, w: Window, closed_by: CloseReason, epoch_
         counts = _per_station_counts(qe, w, n)
     common = {
         "query_id": q.query_id, "query_version": q.version, "mechanism": q.mechanism, "epoch": w.epoch,
-        "epoch_start": epoch_start, "reports": reports, "participants": n, "epsilon": q.epsilon,
+        "epoch_start": epoch_start, "reports": reports, "participants": n,
+        "epsilon": q.epsilon if math.isfinite(q.epsilon) else None,
         "withheld": withheld, "closed_by": closed_by,
         "round_count_mismatch": (w.reports[1] - w.reports[0]) if q.n_rounds == 2 else 0,
         "late": w.late, "refused": w.refused(), "missing_batches": w.missing_batches(),

@@ -121,7 +121,8 @@ class Row:
             start = starts.setdefault((start, start.utcoffset()), start)
         return cls(sys.intern(e.query_id), e.query_version, sys.intern(e.mechanism), sys.intern(e.estimator),
                    e.epoch, start, e.station, e.estimate, tuple((b.confidence, b.lower, b.upper) for b in e.bounds),
-                   e.epsilon, e.participants, None if e.withheld is None else sys.intern(e.withheld))
+                   math.inf if e.epsilon is None else e.epsilon,  # null on the wire = infinite
+                   e.participants, None if e.withheld is None else sys.intern(e.withheld))
 
     @property
     def key(self) -> tuple[str, int, int, int, str]:

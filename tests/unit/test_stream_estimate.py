@@ -585,3 +585,42 @@ def test_an_interrupted_epoch_is_not_published_as_complete() -> None:
     w.close("markers")
     records = estimates_for(QE["sp"], w, "markers", epoch_start(EPOCH), CONF, 1)
     assert all(e.withheld is not None for e in records), [e.estimate for e in records]
+
+
+def test_infinite_epsilon_is_null_and_estimates_reject_nan() -> None:
+    """JSON has no infinity: an infinite query epsilon (no device would answer) is published
+    as null, and NaN/inf estimates or bounds are refused by the model."""
+    from datetime import UTC, datetime
+
+    import pytest as _pytest
+    from pydantic import ValidationError
+
+    from schemas.estimates import Estimate
+
+    common = {"query_id": "q", "query_version": 1, "mechanism": "rr", "estimator": "rr", "epoch": 1,
+              "epoch_start": datetime(2026, 11, 18, tzinfo=UTC), "station": 7, "sd": None, "bounds": (),
+              "reports": 0, "participants": 0, "withheld": "refused", "closed_by": "markers",
+              "round_count_mismatch": 0, "late": 0, "refused": 10, "missing_batches": 0}
+    e = Estimate(estimate=None, epsilon=None, **common)
+    assert Estimate.model_validate_json(e.model_dump_json()) == e
+    for bad in (float("nan"), float("inf")):
+        with _pytest.raises(ValidationError):
+            Estimate(estimate=bad, epsilon=1.0, **common)
+
+
+def test_estimates_for_an_infinite_epsilon_query_publish_null() -> None:
+    from datetime import UTC, datetime
+
+    from schemas import Query
+    from stream_app.estimate import QueryEstimators, estimates_for
+    from stream_app.windows import Window
+
+    q = Query(query_id="q-inf", analyst_id="a", version=1, sensors=(7, 8), mechanism="rr",
+              params={"pi2": 0.0}, population=10, t_start=datetime(2026, 11, 18, tzinfo=UTC),
+              t_end=datetime(2026, 11, 19, tzinfo=UTC))
+    assert q.epsilon == float("inf")
+    qe = QueryEstimators.build(q)
+    w = Window.new(q.query_id, 1, 5, 1, qe.width)
+    out = estimates_for(qe, w, "watermark", datetime(2026, 11, 18, tzinfo=UTC), (0.95,), 1)
+    assert out and all(e.epsilon is None for e in out)
+    assert all(e.model_dump_json() for e in out)
