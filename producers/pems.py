@@ -13,7 +13,6 @@ import gzip
 import io
 import math
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -329,8 +328,3 @@ def _meta_row(row: list[str], col: dict[str, int]) -> StationMeta | str:
         lane_type=get("type"), lanes=int(lanes_text) if lanes_text.isdigit() else None, name=get("name"),
         latitude=opt_float("latitude"), longitude=opt_float("longitude"),
     )
-
-
-def iter_epochs(day: TrafficDay) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
-    for i, e in enumerate(day.epochs):
-        yield int(e), day.flows[i]

@@ -25,7 +25,6 @@ from producers.pems import (
     TrafficDay,
     epoch_of,
     epoch_start,
-    iter_epochs,
     read_metadata,
     read_station_5min,
     read_station_raw,
@@ -356,7 +355,7 @@ def test_epochs_are_consecutive_and_gaps_are_zero(tmp_path: Path) -> None:
     assert day.epochs.tolist() == list(range(base, base + 6))
     assert day.flows.T.tolist() == [[3, 0, 0, 0, 0, 8], [0, 0, 7, 0, 0, 0]]
     assert day.peak_total() == 8
-    assert [(e, row.tolist()) for e, row in iter_epochs(day)][2] == (base + 2, [0, 7])
+    assert (int(day.epochs[2]), day.flows[2].tolist()) == (base + 2, [0, 7])
 
 
 def test_rows_in_any_order(tmp_path: Path) -> None:
