@@ -19,6 +19,7 @@ made from data in the changelog-backed table, so it survives a restart.
 from __future__ import annotations
 
 import logging
+import math
 import ssl
 import time
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 log = logging.getLogger(__name__)
 EPOCH_S = 30
 WM_PREFIX = "__wm__:"
+MISS_TTL_S = 5.0
 
 
 class QueryCache:
@@ -53,6 +55,7 @@ class QueryCache:
         self._settings = settings
         self._reader: QueryReader | None = None
         self._estimators: dict[str, QueryEstimators] = {}
+        self._misses: dict[tuple[str, int], float] = {}
 
     @property
     def reader(self) -> QueryReader:
@@ -65,10 +68,20 @@ class QueryCache:
         self.reader.poll(0)
 
     def get(self, query_id: str, version: int) -> Query | None:
-        q = self.reader.queries.get((query_id, version))
-        if q is None:  # published a moment ago? read the topic to its end once more
-            self.reader.catch_up()
-            q = self.reader.queries.get((query_id, version))
+        key = (query_id, version)
+        q = self.reader.queries.get(key)
+        if q is not None:
+            return q
+        # Published a moment ago? Read the topic to its end once more -- but at most once per
+        # MISS_TTL_S per unknown query: a flood of bad records must not stall the event loop.
+        now = time.monotonic()
+        if now - self._misses.get(key, -math.inf) < MISS_TTL_S:
+            self.reader.poll(0)
+            return self.reader.queries.get(key)
+        self.reader.catch_up()
+        q = self.reader.queries.get(key)
+        if q is None:
+            self._misses[key] = now
         return q
 
     def estimators(self, q: Query) -> QueryEstimators:
