@@ -21,7 +21,8 @@ from schemas import Query
 
 from .settings import KafkaSettings
 
-__all__ = ["BrokerUnavailable", "QueryReader", "ReportSink", "ensure_topics", "publish_query", "read_queries"]
+__all__ = ["BrokerUnavailable", "QueryReader", "ReportSink", "connect", "ensure_topics", "publish_query",
+           "read_queries"]
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class BrokerUnavailable(RuntimeError):
     """The Kafka broker could not be reached (or kept failing) after retries."""
 
 
-def _connect(what: str, settings: KafkaSettings, factory: Any, **kw: Any) -> Any:
+def connect(what: str, settings: KafkaSettings, factory: Any, **kw: Any) -> Any:
     """Create a client, retrying with exponential back-off; :class:`BrokerUnavailable` at the end."""
     delay = 0.5
     attempts = settings.connect_attempts
@@ -56,7 +57,7 @@ def ensure_topics(settings: KafkaSettings, partitions: dict[str, int] | None = N
     wanted = partitions or {settings.reports_topic: settings.partitions, settings.queries_topic: 1,
                             settings.truth_topic: 1}
     compact = compacted if compacted is not None else {settings.queries_topic}
-    admin = _connect("admin", settings, KafkaAdminClient)
+    admin = connect("admin", settings, KafkaAdminClient)
     try:
         existing = set(admin.list_topics())
         new = [NewTopic(name, num_partitions=n, replication_factor=1,
@@ -76,7 +77,7 @@ class ReportSink:
 
     def __init__(self, settings: KafkaSettings, topic: str, linger_ms: int = 20) -> None:
         self.topic = topic
-        self._producer = _connect(
+        self._producer = connect(
             "producer", settings, KafkaProducer, acks="all", enable_idempotence=True,
             retry_backoff_ms=200, linger_ms=linger_ms, max_request_size=8 * 1024 * 1024,
             batch_size=1024 * 1024, delivery_timeout_ms=120_000,
@@ -124,7 +125,7 @@ class ReportSink:
 def publish_query(settings: KafkaSettings, query: Query) -> None:
     """Publish one version of a query on the compacted queries topic (acks=all)."""
     ensure_topics(settings)
-    producer = _connect("producer", settings, KafkaProducer, acks="all")
+    producer = connect("producer", settings, KafkaProducer, acks="all")
     try:
         producer.send(settings.queries_topic, key=query.record_key.encode(),
                       value=query.model_dump_json().encode()).get(timeout=30)
@@ -136,7 +137,7 @@ class QueryReader:
     """Follows the queries topic from its beginning; keeps every valid version."""
 
     def __init__(self, settings: KafkaSettings) -> None:
-        self._consumer = _connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
+        self._consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                                   consumer_timeout_ms=1000)
         parts = self._consumer.partitions_for_topic(settings.queries_topic) or set()
         self._consumer.assign([TopicPartition(settings.queries_topic, p) for p in sorted(parts)])

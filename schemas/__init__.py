@@ -13,6 +13,7 @@ from .wire import (
     decode_record,
     encode_batch,
     encode_json,
+    json_safe,
     json_schemas,
     new_batch_id,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "decode_record",
     "encode_batch",
     "encode_json",
+    "json_safe",
     "json_schemas",
     "new_batch_id",
 ]

@@ -23,6 +23,7 @@ batch ids (end-of-epoch markers go to an explicit partition).
 
 from __future__ import annotations
 
+import math
 import struct
 import uuid
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
     "decode_record",
     "encode_batch",
     "encode_json",
+    "json_safe",
     "json_schemas",
     "new_batch_id",
 ]
@@ -277,6 +279,17 @@ def _short(exc: ValidationError) -> str:
     loc = ".".join(str(x) for x in first.get("loc", ()))
     more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{loc}: {first.get('msg', 'invalid')}{more}"
+
+
+def json_safe(v: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null (recursively through dicts and lists)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [json_safe(x) for x in v]
+    return v
 
 
 def json_schemas() -> dict[str, dict[str, Any]]:

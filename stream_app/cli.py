@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from estimators import planning
+from schemas.wire import json_safe
 
 __all__ = ["build_parser", "main"]
 
@@ -51,17 +52,6 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _json_safe(v: Any) -> Any:
-    """Infinity and NaN are not JSON: write them as null (documented in the README)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_json_safe(x) for x in v]
-    return v
-
-
 def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
@@ -70,7 +60,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(_json_safe(result), sort_keys=True))
+        print(json.dumps(json_safe(result), sort_keys=True))
         return 0
     rows = [(k, _fmt(v)) for k, v in result.items() if k != "warnings"]
     width = max(len(k) for k, _ in rows)
@@ -210,13 +200,16 @@ def _cmd_subscribe(args: argparse.Namespace) -> int:
     from .settings_cli import settings_from_args
     from .subscribe import subscribe
 
-    try:
+    def go() -> int:
         subscribe(settings_from_args(KafkaSettings, args), args.topic, json_lines=args.json,
                   from_beginning=args.from_beginning, query=args.query, station=args.station,
                   estimator=args.estimator, idle_timeout_s=args.idle_timeout)
+        return 0
+
+    try:
+        return _guarded("subscribe", go)
     except KeyboardInterrupt:
         return 0
-    return 0
 
 
 def _add_report(sub: Any) -> None:

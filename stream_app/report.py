@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from producers.settings import KafkaSettings
 from schemas.estimates import Estimate
-from schemas.wire import GroundTruth
+from schemas.wire import GroundTruth, json_safe
 
 __all__ = [
     "DEFAULT_ESTIMATORS",
@@ -391,17 +391,6 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
     return "\n".join(lines) + "\n"
 
 
-def _finite(v: Any) -> Any:
-    """NaN and infinity are not JSON: null (a record may carry them; the schema allows it)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_finite(x) for x in v]
-    return v
-
-
 def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
                  truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> dict[str, Any]:
     """The summary as a JSON-ready object (``summary.json``): ``groups`` (as
@@ -412,7 +401,7 @@ def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | No
         out["estimates"] = {"read": estimates.read, "kept": len(estimates.rows), "duplicates": estimates.duplicates,
                             "filtered_out": estimates.filtered_out, "invalid": estimates.invalid}
     out["truth"] = None if truth is None else {"epochs": truth.epochs, "read": truth.read, "invalid": truth.invalid}
-    result: dict[str, Any] = _finite(out)
+    result: dict[str, Any] = json_safe(out)
     return result
 
 
@@ -705,7 +694,13 @@ def read_topic(settings: KafkaSettings, topic: str, idle_timeout_s: float = 3.0,
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    consumer = _connect(settings, KafkaConsumer, KafkaError)
+    from producers.sink import BrokerUnavailable, connect
+
+    try:
+        consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
+                           max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    except BrokerUnavailable as exc:
+        raise ReportError(str(exc), EXIT_BROKER) from exc
     try:
         parts = consumer.partitions_for_topic(topic)
         if not parts:
@@ -728,22 +723,6 @@ def read_topic(settings: KafkaSettings, topic: str, idle_timeout_s: float = 3.0,
         raise ReportError(f"cannot read topic {topic!r}: {exc}", EXIT_BROKER) from exc
     finally:
         consumer.close()
-
-
-def _connect(settings: KafkaSettings, factory: Any, error: type[Exception]) -> Any:
-    """A consumer, retrying with exponential back-off; :class:`ReportError` (exit 3) at the end."""
-    delay = 0.5
-    for attempt in range(1, settings.connect_attempts + 1):
-        try:
-            return factory(**settings.client_kwargs(), group_id=None, enable_auto_commit=False,
-                           max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
-        except error as exc:
-            if attempt == settings.connect_attempts:
-                raise ReportError(f"cannot reach the Kafka broker at {settings.bootstrap_servers} "
-                                  f"({attempt} attempts): {exc}", EXIT_BROKER) from exc
-            time.sleep(delay)
-            delay = min(2 * delay, 8.0)
-    raise ReportError("connect_attempts must be at least 1")
 
 
 # --------------------------------------------------------------------------- command line

@@ -9,6 +9,7 @@ from typing import TextIO
 from kafka import KafkaConsumer, TopicPartition
 
 from producers.settings import KafkaSettings
+from producers.sink import connect
 from schemas.estimates import Estimate
 
 __all__ = ["format_row", "subscribe"]
@@ -30,8 +31,8 @@ def format_row(e: Estimate) -> str:
 
 def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
              ) -> Iterator[bytes]:
-    consumer = KafkaConsumer(**settings.client_kwargs(), group_id=None, enable_auto_commit=False,
-                             consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
+    consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
+                       consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]

@@ -269,7 +269,7 @@ def _topics_the_code_creates(services: dict[str, dict[str, Any]],
     from stream_app.app import ensure_stream_topics
 
     created: dict[str, tuple[int, dict[str, str]]] = {}
-    monkeypatch.setattr(sink, "_connect", lambda *a, **kw: _FakeAdmin(created))
+    monkeypatch.setattr(sink, "connect", lambda *a, **kw: _FakeAdmin(created))
     ensure_stream_topics(_worker_settings(services, monkeypatch))
     sink.ensure_topics(_replay_settings(services, monkeypatch))
     return created
