@@ -36,7 +36,7 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
-from .planning import PlanError, build_mechanism, plan
+from .planning import build_mechanism, plan
 from .privacy import (
     AuditResult,
     CrowdSize,
@@ -50,9 +50,21 @@ from .privacy import (
     linked_epsilon,
     local_epsilon,
     mechanism_epsilon,
+    per_sensor_joint_table,
+    per_sensor_report_epsilon,
     rr_epsilon_closed_form,
     sp_binary_epsilon_closed_form,
     sp_epsilon_closed_form,
+)
+from .registry import (
+    REGISTRY,
+    MechanismSpec,
+    PlanError,
+    SpecError,
+    UnknownMechanism,
+    all_estimator_names,
+    get_spec,
+    mechanism_names,
 )
 
 __all__ = [
@@ -65,11 +77,16 @@ __all__ = [
     "LinearEstimator",
     "Mechanism",
     "MechanismEpsilon",
+    "MechanismSpec",
     "PerStation",
     "PlanError",
+    "REGISTRY",
     "SparseReports",
+    "SpecError",
     "StationView",
+    "UnknownMechanism",
     "advanced_composition",
+    "all_estimator_names",
     "alp_epsilon_closed_form",
     "alp_estimators",
     "alp_optimal",
@@ -84,12 +101,16 @@ __all__ = [
     "epsilon_rr",
     "fresh_difference",
     "fresh_sample",
+    "get_spec",
     "gls",
     "kary_rr",
     "linked_epsilon",
     "local_epsilon",
     "mean_of",
     "mechanism_epsilon",
+    "mechanism_names",
+    "per_sensor_joint_table",
+    "per_sensor_report_epsilon",
     "plan",
     "quadratic_interval",
     "rr_epsilon_closed_form",

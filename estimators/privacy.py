@@ -33,6 +33,8 @@ __all__ = [
     "linked_epsilon",
     "local_epsilon",
     "mechanism_epsilon",
+    "per_sensor_joint_table",
+    "per_sensor_report_epsilon",
     "rr_epsilon_closed_form",
     "sp_binary_epsilon_closed_form",
     "sp_epsilon_closed_form",
@@ -111,6 +113,53 @@ def linked_epsilon(mech: Mechanism) -> float:
     np.maximum.at(hi, per_pair, mass)
     np.minimum.at(lo, per_pair, mass)
     return float(np.max(np.log(hi) - np.log(lo)))
+
+
+def per_sensor_report_epsilon(table: FloatArray, n_stations: int) -> float:
+    """Epsilon of the whole report vector of a binary mechanism asked about each of V sensors.
+
+    Neighbouring truths are "at a" vs "at b" (two answers flip, in opposite directions) and
+    "at a" vs "at no station" (one answer flips). For ``V >= 2`` the worst case is the move::
+
+        max_o ln P(o|Yes)/P(o|No)  +  max_o ln P(o|No)/P(o|Yes)
+
+    and for ``V = 1`` it is the per-answer epsilon. Equal to
+    ``local_epsilon(per_sensor_joint_table(table, V))`` (the tests check it by brute force).
+
+    >>> import numpy as np
+    >>> rr = np.array([[0.96, 0.04], [0.16, 0.84]])  # two-coin RR (0.8, 0.2)
+    >>> round(per_sensor_report_epsilon(rr, 3), 6)   # ln 126
+    4.836282
+    """
+    tab = np.asarray(table, dtype=np.float64)
+    if tab.shape[0] != 2:
+        raise ValueError("a per-sensor mechanism is binary: its table has two rows (No, Yes)")
+    if n_stations < 1:
+        raise ValueError("n_stations must be >= 1")
+    if n_stations == 1:
+        return local_epsilon(tab)
+    no, yes = tab[0], tab[1]
+    used = (no > 0) | (yes > 0)
+    if np.any((no[used] == 0) | (yes[used] == 0)):
+        return math.inf
+    log_ratio = np.log(yes[used]) - np.log(no[used])
+    return float(log_ratio.max() + (-log_ratio).max())
+
+
+def per_sensor_joint_table(table: FloatArray, n_stations: int) -> FloatArray:
+    """P(report vector | truth) of a binary mechanism asked about each of V sensors:
+    ``(V + 1, O**V)``, truth 0 = at no sensor. For brute-force checks at small V."""
+    tab = np.asarray(table, dtype=np.float64)
+    o_n = tab.shape[1]
+    if o_n**n_stations * (n_stations + 1) > 5_000_000:
+        raise ValueError("joint table too large; use per_sensor_report_epsilon")
+    rows = []
+    for t in range(n_stations + 1):
+        joint = np.ones(1)
+        for s in range(1, n_stations + 1):
+            joint = np.outer(joint, tab[1 if t == s else 0]).ravel()
+        rows.append(joint)
+    return np.stack(rows)
 
 
 # -- the papers' closed forms --------------------------------------------------------------

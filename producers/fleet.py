@@ -117,26 +117,27 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
         return EpochReports(participants=0, refused=n, refusal_reason=reason,
                             rounds=[{} for _ in range(query.n_rounds)], reports=[0] * query.n_rounds)
     out = EpochReports(participants=n, refused=0, refusal_reason=None)
-    ps = query.per_station
+    samplers = query.per_station  # per-sensor mechanisms: one sampler per round
     if mode == "tally":
-        if ps is None:
+        if samplers is None:
             counts = query.build().tally(rng, truth_counts)
             out.rounds = [{"counts": counts[r]} for r in range(query.n_rounds)]
         else:
-            out.rounds = [{"counts": ps.tally(rng, truth_counts[1:], n).ravel()}]
+            out.rounds = [{"counts": ps.tally(rng, truth_counts[1:], n).ravel()} for ps in samplers]
         out.reports = [n] * query.n_rounds
         return out
     if mode != "per-vehicle":
         raise ValueError(f"unknown mode {mode!r}")
     truths = np.repeat(np.arange(truth_counts.size, dtype=np.int64), truth_counts)
     rng.shuffle(truths)  # virtual identities: a vehicle is a position, re-drawn every epoch
-    if ps is None:
+    if samplers is None:
         reports = query.build().sample(rng, truths)
         out.rounds = [{"value": reports[r][rng.permutation(n)]} for r in range(query.n_rounds)]
         out.reports = [n] * query.n_rounds
-    else:
+        return out
+    for ps in samplers:  # fresh coins per round: each round sampled, shuffled and sent on its own
         pairs = ps.sample_sparse(rng, truths)
         order = rng.permutation(pairs.station.size)
-        out.rounds = [{"station": pairs.station[order], "output": pairs.output[order]}]
-        out.reports = [int(pairs.station.size)]
+        out.rounds.append({"station": pairs.station[order], "output": pairs.output[order]})
+        out.reports.append(int(pairs.station.size))
     return out

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from schemas import EndOfEpoch, GroundTruth, Query, encode_batch, encode_json, new_batch_id
+from schemas.kafka_io import QueryReader, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
 from .pems import TrafficDay, epoch_start, read_metadata, read_station_5min, read_station_raw
 from .settings import ReplaySettings
-from .sink import QueryReader, ReportSink, ensure_topics, publish_query
+from .sink import ReportSink
 from .synthetic import write_synthetic_day
 
 __all__ = ["ReplaySummary", "active_queries", "default_queries", "fleet_size_for", "load_day", "replay"]

@@ -7,69 +7,13 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+
+from schemas.settings import KafkaSettings
 
 __all__ = ["KafkaSettings", "ReplaySettings"]
-
-
-class KafkaSettings(BaseSettings):
-    """Broker address, topic names and security options (passed through to kafka-python)."""
-
-    model_config = SettingsConfigDict(env_prefix="PTT_", frozen=True, extra="ignore")
-
-    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="host:port[,host:port...]")
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_plain_username: str | None = None
-    sasl_plain_password: SecretStr | None = None
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
-    ssl_password: SecretStr | None = None
-    reports_topic: str = "ptt.reports"
-    queries_topic: str = "ptt.queries"
-    truth_topic: str = "ptt.truth"
-    partitions: int = Field(default=4, ge=1, description="partitions of the reports topic when created")
-    request_timeout_ms: int = Field(default=30_000, ge=1000)
-    bootstrap_timeout_ms: int = Field(default=10_000, ge=100, description="how long one connection attempt waits")
-    connect_attempts: int = Field(default=3, ge=1, description="connection attempts (exponential back-off)")
-
-    def to_env(self) -> dict[str, str]:
-        """The ``PTT_*`` environment variables that reproduce these settings in a child process."""
-        import json
-
-        env: dict[str, str] = {}
-        for name, value in self.model_dump().items():
-            if value is None:
-                continue
-            if isinstance(value, SecretStr):
-                value = value.get_secret_value()
-            env[f"PTT_{name.upper()}"] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
-        return env
-
-    def client_kwargs(self) -> dict[str, Any]:
-        """Connection and security options for any kafka-python client."""
-        kw: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers.split(","),
-            "security_protocol": self.security_protocol,
-            "request_timeout_ms": self.request_timeout_ms,
-            "bootstrap_timeout_ms": self.bootstrap_timeout_ms,
-        }
-        if self.sasl_mechanism:
-            kw["sasl_mechanism"] = self.sasl_mechanism
-            kw["sasl_plain_username"] = self.sasl_plain_username
-            password = self.sasl_plain_password
-            kw["sasl_plain_password"] = password.get_secret_value() if password else None
-        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-            value = getattr(self, name)
-            if value is not None:
-                kw[name] = str(value)
-        if self.ssl_password is not None:
-            kw["ssl_password"] = self.ssl_password.get_secret_value()
-        return kw
 
 
 class ReplaySettings(KafkaSettings):

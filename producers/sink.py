@@ -7,69 +7,20 @@ surfaced; a broker that cannot be reached is a clear error, not a stack trace.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
-from schemas import Query
+from schemas.kafka_io import BrokerUnavailable, connect
+from schemas.settings import KafkaSettings
 
-from .settings import KafkaSettings
-
-__all__ = ["BrokerUnavailable", "QueryReader", "ReportSink", "connect", "ensure_topics", "publish_query",
-           "read_queries"]
+__all__ = ["ReportSink"]
 
 log = logging.getLogger(__name__)
-
-
-class BrokerUnavailable(RuntimeError):
-    """The Kafka broker could not be reached (or kept failing) after retries."""
-
-
-def connect(what: str, settings: KafkaSettings, factory: Any, **kw: Any) -> Any:
-    """Create a client, retrying with exponential back-off; :class:`BrokerUnavailable` at the end."""
-    delay = 0.5
-    attempts = settings.connect_attempts
-    for attempt in range(1, attempts + 1):
-        try:
-            return factory(**settings.client_kwargs(), **kw)
-        except KafkaError as exc:
-            if attempt == attempts:
-                raise BrokerUnavailable(
-                    f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({what}, {attempts} attempts): "
-                    f"{exc}. Is it running? Set PTT_BOOTSTRAP_SERVERS or --bootstrap-servers."
-                ) from exc
-            log.warning("broker not reachable (%s), retrying in %.1fs", what, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 8.0)
-    raise AssertionError("unreachable")
-
-
-def ensure_topics(settings: KafkaSettings, partitions: dict[str, int] | None = None,
-                  compacted: set[str] | None = None) -> None:
-    """Create topics with explicit partition counts if they do not exist; ``compacted`` ones
-    (default: the queries topic) get ``cleanup.policy=compact``."""
-    wanted = partitions or {settings.reports_topic: settings.partitions, settings.queries_topic: 1,
-                            settings.truth_topic: 1}
-    compact = compacted if compacted is not None else {settings.queries_topic}
-    admin = connect("admin", settings, KafkaAdminClient)
-    try:
-        existing = set(admin.list_topics())
-        new = [NewTopic(name, num_partitions=n, replication_factor=1,
-                        topic_configs={"cleanup.policy": "compact"} if name in compact else {})
-               for name, n in wanted.items() if name not in existing]
-        if new:
-            try:
-                admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        admin.close()
 
 
 class ReportSink:
@@ -120,68 +71,3 @@ class ReportSink:
             self._producer.flush(timeout=30)
         finally:
             self._producer.close(timeout=10)
-
-
-def publish_query(settings: KafkaSettings, query: Query) -> None:
-    """Publish one version of a query on the compacted queries topic (acks=all)."""
-    ensure_topics(settings)
-    producer = connect("producer", settings, KafkaProducer, acks="all")
-    try:
-        producer.send(settings.queries_topic, key=query.record_key.encode(),
-                      value=query.model_dump_json().encode()).get(timeout=30)
-    finally:
-        producer.close(timeout=10)
-
-
-class QueryReader:
-    """Follows the queries topic from its beginning; keeps every valid version."""
-
-    def __init__(self, settings: KafkaSettings) -> None:
-        self._consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
-                                  consumer_timeout_ms=1000)
-        parts = self._consumer.partitions_for_topic(settings.queries_topic) or set()
-        self._consumer.assign([TopicPartition(settings.queries_topic, p) for p in sorted(parts)])
-        self._consumer.seek_to_beginning()
-        self.queries: dict[tuple[str, int], Query] = {}
-        self.invalid = 0
-
-    def poll(self, timeout_ms: int = 0) -> int:
-        """Read what is new; returns how many records were read."""
-        n = 0
-        for records in self._consumer.poll(timeout_ms=timeout_ms, max_records=10_000).values():
-            for rec in records:
-                n += 1
-                try:
-                    q = Query.model_validate_json(rec.value)
-                except ValueError as exc:
-                    self.invalid += 1
-                    log.warning("ignoring an invalid query record at offset %s: %s", rec.offset, exc)
-                    continue
-                self.queries[(q.query_id, q.version)] = q
-        return n
-
-    def catch_up(self, timeout_s: float = 30.0) -> None:
-        """Poll until every partition's position has reached its high-water mark as reported
-        with fetched data (the broker's ListOffsets end offsets are wrong here, BROKER.md)."""
-        deadline = time.time() + timeout_s
-        parts = self._consumer.assignment()
-        while time.time() < deadline:
-            self.poll(200)
-            marks = {tp: self._consumer.highwater(tp) for tp in parts}
-            if all(m is not None and self._consumer.position(tp) >= m for tp, m in marks.items()):
-                return
-        raise BrokerUnavailable(f"could not read the queries topic to its end within {timeout_s}s")
-
-    def close(self) -> None:
-        self._consumer.close()
-
-
-def read_queries(settings: KafkaSettings) -> list[Query]:
-    """Every version of every query on the topic, sorted by (query id, version)."""
-    ensure_topics(settings)
-    reader = QueryReader(settings)
-    try:
-        reader.catch_up()
-        return [reader.queries[k] for k in sorted(reader.queries)]
-    finally:
-        reader.close()

@@ -8,16 +8,26 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cached_property
-from typing import Literal
+from typing import Annotated
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from estimators import Mechanism, PerStation, build_mechanism, mechanism_epsilon
+from estimators import Mechanism, PerStation
+from estimators.registry import MechanismSpec, get_spec, mechanism_names
 
 __all__ = ["MECHANISM_NAMES", "Query", "QueryMechanism"]
 
-MECHANISM_NAMES = ("sp", "alp", "rr")
-QueryMechanism = Literal["sp", "alp", "rr"]
+MECHANISM_NAMES = mechanism_names(queryable_only=True)
+
+
+def _known_mechanism(name: str) -> str:
+    if name not in MECHANISM_NAMES:
+        raise ValueError(f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISM_NAMES)}")
+    return name
+
+
+QueryMechanism = Annotated[str, AfterValidator(_known_mechanism),
+                           Field(json_schema_extra={"enum": list(MECHANISM_NAMES)})]
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -27,10 +37,11 @@ class Query(BaseModel):
 
     ``sensors`` are PeMS station ids in the order that defines station indices on the wire:
     sensor ``sensors[i]`` is station index ``i + 1``; index 0 means "at none of them".
-    ``mechanism``: ``sp`` (Sampling Privacy over the sensors, two rounds), ``alp``
-    (Anonymized Local Privacy asked per sensor) or ``rr`` (two-coin randomized response per
-    sensor, the baseline). ``params`` use the math reference's names; missing ones take the
-    papers' evaluation values.
+    ``mechanism``: a name of the mechanism registry (``estimators.registry``): ``sp``
+    (Sampling Privacy over the sensors, two rounds), ``alp`` (Anonymized Local Privacy asked
+    per sensor), ``rr`` (two-coin randomized response per sensor, the baseline), ``fresh``
+    (the two-round fresh-sample variant per sensor), ``sp-binary`` (one sensor). ``params``
+    use the math reference's names; missing ones take the papers' evaluation values.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,8 +74,21 @@ class Query(BaseModel):
         return len(self.sensors)
 
     @property
+    def spec(self) -> MechanismSpec:
+        return get_spec(self.mechanism)
+
+    @property
     def n_rounds(self) -> int:
-        return 2 if self.mechanism == "sp" else 1
+        return self.spec.n_rounds
+
+    @property
+    def n_outputs(self) -> int:
+        return self.build().n_outputs
+
+    @property
+    def width(self) -> int:
+        """Length of one round's count array (V + 1, or V x outputs per sensor)."""
+        return self.spec.width(self.build(), self.n_stations)
 
     @property
     def record_key(self) -> str:
@@ -77,17 +101,28 @@ class Query(BaseModel):
 
     @cached_property
     def _mechanism(self) -> Mechanism:
-        return build_mechanism(self.mechanism, self.params, stations=self.n_stations)
+        return self.spec.build(self.params, self.n_stations)
 
     @cached_property
-    def per_station(self) -> PerStation | None:
-        """For ``alp``/``rr``: the binary mechanism asked about each sensor."""
-        return None if self.mechanism == "sp" else PerStation(self.build(), self.n_stations)
+    def per_station(self) -> tuple[PerStation, ...] | None:
+        """Per-sensor mechanisms: the sampler of each round (None for station-valued ones)."""
+        return self.spec.per_station(self.build(), self.n_stations) if self.spec.per_sensor else None
+
+    @cached_property
+    def default_report(self) -> int | None:
+        """The implied report of per-sensor mechanisms (None for station-valued ones)."""
+        return self.spec.default_report(self.build())
 
     @cached_property
     def epsilon(self) -> float:
-        """Per-epoch local epsilon (brute force) a device audits."""
-        return mechanism_epsilon(self.build()).epsilon
+        """Per-epoch epsilon of a device's whole report (brute-force equivalent): what a
+        device audits and every published ``epsilon`` field shows."""
+        return self.spec.report_epsilon(self.build(), self.n_stations)
+
+    @cached_property
+    def epsilon_per_answer(self) -> float:
+        """Epsilon of one answer (one sensor's report in one round)."""
+        return self.spec.answer_epsilon(self.build())
 
     def active_at(self, when: datetime) -> bool:
         return self.t_start <= when < self.t_end

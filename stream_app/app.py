@@ -30,9 +30,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 
 from estimators import crowd_size
 from producers.pems import epoch_start
-from producers.sink import QueryReader
 from schemas import GroundTruth, Query, decode_record
 from schemas.estimates import Estimate
+from schemas.kafka_io import QueryReader
 
 from .decode import REASONS, Rejected, to_partials
 from .estimate import QueryEstimators, estimates_for
@@ -319,7 +319,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 def ensure_stream_topics(s: WorkerSettings) -> None:
     """Create every topic the worker uses, with explicit partition counts, before it starts
     (auto-created topics would get the broker's default and Faust would refuse them)."""
-    from producers.sink import ensure_topics
+    from schemas.kafka_io import ensure_topics
 
     ensure_topics(s, {
         s.reports_topic: s.partitions, s.queries_topic: 1, s.truth_topic: 1,

@@ -20,7 +20,7 @@ EXIT_INTERRUPTED = 130
 
 def _guarded(command: str, fn: Callable[[], int]) -> int:
     """Run a command; bad input is one line and exit 2, an unreachable broker exit 3."""
-    from producers.sink import BrokerUnavailable
+    from schemas.kafka_io import BrokerUnavailable
 
     try:
         return fn()
@@ -178,7 +178,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _add_subscribe(sub: Any) -> None:
-    from producers.settings import KafkaSettings
+    from schemas.settings import KafkaSettings
 
     from .settings_cli import add_settings_flags
 
@@ -195,7 +195,7 @@ def _add_subscribe(sub: Any) -> None:
 
 
 def _cmd_subscribe(args: argparse.Namespace) -> int:
-    from producers.settings import KafkaSettings
+    from schemas.settings import KafkaSettings
 
     from .settings_cli import settings_from_args
     from .subscribe import subscribe
@@ -223,7 +223,7 @@ def _add_report(sub: Any) -> None:
 
 
 def _add_analyst(sub: Any) -> None:
-    from producers.settings import KafkaSettings
+    from schemas.settings import KafkaSettings
 
     from .settings_cli import add_settings_flags
 
@@ -255,9 +255,9 @@ def _cmd_analyst(args: argparse.Namespace) -> int:
 
 
 def _analyst(args: argparse.Namespace) -> int:
-    from producers.settings import KafkaSettings
-    from producers.sink import publish_query, read_queries
     from schemas import Query
+    from schemas.kafka_io import publish_query, read_queries
+    from schemas.settings import KafkaSettings
 
     from .settings_cli import settings_from_args
 

@@ -110,8 +110,8 @@ def _single(r: SingleReport, q: Query, partition: int) -> Partial | Rejected:
 
 
 def _default_report(q: Query) -> int:
-    ps = q.per_station
-    return -1 if ps is None else ps.default
+    d = q.default_report
+    return -1 if d is None else d
 
 
 def to_partials(value: bytes | None, partition: int, lookup: QueryLookup) -> Partial | Rejected:

@@ -47,14 +47,13 @@ def _per_station_counts(qe: QueryEstimators, w: Window, n: int) -> np.ndarray:
     """``(V, 1, O)`` counts of a per-sensor mechanism; the default report of per-vehicle
     (sparse) batches is implied: ``N_sparse - (non-default reports)`` per station."""
     q = qe.query
-    ps = q.per_station
-    if ps is None:
+    if q.default_report is None:
         raise ValueError(f"{q.mechanism} is not asked per sensor")
     o_n = q.build().n_outputs
     counts = np.asarray(w.counts[0], dtype=np.int64).reshape(q.n_stations, o_n)
     sparse = np.asarray(w.sparse[0], dtype=np.int64).reshape(q.n_stations, o_n)
     n_sparse = n - w.full_vehicles[0]
-    d = ps.default
+    d = q.default_report
     nondefault = sparse.sum(axis=1) - sparse[:, d]
     counts[:, d] += n_sparse - nondefault
     return counts[:, None, :]

@@ -36,8 +36,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producers.settings import KafkaSettings
 from schemas.estimates import Estimate
+from schemas.settings import KafkaSettings
 from schemas.wire import GroundTruth, json_safe
 
 __all__ = [
@@ -694,7 +694,7 @@ def read_topic(settings: KafkaSettings, topic: str, idle_timeout_s: float = 3.0,
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
-    from producers.sink import BrokerUnavailable, connect
+    from schemas.kafka_io import BrokerUnavailable, connect
 
     try:
         consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,

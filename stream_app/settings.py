@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from producers.settings import KafkaSettings
+from schemas.settings import KafkaSettings
 
 __all__ = ["WorkerSettings"]
 

@@ -8,9 +8,9 @@ from typing import TextIO
 
 from kafka import KafkaConsumer, TopicPartition
 
-from producers.settings import KafkaSettings
-from producers.sink import connect
 from schemas.estimates import Estimate
+from schemas.kafka_io import connect
+from schemas.settings import KafkaSettings
 
 __all__ = ["format_row", "subscribe"]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import time
 
-from producers.settings import KafkaSettings
-from producers.sink import ReportSink, ensure_topics
+from producers.sink import ReportSink
+from schemas.kafka_io import ensure_topics
+from schemas.settings import KafkaSettings
 
 
 def raw_produce(settings: KafkaSettings, topic: str, sizes: list[int], partitions: int = 4,

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from producers.local_broker import LocalBroker
-from producers.settings import KafkaSettings, ReplaySettings
+from producers.settings import ReplaySettings
+from schemas.settings import KafkaSettings
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from producers.settings import KafkaSettings
 from schemas import DecodedBatch, EndOfEpoch, GroundTruth, SingleReport, decode_record
+from schemas.settings import KafkaSettings
 
 
 def drain(settings: KafkaSettings, topic: str, quiet_polls: int = 3, timeout_s: float = 60.0) -> list[Any]:

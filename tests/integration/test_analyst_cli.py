@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from producers.settings import KafkaSettings
-from producers.sink import read_queries
+from schemas.kafka_io import read_queries
+from schemas.settings import KafkaSettings
 from stream_app.cli import main
 
 pytestmark = pytest.mark.integration

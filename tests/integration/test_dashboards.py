@@ -29,8 +29,9 @@ from producers.local_broker import free_port, terminate
 from producers.replay import load_day
 from producers.replay import replay as run_replay
 from producers.settings import ReplaySettings
-from producers.sink import ReportSink, read_queries
+from producers.sink import ReportSink
 from schemas import encode_batch, new_batch_id
+from schemas.kafka_io import read_queries
 from stream_app.demo import prometheus_config
 from stream_app.settings import WorkerSettings
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from producers.settings import KafkaSettings
-from producers.sink import ReportSink, ensure_topics
+from producers.sink import ReportSink
 from schemas.estimates import Estimate, EstimateBound
+from schemas.kafka_io import ensure_topics
+from schemas.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from producers.fleet import epoch_rng, fleet_share, query_truth_counts, split_fl
 from producers.pems import epoch_start
 from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
-from producers.sink import publish_query, read_queries
 from schemas import DecodedBatch, GroundTruth, Query, decode_record
+from schemas.kafka_io import publish_query, read_queries
 
 from .kafka_helpers import Decoded, drain
 

@@ -14,8 +14,9 @@ import pytest
 from producers.local_broker import free_port
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
-from producers.sink import ReportSink, read_queries
+from producers.sink import ReportSink
 from schemas import encode_batch, new_batch_id
+from schemas.kafka_io import read_queries
 from stream_app.settings import WorkerSettings
 
 from .kafka_helpers import drain
@@ -270,8 +271,8 @@ def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
     import estimators as E
     from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
     from producers.replay import default_queries
-    from producers.sink import ensure_topics, publish_query
     from schemas import EndOfEpoch, encode_json
+    from schemas.kafka_io import ensure_topics, publish_query
 
     rs, ws = _settings(broker, tmp_path)
     ensure_topics(rs)

@@ -265,13 +265,13 @@ def _topics_the_code_creates(services: dict[str, dict[str, Any]],
                              monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[int, dict[str, str]]]:
     """What `ptt worker` and `ptt replay` would create themselves (ensure_stream_topics /
     ensure_topics) with the compose settings, captured from a fake admin client."""
-    import producers.sink as sink
+    import schemas.kafka_io as kafka_io
     from stream_app.app import ensure_stream_topics
 
     created: dict[str, tuple[int, dict[str, str]]] = {}
-    monkeypatch.setattr(sink, "connect", lambda *a, **kw: _FakeAdmin(created))
+    monkeypatch.setattr(kafka_io, "connect", lambda *a, **kw: _FakeAdmin(created))
     ensure_stream_topics(_worker_settings(services, monkeypatch))
-    sink.ensure_topics(_replay_settings(services, monkeypatch))
+    kafka_io.ensure_topics(_replay_settings(services, monkeypatch))
     return created
 
 

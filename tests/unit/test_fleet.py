@@ -199,7 +199,7 @@ def test_per_sensor_per_vehicle_reports_are_pairs(mechanism: str) -> None:
     assert st.min() >= 1 and st.max() <= v
     allowed = {E.ALP_NO, E.ALP_YES} if mechanism == "alp" else {1}
     assert set(np.unique(out).tolist()) <= allowed
-    ps = q.per_station
+    ps = q.per_station[0]  # type: ignore[index]
     assert ps is not None
     table = q.build().output_table(0)
     default = ps.default
@@ -371,7 +371,7 @@ def test_per_sensor_pairs_are_shuffled_across_vehicles() -> None:
     assert st.size > 15_000
     assert abs(ascent_fraction(st) - 0.5) < 0.03
     truths = np.repeat(np.arange(v + 1), tc)
-    ps = q.per_station
+    ps = q.per_station[0]  # type: ignore[index]
     assert ps is not None
     raw = ps.sample_sparse(np.random.default_rng(SEED), truths)
     assert ascent_fraction(raw.station) > 0.8  # the unshuffled order would leak grouping

@@ -29,7 +29,8 @@ def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, obje
 
 @pytest.mark.parametrize("mechanism", planning.MECHANISMS)
 def test_every_mechanism_has_the_contract_keys(mechanism: str, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _plan_json(capsys, mechanism, "--population", "10000", "--expected-yes", "100", "--stations", "3")
+    stations = str(E.get_spec(mechanism).max_stations or 3)
+    out = _plan_json(capsys, mechanism, "--population", "10000", "--expected-yes", "100", "--stations", stations)
     assert REQUIRED <= set(out)
     eps = out["epsilon"]
     assert isinstance(eps, float) and eps > 0
@@ -46,14 +47,15 @@ def test_alp_matches_the_estimators_and_warns(capsys: pytest.CaptureFixture[str]
     out = _plan_json(capsys, "alp", "--population", "48719", "--expected-yes", "100")
     mech = E.alp_optimal()
     ests = E.alp_estimators(mech, design_yes=100, design_n=48719)
-    comp = out["sd_components"]
+    comp = out["sd_by_estimator"]
     assert isinstance(comp, dict)
-    for key, name in [("yhat", "alp_yhat"), ("bottom", "alp_bottom"), ("average", "alp_average"), ("gls", "alp_gls")]:
-        assert comp[key] == pytest.approx(float(np.sqrt(ests[name].variance(100, 48719))[0]))
-    assert out["sd"] == comp["average"]
+    for name in ("alp_yhat", "alp_bottom", "alp_average", "alp_gls"):
+        assert comp[name] == pytest.approx(float(np.sqrt(ests[name].variance(100, 48719))[0]))
+    assert out["sd"] == comp["alp_average"]
     assert 960 < out["sd"] < 1000  # type: ignore[operator]
-    assert comp["gls"] <= min(comp["yhat"], comp["bottom"], comp["average"])
-    assert out["epsilon"] == pytest.approx(math.log(3.5))  # brute force: the "No" report
+    assert comp["alp_gls"] <= min(comp["alp_yhat"], comp["alp_bottom"], comp["alp_average"])
+    assert out["epsilon_per_answer"] == pytest.approx(math.log(3.5))  # brute force: the "No" report
+    assert out["stations"] == 1 and out["epsilon"] == out["epsilon_per_answer"]  # one sensor: one answer
     assert out["epsilon_closed_form"] == pytest.approx(E.alp_epsilon_closed_form(**mech.params))
     crowd = E.crowd_size(48619, 0.05, 0.98)
     assert out["crowd_size_mean"] == pytest.approx(crowd.mean)

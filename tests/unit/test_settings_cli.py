@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from producers.settings import KafkaSettings, ReplaySettings
+from producers.settings import ReplaySettings
+from schemas.settings import KafkaSettings
 from stream_app.cli import build_parser
 from stream_app.settings_cli import settings_from_args
 

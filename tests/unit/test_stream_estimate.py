@@ -170,7 +170,7 @@ def run(q: Query, modes: tuple[str, ...] = ("per-vehicle", "per-vehicle"), min_p
 # ---------------------------------------------------------------------------------------
 def direct_counts(q: Query, reports: list[EpochReports]) -> np.ndarray:
     mech = q.build()
-    ps = q.per_station
+    ps = q.per_station[0] if q.per_station else None
     if ps is None:
         rc = np.zeros((q.n_rounds, mech.n_outputs), dtype=np.int64)
         for er in reports:

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from producers.settings import KafkaSettings
 from schemas.estimates import Estimate, EstimateBound
+from schemas.settings import KafkaSettings
 from stream_app import subscribe as sub
 
 

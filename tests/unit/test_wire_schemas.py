@@ -375,16 +375,27 @@ def test_ground_truth_flows_match_stations() -> None:
 def test_query_epsilon_is_the_core_epsilon(mechanism: str, params: dict[str, float], stations: int) -> None:
     q = make_query(mechanism=mechanism, params=params, sensors=tuple(range(1, stations + 1)))
     mech = E.build_mechanism(mechanism, params, stations=stations)
-    assert q.epsilon == E.mechanism_epsilon(mech).epsilon
-    assert q.epsilon == E.mechanism_epsilon(q.build()).epsilon
+    assert q.epsilon_per_answer == E.mechanism_epsilon(mech).epsilon
+    if q.spec.per_sensor:  # the whole report vector: brute force over its joint table
+        joint = E.per_sensor_joint_table(mech.output_table(0), stations) if stations <= 7 else None
+        want = E.local_epsilon(joint) if joint is not None else E.per_sensor_report_epsilon(mech.output_table(0),
+                                                                                               stations)
+        assert q.epsilon == pytest.approx(want, rel=1e-12)
+    else:  # one station index per round: the round table is the whole report
+        assert q.epsilon == E.mechanism_epsilon(q.build()).epsilon
     assert np.array_equal(q.build().output_table(q.n_rounds - 1), mech.output_table(mech.n_rounds - 1))
     assert q.n_rounds == (2 if mechanism == "sp" else 1)
-    assert (q.per_station is None) == (mechanism == "sp")
+    assert (q.per_station is None) == (not q.spec.per_sensor)
 
 
 def test_query_known_epsilons() -> None:
-    # two-coin RR at pi1=0.8, pi2=0.2: ln 21 (MECHANISMS.md §1)
-    assert make_query(mechanism="rr").epsilon == pytest.approx(np.log(21.0))
+    # two-coin RR at pi1=0.8, pi2=0.2: ln 21 per answer (MECHANISMS.md §1); over 3 sensors a move
+    # flips two answers: ln 21 + ln 6 = ln 126 (§6)
+    assert make_query(mechanism="rr").epsilon_per_answer == pytest.approx(np.log(21.0))
+    assert make_query(mechanism="rr").epsilon == pytest.approx(np.log(126.0))
+    # ALP at the papers' parameters: ln 3.5 per answer, ln(3.5 x 0.95/0.9) for the report vector
+    assert make_query(mechanism="alp").epsilon_per_answer == pytest.approx(np.log(3.5))
+    assert make_query(mechanism="alp").epsilon == pytest.approx(np.log(3.5 * 0.95 / 0.9))
     # Sampling Privacy over V stations, uniform pi_v = (1 - pis)/(V + 1): ln((pi_v + pis)/pi_v)
     pv = 0.55 / 4
     assert make_query().epsilon == pytest.approx(np.log((pv + 0.45) / pv))
@@ -417,7 +428,8 @@ def test_query_derived_fields() -> None:
     ({"t_end": T0 - timedelta(minutes=1)}, "after"),
     ({"t_start": datetime(2026, 11, 18, 8, 0)}, "timezone"),  # noqa: DTZ001 - the naive datetime under test
     ({"t_end": datetime(2026, 11, 18, 10, 0)}, "timezone"),  # noqa: DTZ001
-    ({"mechanism": "fresh"}, "sp"),
+    ({"mechanism": "nope"}, "unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, fresh"),
+    ({"mechanism": "sp-binary"}, "at most 1 station"),
     ({"version": 0}, "greater than or equal"),
     ({"population": 0}, "greater than or equal"),
     ({"query_id": "bad id with spaces"}, "pattern"),

@@ -1,0 +1,345 @@
+"""The mechanism registry: one frozen spec per mechanism that every layer iterates.
+
+Modelled on PipelineDP's combiners: a :class:`MechanismSpec` owns everything that depends on
+*which* mechanism a query runs -- its parameters and defaults, how a device builds it for
+``V`` stations, its rounds, its wire layout and count width, how reports become count
+arrays (:meth:`MechanismSpec.accumulate`, merged by addition), how the implied default
+reports are filled in (:meth:`MechanismSpec.complete`), its estimators and headline, its
+epsilon (of a device's whole report in an epoch) and its extra statistics. Query
+validation, the fleet, the stream app, the CLI, the report and the dashboards ask the
+registry; none of them compares a mechanism name.
+
+Two shapes exist:
+
+* **station-valued** (``per_sensor=False``): one report per vehicle per round names a
+  station index ``0..V`` (Sampling Privacy). A round's counts have ``V + 1`` entries; on
+  the wire, per vehicle: layout ``values``.
+* **per-sensor** (``per_sensor=True``): a binary (No/Yes) mechanism asked about each of the
+  ``V`` sensors (ALP, two-coin RR, the fresh-sample variant). A round's counts are
+  ``V x O`` (row-major); per vehicle only the non-default ``(station, report)`` pairs travel
+  (layout ``pairs``) and the default report is implied by the number of participants.
+
+Both shapes also accept exact tallies (layout ``counts``).
+
+Adding a mechanism = one :class:`MechanismSpec` in :data:`REGISTRY` (see the README).
+
+>>> spec = get_spec("sp")
+>>> spec.n_rounds, spec.per_sensor, spec.headline
+(2, False, 'sp_difference')
+>>> spec.width(spec.build({}, 3), 3)
+4
+>>> get_spec("nope")
+Traceback (most recent call last):
+...
+estimators.registry.UnknownMechanism: unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, fresh
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+
+from . import mechanisms, privacy
+from ._types import IntArray
+from .linear import LinearEstimator, alp_estimators, fresh_difference, rr_estimator, sp_difference, station_counts
+from .mechanisms import Mechanism, PerStation
+
+__all__ = ["REGISTRY", "MechanismSpec", "PlanError", "SpecError", "UnknownMechanism", "all_estimator_names", "get_spec",
+           "mechanism_names"]
+
+Layout = Literal["values", "pairs", "counts"]
+
+
+class PlanError(ValueError):
+    """A request that cannot be answered (unknown mechanism or parameter, bad value)."""
+
+
+class UnknownMechanism(PlanError):
+    """A mechanism name the registry does not hold: never a silent default."""
+
+
+class SpecError(ValueError):
+    """Reports that do not fit a mechanism's layout; ``reason`` is a short code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+BuildFn = Callable[[Mapping[str, float], int], Mechanism]
+EstimatorsFn = Callable[[Mechanism, "IntArray | None", tuple[float, float]], dict[str, LinearEstimator]]
+ClosedFormFn = Callable[[Mechanism], float]
+ExtraFn = Callable[[Mechanism, int], dict[str, float]]
+
+
+def _no_extra(mech: Mechanism, participants: int) -> dict[str, float]:
+    return {}
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    """Everything that depends on which mechanism a query runs (see the module doc)."""
+
+    name: str
+    summary: str
+    defaults: Mapping[str, float]
+    n_rounds: int
+    per_sensor: bool
+    estimator_names: tuple[str, ...]
+    headline: str
+    build_fn: BuildFn
+    estimators_fn: EstimatorsFn
+    closed_form_fn: ClosedFormFn
+    extra_fn: ExtraFn = _no_extra
+    extra_names: tuple[str, ...] = ()
+    optional: frozenset[str] = frozenset()
+    max_stations: int | None = None
+    queryable: bool = True
+    references: str = ""
+    defaults_frozen: Mapping[str, float] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.headline not in self.estimator_names:
+            raise ValueError(f"{self.name}: headline {self.headline!r} is not one of its estimators")
+        object.__setattr__(self, "defaults_frozen", MappingProxyType(dict(self.defaults)))
+
+    # -- parameters and construction -----------------------------------------------------
+    def params(self, given: Mapping[str, float]) -> dict[str, float]:
+        """The defaults overridden by ``given``; unknown names are a :class:`PlanError`."""
+        allowed = set(self.defaults) | set(self.optional)
+        unknown = sorted(set(given) - allowed)
+        if unknown:
+            raise PlanError(f"{self.name} takes parameters {', '.join(sorted(allowed))}; unknown: {', '.join(unknown)}")
+        return {**self.defaults, **{k: float(v) for k, v in given.items()}}
+
+    def build(self, given: Mapping[str, float], n_stations: int) -> Mechanism:
+        """The mechanism a device runs for a query over ``n_stations`` sensors: station-valued
+        over all of them, or the binary mechanism asked about each (per-sensor)."""
+        if n_stations < 1:
+            raise PlanError("a query needs at least one station")
+        if self.max_stations is not None and n_stations > self.max_stations:
+            raise PlanError(f"{self.name} takes at most {self.max_stations} station(s), got {n_stations}")
+        p = self.params(given)
+        try:
+            return self.build_fn(p, n_stations)
+        except PlanError:
+            raise
+        except ValueError as exc:
+            raise PlanError(f"{self.name}: {exc}") from exc
+
+    # -- wire layout and counts ------------------------------------------------------------
+    @property
+    def layout(self) -> Layout:
+        """Per-vehicle wire layout (tallies always use ``counts``)."""
+        return "pairs" if self.per_sensor else "values"
+
+    def n_outputs(self, mech: Mechanism) -> int:
+        return mech.n_outputs
+
+    def width(self, mech: Mechanism, n_stations: int) -> int:
+        """Length of one round's count array: ``V + 1`` or ``V x O``."""
+        return n_stations * mech.n_outputs if self.per_sensor else mech.n_outputs
+
+    def default_report(self, mech: Mechanism) -> int | None:
+        """The implied report of per-sensor mechanisms (most likely answer of a No vehicle)."""
+        if not self.per_sensor:
+            return None
+        return int(np.argmax(mech.output_table(0)[0]))
+
+    def round_mechanisms(self, mech: Mechanism) -> tuple[Mechanism, ...]:
+        """Per-sensor: one one-round binary mechanism per round (rounds must use fresh coins)."""
+        if mech.n_rounds == 1:
+            return (mech,)
+        tables = [mech.output_table(r) for r in range(mech.n_rounds)]
+        joint = mech.joint_table()
+        product = tables[0]
+        for t in tables[1:]:
+            product = (product[:, :, None] * t[:, None, :]).reshape(product.shape[0], -1)
+        if not np.allclose(joint, product, atol=1e-12):
+            raise PlanError(f"{self.name}: a per-sensor mechanism's rounds must be independent")
+        return tuple(mechanisms.table_mechanism(f"{mech.name}_r{r}", tables[r], {}, mech.truth_labels,
+                                                mech.output_labels) for r in range(mech.n_rounds))
+
+    def per_station(self, mech: Mechanism, n_stations: int) -> tuple[PerStation, ...]:
+        """Per-sensor: the :class:`PerStation` sampler of each round."""
+        return tuple(PerStation(m, n_stations) for m in self.round_mechanisms(mech))
+
+    def accumulate(self, mech: Mechanism, n_stations: int, layout: Layout, arrays: Mapping[str, IntArray],
+                   reports: int) -> IntArray:
+        """One round's count array (``width`` entries, int64) from one record's arrays.
+
+        ``values``: station indices 0..V; ``pairs``: non-default (station 1..V, report) pairs;
+        ``counts``: an exact tally of ``reports`` vehicles (each row must sum to it). Arrays
+        must already be range-checked against ``n_stations``/``n_outputs`` (the wire does).
+        :class:`SpecError` for a layout the mechanism cannot take.
+        """
+        o_n = mech.n_outputs
+        width = self.width(mech, n_stations)
+        if layout == "counts":
+            c = np.asarray(arrays["counts"], dtype=np.int64)
+            if c.size != width:
+                raise SpecError("wrong_layout", f"{c.size} counts for a {self.name} query of width {width}")
+            rows = c.reshape(n_stations, o_n) if self.per_sensor else c.reshape(1, o_n)
+            if np.any(rows.sum(axis=1) != reports):
+                raise SpecError("mismatched_sizes", f"tally rows must each sum to the {reports} vehicles")
+            return c
+        if layout != self.layout:
+            raise SpecError("wrong_layout", f"{layout} for a {self.name} query (per vehicle: {self.layout})")
+        if layout == "values":
+            return np.bincount(arrays["value"], minlength=width).astype(np.int64)
+        default = self.default_report(mech)
+        out = arrays["output"]
+        if out.size and np.any(out == default):
+            raise SpecError("out_of_range", f"pairs carry only non-default reports; {default} is the default")
+        flat = (arrays["station"] - 1) * o_n + out
+        return np.bincount(flat, minlength=width).astype(np.int64)
+
+    def complete(self, mech: Mechanism, n_stations: int, counts: IntArray, participants: int) -> IntArray:
+        """Per-station counts ``(V, R, O)`` for the estimators from the summed round counts
+        ``(R, width)``.
+
+        Per-sensor: every participant answers about every sensor in every round, so each
+        station's row must sum to ``participants``; what per-vehicle pairs left implicit is
+        the default report: ``participants - (row sum)``. (Callers check
+        :meth:`impossible` first: a row above ``participants`` cannot be completed.)
+        """
+        c = np.asarray(counts, dtype=np.int64)
+        if not self.per_sensor:
+            return station_counts(mech, c)
+        d = int(np.argmax(mech.output_table(0)[0]))  # the default report
+        out = c.reshape(self.n_rounds, n_stations, mech.n_outputs).copy()
+        out[:, :, d] += participants - out.sum(axis=2)
+        return np.transpose(out, (1, 0, 2))
+
+    def row_totals(self, mech: Mechanism, n_stations: int, counts: IntArray) -> IntArray:
+        """``(R, V)`` reports counted per round and station (per-sensor) or ``(R, 1)`` per round."""
+        c = np.asarray(counts, dtype=np.int64)
+        rows = n_stations if self.per_sensor else 1
+        out: IntArray = c.reshape(self.n_rounds, rows, -1).sum(axis=2)
+        return out
+
+    # -- estimators, privacy, extras ----------------------------------------------------------
+    def estimators(self, mech: Mechanism, stations: IntArray | None = None,
+                   design: tuple[float, float] = (0.0, 1.0)) -> dict[str, LinearEstimator]:
+        """The mechanism's estimators, headline included. ``stations`` (station-valued only):
+        build for these station indices instead of all; ``design`` = (Yes, N) at which a
+        combination estimator (ALP's GLS) chooses its weights."""
+        ests = self.estimators_fn(mech, stations, design)
+        if tuple(ests) != self.estimator_names:
+            raise AssertionError(f"{self.name}: estimators {tuple(ests)} != declared {self.estimator_names}")
+        return ests
+
+    def closed_form_epsilon(self, mech: Mechanism) -> float:
+        """The papers' closed form of the per-answer epsilon (NaN where they give none)."""
+        return self.closed_form_fn(mech)
+
+    def report_epsilon(self, mech: Mechanism, n_stations: int) -> float:
+        """Epsilon of what one device sends in one round of an epoch: its whole report.
+
+        Station-valued: one station index per round, so the largest per-round table epsilon.
+        Per-sensor: :func:`privacy.per_sensor_report_epsilon` (a move from station a to b
+        flips two answers in opposite directions).
+        """
+        if not self.per_sensor:
+            return privacy.mechanism_epsilon(mech).epsilon
+        return max(privacy.per_sensor_report_epsilon(m.output_table(0), n_stations)
+                   for m in self.round_mechanisms(mech))
+
+    def answer_epsilon(self, mech: Mechanism) -> float:
+        """Epsilon of one answer (one sensor's report in one round)."""
+        return privacy.mechanism_epsilon(mech).epsilon
+
+    def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
+        """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""
+        return self.extra_fn(mech, participants)
+
+
+# -- the specs -----------------------------------------------------------------------------
+def _build_sp(p: Mapping[str, float], v: int) -> Mechanism:
+    pi = None
+    if "pi0" in p:  # baseline face given: the rest split evenly over the stations
+        rest = (1.0 - p["pis"] - p["pi0"]) / v
+        pi = [p["pi0"], *([rest] * v)]
+    return mechanisms.sampling_privacy(v, p["pis"], pi)
+
+
+def _sp_closed(m: Mechanism) -> float:
+    return privacy.sp_epsilon_closed_form(m.latent[0, :-1].tolist(), m.params["pis"])
+
+
+def _alp_crowd(m: Mechanism, participants: int) -> dict[str, float]:
+    crowd = privacy.crowd_size(participants, m.params["pisNo"], m.params["pi3"])
+    return {"mean": crowd.mean, "p01": crowd.p01}
+
+
+_SPECS = (
+    MechanismSpec(
+        name="sp", summary="Sampling Privacy over the sensors: one die, two rounds, difference estimator",
+        defaults={"pis": 0.45}, optional=frozenset({"pi0"}), n_rounds=2, per_sensor=False,
+        estimator_names=("sp_difference",), headline="sp_difference",
+        build_fn=_build_sp, estimators_fn=lambda m, st, d: {"sp_difference": sp_difference(m, st)},
+        closed_form_fn=_sp_closed, references="seed 000 §4.2, eqs. 16 and 29"),
+    MechanismSpec(
+        name="sp-binary", summary="binary Sampling Privacy (one sensor): faces 0, S, 1",
+        defaults={"pi0": 0.275, "pis": 0.45}, n_rounds=2, per_sensor=False, max_stations=1,
+        estimator_names=("sp_difference",), headline="sp_difference",
+        build_fn=lambda p, v: mechanisms.sp_binary(p["pi0"], p["pis"]),
+        estimators_fn=lambda m, st, d: {"sp_difference": sp_difference(m, st)},
+        closed_form_fn=lambda m: privacy.sp_binary_epsilon_closed_form(m.params["pi0"], m.params["pis"]),
+        references="seed 000 §4.1, eqs. 11, 21 and 25"),
+    MechanismSpec(
+        name="alp", summary="Anonymized Local Privacy (optimal Yes/No/⊥) asked about each sensor",
+        defaults={"pisYes1": 0.05, "pisYes2": 0.05, "pi1": 0.95, "pi2": 0.98, "pisNo": 0.05, "pi3": 0.98},
+        n_rounds=1, per_sensor=True,
+        estimator_names=("alp_yhat", "alp_bottom", "alp_average", "alp_gls"), headline="alp_average",
+        build_fn=lambda p, v: mechanisms.alp_optimal(p["pisYes1"], p["pisYes2"], p["pi1"], p["pi2"], p["pisNo"],
+                                                     p["pi3"]),
+        estimators_fn=lambda m, st, d: alp_estimators(m, design_yes=d[0], design_n=d[1]),
+        closed_form_fn=lambda m: privacy.alp_epsilon_closed_form(**m.params),
+        extra_fn=_alp_crowd, extra_names=("mean", "p01"), references="seed 004 §V, eqs. 6-11"),
+    MechanismSpec(
+        name="rr", summary="two-coin randomized response asked about each sensor (the baseline)",
+        defaults={"pi1": 0.8, "pi2": 0.2}, n_rounds=1, per_sensor=True,
+        estimator_names=("rr",), headline="rr",
+        build_fn=lambda p, v: mechanisms.two_coin_rr(p["pi1"], p["pi2"]),
+        estimators_fn=lambda m, st, d: {"rr": rr_estimator(m)},
+        closed_form_fn=lambda m: privacy.rr_epsilon_closed_form(m.params["pi1"], m.params["pi2"]),
+        references="seed 000 §1 and App. A, eq. 30; seed 001"),
+    MechanismSpec(
+        name="fresh", summary="two-round fresh-sample variant asked about each sensor (a baseline)",
+        defaults={"pisYes1": 0.5, "pisNo1": 0.05, "pisYes2": 0.05, "pisNo2": 0.05}, n_rounds=2, per_sensor=True,
+        estimator_names=("fresh_difference",), headline="fresh_difference",
+        build_fn=lambda p, v: mechanisms.fresh_sample(p["pisYes1"], p["pisNo1"], p["pisYes2"], p["pisNo2"]),
+        estimators_fn=lambda m, st, d: {"fresh_difference": fresh_difference(m)},
+        closed_form_fn=lambda m: float("nan"),  # the poster gives none
+        references="seed 002"),
+)
+
+REGISTRY: Mapping[str, MechanismSpec] = MappingProxyType({s.name: s for s in _SPECS})
+
+
+def mechanism_names(queryable_only: bool = False) -> tuple[str, ...]:
+    """Registered mechanism names, in registry order."""
+    return tuple(n for n, s in REGISTRY.items() if s.queryable or not queryable_only)
+
+
+def get_spec(name: str) -> MechanismSpec:
+    """The spec of ``name``; :class:`UnknownMechanism` (a clear error) otherwise."""
+    spec = REGISTRY.get(name)
+    if spec is None:
+        raise UnknownMechanism(f"unknown mechanism {name!r}; choose one of {', '.join(REGISTRY)}")
+    return spec
+
+
+def all_estimator_names() -> tuple[str, ...]:
+    """Every estimator name of every mechanism (the estimate schema's enum)."""
+    seen: dict[str, None] = {}
+    for spec in REGISTRY.values():
+        for n in spec.estimator_names:
+            seen[n] = None
+    return tuple(seen)
