@@ -8,14 +8,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+
+from estimators.registry import all_estimator_names
+
+from .query import QueryMechanism
 
 __all__ = ["DeadLetter", "Estimate", "EstimateBound", "ESTIMATE_SCHEMA_PATH", "estimate_json_schema"]
 
 ESTIMATE_SCHEMA_PATH = Path(__file__).with_name("estimate.schema.json")
-EstimatorName = Literal["sp_difference", "alp_average", "alp_yhat", "alp_bottom", "alp_gls", "rr"]
+ESTIMATOR_NAMES = all_estimator_names()  # from the mechanism registry
+
+
+def _known_estimator(name: str) -> str:
+    if name not in ESTIMATOR_NAMES:
+        raise ValueError(f"unknown estimator {name!r}")
+    return name
+
+
+EstimatorName = Annotated[str, AfterValidator(_known_estimator),
+                          Field(json_schema_extra={"enum": list(ESTIMATOR_NAMES)})]
 
 
 class EstimateBound(BaseModel):
@@ -39,7 +53,7 @@ class Estimate(BaseModel):
     kind: Literal["estimate"] = "estimate"
     query_id: str
     query_version: int = Field(ge=1)
-    mechanism: Literal["sp", "alp", "rr"]
+    mechanism: QueryMechanism
     estimator: EstimatorName
     epoch: int = Field(ge=0, description="absolute epoch index: Unix seconds // epoch length")
     epoch_start: AwareDatetime
@@ -49,8 +63,8 @@ class Estimate(BaseModel):
     bounds: tuple[EstimateBound, ...]
     reports: int = Field(ge=0, description="reports counted in the epoch (all rounds)")
     participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
-    epsilon: float | None = Field(description="per-epoch local epsilon of the query (brute force); "
-                                              "null when infinite (no device would answer such a query)")
+    epsilon: float | None = Field(description="per-epoch epsilon of a device's whole report (brute force over "
+                                              "its report vector); null when infinite")
     withheld: str | None = None
     closed_by: Literal["markers", "watermark", "wall_clock"]
     round_count_mismatch: int = Field(description="round-2 minus round-1 reports (Sampling Privacy; 0 otherwise)")

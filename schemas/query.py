@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cached_property
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from estimators import Mechanism, PerStation
 from estimators.registry import MechanismSpec, get_spec, mechanism_names
+
+from .epochs import EPOCH_S
 
 __all__ = ["MECHANISM_NAMES", "Query", "QueryMechanism"]
 
@@ -53,7 +55,7 @@ class Query(BaseModel):
     mechanism: QueryMechanism
     params: dict[str, float] = Field(default_factory=dict)
     population: int = Field(ge=1, description="N rows: how many data owners the query is sized for")
-    epoch_length_s: int = Field(default=30, ge=1)
+    epoch_length_s: Literal[30] = Field(default=30, description="the one epoch clock: 30 s (fixed)")
     t_start: AwareDatetime
     t_end: AwareDatetime
 
@@ -123,6 +125,10 @@ class Query(BaseModel):
     def epsilon_per_answer(self) -> float:
         """Epsilon of one answer (one sensor's report in one round)."""
         return self.spec.answer_epsilon(self.build())
+
+    def epoch_range(self) -> tuple[int, int]:
+        """``[first, end)`` epochs of the query's window (T_start .. T_end)."""
+        return int(self.t_start.timestamp()) // EPOCH_S, -(-int(self.t_end.timestamp()) // EPOCH_S)
 
     def active_at(self, when: datetime) -> bool:
         return self.t_start <= when < self.t_end

@@ -3,17 +3,22 @@
 Topology (one or many workers in one consumer group give the same result):
 
 * **stage 1** (``reports`` topic, keyed by random batch ids): decode and validate each record
-  against its query (:mod:`stream_app.decode`), reduce a batch to its per-output counts, and
-  forward it -- re-keyed by ``(query, version, epoch)`` and tagged with its source partition --
-  to the internal ``partials`` topic. Stateless. Anything bad goes to the dead-letter topic.
-* **stage 2** (``partials``): one changelog-backed table of windows
-  (:mod:`stream_app.windows`); batches add up, batch ids deduplicate (in the same table value
-  as the counts, so a replay after a crash never counts twice), markers and the watermark
-  decide when an epoch closes; a closed epoch becomes estimate records and metrics.
+  against its query (:mod:`stream_app.decode`), reduce it to a typed stage record carrying
+  its count array (:mod:`stream_app.records`) and forward it -- re-keyed by window
+  ``(query, version, epoch)`` and tagged with its source partition -- to the internal
+  ``partials`` topic. Stateless. Anything bad goes to the dead-letter topic.
+* **stage 2** (``partials``), batched: takes many stage records at once and, per stage-2
+  partition, reads the touched windows from one changelog-backed table, lets the pure
+  :class:`~stream_app.windows.WindowPolicy` add them and decide which epochs close, turns
+  closed epochs into estimate arrays (:mod:`stream_app.estimate`), publishes them (batched,
+  acknowledged), then writes each touched window once. Offsets are committed only after
+  that (Faust acks the batch's events when the loop body returns, and flushes the producer
+  before committing).
 
 Faust's windowed tables are not used: they close windows by the wall clock and keep their
-expiry schedule in memory (see shared/reference/BROKER.md). Here every closing decision is
-made from data in the changelog-backed table, so it survives a restart.
+expiry schedule in memory. Here every closing decision is made from data in the
+changelog-backed table -- window states and each partition's watermark state -- so it
+survives a restart.
 """
 
 from __future__ import annotations
@@ -22,29 +27,29 @@ import logging
 import math
 import ssl
 import time
+from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import faust
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 
-from estimators import crowd_size
-from producers.pems import epoch_start
 from schemas import GroundTruth, Query, decode_record
-from schemas.estimates import Estimate
 from schemas.kafka_io import QueryReader
 
 from .decode import REASONS, Rejected, to_partials
-from .estimate import QueryEstimators, estimates_for
-from .metrics import StreamMetrics
+from .estimate import QueryEstimators, epoch_result
+from .metrics import StreamMonitor
+from .publish import EstimatesSink
+from .records import BatchPartial, Partial, Tick, WindowId, decode_partial, encode_partial
 from .settings import WorkerSettings
-from .windows import Partial, Watermarks, Window
+from .windows import Watermarks, WindowPolicy, WindowState
 
 __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
 log = logging.getLogger(__name__)
-EPOCH_S = 30
-WM_PREFIX = "__wm__:"
+WM_PREFIX = b"__wm__\x1f"
 MISS_TTL_S = 5.0
 
 
@@ -89,6 +94,11 @@ class QueryCache:
         if qe is None:
             qe = self._estimators[q.record_key] = QueryEstimators.build(q)
         return qe
+
+    def shape(self, wid: WindowId) -> tuple[int, int] | None:
+        """(rounds, width) of a window's query, None if the query is unknown."""
+        q = self.get(wid.query_id, wid.query_version)
+        return None if q is None else (q.n_rounds, q.width)
 
 
 class _MillisecondsToSeconds:
@@ -148,8 +158,10 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         datadir=str(s.worker_dir / "{conf.name}"),
         topic_partitions=s.internal_partitions,
         topic_replication_factor=1,
-        # BROKER.md: with the embedded broker, changelog recovery is exact only if every
-        # record is its own batch; group joins take half the session timeout.
+        # With the embedded broker, changelog recovery is exact only if every record is its own
+        # batch (its end offsets are wrong). Only changelog writes (one per touched window per
+        # batch), stage records and dead letters go through this producer; estimates have
+        # their own batching producer (stream_app.publish).
         producer_max_batch_size=1,
         broker_session_timeout=6,
         broker_heartbeat_interval=1,
@@ -160,25 +172,25 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         web_bind=s.web_host,
         web_transport="tcp://",
     )
-    metrics = StreamMetrics(registry)
-    metrics.know_reasons(REASONS)
+    monitor = StreamMonitor(registry)
+    monitor.know_reasons(REASONS)
     _faust_sensors(app, registry)
-    newest: dict[str, int] = {}  # query -> newest epoch seen / closed, for the lag gauge
-    closed_upto: dict[str, int] = {}
     queries = QueryCache(s)
-    n_source = s.partitions
+    policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
+                          wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s)
+    sink = EstimatesSink(s, s.estimates_topic)
 
     reports = app.topic(s.reports_topic, key_serializer="raw", value_serializer="raw", partitions=s.partitions)
     partials = app.topic(s.partials_topic, key_serializer="raw", value_serializer="raw",
                          partitions=s.internal_partitions)
-    estimates = app.topic(s.estimates_topic, key_serializer="raw", value_serializer="raw")
     dead = app.topic(s.dead_letter_topic, key_serializer="raw", value_serializer="raw")
     truth = app.topic(s.truth_topic, key_serializer="raw", value_serializer="raw")
-    # changelog topic: "<app id>-windows-changelog" (settings.changelog_topic), JSON values
-    windows = app.Table("windows", default=None, partitions=s.internal_partitions, key_type=str)
+    # changelog topic: "<app id>-windows-changelog" (settings.changelog_topic); binary values
+    windows = app.Table("windows", default=None, partitions=s.internal_partitions, key_type=bytes,
+                        value_type=bytes, key_serializer="raw", value_serializer="raw")
 
     async def _dead(rej: Rejected, topic: str, partition: int, offset: int, value: bytes | None) -> None:
-        metrics.dead_letters.labels(rej.reason).inc()
+        monitor.on_dead_letter(rej.reason)
         letter = rej.letter(topic, partition, offset, value)
         await dead.send(key=rej.reason.encode(), value=letter.model_dump_json().encode())
 
@@ -187,110 +199,65 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         async for event in stream.events():
             msg = event.message
             try:
-                out = to_partials(event.value, msg.partition, queries.get)
+                out = to_partials(event.value, msg.partition, queries.get, s.max_producers)
             except Exception as exc:  # never crash on a record; keep it for inspection
                 log.exception("stage 1 failed on %s/%s@%s", msg.topic, msg.partition, msg.offset)
                 out = Rejected("internal_error", f"{type(exc).__name__}: {exc}")
             if isinstance(out, Rejected):
                 await _dead(out, msg.topic, msg.partition, msg.offset, event.value)
                 continue
-            metrics.records.labels(out.kind).inc()
-            await partials.send(key=out.key.encode(), value=out.to_bytes())
+            monitor.on_record("batch" if isinstance(out, BatchPartial) else "marker")
+            await partials.send(key=out.window.key, value=encode_partial(out))
 
-    def _close(win: Window, reason: str, wm: Watermarks, key: str) -> list[Estimate]:
-        q = queries.get(win.query_id, win.query_version)
-        win.close(reason)  # type: ignore[arg-type]
-        wm.untrack(key)
-        if q is None:
-            return []
-        qe = queries.estimators(q)
-        out = estimates_for(qe, win, reason, epoch_start(win.epoch), s.confidences,  # type: ignore[arg-type]
-                            s.min_participants)
-        metrics.closed.labels(q.query_id, reason).inc()
-        metrics.refused.labels(q.query_id).inc(win.refused())
-        if win.missing_batches():
-            metrics.missing_batches.labels(q.query_id).inc(win.missing_batches())
-        closed_upto[q.query_id] = max(closed_upto.get(q.query_id, win.epoch), win.epoch)
-        metrics.last_closed.labels(q.query_id).set(closed_upto[q.query_id])
-        for r, n in enumerate(win.reports):
-            metrics.epoch_reports.labels(q.query_id, str(r)).set(n)
-        if out:
-            metrics.epoch_participants.labels(q.query_id).set(out[0].participants)
-        metrics.epsilon.labels(q.query_id, q.mechanism).set(q.epsilon)
-        if q.mechanism == "alp" and out and out[0].participants:
-            crowd = crowd_size(out[0].participants, q.build().params["pisNo"], q.build().params["pi3"])
-            metrics.crowd.labels(q.query_id, "mean").set(crowd.mean)
-            metrics.crowd.labels(q.query_id, "p01").set(crowd.p01)
-        for e in out:
-            labels = (e.query_id, e.mechanism, e.estimator, str(e.station))
-            if e.withheld is not None:
-                metrics.suppressed.labels(e.query_id).inc()
+    def _load(wid: WindowId) -> WindowState | None:
+        raw = windows.data.get(wid.key)
+        return None if raw is None else WindowState.decode(raw)
+
+    def _write(part: int, key: bytes, value: bytes) -> None:
+        windows.data[key] = value
+        windows.send_changelog(part, key, value)
+
+    async def _apply(part: int, items: Sequence[Partial]) -> None:
+        """One stage-2 partition's share of a batch: policy, estimates, then state writes."""
+        wm_key = WM_PREFIX + str(part).encode()
+        wm = Watermarks.decode(windows.data.get(wm_key))
+        outcome = policy.apply(wm, _load, queries.shape, items)
+        monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
+        records: list[tuple[bytes, bytes]] = []
+        results = []
+        for st, reason in outcome.closed:
+            q = queries.get(st.wid.query_id, st.wid.query_version)
+            if q is None:
                 continue
-            metrics.estimate.labels(*labels).set(e.estimate or 0.0)
-            for b in e.bounds:
-                metrics.lower.labels(*labels, f"{b.confidence:g}").set(b.lower)
-                metrics.upper.labels(*labels, f"{b.confidence:g}").set(b.upper)
-        return out
+            res = epoch_result(queries.estimators(q), st, reason, s.confidences, s.min_participants)
+            results.append(res)
+            records.extend(res.render())
+        await sink.publish(records)  # acknowledged before the closed windows are written
+        for res in results:
+            monitor.on_epoch_closed(res)
+        for wid, st in outcome.touched.items():
+            _write(part, wid.key, st.encode())
+        if wm.dirty:
+            _write(part, wm_key, wm.encode())
 
     @app.agent(partials)
     async def stage2(stream: Any) -> Any:
-        async for event in stream.events():
-            part = event.message.partition
-            wm_key = f"{WM_PREFIX}{part}"
-            try:
-                p = Partial.from_bytes(event.value)
-                wm_raw = windows.get(wm_key)
-                wm = Watermarks.from_dict(wm_raw)
-                published: list[Estimate] = []
-                if p.kind == "tick":
-                    for key in list(wm.open):
-                        epoch = wm.open_epochs[key]
-                        age = p.now_s - (epoch + 1) * EPOCH_S
-                        if s.wall_clock_grace_s < age < s.live_horizon_s:
-                            win = Window.from_dict(windows[key])
-                            published += _close(win, "wall_clock", wm, key)
-                            windows[key] = win.to_dict()
-                else:
-                    q = queries.get(p.query_id, p.query_version)
-                    if q is None:  # stage 1 validated it; only a deleted query gets here
-                        continue
-                    metrics.know_query(q.query_id)
-                    raw = windows.get(p.key)
-                    if raw is None and wm.too_old(p.epoch, n_source, s.allowed_lateness_epochs):
-                        metrics.late.labels(p.query_id).inc()
-                        continue
-                    win = (Window.from_dict(raw) if raw is not None else
-                           Window.new(p.query_id, p.query_version, p.epoch, q.n_rounds, queries.estimators(q).width))
-                    result = win.add(p)
-                    if result == "late":
-                        metrics.late.labels(p.query_id).inc()
-                    elif result == "duplicate":
-                        metrics.duplicates.labels(p.query_id).inc()
-                    else:
-                        if p.kind == "batch":
-                            metrics.reports.labels(p.query_id).inc(p.reports)
-                        if raw is None:
-                            wm.track(p.key, p.epoch)
-                    wm.see(p.source_partition, p.epoch)
-                    newest[p.query_id] = max(newest.get(p.query_id, p.epoch), p.epoch)
-                    metrics.newest_seen.labels(p.query_id).set(newest[p.query_id])
-                    if not win.closed and win.markers_complete(n_source):
-                        published += _close(win, "markers", wm, p.key)
-                    windows[p.key] = win.to_dict()
-                    for key in wm.due(n_source, s.allowed_lateness_epochs):
-                        other = Window.from_dict(windows[key])
-                        published += _close(other, "watermark", wm, key)
-                        windows[key] = other.to_dict()
-                if wm.to_dict() != wm_raw:  # a changelog write only when the watermark state changed
-                    windows[wm_key] = wm.to_dict()
-                for e in published:
-                    await estimates.send(key=str(e.station).encode(), value=e.model_dump_json().encode())
-                    metrics.epoch_lag.labels(e.query_id).set(
-                        newest.get(e.query_id, 0) - closed_upto.get(e.query_id, 0))
-            except Exception as exc:
-                log.exception("stage 2 failed on partition %s offset %s", part, event.message.offset)
-                await _dead(Rejected("internal_error", f"{type(exc).__name__}: {exc}"), event.message.topic,
-                            part, event.message.offset, event.value)
+        async for events in stream.take_events(s.stage2_batch_records, within=s.stage2_batch_wait_s):
+            by_part: dict[int, list[Any]] = defaultdict(list)
+            for event in events:
+                by_part[event.message.partition].append(event)
+            for part, evs in by_part.items():
+                try:
+                    await _apply(part, [decode_partial(e.value) for e in evs])
+                except Exception:  # find the record(s) at fault one by one; the rest still count
+                    log.exception("stage 2 failed on a batch of partition %s; retrying record by record", part)
+                    for e in evs:
+                        try:
+                            await _apply(part, [decode_partial(e.value)])
+                        except Exception as exc:
+                            log.exception("stage 2 failed on partition %s offset %s", part, e.message.offset)
+                            await _dead(Rejected("internal_error", f"{type(exc).__name__}: {exc}"),
+                                        e.message.topic, part, e.message.offset, e.value)
 
     @app.agent(truth)
     async def ground_truth(stream: Any) -> Any:
@@ -300,20 +267,22 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             except ValueError:
                 continue
             if isinstance(t, GroundTruth):
-                for station, flow in zip(t.stations, t.flows, strict=True):
-                    metrics.truth.labels(str(station)).set(flow)
-                metrics.truth_epoch.set(t.epoch)
+                monitor.on_truth(t.epoch, t.stations, t.flows)
 
     @app.timer(interval=s.tick_interval_s)
     async def tick() -> None:
         queries.refresh()
-        now = time.time()
+        value = encode_partial(Tick(time.time()))
         for p in range(s.internal_partitions):
-            await partials.send(key=b"tick", value=Partial("tick", now_s=now).to_bytes(), partition=p)
+            await partials.send(key=b"tick", value=value, partition=p)
+
+    @app.task
+    async def start_sink() -> None:
+        await sink.start()
 
     app.metrics_registry = registry  # type: ignore[attr-defined]
+    app.estimates_sink = sink  # type: ignore[attr-defined]
     return app
-
 
 
 def ensure_stream_topics(s: WorkerSettings) -> None:

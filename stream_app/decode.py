@@ -1,28 +1,35 @@
-"""Stage 1 logic: one record of the reports topic -> partial counts for stage 2, or the
-reason it goes to the dead-letter topic. No Faust here; the app calls it per record."""
+"""Stage 1 logic: one record of the reports topic -> a typed stage record for stage 2, or
+the reason it goes to the dead-letter topic. No Faust here; the app calls it per record.
+
+What a record may claim is bounded by its query before anything is counted: report and
+vehicle counts by the query's population, producer counts by ``max_producers``, epochs by
+the query's window. The mechanism-specific work (which layouts a query takes, how reports
+become count arrays) is the registry's (:meth:`estimators.MechanismSpec.accumulate`).
+"""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from estimators import SpecError
 from schemas import DecodedBatch, EndOfEpoch, GroundTruth, Query, SingleReport, WireError, decode_record
 from schemas.estimates import DeadLetter
 
-from .windows import Partial
+from .records import BatchPartial, MarkerPartial
 
 __all__ = ["REASONS", "Rejected", "to_partials"]
 
 # every reason a record can be dead-lettered for (schemas.WireError reasons, then stage 1's)
 REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", "bad_layout", "out_of_range",
            "bad_json_record", "unknown_query", "outside_query_window", "bad_round", "mismatched_sizes",
-           "wrong_layout", "bad_marker", "unexpected_record", "internal_error")
+           "wrong_layout", "bad_marker", "out_of_bounds", "unexpected_record", "internal_error")
 
 QueryLookup = Callable[[str, int], Query | None]
+DEFAULT_MAX_PRODUCERS = 64
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,7 @@ def _check_query(lookup: QueryLookup, query_id: str, version: int, epoch: int, r
     q = lookup(query_id, version)
     if q is None:
         return Rejected("unknown_query", f"no query {query_id!r} version {version}")
-    length = q.epoch_length_s
-    start = int(q.t_start.timestamp()) // length
-    end = -(-int(q.t_end.timestamp()) // length)
+    start, end = q.epoch_range()
     if not start <= epoch < end:
         return Rejected("outside_query_window", f"epoch {epoch} outside {q.record_key}'s [{start}, {end})")
     if rnd >= q.n_rounds:
@@ -50,71 +55,81 @@ def _check_query(lookup: QueryLookup, query_id: str, version: int, epoch: int, r
     return q
 
 
-def _batch(b: DecodedBatch, q: Query, partition: int) -> Partial | Rejected:
+def _max_reports(q: Query, layout: str) -> int:
+    """The most reports one record can honestly stand for: one per vehicle, or (pairs) one per
+    vehicle and sensor."""
+    return q.population * (q.n_stations if layout == "pairs" else 1)
+
+
+def _batch(b: DecodedBatch, q: Query, partition: int) -> BatchPartial | Rejected:
     h = b.header
-    n_out = q.build().n_outputs
-    if h.n_stations != q.n_stations or h.n_outputs != n_out:
+    mech = q.build()
+    if h.n_stations != q.n_stations or h.n_outputs != mech.n_outputs:
         return Rejected("mismatched_sizes", f"batch for {h.n_stations} stations x {h.n_outputs} outputs, "
-                                            f"query has {q.n_stations} x {n_out}")
-    v = q.n_stations
-    common: dict[str, Any] = {
-        "query_id": h.query_id, "query_version": h.query_version, "epoch": h.epoch, "round": h.round,
-        "source_partition": partition, "producer_id": h.producer_id, "batch_id": h.batch_id}
-    if q.mechanism == "sp":
-        if h.layout == "values":
-            counts = np.bincount(b.arrays["value"], minlength=v + 1)
-            return Partial("batch", reports=h.reports, mode="full", counts=counts.tolist(), **common)
-        if h.layout == "counts" and b.arrays["counts"].size == v + 1:
-            if int(b.arrays["counts"].sum()) != h.reports:
-                return Rejected("mismatched_sizes", f"tally counts must sum to the {h.reports} vehicles")
-            return Partial("batch", reports=h.reports, mode="full", counts=b.arrays["counts"].tolist(), **common)
-        return Rejected("wrong_layout", f"{h.layout} ({b.arrays[next(iter(b.arrays))].size}) for a Sampling "
-                                        f"Privacy query over {v} stations")
-    default = _default_report(q)
-    if h.layout == "pairs":
-        if np.any(b.arrays["output"] == default):
-            return Rejected("out_of_range", f"pairs carry only non-default reports; {default} is the default")
-        flat = (b.arrays["station"] - 1) * n_out + b.arrays["output"]
-        counts = np.bincount(flat, minlength=v * n_out)
-        return Partial("batch", reports=h.reports, mode="sparse", counts=counts.tolist(), **common)
-    if h.layout == "counts" and b.arrays["counts"].size == v * n_out:
-        c = b.arrays["counts"].reshape(v, n_out)
-        if np.any(c.sum(axis=1) != h.reports):
-            return Rejected("mismatched_sizes", f"tally rows must each sum to the {h.reports} vehicles")
-        return Partial("batch", reports=h.reports, mode="full", counts=b.arrays["counts"].tolist(), **common)
-    return Rejected("wrong_layout", f"{h.layout} for a per-sensor {q.mechanism} query over {v} stations")
+                                            f"query has {q.n_stations} x {mech.n_outputs}")
+    if h.reports > _max_reports(q, h.layout):
+        return Rejected("out_of_bounds", f"{h.reports} reports in one record; the query's population is "
+                                         f"{q.population}")
+    if h.layout == "counts":
+        c = b.arrays["counts"]
+        if c.size and int(c.max()) > q.population:
+            return Rejected("out_of_bounds", f"a count of {int(c.max())} exceeds the population {q.population}")
+    try:
+        counts = q.spec.accumulate(mech, q.n_stations, h.layout, b.arrays, h.reports)
+    except SpecError as exc:
+        return Rejected(exc.reason, exc.detail)
+    return BatchPartial(h.query_id, h.query_version, h.epoch, h.round, partition, h.producer_id, h.batch_id,
+                        h.reports, h.layout == "counts", counts)
 
 
-def _single(r: SingleReport, q: Query, partition: int) -> Partial | Rejected:
+def _single(r: SingleReport, q: Query, partition: int) -> BatchPartial | Rejected:
     v = q.n_stations
-    n_out = q.build().n_outputs
-    common: dict[str, Any] = {
-        "query_id": r.query_id, "query_version": r.query_version, "epoch": r.epoch, "round": r.round,
-        "source_partition": partition, "producer_id": "device", "batch_id": r.batch_id}
-    if q.mechanism == "sp":
+    mech = q.build()
+    if q.spec.per_sensor:
+        d = q.default_report
+        if r.pairs is None or any(s > v or o >= mech.n_outputs or o == d for s, o in r.pairs):
+            return Rejected("out_of_range", f"a {q.mechanism} report needs pairs with station 1..{v} and a "
+                                            f"non-default report < {mech.n_outputs} (default {d})")
+        if len({s for s, _ in r.pairs}) != len(r.pairs):
+            return Rejected("out_of_range", "a station appears twice in one report")
+        arrays = {"station": np.array([s for s, _ in r.pairs], dtype=np.int64),
+                  "output": np.array([o for _, o in r.pairs], dtype=np.int64)}
+        reports = len(r.pairs)
+    else:
         if r.value is None or r.value > v:
-            return Rejected("out_of_range", f"a Sampling Privacy report needs a value in 0..{v}")
-        counts = [0] * (v + 1)
-        counts[r.value] = 1
-        return Partial("batch", reports=1, mode="full", counts=counts, **common)
-    default = _default_report(q)
-    if r.pairs is None or any(s > v or o >= n_out or o == default for s, o in r.pairs):
-        return Rejected("out_of_range", f"a {q.mechanism} report needs pairs with station 1..{v} and a "
-                                        f"non-default report < {n_out} (default {default})")
-    if len({s for s, _ in r.pairs}) != len(r.pairs):
-        return Rejected("out_of_range", "a station appears twice in one report")
-    counts = [0] * (v * n_out)
-    for s, o in r.pairs:
-        counts[(s - 1) * n_out + o] += 1
-    return Partial("batch", reports=len(r.pairs), mode="sparse", counts=counts, **common)
+            return Rejected("out_of_range", f"a {q.mechanism} report needs a value in 0..{v}")
+        arrays = {"value": np.array([r.value], dtype=np.int64)}
+        reports = 1
+    try:
+        counts = q.spec.accumulate(mech, v, q.spec.layout, arrays, reports)
+    except SpecError as exc:
+        return Rejected(exc.reason, exc.detail)
+    return BatchPartial(r.query_id, r.query_version, r.epoch, r.round, partition, "device", r.batch_id, reports,
+                        False, counts)
 
 
-def _default_report(q: Query) -> int:
-    d = q.default_report
-    return -1 if d is None else d
+def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> MarkerPartial | Rejected:
+    if m.producer_count > max_producers:
+        return Rejected("bad_marker", f"producer count {m.producer_count} above the configured maximum "
+                                      f"{max_producers}")
+    if m.producer_index >= m.producer_count:
+        return Rejected("bad_marker", f"producer index {m.producer_index} of {m.producer_count}")
+    if m.partition != partition:
+        return Rejected("bad_marker", f"marker for partition {m.partition} arrived on {partition}")
+    if m.participants + m.refused > q.population:
+        return Rejected("bad_marker", f"{m.participants} participants and {m.refused} refusals exceed the "
+                                      f"population {q.population}")
+    limit = _max_reports(q, "pairs" if q.spec.per_sensor else "values")
+    if max(m.reports_total, m.reports_to_partition) > limit or m.reports_to_partition > m.reports_total \
+            or m.batches_to_partition > m.batches_total or m.batches_total > limit:
+        return Rejected("bad_marker", "report or batch counts out of bounds")
+    return MarkerPartial(m.query_id, m.query_version, m.epoch, m.round, partition, m.producer_id, m.producer_index,
+                         m.producer_count, m.reports_to_partition, m.batches_to_partition, m.participants,
+                         m.refused, m.interrupted)
 
 
-def to_partials(value: bytes | None, partition: int, lookup: QueryLookup) -> Partial | Rejected:
+def to_partials(value: bytes | None, partition: int, lookup: QueryLookup,
+                max_producers: int = DEFAULT_MAX_PRODUCERS) -> BatchPartial | MarkerPartial | Rejected:
     """What stage 1 forwards for one record of the reports topic, or why it cannot."""
     try:
         item = decode_record(value)
@@ -128,16 +143,6 @@ def to_partials(value: bytes | None, partition: int, lookup: QueryLookup) -> Par
         return q if isinstance(q, Rejected) else _batch(item, q, partition)
     if isinstance(item, EndOfEpoch):
         q = _check_query(lookup, item.query_id, item.query_version, item.epoch, item.round)
-        if isinstance(q, Rejected):
-            return q
-        if item.producer_index >= item.producer_count:
-            return Rejected("bad_marker", f"producer index {item.producer_index} of {item.producer_count}")
-        if item.partition != partition:
-            return Rejected("bad_marker", f"marker for partition {item.partition} arrived on {partition}")
-        return Partial("marker", query_id=item.query_id, query_version=item.query_version, epoch=item.epoch,
-                       round=item.round, source_partition=partition, producer_id=item.producer_id,
-                       reports=item.reports_to_partition, producer_index=item.producer_index,
-                       producer_count=item.producer_count, batches=item.batches_to_partition,
-                       participants=item.participants, refused=item.refused, interrupted=item.interrupted)
+        return q if isinstance(q, Rejected) else _marker(item, q, partition, max_producers)
     q = _check_query(lookup, item.query_id, item.query_version, item.epoch, item.round)
     return q if isinstance(q, Rejected) else _single(item, q, partition)

@@ -1,21 +1,28 @@
-"""From a closed window to estimate records: the statistics core applied to the counts."""
+"""From a closed window to estimates: the statistics core applied to all stations at once,
+kept as arrays (:class:`EpochResult`) and rendered as estimate records without building a
+pydantic object per row. The records follow :class:`schemas.estimates.Estimate` field for
+field (a test validates rendered samples against the model and the JSON Schema).
+"""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from estimators import LinearEstimator, alp_estimators, rr_estimator, sp_difference, station_counts
+from estimators import LinearEstimator
 from schemas import Query
-from schemas.estimates import Estimate, EstimateBound
+from schemas.epochs import epoch_start
 
-from .windows import CloseReason, Window
+from .windows import CloseReason, WindowState
 
-__all__ = ["QueryEstimators", "estimates_for"]
+__all__ = ["WITHHELD_CODES", "EpochResult", "QueryEstimators", "StationEstimates", "epoch_result"]
+
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -27,82 +34,140 @@ class QueryEstimators:
 
     @classmethod
     def build(cls, query: Query) -> QueryEstimators:
-        mech = query.build()
-        if query.mechanism == "sp":
-            ests = {"sp_difference": sp_difference(mech)}
-        elif query.mechanism == "alp":
-            ests = alp_estimators(mech)  # GLS weights at the design point Yes = 0
-        else:
-            ests = {"rr": rr_estimator(mech)}
-        return cls(query, ests)
+        return cls(query, query.spec.estimators(query.build()))
 
     @property
     def width(self) -> int:
-        """Length of a round's count array: V + 1 (station-valued) or V x outputs."""
-        mech = self.query.build()
-        return mech.n_outputs if self.query.mechanism == "sp" else self.query.n_stations * mech.n_outputs
+        return self.query.width
 
 
-def _per_station_counts(qe: QueryEstimators, w: Window, n: int) -> np.ndarray:
-    """``(V, 1, O)`` counts of a per-sensor mechanism; the default report of per-vehicle
-    (sparse) batches is implied: ``N_sparse - (non-default reports)`` per station."""
-    q = qe.query
-    if q.default_report is None:
-        raise ValueError(f"{q.mechanism} is not asked per sensor")
-    o_n = q.build().n_outputs
-    counts = np.asarray(w.counts[0], dtype=np.int64).reshape(q.n_stations, o_n)
-    sparse = np.asarray(w.sparse[0], dtype=np.int64).reshape(q.n_stations, o_n)
-    n_sparse = n - w.full_vehicles[0]
-    d = q.default_report
-    nondefault = sparse.sum(axis=1) - sparse[:, d]
-    counts[:, d] += n_sparse - nondefault
-    return counts[:, None, :]
+@dataclass(frozen=True)
+class StationEstimates:
+    """One estimator's estimates for every station of a query: ``(V,)`` and ``(C, V)`` arrays."""
+
+    estimate: FloatArray
+    sd: FloatArray
+    lower: FloatArray
+    upper: FloatArray
 
 
-def estimates_for(qe: QueryEstimators, w: Window, closed_by: CloseReason, epoch_start: datetime,
-                  confidences: Sequence[float], min_participants: int) -> list[Estimate]:
+@dataclass
+class EpochResult:
+    """Everything published for one closed (query, epoch): per-estimator arrays, or the reason
+    the whole epoch is withheld."""
+
+    query: Query
+    epoch: int
+    closed_by: CloseReason
+    confidences: tuple[float, ...]
+    participants: int
+    reports: int
+    round_reports: list[int]
+    late: int
+    refused: int
+    missing_batches: int
+    withheld: str | None
+    withheld_code: str | None = None
+    values: dict[str, StationEstimates] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def round_count_mismatch(self) -> int:
+        return self.round_reports[1] - self.round_reports[0] if len(self.round_reports) == 2 else 0
+
+    def n_records(self) -> int:
+        return self.query.n_stations * len(self.query.spec.estimator_names)
+
+    def render(self) -> list[tuple[bytes, bytes]]:
+        """(key, JSON value) of every estimate record: one per station and estimator.
+
+        The common fields are serialized once; per row only the station and numbers change.
+        """
+        q = self.query
+        eps = q.epsilon if math.isfinite(q.epsilon) else None
+        common = {"kind": "estimate", "query_id": q.query_id, "query_version": q.version, "mechanism": q.mechanism,
+                  "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(),
+                  "reports": self.reports, "participants": self.participants, "epsilon": eps,
+                  "withheld": self.withheld, "closed_by": self.closed_by,
+                  "round_count_mismatch": self.round_count_mismatch, "late": self.late, "refused": self.refused,
+                  "missing_batches": self.missing_batches}
+        head = json.dumps(common, separators=(",", ":"))[:-1]  # without the closing brace
+        keys = [str(s).encode() for s in q.sensors]
+        out: list[tuple[bytes, bytes]] = []
+        for name in q.spec.estimator_names:
+            prefix = f'{head},"estimator":"{name}","station":'
+            if self.withheld is not None:
+                tail = ',"estimate":null,"sd":null,"bounds":[]}'
+                out.extend((k, f"{prefix}{s}{tail}".encode()) for k, s in zip(keys, q.sensors, strict=True))
+                continue
+            v = self.values[name]
+            est, sd = v.estimate.tolist(), v.sd.tolist()
+            lows, ups = v.lower.tolist(), v.upper.tolist()
+            confs = [json.dumps(c) for c in self.confidences]
+            for i, s in enumerate(q.sensors):
+                bounds = ",".join(f'{{"confidence":{c},"lower":{lows[j][i]!r},"upper":{ups[j][i]!r}}}'
+                                  for j, c in enumerate(confs))
+                out.append((keys[i], f'{prefix}{s},"estimate":{est[i]!r},"sd":{sd[i]!r},"bounds":[{bounds}]}}'
+                            .encode()))
+        return out
+
+
+#: bounded codes of why an epoch is withheld (a metric label); the text says more
+WITHHELD_CODES = ("conflicting_markers", "participants_unknown", "interrupted", "too_few_participants",
+                  "impossible_counts", "internal")
+
+
+def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[int], n: int,
+              min_participants: int, row_totals: npt.NDArray[np.int64]) -> tuple[str, str] | None:
+    if w.conflicting:
+        slots = ", ".join(f"round {r} producer {i} partition {p}" for r, i, p in sorted(w.conflicting)[:5])
+        return "conflicting_markers", f"conflicting end-of-epoch markers for the same producer slot ({slots})"
+    if q.spec.per_sensor:
+        if participants is None:
+            return "participants_unknown", "participants unknown: no end-of-epoch marker arrived"
+        if missing:
+            return "participants_unknown", f"participants unknown: no marker from producer(s) {missing[:10]}"
+    if w.interrupted():
+        return "interrupted", "epoch interrupted: a producer stopped in the middle of it"
+    if n < min_participants:
+        return "too_few_participants", f"fewer than {min_participants} participating vehicles ({n})"
+    if n > q.population:
+        return "impossible_counts", f"impossible: {n} participants for a query over a population of {q.population}"
+    if row_totals.size and int(row_totals.max()) > n:
+        return "impossible_counts", (f"impossible counts: {int(row_totals.max())} reports in one round and "
+                                     f"station for {n} participants (injected or replayed reports)")
+    return None
+
+
+def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, confidences: Sequence[float],
+                 min_participants: int) -> EpochResult:
     """Every station's estimate by every estimator of the query, for a closed window."""
     q = qe.query
-    participants, missing_producers = w.participants()
-    reports = int(sum(w.reports))
-    withheld: str | None = None
-    if q.mechanism == "sp":  # one report per vehicle per round: N is at least any round's reports
-        n = max(participants or 0, *w.reports)
-        counts = station_counts(q.build(), np.asarray(w.counts, dtype=np.int64))
-    else:
-        n = participants or 0
-        counts = None
-        if participants is None:
-            withheld = "participants unknown: no end-of-epoch marker arrived"
-        elif missing_producers:
-            withheld = f"participants unknown: no marker from producer(s) {missing_producers}"
-    if withheld is None and w.interrupted():
-        withheld = "epoch interrupted: a producer stopped in the middle of it"
-    if withheld is None and n < min_participants:
-        withheld = f"fewer than {min_participants} participating vehicles ({n})"
-    if withheld is None and counts is None:
-        counts = _per_station_counts(qe, w, n)
-    common = {
-        "query_id": q.query_id, "query_version": q.version, "mechanism": q.mechanism, "epoch": w.epoch,
-        "epoch_start": epoch_start, "reports": reports, "participants": n,
-        "epsilon": q.epsilon if math.isfinite(q.epsilon) else None,
-        "withheld": withheld, "closed_by": closed_by,
-        "round_count_mismatch": (w.reports[1] - w.reports[0]) if q.n_rounds == 2 else 0,
-        "late": w.late, "refused": w.refused(), "missing_batches": w.missing_batches(),
-    }
-    out: list[Estimate] = []
+    spec = q.spec
+    mech = q.build()
+    participants, missing = w.participants()
+    # station-valued mechanisms send exactly one report per vehicle and round
+    n = (participants or 0) if spec.per_sensor else max(participants or 0, *w.reports.tolist())
+    row_totals = spec.row_totals(mech, q.n_stations, w.counts)
+    why = _withheld(w, q, participants, missing, n, min_participants, row_totals)
+    withheld = None if why is None else why[1]
+    res = EpochResult(query=q, epoch=w.wid.epoch, closed_by=closed_by, confidences=tuple(confidences),
+                      participants=n, reports=int(w.reports.sum()), round_reports=w.reports.tolist(),
+                      late=w.late, refused=w.refused(), missing_batches=w.missing_batches(), withheld=withheld,
+                      withheld_code=None if why is None else why[0])
+    if withheld is not None:
+        return res
+    counts = spec.complete(mech, q.n_stations, w.counts, n)
     for name, est in qe.estimators.items():
-        if withheld is not None or counts is None:
-            out.extend(Estimate(estimator=name, station=s, estimate=None, sd=None, bounds=(), **common)
-                       for s in q.sensors)
-            continue
         values = est.estimate(counts, n)
         sd = np.sqrt(np.maximum(est.variance(np.maximum(values, 0.0), n), 0.0))
-        bounds = [(c, *est.score_interval(values, n, c)) for c in confidences]
-        for i, s in enumerate(q.sensors):
-            out.append(Estimate(
-                estimator=name, station=s, estimate=float(values[i]), sd=float(sd[i]),
-                bounds=tuple(EstimateBound(confidence=c, lower=float(lo[i]), upper=float(hi[i]))
-                             for c, lo, hi in bounds),
-                **common))
-    return out
+        ints = [est.score_interval(values, n, c) for c in confidences]
+        lower = np.stack([lo for lo, _ in ints])
+        upper = np.stack([hi for _, hi in ints])
+        if not (np.all(np.isfinite(values)) and np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))):
+            res.values.clear()
+            res.withheld, res.withheld_code = "internal: a non-finite estimate", "internal"
+            return res
+        res.values[name] = StationEstimates(values, sd, lower, upper)
+    res.extra = spec.extra_statistics(mech, n)
+    return res

@@ -1,28 +1,88 @@
-"""Prometheus metrics of the stream app, all in one registry handed in (a fresh one per test).
+"""Prometheus metrics of the stream app, touched only through :class:`StreamMonitor`.
 
-Labels stay bounded: query, mechanism, estimator (6), station (thousands at most), confidence,
-round, reason. Nothing per vehicle exists to be a label.
+All metrics live in one registry handed in (a fresh one per test). The per-station series
+(estimates, bounds, ground truth: up to ~100k at 3,220 stations) are not ``Gauge.set()``
+calls: :class:`StationArrays` keeps the latest arrays and renders them at scrape time (a
+custom collector). Labels stay bounded: query, mechanism, estimator, station (thousands at
+most), confidence, round, reason. Nothing per vehicle exists to be a label.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["StreamMetrics"]
+from .estimate import WITHHELD_CODES, EpochResult
+
+__all__ = ["StationArrays", "StreamMonitor"]
+
+EST_LABELS = ["query", "mechanism", "estimator", "station"]
 
 
-class StreamMetrics:
+@dataclass
+class _Latest:
+    stations: list[str]
+    estimate: npt.NDArray[np.float64]
+    lower: npt.NDArray[np.float64]  # (C, V)
+    upper: npt.NDArray[np.float64]
+    confidences: list[str]
+
+
+class StationArrays(Collector):
+    """Latest per-station arrays, rendered as gauges when Prometheus scrapes."""
+
+    def __init__(self) -> None:
+        self._latest: dict[tuple[str, str, str], _Latest] = {}
+        self._truth: tuple[list[str], list[float]] | None = None
+
+    def set_estimates(self, query: str, mechanism: str, estimator: str, stations: Sequence[int],
+                      estimate: npt.NDArray[np.float64], lower: npt.NDArray[np.float64],
+                      upper: npt.NDArray[np.float64], confidences: Sequence[float]) -> None:
+        self._latest[(query, mechanism, estimator)] = _Latest(
+            [str(s) for s in stations], estimate.copy(), lower.copy(), upper.copy(), [f"{c:g}" for c in confidences])
+
+    def set_truth(self, stations: Sequence[int], flows: Sequence[float]) -> None:
+        """Latest ground truth; a NaN flow (no truth for that cell) is left out, not shown as 0."""
+        keep = [(str(s), float(f)) for s, f in zip(stations, flows, strict=True) if not math.isnan(f)]
+        self._truth = ([s for s, _ in keep], [f for _, f in keep])
+
+    def collect(self) -> Iterator[Metric]:
+        est = GaugeMetricFamily("ptt_estimate_vehicles", "Latest published estimate of a station's count",
+                                labels=EST_LABELS)
+        low = GaugeMetricFamily("ptt_estimate_lower_vehicles", "Lower confidence bound of the latest estimate",
+                                labels=[*EST_LABELS, "confidence"])
+        up = GaugeMetricFamily("ptt_estimate_upper_vehicles", "Upper confidence bound of the latest estimate",
+                               labels=[*EST_LABELS, "confidence"])
+        for (q, m, e), a in sorted(self._latest.items()):
+            for s, x in zip(a.stations, a.estimate.tolist(), strict=True):
+                est.add_metric([q, m, e, s], x)
+            for j, c in enumerate(a.confidences):
+                for s, lo, hi in zip(a.stations, a.lower[j].tolist(), a.upper[j].tolist(), strict=True):
+                    low.add_metric([q, m, e, s, c], lo)
+                    up.add_metric([q, m, e, s, c], hi)
+        truth = GaugeMetricFamily("ptt_ground_truth_vehicles",
+                                  "Ground truth of the latest replayed epoch (evaluation only; absent where the "
+                                  "source has no reading)", labels=["station"])
+        if self._truth is not None:
+            for s, f in zip(*self._truth, strict=True):
+                truth.add_metric([s], f)
+        yield from (est, low, up, truth)
+
+
+class StreamMonitor:
+    """Every metric of the stream app; the app calls its hooks and never a metric directly."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
-        est_labels = ["query", "mechanism", "estimator", "station"]
         self.registry = registry
-        self.estimate = Gauge("ptt_estimate_vehicles", "Latest published estimate of a station's count",
-                              est_labels, registry=registry)
-        self.lower = Gauge("ptt_estimate_lower_vehicles", "Lower confidence bound of the latest estimate",
-                           [*est_labels, "confidence"], registry=registry)
-        self.upper = Gauge("ptt_estimate_upper_vehicles", "Upper confidence bound of the latest estimate",
-                           [*est_labels, "confidence"], registry=registry)
-        self.truth = Gauge("ptt_ground_truth_vehicles", "Ground truth of the latest replayed epoch (evaluation only)",
-                           ["station"], registry=registry)
+        self.arrays = StationArrays()
+        registry.register(self.arrays)
         self.truth_epoch = Gauge("ptt_ground_truth_epoch", "Epoch of the latest ground truth", registry=registry)
         self.last_closed = Gauge("ptt_last_closed_epoch", "Newest closed epoch", ["query"], registry=registry)
         self.newest_seen = Gauge("ptt_newest_seen_epoch", "Newest epoch seen in reports", ["query"],
@@ -33,8 +93,8 @@ class StreamMetrics:
                                    ["query", "round"], registry=registry)
         self.epoch_participants = Gauge("ptt_epoch_participants", "Vehicles that answered in the latest closed epoch",
                                         ["query"], registry=registry)
-        self.epsilon = Gauge("ptt_query_epsilon", "Per-epoch local epsilon of the running query version",
-                             ["query", "mechanism"], registry=registry)
+        self.epsilon = Gauge("ptt_query_epsilon", "Per-epoch epsilon of a device's whole report for the running "
+                             "query version", ["query", "mechanism"], registry=registry)
         self.crowd = Gauge("ptt_query_crowd_size_vehicles", "Haystack crowd size of an ALP query (mean, p01)",
                            ["query", "statistic"], registry=registry)
         self.records = Counter("ptt_records", "Records read from the reports topic", ["kind"], registry=registry)
@@ -48,11 +108,16 @@ class StreamMetrics:
         self.refused = Counter("ptt_refused_vehicles", "Vehicle-epochs whose device refused the query", ["query"],
                                registry=registry)
         self.suppressed = Counter("ptt_suppressed_estimates", "Estimates withheld", ["query"], registry=registry)
+        self.withheld_epochs = Counter("ptt_withheld_epochs", "Epochs withheld, by reason", ["query", "reason"],
+                                       registry=registry)
         self.closed = Counter("ptt_epochs_closed", "Epochs closed", ["query", "closed_by"], registry=registry)
         self.missing_batches = Counter("ptt_missing_batches", "Batches announced by markers that never arrived",
                                        ["query"], registry=registry)
         self._known: set[str] = set()
+        self._newest: dict[str, int] = {}
+        self._closed_upto: dict[str, int] = {}
 
+    # -- hooks ------------------------------------------------------------------------------
     def know_query(self, query: str) -> None:
         """Create a query's counter series at zero, so a healthy system shows 0, not "no data"."""
         if query in self._known:
@@ -61,7 +126,58 @@ class StreamMetrics:
         for counter in (self.late, self.duplicates, self.refused, self.suppressed, self.missing_batches,
                         self.reports):
             counter.labels(query).inc(0)
+        for code in WITHHELD_CODES:
+            self.withheld_epochs.labels(query, code).inc(0)
 
-    def know_reasons(self, reasons: tuple[str, ...]) -> None:
+    def know_reasons(self, reasons: Sequence[str]) -> None:
         for reason in reasons:
             self.dead_letters.labels(reason).inc(0)
+
+    def on_record(self, kind: str) -> None:
+        self.records.labels(kind).inc()
+
+    def on_dead_letter(self, reason: str) -> None:
+        self.dead_letters.labels(reason).inc()
+
+    def on_window_updates(self, reports: dict[str, int], late: dict[str, int], duplicates: dict[str, int],
+                          newest: dict[str, int]) -> None:
+        for q in {*reports, *late, *duplicates, *newest}:
+            self.know_query(q)
+        for q, n in reports.items():
+            self.reports.labels(q).inc(n)
+        for q, n in late.items():
+            self.late.labels(q).inc(n)
+        for q, n in duplicates.items():
+            self.duplicates.labels(q).inc(n)
+        for q, e in newest.items():
+            self._newest[q] = max(self._newest.get(q, e), e)
+            self.newest_seen.labels(q).set(self._newest[q])
+
+    def on_epoch_closed(self, r: EpochResult) -> None:
+        q = r.query
+        qid = q.query_id
+        self.know_query(qid)
+        self.closed.labels(qid, r.closed_by).inc()
+        self.refused.labels(qid).inc(r.refused)
+        if r.missing_batches:
+            self.missing_batches.labels(qid).inc(r.missing_batches)
+        self._closed_upto[qid] = max(self._closed_upto.get(qid, r.epoch), r.epoch)
+        self.last_closed.labels(qid).set(self._closed_upto[qid])
+        self.epoch_lag.labels(qid).set(self._newest.get(qid, r.epoch) - self._closed_upto[qid])
+        for rnd, n in enumerate(r.round_reports):
+            self.epoch_reports.labels(qid, str(rnd)).set(n)
+        self.epoch_participants.labels(qid).set(r.participants)
+        self.epsilon.labels(qid, q.mechanism).set(q.epsilon)
+        for stat, value in r.extra.items():
+            self.crowd.labels(qid, stat).set(value)
+        if r.withheld is not None:
+            self.suppressed.labels(qid).inc(r.n_records())
+            self.withheld_epochs.labels(qid, r.withheld_code or "internal").inc()
+            return
+        for name, v in r.values.items():
+            self.arrays.set_estimates(qid, q.mechanism, name, q.sensors, v.estimate, v.lower, v.upper,
+                                      r.confidences)
+
+    def on_truth(self, epoch: int, stations: Sequence[int], flows: Sequence[float]) -> None:
+        self.arrays.set_truth(stations, flows)
+        self.truth_epoch.set(epoch)

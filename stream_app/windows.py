@@ -1,12 +1,13 @@
-"""Epoch windows as plain data: accumulate, deduplicate, decide when an epoch is complete.
+"""Epoch windows: state as plain arrays, and a pure policy that decides when they close.
 
-Pure Python on JSON-serializable dicts, so the Faust tables can store them as they are and
-the tests need no broker. Per-partition partial counts simply add (the STYLE reference's
-accumulator: merge is addition), which is what lets one or many workers, and a restart,
-give the same numbers.
+A window is one ``(query id, version, epoch)``. Its state (:class:`WindowState`) holds the
+summed count arrays of every round (per-partition partial counts simply add: the merge is
+addition, which is what lets one or many workers, and a restart, give the same numbers),
+the batch ids seen (deduplication) and the producers' end-of-epoch markers.
 
-A window is keyed by ``(query id, version, epoch)`` and holds the count arrays of every
-round of that epoch. It closes when
+:class:`WindowPolicy` is pure (quix-streams' ``process_window``): given the watermark state,
+a way to load windows and a batch of stage records, it returns the windows it updated and
+the ones that closed, with the reason. An epoch closes when
 
 1. end-of-epoch markers from every producer have arrived from every source partition for
    every round ("markers"), or
@@ -14,230 +15,218 @@ round of that epoch. It closes when
    seen from it -- has passed the epoch by more than the allowed lateness ("watermark"), or
 3. for live data, a wall-clock grace after the epoch's end has passed ("wall_clock"),
 
-whichever comes first. After closing, only a small record stays (to count late records).
+whichever comes first. After closing only a small record stays (to count late records).
+The Faust agent only reads, calls, writes and emits.
+
+>>> import numpy as np
+>>> from stream_app.records import BatchPartial, MarkerPartial
+>>> policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=2)
+>>> wm = Watermarks()
+>>> b = BatchPartial("q", 1, 7, 0, 0, "p", "a" * 32, 2, True, np.array([1, 1]))
+>>> m = MarkerPartial("q", 1, 7, 0, 0, "p", 0, 1, 2, 1, 2, 0, False)
+>>> out = policy.apply(wm, lambda w: None, lambda w: (1, 2), [b, m])
+>>> [(s.wid.epoch, reason) for s, reason in out.closed]
+[(7, 'markers')]
+>>> out.closed[0][0].closed_by
+'markers'
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import struct
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = [
-    "Partial",
-    "Window",
-    "WindowKey",
-    "Watermarks",
-    "window_key",
-]
+import numpy as np
+import numpy.typing as npt
 
-WindowKey = str
+from schemas.epochs import EPOCH_S
+
+from .records import BatchPartial, MarkerPartial, Partial, Tick, WindowId
+
+__all__ = ["CloseReason", "Marker", "Outcome", "Watermarks", "WindowPolicy", "WindowState"]
+
+IntArray = npt.NDArray[np.int64]
 CloseReason = Literal["markers", "watermark", "wall_clock"]
+_LEN = struct.Struct(">I")
+_STATE_MAGIC = b"PTW1"
 
 
-def window_key(query_id: str, version: int, epoch: int) -> WindowKey:
-    return f"{query_id}:v{version}:e{epoch}"
+@dataclass(frozen=True)
+class Marker:
+    producer_id: str
+    producer_count: int
+    batches: int
+    reports: int
+    participants: int
+    refused: int
+    interrupted: bool
 
 
-@dataclass
-class Partial:
-    """Stage 1 -> stage 2: one decoded batch (``kind="batch"``), an end-of-epoch marker
-    (``kind="marker"``) or a wall-clock tick (``kind="tick"``), with its source partition."""
-
-    kind: Literal["batch", "marker", "tick"]
-    query_id: str = ""
-    query_version: int = 0
-    epoch: int = 0
-    round: int = 0
-    source_partition: int = 0
-    producer_id: str = ""
-    batch_id: str = ""
-    reports: int = 0
-    mode: Literal["sparse", "full"] = "full"  # sparse: default reports implied (per-vehicle pairs)
-    counts: list[int] = field(default_factory=list)
-    producer_index: int = 0
-    producer_count: int = 1
-    batches: int = 0
-    participants: int = 0
-    refused: int = 0
-    interrupted: bool = False
-    now_s: float = 0.0
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Partial:
-        return cls(**json.loads(data))
-
-    @property
-    def key(self) -> WindowKey:
-        return window_key(self.query_id, self.query_version, self.epoch)
+MarkerSlot = tuple[int, int, int]  # (round, producer index, source partition)
 
 
 @dataclass
-class Window:
-    """The state of one (query, version, epoch). ``counts[r]`` adds every batch of round r;
-    ``sparse[r]`` the per-vehicle pairs among them (their default report is implied)."""
+class WindowState:
+    """The state of one (query, version, epoch)."""
 
-    query_id: str
-    query_version: int
-    epoch: int
+    wid: WindowId
     n_rounds: int
     width: int
-    counts: list[list[int]] = field(default_factory=list)
-    sparse: list[list[int]] = field(default_factory=list)
-    reports: list[int] = field(default_factory=list)
-    full_vehicles: list[int] = field(default_factory=list)
-    seen: dict[str, list[Any]] = field(default_factory=dict)  # batch id -> [round, producer, partition]
-    markers: dict[str, dict[str, Any]] = field(default_factory=dict)  # "r:k:p" -> marker fields
+    counts: IntArray
+    reports: IntArray  # (R,) reports counted per round
+    tallied: IntArray  # (R,) vehicles counted by exact tallies per round
+    seen: dict[str, tuple[int, str, int]] = field(default_factory=dict)  # batch id -> (round, producer, partition)
+    markers: dict[MarkerSlot, Marker] = field(default_factory=dict)
+    conflicting: set[MarkerSlot] = field(default_factory=set)
     closed_by: CloseReason | None = None
     late: int = 0
     duplicates: int = 0
-    conflicts: int = 0
 
     @classmethod
-    def new(cls, query_id: str, version: int, epoch: int, n_rounds: int, width: int) -> Window:
-        return cls(query_id, version, epoch, n_rounds, width,
-                   counts=[[0] * width for _ in range(n_rounds)], sparse=[[0] * width for _ in range(n_rounds)],
-                   reports=[0] * n_rounds, full_vehicles=[0] * n_rounds)
-
-    # -- serialization ----------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        if self.closed_by is not None:  # a closed window keeps only what late records need
-            return {"query_id": self.query_id, "query_version": self.query_version, "epoch": self.epoch,
-                    "n_rounds": self.n_rounds, "width": self.width, "closed_by": self.closed_by,
-                    "late": self.late, "duplicates": self.duplicates}
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Window:
-        return cls(**d)
+    def new(cls, wid: WindowId, n_rounds: int, width: int) -> WindowState:
+        return cls(wid, n_rounds, width, np.zeros((n_rounds, width), dtype=np.int64),
+                   np.zeros(n_rounds, dtype=np.int64), np.zeros(n_rounds, dtype=np.int64))
 
     @property
     def closed(self) -> bool:
         return self.closed_by is not None
 
-    # -- accumulate ---------------------------------------------------------------------
-    def add(self, p: Partial) -> Literal["added", "duplicate", "late"]:
+    # -- accumulate ------------------------------------------------------------------------
+    def add(self, p: BatchPartial | MarkerPartial) -> Literal["added", "duplicate", "late"]:
         """Add a batch or a marker; duplicates (same batch id / same marker) count once."""
         if self.closed:
             self.late += 1
             return "late"
-        if p.kind == "batch":
+        if isinstance(p, BatchPartial):
             if p.batch_id in self.seen:
                 self.duplicates += 1
                 return "duplicate"
-            if len(p.counts) != self.width or not 0 <= p.round < self.n_rounds:
-                raise ValueError(f"batch of width {len(p.counts)} round {p.round} for a window of width "
+            if p.counts.shape != (self.width,) or not 0 <= p.round < self.n_rounds:
+                raise ValueError(f"batch of width {p.counts.size} round {p.round} for a window of width "
                                  f"{self.width} with {self.n_rounds} rounds")
-            self.seen[p.batch_id] = [p.round, p.producer_id, p.source_partition]
-            row = self.counts[p.round]
-            for i, c in enumerate(p.counts):
-                if c:
-                    row[i] += c
-            if p.mode == "sparse":
-                srow = self.sparse[p.round]
-                for i, c in enumerate(p.counts):
-                    if c:
-                        srow[i] += c
-            else:
-                self.full_vehicles[p.round] += p.reports
+            self.seen[p.batch_id] = (p.round, p.producer_id, p.source_partition)
+            self.counts[p.round] += p.counts
             self.reports[p.round] += p.reports
+            if p.tallied:
+                self.tallied[p.round] += p.reports
             return "added"
-        if p.kind == "marker":
-            mkey = f"{p.round}:{p.producer_index}:{p.source_partition}"
-            held = self.markers.get(mkey)
-            if held is not None:
-                if held["producer_id"] == p.producer_id:
-                    self.duplicates += 1
-                    return "duplicate"
-                # Two producer runs claim the same slot (e.g. a producer restarted with a new
-                # id). Keep one by a rule that does not depend on arrival order.
-                self.conflicts += 1
-                if held["producer_id"] < p.producer_id:
-                    return "duplicate"
-            self.markers[mkey] = {"producer_id": p.producer_id, "producer_count": p.producer_count,
-                                  "batches": p.batches, "reports": p.reports, "participants": p.participants,
-                                  "refused": p.refused, "interrupted": p.interrupted}
+        slot = (p.round, p.producer_index, p.source_partition)
+        marker = Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused,
+                        p.interrupted)
+        held = self.markers.get(slot)
+        if held is not None:
+            if held == marker:
+                self.duplicates += 1
+                return "duplicate"
+            # Two different markers claim the same producer slot: neither wins by order; the
+            # epoch is withheld with the reason (estimate.py).
+            self.conflicting.add(slot)
             return "added"
-        raise ValueError(f"cannot add a {p.kind} to a window")
+        self.markers[slot] = marker
+        return "added"
 
-    # -- decide ---------------------------------------------------------------------------
+    # -- what the markers say -------------------------------------------------------------
     def producer_count(self) -> int | None:
-        counts = {m["producer_count"] for m in self.markers.values()}
+        counts = {m.producer_count for m in self.markers.values()}
         return max(counts) if counts else None
 
     def markers_complete(self, n_partitions: int) -> bool:
         k = self.producer_count()
         if k is None:
             return False
-        need = {f"{r}:{i}:{p}" for r in range(self.n_rounds) for i in range(k) for p in range(n_partitions)}
-        return need <= set(self.markers)
+        return all((r, i, p) in self.markers
+                   for r in range(self.n_rounds) for i in range(k) for p in range(n_partitions))
 
     def participants(self) -> tuple[int | None, list[int]]:
-        """(vehicles that answered, producer indices without a marker) from round 0's markers."""
-        k = self.producer_count()
-        per_producer: dict[int, int] = {}
-        for mkey, m in self.markers.items():
-            r, i, _ = (int(x) for x in mkey.split(":"))
-            if r == 0:
-                per_producer[i] = m["participants"]
-        missing = [i for i in range(k or 0) if i not in per_producer]
+        """(vehicles that answered, producer indices without a round-0 marker)."""
+        per_producer = {i: m.participants for (r, i, _), m in self.markers.items() if r == 0}
+        missing = [i for i in range(self.producer_count() or 0) if i not in per_producer]
         return (sum(per_producer.values()) if per_producer else None), missing
 
     def interrupted(self) -> bool:
         """A producer stopped in the middle of this epoch (its markers say so)."""
-        return any(m["interrupted"] for m in self.markers.values())
+        return any(m.interrupted for m in self.markers.values())
 
     def refused(self) -> int:
-        per_producer = {int(k.split(":")[1]): m["refused"] for k, m in self.markers.items() if k.startswith("0:")}
-        return sum(per_producer.values())
+        return sum({i: m.refused for (r, i, _), m in self.markers.items() if r == 0}.values())
 
     def missing_batches(self) -> int:
         """Batches the markers announce per (producer, partition, round) but that never came."""
-        seen: dict[tuple[int, str, int], int] = {}
-        for r, producer, partition in self.seen.values():
-            seen[(r, producer, partition)] = seen.get((r, producer, partition), 0) + 1
-        missing = 0
-        for mkey, m in self.markers.items():
-            r, _, p = (int(x) for x in mkey.split(":"))
-            missing += max(0, m["batches"] - seen.get((r, m["producer_id"], p), 0))
-        return missing
+        seen: Counter[tuple[int, str, int]] = Counter(self.seen.values())
+        return sum(max(0, m.batches - seen[(r, m.producer_id, p)]) for (r, _, p), m in self.markers.items())
 
     def close(self, reason: CloseReason) -> None:
         self.closed_by = reason
+
+    # -- binary encoding --------------------------------------------------------------------
+    def encode(self) -> bytes:
+        head: dict[str, Any] = {
+            "q": self.wid.query_id, "v": self.wid.query_version, "e": self.wid.epoch, "r": self.n_rounds,
+            "w": self.width, "closed_by": self.closed_by, "late": self.late, "dup": self.duplicates}
+        blob = b""
+        if self.closed_by is None:  # a closed window keeps only what late records need
+            head["reports"] = self.reports.tolist()
+            head["tallied"] = self.tallied.tolist()
+            head["seen"] = [[b, *v] for b, v in self.seen.items()]
+            head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
+                                m.refused, m.interrupted] for slot, m in self.markers.items()]
+            head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
+            blob = np.ascontiguousarray(self.counts, dtype="<i8").tobytes()
+        h = json.dumps(head, separators=(",", ":")).encode()
+        return b"".join([_STATE_MAGIC, _LEN.pack(len(h)), h, blob])
+
+    @classmethod
+    def decode(cls, data: bytes) -> WindowState:
+        if data[:4] != _STATE_MAGIC:
+            raise ValueError("not a window state")
+        (hlen,) = _LEN.unpack_from(data, 4)
+        h = json.loads(data[8:8 + hlen])
+        r, w = int(h["r"]), int(h["w"])
+        st = cls.new(WindowId(h["q"], h["v"], h["e"]), r, w)
+        st.closed_by, st.late, st.duplicates = h["closed_by"], h["late"], h["dup"]
+        if st.closed_by is None:
+            st.counts = np.frombuffer(data, dtype="<i8", count=r * w, offset=8 + hlen).astype(np.int64).reshape(r, w)
+            st.reports = np.asarray(h["reports"], dtype=np.int64)
+            st.tallied = np.asarray(h["tallied"], dtype=np.int64)
+            st.seen = {b: (int(rr), str(prod), int(part)) for b, rr, prod, part in h["seen"]}
+            st.markers = {(int(a), int(b), int(c)): Marker(*rest) for a, b, c, *rest in h["markers"]}
+            st.conflicting = {(int(a), int(b), int(c)) for a, b, c in h["conflicting"]}
+        return st
 
 
 @dataclass
 class Watermarks:
     """Per stage-2 partition: the newest epoch seen from each source partition, and the
-    windows still open here."""
+    windows still open here. ``dirty`` says it changed since it was loaded (then it must be
+    written back: restarts depend on it)."""
 
-    newest: dict[str, int] = field(default_factory=dict)  # source partition (str for JSON) -> epoch
-    open: list[WindowKey] = field(default_factory=list)
-    open_epochs: dict[WindowKey, int] = field(default_factory=dict)
+    newest: dict[int, int] = field(default_factory=dict)  # source partition -> epoch
+    open: dict[WindowId, int] = field(default_factory=dict)  # open window -> epoch (insertion order)
+    dirty: bool = False
 
     def see(self, source_partition: int, epoch: int) -> None:
-        k = str(source_partition)
-        if epoch > self.newest.get(k, -1):
-            self.newest[k] = epoch
+        if epoch > self.newest.get(source_partition, -1):
+            self.newest[source_partition] = epoch
+            self.dirty = True
 
     def watermark(self, n_partitions: int) -> int | None:
         """The smallest newest-epoch over all source partitions (None until all were seen)."""
-        if any(str(p) not in self.newest for p in range(n_partitions)):
+        if any(p not in self.newest for p in range(n_partitions)):
             return None
-        return min(self.newest[str(p)] for p in range(n_partitions))
+        return min(self.newest[p] for p in range(n_partitions))
 
-    def track(self, key: WindowKey, epoch: int) -> None:
-        if key not in self.open_epochs:
-            self.open.append(key)
-            self.open_epochs[key] = epoch
+    def track(self, wid: WindowId) -> None:
+        if wid not in self.open:
+            self.open[wid] = wid.epoch
+            self.dirty = True
 
-    def untrack(self, key: WindowKey) -> None:
-        if key in self.open_epochs:
-            self.open.remove(key)
-            del self.open_epochs[key]
+    def untrack(self, wid: WindowId) -> None:
+        if self.open.pop(wid, None) is not None:
+            self.dirty = True
 
     def too_old(self, epoch: int, n_partitions: int, lateness: int) -> bool:
         """An epoch the watermark passed before any of its data arrived here: a new window for
@@ -245,16 +234,110 @@ class Watermarks:
         wm = self.watermark(n_partitions)
         return wm is not None and epoch < wm - lateness
 
-    def due(self, n_partitions: int, lateness: int) -> list[WindowKey]:
+    def due(self, n_partitions: int, lateness: int) -> list[WindowId]:
         """Open windows the watermark has passed by more than ``lateness`` epochs."""
         wm = self.watermark(n_partitions)
         if wm is None:
             return []
-        return [k for k in self.open if self.open_epochs[k] < wm - lateness]
+        return [w for w, e in self.open.items() if e < wm - lateness]
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def encode(self) -> bytes:
+        return json.dumps({"newest": sorted(self.newest.items()),
+                           "open": [[w.query_id, w.query_version, w.epoch] for w in self.open]},
+                          separators=(",", ":")).encode()
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> Watermarks:
-        return cls(**d) if d else cls()
+    def decode(cls, data: bytes | None) -> Watermarks:
+        if not data:
+            return cls()
+        d = json.loads(data)
+        return cls(newest={int(p): int(e) for p, e in d["newest"]},
+                   open={WindowId(q, int(v), int(e)): int(e) for q, v, e in d["open"]})
+
+
+@dataclass
+class Outcome:
+    """What one batch of stage records did to one stage-2 partition."""
+
+    touched: dict[WindowId, WindowState] = field(default_factory=dict)
+    closed: list[tuple[WindowState, CloseReason]] = field(default_factory=list)
+    reports: Counter[str] = field(default_factory=Counter)  # query -> reports added
+    late: Counter[str] = field(default_factory=Counter)
+    duplicates: Counter[str] = field(default_factory=Counter)
+    newest: dict[str, int] = field(default_factory=dict)  # query -> newest epoch seen
+
+
+Loader = Callable[[WindowId], "WindowState | None"]
+Shape = Callable[[WindowId], "tuple[int, int] | None"]
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    """Decides, from data only, when windows close (see the module doc). Pure."""
+
+    n_source_partitions: int
+    allowed_lateness_epochs: int = 2
+    wall_clock_grace_s: float = 60.0
+    live_horizon_s: float = 3600.0
+    epoch_s: int = EPOCH_S
+
+    def apply(self, wm: Watermarks, load: Loader, shape: Shape, items: Sequence[Partial]) -> Outcome:
+        """Apply ``items`` in order. ``load`` reads a window's stored state (None if new);
+        ``shape`` gives (rounds, width) of a window's query, None if the query is unknown."""
+        out = Outcome()
+
+        def get(wid: WindowId) -> WindowState | None:
+            st = out.touched.get(wid)
+            if st is None:
+                st = load(wid)
+                if st is not None:
+                    out.touched[wid] = st
+            return st
+
+        def close(st: WindowState, reason: CloseReason) -> None:
+            st.close(reason)
+            wm.untrack(st.wid)
+            out.touched[st.wid] = st
+            out.closed.append((st, reason))
+
+        for item in items:
+            if isinstance(item, Tick):
+                for wid, epoch in list(wm.open.items()):
+                    age = item.now_s - (epoch + 1) * self.epoch_s
+                    st = get(wid)
+                    if st is not None and not st.closed and self.wall_clock_grace_s < age < self.live_horizon_s:
+                        close(st, "wall_clock")
+                continue
+            wid = item.window
+            qid = wid.query_id
+            st = get(wid)
+            if st is None:
+                dims = shape(wid)
+                if dims is None:  # stage 1 validated it; only a deleted query gets here
+                    continue
+                if wm.too_old(wid.epoch, self.n_source_partitions, self.allowed_lateness_epochs):
+                    out.late[qid] += 1
+                    continue
+                st = WindowState.new(wid, *dims)
+                out.touched[wid] = st
+            result = st.add(item)
+            if result == "late":
+                out.late[qid] += 1
+            elif result == "duplicate":
+                out.duplicates[qid] += 1
+            else:
+                if isinstance(item, BatchPartial):
+                    out.reports[qid] += item.reports
+                if not st.closed:
+                    wm.track(wid)
+            wm.see(item.source_partition, wid.epoch)
+            out.newest[qid] = max(out.newest.get(qid, wid.epoch), wid.epoch)
+            if not st.closed and st.markers_complete(self.n_source_partitions):
+                close(st, "markers")
+            for due in wm.due(self.n_source_partitions, self.allowed_lateness_epochs):
+                other = get(due)
+                if other is None or other.closed:
+                    wm.untrack(due)
+                    continue
+                close(other, "watermark")
+        return out

@@ -1,0 +1,154 @@
+"""Typed records between the stream app's stages, in a binary encoding.
+
+Stage 1 turns each record of the reports topic into one of these and re-keys it by window;
+stage 2 decodes them. A record is ``b"PTS1"``, one kind byte, a 4-byte big-endian header
+length, a small JSON header of scalars, then (batches only) the count array in the
+smallest unsigned dtype that holds it. No count ever travels as a JSON list, and no key is
+parsed back with ``split``.
+
+>>> import numpy as np
+>>> b = BatchPartial("q", 1, 100, 0, 2, "p0-ab", "f" * 32, 3, True, np.array([1, 0, 2]))
+>>> decode_partial(encode_partial(b)) == b
+True
+>>> decode_partial(encode_partial(Tick(12.5)))
+Tick(now_s=12.5)
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["BatchPartial", "MarkerPartial", "Partial", "Tick", "WindowId", "decode_partial", "encode_partial"]
+
+IntArray = npt.NDArray[np.int64]
+MAGIC = b"PTS1"
+_LEN = struct.Struct(">I")
+_KINDS = {b"B": "batch", b"M": "marker", b"T": "tick"}
+_DTYPES = ("<u1", "<u2", "<u4", "<i8")
+
+
+@dataclass(frozen=True)
+class WindowId:
+    """(query id, version, epoch): the key of an epoch window."""
+
+    query_id: str
+    query_version: int
+    epoch: int
+
+    @property
+    def key(self) -> bytes:
+        """Kafka/table key: partitions by window, never by vehicle."""
+        return f"{self.query_id}\x1f{self.query_version}\x1f{self.epoch}".encode()
+
+
+@dataclass(frozen=True, eq=False)
+class BatchPartial:
+    """One decoded batch of one round: its count array (``width`` entries) and provenance.
+
+    ``tallied``: an exact tally (every row holds all its vehicles) rather than per-vehicle
+    reports; ``reports``: reports (tally: vehicles) the batch stands for.
+    """
+
+    query_id: str
+    query_version: int
+    epoch: int
+    round: int
+    source_partition: int
+    producer_id: str
+    batch_id: str
+    reports: int
+    tallied: bool
+    counts: IntArray
+
+    @property
+    def window(self) -> WindowId:
+        return WindowId(self.query_id, self.query_version, self.epoch)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BatchPartial):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.name != "counts") \
+            and np.array_equal(self.counts, other.counts)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class MarkerPartial:
+    """A producer's end-of-epoch marker for one round, as it arrived on one source partition."""
+
+    query_id: str
+    query_version: int
+    epoch: int
+    round: int
+    source_partition: int
+    producer_id: str
+    producer_index: int
+    producer_count: int
+    reports: int
+    batches: int
+    participants: int
+    refused: int
+    interrupted: bool
+
+    @property
+    def window(self) -> WindowId:
+        return WindowId(self.query_id, self.query_version, self.epoch)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Wall-clock tick, sent by the worker's timer to every stage-2 partition."""
+
+    now_s: float
+
+
+Partial = BatchPartial | MarkerPartial | Tick
+
+
+def _smallest(a: IntArray) -> str:
+    top = int(a.max()) if a.size else 0
+    if int(a.min() if a.size else 0) < 0:
+        return "<i8"
+    return "<u1" if top < 2**8 else "<u2" if top < 2**16 else "<u4" if top < 2**32 else "<i8"
+
+
+def encode_partial(p: Partial) -> bytes:
+    if isinstance(p, BatchPartial):
+        head = {k: v for k, v in asdict(p).items() if k != "counts"}
+        dt = _smallest(p.counts)
+        head["dtype"] = dt
+        head["n"] = int(p.counts.size)
+        blob = np.ascontiguousarray(p.counts, dtype=dt).tobytes()
+        kind = b"B"
+    else:
+        head = asdict(p)
+        blob = b""
+        kind = b"M" if isinstance(p, MarkerPartial) else b"T"
+    h = json.dumps(head, separators=(",", ":")).encode()
+    return b"".join([MAGIC, kind, _LEN.pack(len(h)), h, blob])
+
+
+def decode_partial(data: bytes) -> Partial:
+    """Inverse of :func:`encode_partial`; ``ValueError`` on anything else."""
+    if data[:4] != MAGIC or len(data) < 9 or data[4:5] not in _KINDS:
+        raise ValueError("not a stage record")
+    (hlen,) = _LEN.unpack_from(data, 5)
+    head: dict[str, Any] = json.loads(data[9:9 + hlen])
+    kind = _KINDS[data[4:5]]
+    if kind == "tick":
+        return Tick(**head)
+    if kind == "marker":
+        return MarkerPartial(**head)
+    dt = head.pop("dtype")
+    if dt not in _DTYPES:
+        raise ValueError(f"bad dtype {dt!r}")
+    n = head.pop("n")
+    counts = np.frombuffer(data, dtype=dt, count=n, offset=9 + hlen).astype(np.int64)
+    return BatchPartial(counts=counts, **head)
