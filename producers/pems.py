@@ -380,28 +380,31 @@ _CHUNK_LINES = 1 << 17
 
 
 def _decimals(win: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
-              ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+              ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """Parse plain decimals (``12``, ``.0278``, ``3.``) at ``starts`` of ``win`` (a padded byte
-    buffer); ``ok`` False where the text is anything else (sign, exponent, letters, two dots,
-    no digit, more than 15 characters) -- those rows go to the exact row logic. An exact
-    integer over an exact power of ten is correctly rounded, so values equal ``float(text)``."""
+    buffer): (values, ok, has a dot). ``ok`` is False where the text is anything else (sign,
+    exponent, letters, two dots, no digit, more than 15 characters) -- those rows go to the
+    exact row logic. An exact integer over an exact power of ten is correctly rounded, so the
+    values equal ``float(text)``."""
     n = starts.size
-    if n == 0:
-        return np.zeros(0), np.zeros(0, bool)
-    width = int(min(int(lengths.max()), 15))
-    view = np.lib.stride_tricks.as_strided(win, shape=(win.size - 15, width), strides=(1, 1), writeable=False)
-    m = view[starts]
-    valid = np.arange(width) < lengths[:, None]
-    dig = m - np.uint8(48)
-    isd = (dig <= 9) & valid
-    isdot = (m == 46) & valid
-    ok = ~np.any(valid & ~isd & ~isdot, axis=1) & (isdot.sum(axis=1) <= 1) & isd.any(axis=1) & (lengths <= 15)
-    after_dot = np.cumsum(isdot, axis=1) > 0
-    frac = np.sum(isd & after_dot, axis=1)
     val = np.zeros(n)
-    for k in range(width):
-        val = np.where(isd[:, k], val * 10.0 + dig[:, k], val)
-    return val / _POW10[frac], ok
+    frac = np.zeros(n, np.int64)
+    ndot = np.zeros(n, np.int64)
+    anydigit = np.zeros(n, bool)
+    bad = lengths > 15
+    for k in range(int(min(int(lengths.max(initial=0)), 15))):
+        b = win[starts + k]
+        valid = k < lengths
+        d = b - np.uint8(48)
+        isd = (d <= 9) & valid
+        isdot = (b == 46) & valid
+        bad |= valid & ~isd & ~isdot
+        val = np.where(isd, val * 10.0 + d, val)
+        frac += isd & (ndot > 0)
+        ndot += isdot
+        anydigit |= isd
+    ok = ~bad & (ndot <= 1) & anydigit
+    return val / _POW10[np.minimum(frac, 31)], ok, ndot > 0
 
 
 def _fast_chunk(win: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDArray[np.int64],
@@ -409,66 +412,52 @@ def _fast_chunk(win: npt.NDArray[np.uint8], s: npt.NDArray[np.int64], e: npt.NDA
                 ) -> tuple[_Rows, npt.NDArray[np.int64]]:
     """Vectorized parse of lines ``[s, e)``; returns the usable rows and the indices (into
     ``s``) of the lines left to the row logic. Empty rows are counted in ``skipped``."""
-    n = s.size
     lo, hi = int(s[0]), int(e[-1])
-    seg = win[lo:hi]
-    bad_pos = np.flatnonzero(~_FAST_BYTES[seg]) + lo
-    bad_line = np.searchsorted(s, bad_pos, side="right") - 1
-    real = (bad_pos < e[bad_line]) & ~((bad_pos - s[bad_line] == 10) & (win[bad_pos] == 32))
-    line_ok = np.ones(n, dtype=bool)
-    line_ok[bad_line[real]] = False
-    comma = np.flatnonzero(seg == 44) + lo
-    comma_line = np.searchsorted(s, comma, side="right") - 1
-    in_line = comma < e[comma_line]
-    comma, comma_line = comma[in_line], comma_line[in_line]
-    line_ok &= np.bincount(comma_line, minlength=n) == 2 + 3 * MAX_LANES - 1
-    line_ok &= (e - s) >= 19 + 25
+    seg = win[lo:hi + 1]
+    # per line: bytes outside the fast alphabet (the stamp's one space excepted) and commas
+    bad_pos = np.flatnonzero(~_FAST_BYTES[seg])
+    comma = np.flatnonzero(seg == 44)
+    sl, el = s - lo, e - lo
+    first_comma = np.searchsorted(comma, sl)
+    n_bad = (np.searchsorted(bad_pos, el) - np.searchsorted(bad_pos, sl)
+             - (win[np.minimum(s + 10, win.size - 1)] == 32))
+    line_ok = (n_bad == 0) & (np.searchsorted(comma, el) - first_comma == 25) & ((e - s) >= 19 + 25)
     cand = np.flatnonzero(line_ok)
-    c = comma[line_ok[comma_line]].reshape(-1, 25)
+    c = comma[first_comma[cand][:, None] + np.arange(25)].astype(np.int64) + lo
     sc, ec = s[cand], e[cand]
     ok = c[:, 0] == sc + 19
     stamps = np.lib.stride_tricks.as_strided(win, shape=(win.size - 19, 19), strides=(1, 1), writeable=False)
     ep0, ep1, ts_ok = _vector_stamps(stamps[np.where(ok, sc, 0)])
     ok &= ts_ok
     st_start = c[:, 0] + 1
-    st_len = c[:, 1] - st_start
-    station_f, st_ok = _decimals(win, st_start, st_len)
-    ok &= st_ok & (st_len <= 15)
-    # no dot in a station id: a "31.5" id must be a bad_station_id (row logic)
-    for k in range(int(min(int(st_len.max(initial=0)), 15))):
-        ok &= ~((win[st_start + k] == 46) & (k < st_len))
-    fs = np.empty((cand.size, 24), np.int64)
-    fs[:, :] = c[:, 1:25] + 1
-    fe = np.empty((cand.size, 24), np.int64)
-    fe[:, :23] = c[:, 2:25]
-    fe[:, 23] = ec
-    fl = fe - fs
-    vals = np.full((cand.size, 24), np.nan)
-    for kind in range(3):
-        cols = slice(kind, 24, 3)
-        sub_s, sub_l = fs[:, cols], fl[:, cols]
-        nonempty = sub_l > 0
-        v, vok = _decimals(win, sub_s[nonempty], sub_l[nonempty])
-        block = np.full(sub_s.shape, np.nan)
+    station_f, st_ok, st_dot = _decimals(win, st_start, c[:, 1] - st_start)
+    ok &= st_ok & ~st_dot  # a "31.5" id is a bad_station_id (row logic)
+    parsed = []
+    for kind in range(3):  # flow, occupancy, speed
+        starts = c[:, 1 + kind:24 + kind:3] + 1
+        ends = np.empty_like(starts)
+        ends[:, : 8 if kind < 2 else 7] = c[:, 2 + kind::3]
+        if kind == 2:
+            ends[:, 7] = ec
+        lengths = ends - starts
+        nonempty = lengths > 0
+        v, vok, _ = _decimals(win, starts[nonempty], lengths[nonempty])
+        block = np.full(starts.shape, np.nan)
         block[nonempty] = v
-        vals[:, cols] = block
-        bad = np.zeros(sub_s.shape, bool)
+        bad = np.zeros(starts.shape, bool)
         bad[nonempty] = ~vok
-        if kind > 0:  # occupancy / speed of an absent lane (empty flow) are never read
-            bad &= fl[:, 0:24:3] > 0
-        ok &= ~bad.any(axis=1)
-    flow, occ, speed = vals[:, 0::3], vals[:, 1::3], vals[:, 2::3]
-    present = fl[:, 0::3] > 0
-    occ_has = fl[:, 1::3] > 0
+        parsed.append((block, bad, nonempty))
+    (flow, bad_f, present), (occ, bad_o, occ_has), (speed, bad_s, _) = parsed
+    # occupancy / speed of an absent lane (empty flow) are never read
+    ok &= ~np.any(bad_f | ((bad_o | bad_s) & present), axis=1)
     with np.errstate(invalid="ignore"):
         oor = present & ((flow < 0) | (occ_has & ((occ < 0) | (occ > 1))))
         stuck = present & ~oor & (flow == 0) & occ_has & (occ >= 0.99) & (speed == 0)
         spike = present & ~oor & ~stuck & (flow > spike_per_lane)
         use = present & ~oor & ~stuck & ~spike
         zero_lane = (flow == 0) & (occ == 0)
-    total = np.where(use, np.rint(np.where(use, flow, 0.0)), 0.0).sum(axis=1).astype(np.int64)
-    n_present = present.sum(axis=1)
-    empty = ok & (n_present == 0)
+    total = np.rint(np.where(use, flow, 0.0)).sum(axis=1).astype(np.int64)
+    empty = ok & ~present.any(axis=1)
     if empty.any():
         skipped["empty_row"] += int(empty.sum())
     keep = ok & ~empty
