@@ -11,20 +11,35 @@ No statistics here: every assertion is deterministic.
 
 from __future__ import annotations
 
+import bz2
 import calendar
 import gzip
+import lzma
+import os
+import zipfile
 from collections import Counter
+from datetime import date
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from producers import pems
 from producers.pems import (
+    CELL_DEAD,
+    CELL_MISSING,
+    CELL_OUT_OF_RANGE_LANE,
+    CELL_SPIKE_LANE,
+    CELL_STUCK_LANE,
     EPOCH_S,
     QualityReport,
     TrafficDay,
+    day_epochs,
+    days_in,
     epoch_of,
     epoch_start,
+    load_cached,
+    read_bytes,
     read_metadata,
     read_station_5min,
     read_station_raw,
@@ -343,7 +358,7 @@ def test_duplicate_readings_in_one_epoch(tmp_path: Path) -> None:
     accounted(day.quality)
 
 
-def test_epochs_are_consecutive_and_gaps_are_zero(tmp_path: Path) -> None:
+def test_epochs_are_consecutive_and_gaps_are_missing(tmp_path: Path) -> None:
     base = utc_epoch("01/23/2012 10:00:00", PST)
     lines = [
         raw_line("01/23/2012 10:00:11", 71, [("3", ".1", "60")]),
@@ -353,7 +368,9 @@ def test_epochs_are_consecutive_and_gaps_are_zero(tmp_path: Path) -> None:
     day = read_station_raw(write_text(tmp_path / "raw.txt", lines, gz=False))
     assert day.epochs.dtype == np.int64 and day.flows.dtype == np.int64
     assert day.epochs.tolist() == list(range(base, base + 6))
-    assert day.flows.T.tolist() == [[3, 0, 0, 0, 0, 8], [0, 0, 7, 0, 0, 0]]
+    assert day.flows.T.tolist() == [[3, 0, 0, 0, 0, 8], [0, 0, 7, 0, 0, 0]]  # 0 = a number, not truth
+    assert day.has_truth.T.tolist() == [[True, False, False, False, False, True],
+                                        [False, False, True, False, False, False]]
     assert day.peak_total() == 8
     assert (int(day.epochs[2]), day.flows[2].tolist()) == (base + 2, [0, 7])
 
@@ -438,7 +455,8 @@ def test_5min_lane_flow_fallback_when_total_is_empty(tmp_path: Path) -> None:
     day = read_station_5min(write_text(tmp_path / "five.txt", lines, gz=False))
     f = day.flows[:, 0]
     assert f[:10].tolist() == [3] + [2] * 9 and int(f[:10].sum()) == 21
-    assert f[10:20].tolist() == [0] * 10  # the skipped interval is a zero gap
+    assert f[10:20].tolist() == [0] * 10  # the skipped interval: 0 as a number ...
+    assert day.flags[10:20, 0].tolist() == [CELL_MISSING] * 10  # ... but missing, not truth
     assert int(f[20:30].sum()) == 50 and set(f[20:30].tolist()) == {5}
     assert int(f[30:40].sum()) == 45
     assert day.quality.skipped == Counter({"empty_row": 1})
@@ -545,3 +563,239 @@ def test_station_missing_from_metadata_still_replays(tmp_path: Path) -> None:
     assert "1 stations not in the metadata" in day.quality.summary()
     day.attach_metadata({})
     assert day.quality.stations_without_metadata == 3
+
+
+# ---------------------------------------------------------------------------------------
+# Compression by content
+# ---------------------------------------------------------------------------------------
+def _compressed(path: Path, data: bytes, fmt: str) -> Path:
+    if fmt == "bz2":
+        path.write_bytes(bz2.compress(data))
+    elif fmt == "xz":
+        path.write_bytes(lzma.compress(data))
+    elif fmt == "zip":
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("d07_text_station_raw_2012_01_23.txt", data)
+    elif fmt == "gzip":
+        path.write_bytes(gzip.compress(data, mtime=0))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["plain", "gzip", "bz2", "xz", "zip"])
+def test_every_compression_read_by_content(tmp_path: Path, fmt: str) -> None:
+    data = ("\n".join([DOC_LINE_1, DOC_LINE_2]) + "\n").encode()
+    day = read_station_raw(_compressed(tmp_path / "no_telling_suffix.dat", data, fmt))
+    assert day.flows.tolist() == [[1, 3]] and day.stations.tolist() == [500001, 500004]
+    assert read_bytes(tmp_path / "no_telling_suffix.dat") == data
+
+
+def test_zip_with_two_members_or_none_is_a_clear_error(tmp_path: Path) -> None:
+    two = tmp_path / "two.zip"
+    with zipfile.ZipFile(two, "w") as zf:
+        zf.writestr("a.txt", DOC_LINE_1)
+        zf.writestr("b.txt", DOC_LINE_2)
+    with pytest.raises(ValueError, match=r"two\.zip.*exactly one data member.*holds 2"):
+        read_station_raw(two)
+    empty = tmp_path / "empty.zip"
+    with zipfile.ZipFile(empty, "w") as zf:
+        zf.writestr("folder/", "")
+    with pytest.raises(ValueError, match="holds 0"):
+        read_station_raw(empty)
+
+
+@pytest.mark.parametrize("fmt", ["gzip", "bz2", "xz", "zip"])
+def test_corrupt_compressed_file_is_a_one_line_value_error(tmp_path: Path, fmt: str) -> None:
+    data = ("\n".join([DOC_LINE_1, DOC_LINE_2] * 50) + "\n").encode()
+    good = _compressed(tmp_path / "good.bin", data, fmt).read_bytes()
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(good[:6] + bytes(b ^ 0x5A for b in good[6:40]) + good[40:len(good) // 2])
+    with pytest.raises(ValueError) as info:
+        read_station_raw(bad)
+    msg = str(info.value)
+    assert "bad.bin" in msg and fmt in msg and "\n" not in msg
+
+
+# ---------------------------------------------------------------------------------------
+# Missing is not zero; dead detectors; lane flags on the cell
+# ---------------------------------------------------------------------------------------
+def _lane(f: int, occ: str = ".05") -> list[Lane]:
+    return [(str(f), occ, "60"), (str(f), occ, "60")]
+
+
+def test_gaps_are_missing_not_zero(tmp_path: Path) -> None:
+    """A block of absent rows and an empty row: flows 0 (a number for the simulation) but
+    CELL_MISSING and no truth; cells with readings of 0 vehicles are truth."""
+    t0 = utc_epoch("01/23/2012 10:00:00", PST)
+    lines = []
+    for i in range(30):
+        stamp = epoch_start(t0 + i).strftime("%m/%d/%Y %H:%M:%S")
+        lines.append(raw_line(stamp, 1, _lane(3)))
+        if not 10 <= i < 20:  # station 2: ten consecutive epochs absent
+            lines.append(raw_line(stamp, 2, _lane(0 if i == 25 else 2)))
+    lines[1] = raw_line(epoch_start(t0).strftime("%m/%d/%Y %H:%M:%S"), 2, [])  # an empty row
+    day = read_station_raw(write_text(tmp_path / "raw.txt", lines, gz=False))
+    assert day.flags.dtype == np.uint8 and day.flags.shape == day.flows.shape == (30, 2)
+    missing = (day.flags[:, 1] & CELL_MISSING) != 0
+    assert np.flatnonzero(missing).tolist() == [0, *range(10, 20)]
+    assert day.flows[missing, 1].tolist() == [0] * 11
+    assert not day.has_truth[missing, 1].any()
+    assert day.has_truth[25, 1] and day.flows[25, 1] == 0  # a real zero is truth
+    assert day.has_truth[:, 0].all()
+    assert day.quality.missing_cells == 11
+    assert "11 missing" in day.quality.summary()
+    accounted(day.quality)
+
+
+def _dead_file(tmp_path: Path, others_flow: int, run: int) -> TrafficDay:
+    t0 = utc_epoch("01/23/2012 02:00:00", PST)
+    lines = []
+    for i in range(run + 20):
+        stamp = epoch_start(t0 + i).strftime("%m/%d/%Y %H:%M:%S")
+        dead = 10 <= i < 10 + run
+        lines.append(raw_line(stamp, 1, [("0", "0", "0"), ("0", "0", "")] if dead else _lane(0 if others_flow == 0
+                                                                                              else 4)))
+        lines.append(raw_line(stamp, 2, _lane(others_flow, ".05" if others_flow else "0")))
+    return read_station_raw(write_text(tmp_path / "raw.txt", lines, gz=False), dead_run_epochs=120)
+
+
+def test_dead_detector_is_flagged_dead(tmp_path: Path) -> None:
+    day = _dead_file(tmp_path, others_flow=3, run=130)
+    dead = (day.flags & CELL_DEAD) != 0
+    assert np.flatnonzero(dead[:, 0]).tolist() == list(range(10, 140))
+    assert not dead[:, 1].any()
+    assert not day.has_truth[10:140, 0].any() and day.has_truth[:10, 0].all()
+    assert day.quality.dead_cells == 130 and day.quality.dead_stations == 0
+    # one epoch short of the threshold: not dead
+    short = _dead_file(tmp_path, others_flow=3, run=119)
+    assert not (short.flags & CELL_DEAD).any()
+
+
+def test_zero_at_night_while_all_others_are_zero_is_not_dead(tmp_path: Path) -> None:
+    day = _dead_file(tmp_path, others_flow=0, run=200)
+    assert not (day.flags & CELL_DEAD).any()
+    assert day.has_truth.all()
+
+
+def test_station_dead_all_file(tmp_path: Path) -> None:
+    t0 = utc_epoch("01/23/2012 09:00:00", PST)
+    lines = []
+    for i in range(150):
+        stamp = epoch_start(t0 + i).strftime("%m/%d/%Y %H:%M:%S")
+        lines += [raw_line(stamp, 1, [("0", "0", "0")] * 3), raw_line(stamp, 2, _lane(5))]
+    day = read_station_raw(write_text(tmp_path / "raw.txt", lines, gz=False))
+    assert ((day.flags[:, 0] & CELL_DEAD) != 0).all()
+    assert day.quality.dead_stations == 1 and "1 stations dead all file" in day.quality.summary()
+    assert day.peak_total() == 10
+
+
+def test_lane_flags_are_on_the_cell(tmp_path: Path) -> None:
+    t = "01/23/2012 10:00:05"
+    lines = [raw_line(t, 1, [("0", "1", "0"), ("6", ".05", "62")]),  # stuck lane
+             raw_line(t, 2, [("60", ".30", "20"), ("5", ".05", "60")]),  # spike
+             raw_line(t, 3, [("2", "1.5", "60"), ("7", ".1", "60")]),  # out of range
+             raw_line(t, 4, [("7", ".1", "60")])]
+    day = read_station_raw(write_text(tmp_path / "raw.txt", lines, gz=False))
+    assert day.flags.tolist() == [[CELL_STUCK_LANE, CELL_SPIKE_LANE, CELL_OUT_OF_RANGE_LANE, 0]]
+    assert day.flows.tolist() == [[6, 5, 7, 7]] and day.has_truth.all()
+    assert (day.quality.stuck_lane_cells, day.quality.spike_lane_cells) == (1, 1)
+
+
+def test_5min_missing_rows_are_ten_missing_epochs(tmp_path: Path) -> None:
+    lines = [five_min_line("01/23/2012 08:00:00", 7, "20", []),
+             five_min_line("01/23/2012 08:10:00", 7, "30", [])]  # 08:05 missing
+    day = read_station_5min(write_text(tmp_path / "five.txt", lines, gz=False))
+    assert day.epochs.size == 30
+    assert np.flatnonzero(~day.has_truth[:, 0]).tolist() == list(range(10, 20))
+    assert day.flags[10:20, 0].tolist() == [CELL_MISSING] * 10 and day.flows[10:20, 0].sum() == 0
+    assert day.quality.missing_cells == 10
+
+
+# ---------------------------------------------------------------------------------------
+# Multi-day files
+# ---------------------------------------------------------------------------------------
+def _two_day_lines() -> list[str]:
+    """Readings every hour from 2012-11-03 20:00 to 2012-11-05 03:00 (11-04 is the autumn DST
+    day: 25 hours), station 5."""
+    lines = []
+    for d, hours in (("11/03/2012", range(20, 24)), ("11/04/2012", range(24)), ("11/05/2012", range(4))):
+        lines += [raw_line(f"{d} {h:02d}:00:05", 5, [("2", ".05", "60")]) for h in hours]
+    return lines
+
+
+def test_day_selection_on_a_multi_day_file_with_a_dst_day(tmp_path: Path) -> None:
+    path = write_text(tmp_path / "raw.txt", _two_day_lines(), gz=True)
+    whole = read_station_raw(path)
+    assert days_in(whole) == [date(2012, 11, 3), date(2012, 11, 4), date(2012, 11, 5)]
+    assert "the file holds 2012-11-03, 2012-11-04, 2012-11-05" in whole.quality.summary()
+    # gaps between the hourly readings are missing, never zero-filled truth
+    assert int(whole.has_truth.sum()) == 4 + 24 + 4
+    dst = read_station_raw(path, day=date(2012, 11, 4))
+    first, stop = day_epochs(date(2012, 11, 4))
+    assert stop - first == 3000  # 25 hours
+    assert dst.epochs.tolist() == list(range(first, stop))
+    assert dst.epochs[0] == utc_epoch("11/04/2012 00:00:00", PDT)
+    assert int(dst.has_truth.sum()) == 24 and int(dst.flows.sum()) == 48
+    assert dst.quality.skipped == Counter({"other_day": 8}) and dst.quality.rows_used == 24
+    accounted(dst.quality)
+    assert days_in(dst) == days_in(whole)
+    spring = day_epochs(date(2012, 3, 11))
+    assert spring[1] - spring[0] == 2760  # 23 hours
+
+
+def test_day_not_in_the_file_is_empty_and_says_which_days_it_holds(tmp_path: Path) -> None:
+    path = write_text(tmp_path / "raw.txt", _two_day_lines(), gz=False)
+    day = read_station_raw(path, day=date(2012, 11, 7))
+    assert day.epochs.size == 0 and day.flows.shape == (0, 0) and day.peak_total() == 0
+    s = day.quality.summary()
+    assert "no rows on 2012-11-07" in s and "2012-11-03, 2012-11-04, 2012-11-05" in s
+    accounted(day.quality)
+
+
+# ---------------------------------------------------------------------------------------
+# Fast path == row logic; cache
+# ---------------------------------------------------------------------------------------
+def test_fast_path_equals_the_row_logic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vectorized parser gives exactly what the per-row logic gives (forced for every
+    line by emptying the fast path's alphabet) on a file mixing every kind of row."""
+    lines = [DOC_LINE_1, DOC_LINE_2, *_two_day_lines(),
+             raw_line("01/23/2012 10:00:05", 51, [("0", "1", "0"), ("6", ".05", "62")]),
+             raw_line("01/23/2012 10:00:05", 53, [("60", ".30", "20"), ("2.6", ".05", "60")]),
+             raw_line("01/23/2012 10:00:05", 55, [("-3", ".1", "60"), ("2", "1.5", "60")]),
+             raw_line("01/23/2012 10:00:25", 51, [("9", ".1", "60")]),  # duplicate
+             raw_line("11/04/2012 01:00:05", 5, [("3", ".1", "60")]),  # repeated DST hour
+             raw_line("01/23/2012 10:00:05", "31.5", [("1", ".1", "60")]),
+             raw_line("02/30/2012 10:00:05", 31, [("1", ".1", "60")]),
+             raw_line("01/23/2012 10:00:05", 31, [("nan", ".1", "60")]),
+             raw_line("01/23/2012 10:00:05", 32, []), "", "x,y"]
+    lines = [line.replace("01/23/2012", "11/04/2012") for line in lines]  # one grid of two days
+    path = write_text(tmp_path / "raw.txt", lines, gz=False)
+    fast = read_station_raw(path)
+    monkeypatch.setattr(pems, "_FAST_BYTES", np.zeros(256, bool))
+    slow = read_station_raw(path)
+    assert np.array_equal(fast.flows, slow.flows) and np.array_equal(fast.flags, slow.flags)
+    assert np.array_equal(fast.epochs, slow.epochs) and np.array_equal(fast.stations, slow.stations)
+    assert fast.quality == slow.quality
+    accounted(fast.quality)
+
+
+def test_cache_hit_returns_the_same_day_and_a_change_invalidates(tmp_path: Path) -> None:
+    path = write_text(tmp_path / "raw.txt", _two_day_lines(), gz=True)
+    cache = tmp_path / "cache"
+    first = load_cached(path, cache, day=date(2012, 11, 4))
+    assert len(list(cache.glob("*.npz"))) == 1
+    hit = load_cached(path, cache, day=date(2012, 11, 4))
+    for name in ("stations", "epochs", "flows", "flags"):
+        assert np.array_equal(getattr(first, name), getattr(hit, name))
+        assert getattr(first, name).dtype == getattr(hit, name).dtype
+    assert hit.quality == first.quality
+    # other reader arguments: another entry
+    load_cached(path, cache, day=date(2012, 11, 3))
+    assert len(list(cache.glob("*.npz"))) == 2
+    # the file changes (size and mtime): parsed again, not served stale
+    st = path.stat()
+    write_text(path, [*_two_day_lines(), raw_line("11/04/2012 12:00:25", 6, [("9", ".1", "60")])], gz=True)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    changed = load_cached(path, cache, day=date(2012, 11, 4))
+    assert changed.stations.tolist() == [5, 6] and int(changed.flows.sum()) == 48 + 9

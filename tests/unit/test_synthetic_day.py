@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from producers.pems import TrafficDay, read_metadata, read_station_raw
+from producers.pems import CELL_DEAD, CELL_MISSING, TrafficDay, read_metadata, read_station_raw
 from producers.synthetic import EPOCHS_PER_DAY, SyntheticDay, daily_profile, write_synthetic_day
 
 SEED = 2026
@@ -131,10 +131,30 @@ def test_reads_back_as_a_full_day(weekday: tuple[SyntheticDay, TrafficDay, float
     start = midnight_epoch(WEEKDAY)
     assert day.epochs.tolist() == list(range(start, start + 2880))
     q = day.quality
-    assert q.rows_read == 2880 * N_STATIONS
+    assert q.rows_read == 2880 * N_STATIONS - 10  # one block of ten absent rows
     assert q.rows_read == q.rows_used + q.rows_skipped
     assert set(q.skipped) <= {"empty_row"}  # the generator writes no other bad row
     assert q.stations_without_metadata == 0
+    assert q.days_in_file == [WEEKDAY.isoformat()]
+
+
+def test_dead_detector_and_absent_rows_are_flagged_not_zero(weekday: tuple[SyntheticDay, TrafficDay, float]) -> None:
+    """The generator's dead detector (0/0 on every lane 01:00-04:00) is CELL_DEAD at exactly
+    one station for 360 epochs; its ten absent rows and the empty rows are CELL_MISSING; all
+    of them hold flow 0 and no truth."""
+    _, day, _ = weekday
+    dead = (day.flags & CELL_DEAD) != 0
+    assert dead.sum() == 360 and dead.any(axis=0).sum() == 1
+    rows = np.flatnonzero(dead.any(axis=1))
+    assert rows.tolist() == list(range(120, 480))
+    missing = (day.flags & CELL_MISSING) != 0
+    assert missing.sum() == 10 + day.quality.skipped["empty_row"]
+    per_station = missing.sum(axis=0)
+    assert per_station.max() >= 10
+    assert not day.has_truth[dead | missing].any() and day.flows[dead | missing].sum() == 0
+    assert day.quality.dead_cells == 360 and day.quality.missing_cells == int(missing.sum())
+    assert day.quality.dead_stations == 0  # dead for three hours, not the whole day
+    assert "360 dead" in day.quality.summary()
 
 
 def test_truth_equals_an_independent_parse(weekday: tuple[SyntheticDay, TrafficDay, float]) -> None:
@@ -320,9 +340,9 @@ def test_glitches_can_be_switched_off(tmp_path: Path) -> None:
 
 
 def test_scale_of_a_64_station_day(weekday: tuple[SyntheticDay, TrafficDay, float]) -> None:
-    """64 stations x 2,880 epochs (184,320 rows) written and read back. Measured here at
-    ~50 ms per station-day each way (about 3 minutes each way for 3,220 stations), so the
-    bound below (60 s) only catches a blow-up, not a slow machine."""
+    """64 stations x 2,880 epochs (184,320 rows less ten absent) written and read back, now
+    vectorized both ways (~1-2 s here; tests/benchmarks/bench_readers.py measures 3,220
+    stations), so the bound below (60 s) only catches a blow-up, not a slow machine."""
     _, day, elapsed = weekday
-    assert day.quality.rows_read == 184_320
+    assert day.quality.rows_read == 184_320 - 10
     assert elapsed < 60.0
