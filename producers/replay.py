@@ -27,7 +27,7 @@ from schemas import EndOfEpoch, GroundTruth, Query, encode_batch, encode_json, n
 from schemas.kafka_io import QueryReader, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
-from .pems import TrafficDay, epoch_start, read_metadata, read_station_5min, read_station_raw
+from .pems import TrafficDay, epoch_start, load_cached, read_metadata
 from .settings import ReplaySettings
 from .sink import ReportSink
 from .synthetic import write_synthetic_day
@@ -40,11 +40,12 @@ KIND_HEADER = "ptt-kind"
 
 def load_day(settings: ReplaySettings) -> TrafficDay:
     """The traffic day to replay: a real PeMS file, or the synthetic default (cached)."""
+    cache = settings.data_dir / "cache"  # parsed days, keyed by the file's path, size and mtime
     if settings.pems_raw is not None:
-        day = read_station_raw(settings.pems_raw)
+        day = load_cached(settings.pems_raw, cache)
         meta_path = settings.meta
     elif settings.pems_5min is not None:
-        day = read_station_5min(settings.pems_5min)
+        day = load_cached(settings.pems_5min, cache, five_minute=True)
         meta_path = settings.meta
     else:
         folder = settings.data_dir / (f"synthetic-{settings.synthetic_stations}-{settings.synthetic_seed}-"
@@ -54,7 +55,7 @@ def load_day(settings: ReplaySettings) -> TrafficDay:
         if not (raw.exists() and meta.exists()):
             write_synthetic_day(folder, settings.synthetic_stations, settings.synthetic_seed,
                                 settings.synthetic_date, settings.weekend)
-        day = read_station_raw(raw)
+        day = load_cached(raw, cache)
         meta_path = settings.meta or meta
     if meta_path is not None:
         meta_map, _ = read_metadata(meta_path)
@@ -168,6 +169,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
     epochs = day.epochs[settings.start_epoch:]
     flows = day.flows[settings.start_epoch:]
+    truth_rows = day.has_truth[settings.start_epoch:]  # missing readings and dead detectors: no truth
     if settings.max_epochs is not None:
         epochs, flows = epochs[: settings.max_epochs], flows[: settings.max_epochs]
     try:
@@ -184,7 +186,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             split = split_fleet(settings.seed, epoch, flow_row, fleet, count)
             if settings.truth and index == 0:
                 truth = GroundTruth(epoch=epoch, epoch_start=when, stations=tuple(int(s) for s in day.stations),
-                                    flows=tuple(int(f) for f in flow_row))
+                                    flows=tuple(int(f) for f in flow_row),
+                                    no_truth=tuple(int(s) for s in day.stations[~truth_rows[i]]))
                 sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
                           headers=[(KIND_HEADER, b"ground_truth")])
             sent: dict[tuple[str, int], dict[int, list[int]]] = {}

@@ -151,12 +151,22 @@ class GroundTruth(_Frozen):
     epoch_start: AwareDatetime
     stations: tuple[int, ...]
     flows: tuple[Annotated[int, Field(ge=0)], ...]
+    no_truth: tuple[int, ...] = Field(
+        default=(), description="stations with no ground truth this epoch (no reading, or a dead detector): "
+                                "their flow is a placeholder 0, never a count to score against")
 
     @model_validator(mode="after")
     def _aligned(self) -> GroundTruth:
         if len(self.stations) != len(self.flows):
             raise ValueError(f"{len(self.stations)} stations but {len(self.flows)} flows")
+        if not set(self.no_truth) <= set(self.stations):
+            raise ValueError("no_truth names stations that are not in the record")
         return self
+
+    def truth(self) -> dict[int, int]:
+        """Station -> true flow, only where the epoch has a truth."""
+        missing = frozenset(self.no_truth)
+        return {s: f for s, f in zip(self.stations, self.flows, strict=True) if s not in missing}
 
 
 JsonRecord = Annotated[SingleReport | EndOfEpoch | GroundTruth, Field(discriminator="kind")]

@@ -187,7 +187,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     truth = app.topic(s.truth_topic, key_serializer="raw", value_serializer="raw")
     # changelog topic: "<app id>-windows-changelog" (settings.changelog_topic); binary values
     windows = app.Table("windows", default=None, partitions=s.internal_partitions, key_type=bytes,
-                        value_type=bytes, key_serializer="raw", value_serializer="raw")
+                        value_type=bytes)  # bytes: the raw codec both ways
 
     async def _dead(rej: Rejected, topic: str, partition: int, offset: int, value: bytes | None) -> None:
         monitor.on_dead_letter(rej.reason)
@@ -217,7 +217,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         windows.data[key] = value
         windows.send_changelog(part, key, value)
 
-    async def _apply(part: int, items: Sequence[Partial]) -> None:
+    async def _apply(part: int, items: Sequence[Partial], started: float) -> None:
         """One stage-2 partition's share of a batch: policy, estimates, then state writes."""
         wm_key = WM_PREFIX + str(part).encode()
         wm = Watermarks.decode(windows.data.get(wm_key))
@@ -233,6 +233,8 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             results.append(res)
             records.extend(res.render())
         await sink.publish(records)  # acknowledged before the closed windows are written
+        if results:
+            monitor.on_epochs_published(time.monotonic() - started)
         for res in results:
             monitor.on_epoch_closed(res)
         for wid, st in outcome.touched.items():
@@ -243,17 +245,18 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     @app.agent(partials)
     async def stage2(stream: Any) -> Any:
         async for events in stream.take_events(s.stage2_batch_records, within=s.stage2_batch_wait_s):
+            started = time.monotonic()
             by_part: dict[int, list[Any]] = defaultdict(list)
             for event in events:
                 by_part[event.message.partition].append(event)
             for part, evs in by_part.items():
                 try:
-                    await _apply(part, [decode_partial(e.value) for e in evs])
+                    await _apply(part, [decode_partial(e.value) for e in evs], started)
                 except Exception:  # find the record(s) at fault one by one; the rest still count
                     log.exception("stage 2 failed on a batch of partition %s; retrying record by record", part)
                     for e in evs:
                         try:
-                            await _apply(part, [decode_partial(e.value)])
+                            await _apply(part, [decode_partial(e.value)], started)
                         except Exception as exc:
                             log.exception("stage 2 failed on partition %s offset %s", part, e.message.offset)
                             await _dead(Rejected("internal_error", f"{type(exc).__name__}: {exc}"),
@@ -267,7 +270,10 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             except ValueError:
                 continue
             if isinstance(t, GroundTruth):
-                monitor.on_truth(t.epoch, t.stations, t.flows)
+                missing = frozenset(t.no_truth)
+                monitor.on_truth(t.epoch, t.stations,
+                                 [math.nan if s in missing else float(f) for s, f in zip(t.stations, t.flows,
+                                                                                         strict=True)])
 
     @app.timer(interval=s.tick_interval_s)
     async def tick() -> None:

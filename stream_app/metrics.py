@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -113,6 +113,10 @@ class StreamMonitor:
         self.closed = Counter("ptt_epochs_closed", "Epochs closed", ["query", "closed_by"], registry=registry)
         self.missing_batches = Counter("ptt_missing_batches", "Batches announced by markers that never arrived",
                                        ["query"], registry=registry)
+        self.close_latency = Histogram(
+            "ptt_close_latency_seconds", "From a stage-2 batch that closes epochs to their estimates being "
+            "acknowledged by the broker", registry=registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0))
         self._known: set[str] = set()
         self._newest: dict[str, int] = {}
         self._closed_upto: dict[str, int] = {}
@@ -177,6 +181,9 @@ class StreamMonitor:
         for name, v in r.values.items():
             self.arrays.set_estimates(qid, q.mechanism, name, q.sensors, v.estimate, v.lower, v.upper,
                                       r.confidences)
+
+    def on_epochs_published(self, seconds: float) -> None:
+        self.close_latency.observe(seconds)
 
     def on_truth(self, epoch: int, stations: Sequence[int], flows: Sequence[float]) -> None:
         self.arrays.set_truth(stations, flows)

@@ -212,7 +212,8 @@ def load_estimates(values: Iterable[bytes | str], selection: Selection | None = 
 
 
 def load_truth(values: Iterable[bytes | str], stations: Iterable[int] | None = None) -> LoadedTruth:
-    """Parse :class:`GroundTruth` records into ``{(epoch, station): vehicles}``, only for
+    """Parse :class:`GroundTruth` records into ``{(epoch, station): vehicles}`` -- only cells that
+    have a truth (a missing reading or a dead detector is no truth, never 0) and only for
     ``stations`` if given (a 3,220-station day is 9 million cells); a later record of the same
     epoch replaces an earlier one."""
     keep = None if stations is None else frozenset(stations)
@@ -225,7 +226,7 @@ def load_truth(values: Iterable[bytes | str], stations: Iterable[int] | None = N
         except ValidationError:
             invalid += 1
             continue
-        by_epoch[t.epoch] = {s: f for s, f in zip(t.stations, t.flows, strict=True) if keep is None or s in keep}
+        by_epoch[t.epoch] = {s: f for s, f in t.truth().items() if keep is None or s in keep}
     truth = {(epoch, s): f for epoch, flows in by_epoch.items() for s, f in flows.items()}
     return LoadedTruth(truth, len(by_epoch), read, invalid)
 

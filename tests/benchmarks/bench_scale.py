@@ -1,0 +1,156 @@
+"""Benchmark: the stream app at the papers' scale. One JSON line per scenario.
+
+Scenarios (``--only`` picks some; defaults are the issue's bar):
+
+* ``p1-10``   -- 10 stations, per vehicle, SP + ALP + RR (a PeMS-like day's shape);
+* ``p1-500``  -- 500 stations, per vehicle;
+* ``p2``      -- 47,719 vehicles x 3,220 stations, per vehicle, >= 20 epochs;
+* ``p3``      -- 10,047,719 vehicles x 3,220 stations, exact tallies, >= 60 epochs, plus the raw
+  broker's produce throughput for the same estimate bytes, measured in the same run;
+* ``p5``      -- 4 workers vs 1 at 3,220 stations (tally).
+
+Every figure that is a speed is also given as a ratio measured in the same run:
+``realtime_factor = epochs x 30 / last_estimate_s`` (the data's own time) and
+``worker_vs_replay = last_estimate_s / replay_s`` (P1: the worker is never the wall when
+<= 1.2). ``last_estimate_s`` runs from the replay's start to the moment the last estimate was
+written (the broker's record timestamps); ``estimates == expected_estimates`` means nothing
+was lost. ``p99_close_latency_s`` comes from the worker's ``ptt_close_latency_seconds``
+histogram (a stage-2 batch that closes epochs -> their estimates acknowledged).
+
+Run: ``python tests/benchmarks/bench_scale.py [--only p1-10,p3] [--epochs-p3 60]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from producers.local_broker import LocalBroker, free_port
+from producers.replay import default_queries, fleet_size_for, load_day, replay
+from producers.settings import ReplaySettings
+from schemas.kafka_io import ensure_topics, publish_query, read_to_end
+from stream_app.app import ensure_stream_topics
+from stream_app.settings import WorkerSettings
+from tests.benchmarks.common import raw_produce
+from tests.integration.stream_helpers import WorkerProcess
+
+
+def _rss_peak_mb(pid: int) -> float:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float("nan")
+    m = re.search(r"VmHWM:\s+(\d+) kB", text)
+    return int(m.group(1)) / 1024 if m else float("nan")
+
+
+def _p99(metrics: str) -> float:
+    """99th percentile of ptt_close_latency_seconds from its cumulative buckets (upper edge)."""
+    buckets = [(float("inf") if le == "+Inf" else float(le), float(v)) for le, v in
+               re.findall(r'ptt_close_latency_seconds_bucket\{le="([^"]+)"\} ([0-9.e+]+)', metrics)]
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    total = buckets[-1][1]
+    return next(le for le, v in buckets if v >= 0.99 * total)
+
+
+def _last_closed(metrics: str) -> dict[str, int]:
+    return {q: int(float(v)) for q, v in re.findall(r'ptt_last_closed_epoch\{query="([^"]+)"\} ([0-9.e+]+)', metrics)}
+
+
+def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epochs: int, vehicles: int | None,
+             workers: int = 1, raw_baseline: bool = False) -> dict[str, Any]:
+    tag = f"{name}-{os.getpid()}-{int(time.time())}"
+    rs = ReplaySettings(bootstrap_servers=broker, data_dir=tmp / "data", truth=False, default_queries=False,
+                        reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
+                        synthetic_stations=stations, mode=mode, max_epochs=epochs, start_epoch=14 * 120,
+                        expand_to=vehicles, batch_size=50_000)  # type: ignore[arg-type]
+    t_load = time.perf_counter()
+    day = load_day(rs)
+    load_s = time.perf_counter() - t_load
+    fleet = fleet_size_for(day, rs)
+    queries = default_queries(day, fleet)
+    ensure_topics(rs)
+    base = {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
+    procs = []
+    for i in range(workers):
+        ws = WorkerSettings(**base, app_id=f"bench-{tag}", estimates_topic=f"e-{tag}", dead_letter_topic=f"d-{tag}",
+                            web_port=free_port(), min_participants=1)
+        if i == 0:
+            ensure_stream_topics(ws)
+        procs.append(WorkerProcess(ws, tmp / f"worker-{tag}-{i}.log"))
+    for q in queries:
+        publish_query(rs, q)
+    for w in procs:
+        w.start()
+    for w in procs:
+        w.wait_ready(120)
+    expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
+    last_epoch = int(day.epochs[rs.start_epoch + epochs - 1])
+    t0 = time.time()
+    summary = replay(rs, progress=False)
+    replay_s = time.time() - t0
+    deadline = time.time() + max(600.0, 20 * replay_s)
+    while time.time() < deadline:
+        closed: dict[str, int] = {}
+        for w in procs:
+            for q, e in _last_closed(w.metrics()).items():
+                closed[q] = max(closed.get(q, -1), e)
+        if len(closed) == len(queries) and min(closed.values()) >= last_epoch:
+            break
+        time.sleep(0.5)
+    ws0 = procs[0].settings
+    stamps = [r.timestamp for r in read_to_end(ws0, ws0.estimates_topic, idle_timeout_s=5)]
+    last_s = max(stamps) / 1000.0 - t0 if stamps else float("nan")
+    out: dict[str, Any] = {
+        "scenario": name, "stations": stations, "vehicles": fleet, "mode": mode, "workers": workers,
+        "epochs": epochs, "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
+        "last_estimate_s": round(last_s, 2), "realtime_factor": round(epochs * 30 / last_s, 2),
+        "worker_vs_replay": round(last_s / replay_s, 2), "estimates": len(stamps),
+        "expected_estimates": expected,
+        "worker_peak_rss_mb": round(max(_rss_peak_mb(w.proc.pid) for w in procs if w.proc), 1),
+        "p99_close_latency_s": max(_p99(w.metrics()) for w in procs),
+    }
+    if raw_baseline and stamps:
+        values = [len(r.value) for r in read_to_end(ws0, ws0.estimates_topic, idle_timeout_s=5)]
+        t_raw = raw_produce(rs, f"raw-{tag}", values)
+        span = (max(stamps) - min(stamps)) / 1000.0
+        out["estimate_bytes"] = sum(values)
+        out["raw_produce_s"] = round(t_raw, 2)
+        out["estimate_output_s"] = round(span, 2)
+        out["output_vs_raw"] = round(t_raw / span, 2) if span > 0 else None
+    for w in procs:
+        w.stop()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="p1-10,p1-500,p2,p3,p5")
+    parser.add_argument("--epochs-p1", type=int, default=120)
+    parser.add_argument("--epochs-p2", type=int, default=20)
+    parser.add_argument("--epochs-p3", type=int, default=60)
+    args = parser.parse_args()
+    wanted = set(args.only.split(","))
+    plans: list[tuple[str, dict[str, Any]]] = [
+        ("p1-10", {"stations": 10, "mode": "per-vehicle", "epochs": args.epochs_p1, "vehicles": None}),
+        ("p1-500", {"stations": 500, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": None}),
+        ("p2", {"stations": 3220, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": 47_719}),
+        ("p3", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p3, "vehicles": 10_047_719,
+                "raw_baseline": True}),
+        ("p5", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p2, "vehicles": 10_047_719, "workers": 4}),
+    ]
+    with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
+        for name, kw in plans:
+            if name in wanted:
+                print(json.dumps(scenario(name, broker.bootstrap, Path(tmp_name), **kw)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
