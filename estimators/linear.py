@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 from scipy.stats import norm
 
-from ._types import FloatArray, IntArray
+from ._types import BoolArray, FloatArray, IntArray
 from .mechanisms import ALP_BOTTOM, ALP_YES, Mechanism
 
 __all__ = [
@@ -150,6 +150,7 @@ def quadratic_interval(est: FloatArray, alpha: FloatArray, beta: FloatArray, k: 
     return np.clip(lo, 0.0, n), np.clip(hi, 0.0, n)
 
 
+@lru_cache(maxsize=64)
 def _z2(confidence: float) -> float:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -286,6 +287,36 @@ class LinearEstimator:
         alpha, beta = self.variance_coefficients(n)
         return quadratic_interval(est, alpha, beta, _z2(confidence), np.asarray(n, dtype=np.float64),
                                   slack=self.lattice_step / 2.0)
+
+    def consistent(self, est: FloatArray, n: float | FloatArray, confidence: float = 1 - 1e-9) -> BoolArray:
+        """Per station: is there any admissible count ``Y in [0, n]`` whose score interval at
+        ``confidence`` contains ``est``? False means the reports are impossible for the declared
+        population (e.g. forged participants, injected reports) at false-alarm rate
+        ``1 - confidence`` per station (a normal approximation: exact enough far in the tail
+        only for large counts, so keep the level extreme).
+
+        ``h(Y) = max(|est - Y| - step/2, 0)^2 - z^2 (alpha + beta Y)`` is convex in Y, so a
+        vectorized ternary search finds its minimum over ``[0, n]``.
+        """
+        alpha, beta = self.variance_coefficients(n)
+        k = _z2(confidence)
+        e, a, b, nn, slack = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in
+                                                    (est, alpha, beta, n, self.lattice_step / 2.0)))
+
+        def h(y: FloatArray) -> FloatArray:
+            gap = np.maximum(np.abs(e - y) - slack, 0.0)
+            out: FloatArray = gap * gap - k * np.maximum(a + b * y, 0.0)
+            return out
+
+        lo, hi = np.zeros_like(e), nn.copy()
+        for _ in range(80):  # (2/3)^80 ~ 1e-14 of the range
+            m1, m2 = lo + (hi - lo) / 3.0, hi - (hi - lo) / 3.0
+            left = h(m1) <= h(m2)
+            hi = np.where(left, m2, hi)
+            lo = np.where(left, lo, m1)
+        best = np.minimum(np.minimum(h(lo), h(hi)), np.minimum(h(np.zeros_like(e)), h(nn)))
+        ok: BoolArray = best <= 1e-9 * (1.0 + nn)
+        return ok
 
     def plugin_interval(self, est: FloatArray, n: float | FloatArray,
                         confidence: float) -> tuple[FloatArray, FloatArray]:

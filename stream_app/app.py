@@ -23,6 +23,7 @@ survives a restart.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import ssl
@@ -41,8 +42,8 @@ from schemas.kafka_io import QueryReader
 from .decode import REASONS, Rejected, to_partials
 from .estimate import QueryEstimators, epoch_result
 from .metrics import StreamMonitor
-from .publish import EstimatesSink
-from .records import BatchPartial, Partial, Tick, WindowId, decode_partial, encode_partial
+from .publish import BatchSink
+from .records import BatchPartial, Tick, WindowId, decode_partial, encode_partial
 from .settings import WorkerSettings
 from .windows import Watermarks, WindowPolicy, WindowState
 
@@ -50,44 +51,43 @@ __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
 log = logging.getLogger(__name__)
 WM_PREFIX = b"__wm__\x1f"
-MISS_TTL_S = 5.0
 
 
 class QueryCache:
-    """Every query version, followed from the queries topic; estimators built once each."""
+    """Every query version, followed from the queries topic; estimators built once each.
+
+    Lookups never block the event loop: :meth:`known` reads what has been loaded, and
+    :meth:`refresh` reads the topic to its end in a worker thread (one at a time, bounded).
+    """
 
     def __init__(self, settings: WorkerSettings) -> None:
         self._settings = settings
         self._reader: QueryReader | None = None
         self._estimators: dict[str, QueryEstimators] = {}
-        self._misses: dict[tuple[str, int], float] = {}
+        self._lock: asyncio.Lock | None = None
 
-    @property
-    def reader(self) -> QueryReader:
+    def _catch_up(self) -> None:
         if self._reader is None:
             self._reader = QueryReader(self._settings)
-            self._reader.catch_up()
-        return self._reader
+        self._reader.catch_up(timeout_s=10.0)
 
-    def refresh(self) -> None:
-        self.reader.poll(0)
+    async def refresh(self) -> None:
+        """Read the queries topic to its end, off the event loop."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self._catch_up)
+            except Exception as exc:  # the broker is slow or gone: keep what is known, say why
+                log.warning("could not read the queries topic to its end: %s", exc)
 
-    def get(self, query_id: str, version: int) -> Query | None:
-        key = (query_id, version)
-        q = self.reader.queries.get(key)
-        if q is not None:
-            return q
-        # Published a moment ago? Read the topic to its end once more -- but at most once per
-        # MISS_TTL_S per unknown query: a flood of bad records must not stall the event loop.
-        now = time.monotonic()
-        if now - self._misses.get(key, -math.inf) < MISS_TTL_S:
-            self.reader.poll(0)
-            return self.reader.queries.get(key)
-        self.reader.catch_up()
-        q = self.reader.queries.get(key)
-        if q is None:
-            self._misses[key] = now
-        return q
+    async def ensure(self, keys: set[tuple[str, int]]) -> None:
+        """Refresh once if any of ``keys`` is not known yet."""
+        if any(self.known(*k) is None for k in keys):
+            await self.refresh()
+
+    def known(self, query_id: str, version: int) -> Query | None:
+        return None if self._reader is None else self._reader.queries.get((query_id, version))
 
     def estimators(self, q: Query) -> QueryEstimators:
         qe = self._estimators.get(q.record_key)
@@ -97,7 +97,7 @@ class QueryCache:
 
     def shape(self, wid: WindowId) -> tuple[int, int] | None:
         """(rounds, width) of a window's query, None if the query is unknown."""
-        q = self.get(wid.query_id, wid.query_version)
+        q = self.known(wid.query_id, wid.query_version)
         return None if q is None else (q.n_rounds, q.width)
 
 
@@ -177,8 +177,10 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     _faust_sensors(app, registry)
     queries = QueryCache(s)
     policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
-                          wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s)
-    sink = EstimatesSink(s, s.estimates_topic)
+                          wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
+                          horizon_epochs=s.horizon_epochs)
+    sink = BatchSink(s, s.estimates_topic)
+    forward = BatchSink(s, s.partials_topic)
 
     reports = app.topic(s.reports_topic, key_serializer="raw", value_serializer="raw", partitions=s.partitions)
     partials = app.topic(s.partials_topic, key_serializer="raw", value_serializer="raw",
@@ -194,20 +196,42 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         letter = rej.letter(topic, partition, offset, value)
         await dead.send(key=rej.reason.encode(), value=letter.model_dump_json().encode())
 
+    async def _stage1(events: Sequence[Any]) -> list[tuple[bytes, bytes]]:
+        """Decode a batch; records naming a query not known yet wait (bounded, without blocking
+        the event loop) for the queries topic to catch up before they are dead-lettered."""
+        out: list[tuple[bytes, bytes]] = []
+        pending = list(events)
+        deadline = time.monotonic() + s.unknown_query_grace_s
+        first = True
+        while pending:
+            waiting: list[Any] = []
+            for event in pending:
+                msg = event.message
+                try:
+                    res = to_partials(event.value, msg.partition, queries.known, s.max_producers)
+                except Exception as exc:  # never crash on a record; keep it for inspection
+                    log.exception("stage 1 failed on %s/%s@%s", msg.topic, msg.partition, msg.offset)
+                    res = Rejected("internal_error", f"{type(exc).__name__}: {exc}")
+                if isinstance(res, Rejected) and res.reason == "unknown_query" and time.monotonic() < deadline:
+                    waiting.append(event)
+                elif isinstance(res, Rejected):
+                    await _dead(res, msg.topic, msg.partition, msg.offset, event.value)
+                else:
+                    monitor.on_record("batch" if isinstance(res, BatchPartial) else "marker")
+                    out.append((res.window.key, encode_partial(res)))
+            pending = waiting
+            if pending:
+                if not first:
+                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                await queries.refresh()
+                first = False
+        return out
+
     @app.agent(reports)
     async def stage1(stream: Any) -> Any:
-        async for event in stream.events():
-            msg = event.message
-            try:
-                out = to_partials(event.value, msg.partition, queries.get, s.max_producers)
-            except Exception as exc:  # never crash on a record; keep it for inspection
-                log.exception("stage 1 failed on %s/%s@%s", msg.topic, msg.partition, msg.offset)
-                out = Rejected("internal_error", f"{type(exc).__name__}: {exc}")
-            if isinstance(out, Rejected):
-                await _dead(out, msg.topic, msg.partition, msg.offset, event.value)
-                continue
-            monitor.on_record("batch" if isinstance(out, BatchPartial) else "marker")
-            await partials.send(key=out.window.key, value=encode_partial(out))
+        async for events in stream.take_events(s.batch_records, within=s.stage1_batch_wait_s):
+            # acknowledged before this batch's input offsets can be committed
+            await forward.publish(await _stage1(events))
 
     def _load(wid: WindowId) -> WindowState | None:
         raw = windows.data.get(wid.key)
@@ -217,19 +241,24 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         windows.data[key] = value
         windows.send_changelog(part, key, value)
 
-    async def _apply(part: int, items: Sequence[Partial], started: float) -> None:
+    async def _apply(part: int, events: Sequence[Any], started: float) -> None:
         """One stage-2 partition's share of a batch: policy, estimates, then state writes."""
         wm_key = WM_PREFIX + str(part).encode()
         wm = Watermarks.decode(windows.data.get(wm_key))
+        items = [decode_partial(e.value) for e in events]
+        await queries.ensure({(i.query_id, i.query_version) for i in items if not isinstance(i, Tick)})
         outcome = policy.apply(wm, _load, queries.shape, items)
+        for index, reason, detail in outcome.rejected:
+            e = events[index]
+            await _dead(Rejected(reason, detail), e.message.topic, part, e.message.offset, e.value)
         monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
         records: list[tuple[bytes, bytes]] = []
         results = []
         for st, reason in outcome.closed:
-            q = queries.get(st.wid.query_id, st.wid.query_version)
+            q = queries.known(st.wid.query_id, st.wid.query_version)
             if q is None:
                 continue
-            res = epoch_result(queries.estimators(q), st, reason, s.confidences, s.min_participants)
+            res = epoch_result(queries.estimators(q), st, reason, s.confidences, s.min_participants, s.partitions)
             results.append(res)
             records.extend(res.render())
         await sink.publish(records)  # acknowledged before the closed windows are written
@@ -244,19 +273,19 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 
     @app.agent(partials)
     async def stage2(stream: Any) -> Any:
-        async for events in stream.take_events(s.stage2_batch_records, within=s.stage2_batch_wait_s):
+        async for events in stream.take_events(s.batch_records, within=s.stage2_batch_wait_s):
             started = time.monotonic()
             by_part: dict[int, list[Any]] = defaultdict(list)
             for event in events:
                 by_part[event.message.partition].append(event)
             for part, evs in by_part.items():
                 try:
-                    await _apply(part, [decode_partial(e.value) for e in evs], started)
+                    await _apply(part, evs, started)
                 except Exception:  # find the record(s) at fault one by one; the rest still count
                     log.exception("stage 2 failed on a batch of partition %s; retrying record by record", part)
                     for e in evs:
                         try:
-                            await _apply(part, [decode_partial(e.value)], started)
+                            await _apply(part, [e], started)
                         except Exception as exc:
                             log.exception("stage 2 failed on partition %s offset %s", part, e.message.offset)
                             await _dead(Rejected("internal_error", f"{type(exc).__name__}: {exc}"),
@@ -277,14 +306,25 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 
     @app.timer(interval=s.tick_interval_s)
     async def tick() -> None:
-        queries.refresh()
+        await queries.refresh()
         value = encode_partial(Tick(time.time()))
         for p in range(s.internal_partitions):
             await partials.send(key=b"tick", value=value, partition=p)
 
     @app.task
-    async def start_sink() -> None:
+    async def start_sinks() -> None:
+        await queries.refresh()
         await sink.start()
+        await forward.start()
+
+    @app.page("/ready")
+    async def ready_page(self: Any, request: Any) -> Any:
+        """200 once this worker has partitions and its tables are recovered, else 503."""
+        from aiohttp.web import Response
+
+        recovered = app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
+        ok = recovered and not app.rebalancing and bool(app.consumer.assignment())
+        return Response(text="ready\n" if ok else "not ready\n", status=200 if ok else 503)
 
     app.metrics_registry = registry  # type: ignore[attr-defined]
     app.estimates_sink = sink  # type: ignore[attr-defined]

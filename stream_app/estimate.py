@@ -114,19 +114,32 @@ class EpochResult:
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
 WITHHELD_CODES = ("conflicting_markers", "participants_unknown", "interrupted", "too_few_participants",
-                  "impossible_counts", "internal")
+                  "missing_batches", "impossible_counts", "internal")
+IMPOSSIBLE_AT = 1e-9  # false-alarm rate per station of the plausibility check
+
+
+def _declared(w: WindowState) -> list[int] | None:
+    """Reports the markers say were sent per round (None unless every producer's markers of
+    every round arrived from every partition they name)."""
+    k = w.producer_count()
+    if k is None:
+        return None
+    out = [0] * w.n_rounds
+    for (r, _, _), m in w.markers.items():
+        out[r] += m.reports
+    return out
 
 
 def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[int], n: int,
-              min_participants: int, row_totals: npt.NDArray[np.int64]) -> tuple[str, str] | None:
+              min_participants: int, row_totals: npt.NDArray[np.int64],
+              n_partitions: int) -> tuple[str, str] | None:
     if w.conflicting:
         slots = ", ".join(f"round {r} producer {i} partition {p}" for r, i, p in sorted(w.conflicting)[:5])
         return "conflicting_markers", f"conflicting end-of-epoch markers for the same producer slot ({slots})"
-    if q.spec.per_sensor:
-        if participants is None:
-            return "participants_unknown", "participants unknown: no end-of-epoch marker arrived"
-        if missing:
-            return "participants_unknown", f"participants unknown: no marker from producer(s) {missing[:10]}"
+    if q.spec.per_sensor and participants is None:
+        return "participants_unknown", "participants unknown: no end-of-epoch marker arrived"
+    if missing:  # some producers' markers came, others' not: their reports may be missing too
+        return "participants_unknown", f"participants unknown: no marker from producer(s) {missing[:10]}"
     if w.interrupted():
         return "interrupted", "epoch interrupted: a producer stopped in the middle of it"
     if n < min_participants:
@@ -136,11 +149,22 @@ def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[
     if row_totals.size and int(row_totals.max()) > n:
         return "impossible_counts", (f"impossible counts: {int(row_totals.max())} reports in one round and "
                                      f"station for {n} participants (injected or replayed reports)")
+    declared = _declared(w) if w.markers_complete(n_partitions) else None
+    arrived = w.reports.tolist()
+    if declared is not None and any(a > d for a, d in zip(arrived, declared, strict=True)):
+        return "impossible_counts", (f"more reports arrived ({arrived}) than the producers' markers declare "
+                                     f"({declared}): injected or re-sent reports")
+    if w.missing_batches() or (declared is not None and arrived != declared):
+        return "missing_batches", (f"{w.missing_batches()} batch(es) the markers announce never arrived "
+                                   f"(reports {arrived} of {declared})")
+    if not q.spec.per_sensor and participants is not None and any(a != participants for a in arrived):
+        return "impossible_counts", (f"round reports {arrived} differ from the {participants} participants "
+                                     f"(one report per vehicle and round)")
     return None
 
 
 def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, confidences: Sequence[float],
-                 min_participants: int) -> EpochResult:
+                 min_participants: int, n_partitions: int = 1) -> EpochResult:
     """Every station's estimate by every estimator of the query, for a closed window."""
     q = qe.query
     spec = q.spec
@@ -149,7 +173,7 @@ def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, co
     # station-valued mechanisms send exactly one report per vehicle and round
     n = (participants or 0) if spec.per_sensor else max(participants or 0, *w.reports.tolist())
     row_totals = spec.row_totals(mech, q.n_stations, w.counts)
-    why = _withheld(w, q, participants, missing, n, min_participants, row_totals)
+    why = _withheld(w, q, participants, missing, n, min_participants, row_totals, n_partitions)
     withheld = None if why is None else why[1]
     res = EpochResult(query=q, epoch=w.wid.epoch, closed_by=closed_by, confidences=tuple(confidences),
                       participants=n, reports=int(w.reports.sum()), round_reports=w.reports.tolist(),
@@ -158,6 +182,13 @@ def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, co
     if withheld is not None:
         return res
     counts = spec.complete(mech, q.n_stations, w.counts, n)
+    head = qe.estimators[spec.headline]
+    bad = ~head.consistent(head.estimate(counts, n), n, 1.0 - IMPOSSIBLE_AT)
+    if bad.any():
+        res.withheld_code = "impossible_counts"
+        res.withheld = (f"impossible counts at {int(bad.sum())} station(s) for {n} participants "
+                        f"(p < {IMPOSSIBLE_AT:g} each): forged participants or injected reports")
+        return res
     for name, est in qe.estimators.items():
         values = est.estimate(counts, n)
         sd = np.sqrt(np.maximum(est.variance(np.maximum(values, 0.0), n), 0.0))

@@ -1,12 +1,15 @@
-"""The estimates producer: its own aiokafka producer with real batching.
+"""The worker's batching producer, for everything that is not a table's changelog.
 
-The worker's Faust producer sends every record as its own batch (the embedded broker's end
-offsets are wrong, and Faust's changelog recovery is exact only that way; see the README's
-broker notes). Estimates do not go through the changelog, so they get a producer of their
-own: records are grouped per partition into large record batches and sent together, and
-:meth:`EstimatesSink.publish` returns only once the broker has them -- before the closed
-window is written to the changelog, so a crash in between re-publishes (identical values)
-rather than loses an epoch's estimates.
+The worker's Faust producer sends every record as its own batch: the embedded broker's end
+offsets are wrong, and Faust's changelog recovery is exact only that way (see the README's
+broker notes). So only changelog writes -- one per touched window per stage-2 batch -- and
+the rare dead letters and ticks go through it. Stage records (stage 1 -> stage 2) and
+estimates go through :class:`BatchSink`: its own aiokafka producer that groups records per
+partition into large record batches, and returns only once the broker acknowledged all of
+them. Callers use that to order effects: stage 1 acknowledges its input only after its stage
+records are acknowledged; stage 2 writes a closed window only after its estimates are --
+so a crash in between re-sends (deduplicated by batch id, or identical estimates) rather
+than loses anything.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from kafka.partitioner.default import murmur2
 
 from schemas.settings import KafkaSettings
 
-__all__ = ["EstimatesSink", "aiokafka_security"]
+__all__ = ["BatchSink", "aiokafka_security"]
 
 
 def aiokafka_security(s: KafkaSettings) -> dict[str, Any]:
@@ -41,8 +44,9 @@ def aiokafka_security(s: KafkaSettings) -> dict[str, Any]:
     return kw
 
 
-class EstimatesSink:
-    """Batched, acknowledged publication of estimate records (key = station id)."""
+class BatchSink:
+    """Batched, acknowledged sends to one topic; a record without a partition goes where
+    Kafka's default partitioner (murmur2 of its key) puts it."""
 
     def __init__(self, settings: KafkaSettings, topic: str, batch_bytes: int = 1 << 20) -> None:
         self._settings = settings
@@ -51,11 +55,17 @@ class EstimatesSink:
         self._producer: AIOKafkaProducer | None = None
         self._partitions: list[int] = []
         self._partition_of: dict[bytes, int] = {}
+        self._lock: asyncio.Lock | None = None
         self.sent = 0
 
     async def start(self) -> None:
-        if self._producer is not None:
-            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._producer is None:
+                await self._start()
+
+    async def _start(self) -> None:
         producer = AIOKafkaProducer(
             bootstrap_servers=self._settings.bootstrap_servers.split(","), acks="all", linger_ms=5,
             max_batch_size=self._batch_bytes, max_request_size=8 * self._batch_bytes,
@@ -77,16 +87,19 @@ class EstimatesSink:
             p = self._partition_of[key] = self._partitions[(murmur2(key) & 0x7FFFFFFF) % len(self._partitions)]
         return p
 
-    async def publish(self, records: Sequence[tuple[bytes, bytes]]) -> None:
-        """Send every record and wait until the broker acknowledged all of them."""
+    async def publish(self, records: Sequence[tuple[bytes, bytes]],
+                      partitions: Sequence[int | None] | None = None) -> None:
+        """Send every record (key, value), to ``partitions[i]`` if given and not None, and wait
+        until the broker acknowledged all of them."""
         if not records:
             return
         await self.start()
         producer = self._producer
         assert producer is not None  # noqa: S101 - started above
         by_part: dict[int, list[tuple[bytes, bytes]]] = defaultdict(list)
-        for key, value in records:
-            by_part[self.partition_for(key)].append((key, value))
+        for i, (key, value) in enumerate(records):
+            part = partitions[i] if partitions is not None else None
+            by_part[self.partition_for(key) if part is None else part].append((key, value))
         pending: list[asyncio.Future[Any]] = []
         for part, recs in by_part.items():
             batch = producer.create_batch()

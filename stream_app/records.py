@@ -110,6 +110,7 @@ class Tick:
 
 
 Partial = BatchPartial | MarkerPartial | Tick
+_BATCH_FIELDS = tuple(f for f in fields(BatchPartial) if f.name != "counts")
 
 
 def _smallest(a: IntArray) -> str:
@@ -121,7 +122,7 @@ def _smallest(a: IntArray) -> str:
 
 def encode_partial(p: Partial) -> bytes:
     if isinstance(p, BatchPartial):
-        head = {k: v for k, v in asdict(p).items() if k != "counts"}
+        head = {f.name: getattr(p, f.name) for f in _BATCH_FIELDS}
         dt = _smallest(p.counts)
         head["dtype"] = dt
         head["n"] = int(p.counts.size)

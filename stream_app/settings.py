@@ -26,9 +26,14 @@ class WorkerSettings(KafkaSettings):
     live_horizon_s: float = Field(default=3600.0, gt=0,
                                   description="epochs older than this are not closed by the clock")
     tick_interval_s: float = Field(default=5.0, gt=0, description="how often the wall-clock check runs")
-    stage2_batch_records: int = Field(default=1000, ge=1, description="stage records taken per stage-2 batch")
+    batch_records: int = Field(default=1000, ge=1, description="records taken per batch by stage 1 and stage 2")
     stage2_batch_wait_s: float = Field(default=0.1, gt=0, description="longest wait to fill a stage-2 batch")
+    stage1_batch_wait_s: float = Field(default=0.05, gt=0, description="longest wait to fill a stage-1 batch")
     max_producers: int = Field(default=64, ge=1, description="largest producer count a marker may claim")
+    horizon_epochs: int = Field(default=120, ge=1, description="refuse records more than this many epochs ahead of "
+                                                             "the newest epoch a quorum of partitions reached")
+    unknown_query_grace_s: float = Field(default=10.0, ge=0, description="how long stage 1 waits for a query it "
+                                                                       "does not know yet before dead-lettering")
     store: str = Field(default="memory://", description="Faust table store (state is rebuilt from the changelog)")
     worker_dir: Path = Field(default=Path(".ptt-data/worker"), description="the worker's local files (Faust datadir)")
     log_level: str = "info"

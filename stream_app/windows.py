@@ -261,6 +261,7 @@ class Outcome:
 
     touched: dict[WindowId, WindowState] = field(default_factory=dict)
     closed: list[tuple[WindowState, CloseReason]] = field(default_factory=list)
+    rejected: list[tuple[int, str, str]] = field(default_factory=list)  # (index in items, reason, detail)
     reports: Counter[str] = field(default_factory=Counter)  # query -> reports added
     late: Counter[str] = field(default_factory=Counter)
     duplicates: Counter[str] = field(default_factory=Counter)
@@ -279,7 +280,20 @@ class WindowPolicy:
     allowed_lateness_epochs: int = 2
     wall_clock_grace_s: float = 60.0
     live_horizon_s: float = 3600.0
+    horizon_epochs: int = 120
     epoch_s: int = EPOCH_S
+
+    @property
+    def quorum(self) -> int:
+        """Source partitions that must agree before an epoch counts as reached: a majority."""
+        return self.n_source_partitions // 2 + 1
+
+    def agreed_epoch(self, wm: Watermarks) -> int | None:
+        """The newest epoch a quorum of source partitions has reached (None before a quorum
+        has been seen). Records further than ``horizon_epochs`` ahead of it are refused, so no
+        single partition -- and no writer on a minority of partitions -- can drag time forward."""
+        seen = sorted(wm.newest.values(), reverse=True)
+        return seen[self.quorum - 1] if len(seen) >= self.quorum else None
 
     def apply(self, wm: Watermarks, load: Loader, shape: Shape, items: Sequence[Partial]) -> Outcome:
         """Apply ``items`` in order. ``load`` reads a window's stored state (None if new);
@@ -300,7 +314,7 @@ class WindowPolicy:
             out.touched[st.wid] = st
             out.closed.append((st, reason))
 
-        for item in items:
+        for index, item in enumerate(items):
             if isinstance(item, Tick):
                 for wid, epoch in list(wm.open.items()):
                     age = item.now_s - (epoch + 1) * self.epoch_s
@@ -310,6 +324,12 @@ class WindowPolicy:
                 continue
             wid = item.window
             qid = wid.query_id
+            agreed = self.agreed_epoch(wm)
+            if agreed is not None and wid.epoch > agreed + self.horizon_epochs:
+                out.rejected.append((index, "too_far_ahead", f"epoch {wid.epoch} is more than "
+                                     f"{self.horizon_epochs} epochs ahead of {agreed}, the newest epoch a quorum "
+                                     f"of {self.quorum} source partitions has reached"))
+                continue
             st = get(wid)
             if st is None:
                 dims = shape(wid)

@@ -60,6 +60,20 @@ def _p99(metrics: str) -> float:
     return next(le for le, v in buckets if v >= 0.99 * total)
 
 
+def _wait_url(url: str, timeout_s: float) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5):  # noqa: S310 - loopback
+                return
+        except (urllib.error.HTTPError, OSError):
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready within {timeout_s}s")
+
+
 def _last_closed(metrics: str) -> dict[str, int]:
     return {q: int(float(v)) for q, v in re.findall(r'ptt_last_closed_epoch\{query="([^"]+)"\} ([0-9.e+]+)', metrics)}
 
@@ -69,7 +83,8 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     tag = f"{name}-{os.getpid()}-{int(time.time())}"
     rs = ReplaySettings(bootstrap_servers=broker, data_dir=tmp / "data", truth=False, default_queries=False,
                         reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
-                        synthetic_stations=stations, mode=mode, max_epochs=epochs, start_epoch=14 * 120,
+                        synthetic_stations=stations, mode=mode, max_epochs=epochs,
+                        start_epoch=max(0, min(14 * 120, 2880 - epochs)),
                         expand_to=vehicles, batch_size=50_000)  # type: ignore[arg-type]
     t_load = time.perf_counter()
     day = load_day(rs)
@@ -91,6 +106,8 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         w.start()
     for w in procs:
         w.wait_ready(120)
+    for w in procs:  # the consumer group has formed and the tables are recovered
+        _wait_url(w.url.replace("/metrics", "/ready"), 120)
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     last_epoch = int(day.epochs[rs.start_epoch + epochs - 1])
     t0 = time.time()
