@@ -252,20 +252,14 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             e = events[index]
             await _dead(Rejected(reason, detail), e.message.topic, part, e.message.offset, e.value)
         monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
-        records: list[tuple[bytes, bytes]] = []
-        results = []
-        for st, reason in outcome.closed:
+        for st, reason in outcome.closed:  # one epoch at a time: bounded memory, steady latency
             q = queries.known(st.wid.query_id, st.wid.query_version)
             if q is None:
                 continue
             res = epoch_result(queries.estimators(q), st, reason, s.confidences, s.min_participants, s.partitions)
-            results.append(res)
-            records.extend(res.render())
-        await sink.publish(records)  # acknowledged before the closed windows are written
-        if results:
-            monitor.on_epochs_published(time.monotonic() - started)
-        for res in results:
+            await sink.publish(res.render())  # acknowledged before the closed window is written
             monitor.on_epoch_closed(res)
+            monitor.on_epochs_published(time.monotonic() - started)
         for wid, st in outcome.touched.items():
             _write(part, wid.key, st.encode())
         if wm.dirty:

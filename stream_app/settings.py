@@ -26,7 +26,7 @@ class WorkerSettings(KafkaSettings):
     live_horizon_s: float = Field(default=3600.0, gt=0,
                                   description="epochs older than this are not closed by the clock")
     tick_interval_s: float = Field(default=5.0, gt=0, description="how often the wall-clock check runs")
-    batch_records: int = Field(default=1000, ge=1, description="records taken per batch by stage 1 and stage 2")
+    batch_records: int = Field(default=250, ge=1, description="records taken per batch by stage 1 and stage 2")
     stage2_batch_wait_s: float = Field(default=0.1, gt=0, description="longest wait to fill a stage-2 batch")
     stage1_batch_wait_s: float = Field(default=0.05, gt=0, description="longest wait to fill a stage-1 batch")
     max_producers: int = Field(default=64, ge=1, description="largest producer count a marker may claim")
