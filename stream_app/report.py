@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from estimators.registry import REGISTRY
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 from schemas.wire import GroundTruth, json_safe
@@ -72,8 +73,8 @@ EXIT_INPUT = 2
 EXIT_BROKER = 3
 
 #: the estimator plotted for each mechanism unless ``--estimator`` says otherwise
-DEFAULT_ESTIMATORS: Mapping[str, str] = {"sp": "sp_difference", "alp": "alp_average", "rr": "rr"}
-OVERLAY_ESTIMATOR = "alp_gls"  # --with-gls: dashed on the ALP plots
+DEFAULT_ESTIMATORS: Mapping[str, str] = {name: spec.headline for name, spec in REGISTRY.items()}
+OVERLAY_ESTIMATOR = "alp_gls"  # --with-gls: dashed on the plots of queries that publish it (ALP)
 
 FIG_WIDTH_PX = 1200
 FIG_HEIGHT_PX = 500
@@ -656,7 +657,7 @@ def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *
                 if s is None or all(math.isnan(x) for x in s.truth + s.estimate):
                     continue
                 overlay = None
-                if with_gls and name != OVERLAY_ESTIMATOR and mechanism[qid] == "alp":
+                if with_gls and name != OVERLAY_ESTIMATOR and OVERLAY_ESTIMATOR in present[qid]:
                     overlay = series_for(group, qid, station, OVERLAY_ESTIMATOR, s.every)
                 path = out_dir / f"{_safe(qid)}_{station}_{name}.png"
                 written.append(plot_series(s, path, overlay))

@@ -7,6 +7,8 @@ Scenarios (``--only`` picks some; defaults are the issue's bar):
 * ``p2``      -- 47,719 vehicles x 3,220 stations, per vehicle, >= 20 epochs;
 * ``p3``      -- 10,047,719 vehicles x 3,220 stations, exact tallies, >= 60 epochs, plus the raw
   broker's produce throughput for the same estimate bytes, measured in the same run;
+* ``p4``      -- a whole tally day at 3,220 stations, paced (``--speed-p4``): close latency in
+  steady state and the worker's RSS at epoch 200 vs 2,000;
 * ``p5``      -- 4 workers vs 1 at 3,220 stations (tally).
 
 Every figure that is a speed is also given as a ratio measured in the same run:
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,12 +44,13 @@ from tests.benchmarks.common import raw_produce
 from tests.integration.stream_helpers import WorkerProcess
 
 
-def _rss_peak_mb(pid: int) -> float:
+def _rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """Peak (VmHWM) or current (VmRSS) resident memory of a process, in MB."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return float("nan")
-    m = re.search(r"VmHWM:\s+(\d+) kB", text)
+    m = re.search(field + r":\s+(\d+) kB", text)
     return int(m.group(1)) / 1024 if m else float("nan")
 
 
@@ -58,6 +62,12 @@ def _p99(metrics: str) -> float:
         return float("nan")
     total = buckets[-1][1]
     return next(le for le, v in buckets if v >= 0.99 * total)
+
+
+def _milestones(epochs: int, seen: dict[int, float]) -> set[int]:
+    """The sampled epoch counts closest to 10%, 50%, 100% of the run and to 200 and 2,000."""
+    marks = {epochs // 10, epochs // 2, epochs, 200, 2000}
+    return {min(seen, key=lambda k: abs(k - m)) for m in marks if seen and m <= epochs}
 
 
 def _wait_url(url: str, timeout_s: float) -> None:
@@ -79,13 +89,15 @@ def _last_closed(metrics: str) -> dict[str, int]:
 
 
 def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epochs: int, vehicles: int | None,
-             workers: int = 1, raw_baseline: bool = False) -> dict[str, Any]:
+             workers: int = 1, raw_baseline: bool = False, speed: float = 0.0,
+             data_dir: Path | None = None) -> dict[str, Any]:
     tag = f"{name}-{os.getpid()}-{int(time.time())}"
-    rs = ReplaySettings(bootstrap_servers=broker, data_dir=tmp / "data", truth=False, default_queries=False,
+    rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir or tmp / "data", truth=False, default_queries=False,
+                        speed=speed,
                         reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
                         synthetic_stations=stations, mode=mode, max_epochs=epochs,
                         start_epoch=max(0, min(14 * 120, 2880 - epochs)),
-                        expand_to=vehicles, batch_size=50_000)  # type: ignore[arg-type]
+                        expand_to=vehicles, batch_size=50_000)
     t_load = time.perf_counter()
     day = load_day(rs)
     load_s = time.perf_counter() - t_load
@@ -110,6 +122,22 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         _wait_url(w.url.replace("/metrics", "/ready"), 120)
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     last_epoch = int(day.epochs[rs.start_epoch + epochs - 1])
+    first_epoch = int(day.epochs[rs.start_epoch])
+    rss_at: dict[int, float] = {}  # epochs closed -> the worker's current RSS (MB)
+    rss_ready = _rss_mb(procs[0].proc.pid, "VmRSS") if procs[0].proc else float("nan")
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            try:
+                closed = _last_closed(procs[0].metrics())
+            except OSError:
+                continue
+            if closed and procs[0].proc:
+                rss_at[min(closed.values()) - first_epoch + 1] = _rss_mb(procs[0].proc.pid, "VmRSS")
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     t0 = time.time()
     summary = replay(rs, progress=False)
     replay_s = time.time() - t0
@@ -117,11 +145,12 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     while time.time() < deadline:
         closed: dict[str, int] = {}
         for w in procs:
-            for q, e in _last_closed(w.metrics()).items():
-                closed[q] = max(closed.get(q, -1), e)
+            for qid, e in _last_closed(w.metrics()).items():
+                closed[qid] = max(closed.get(qid, -1), e)
         if len(closed) == len(queries) and min(closed.values()) >= last_epoch:
             break
         time.sleep(0.5)
+    stop.set()
     ws0 = procs[0].settings
     stamps = [r.timestamp for r in read_to_end(ws0, ws0.estimates_topic, idle_timeout_s=5)]
     last_s = max(stamps) / 1000.0 - t0 if stamps else float("nan")
@@ -131,7 +160,10 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         "last_estimate_s": round(last_s, 2), "realtime_factor": round(epochs * 30 / last_s, 2),
         "worker_vs_replay": round(last_s / replay_s, 2), "estimates": len(stamps),
         "expected_estimates": expected,
-        "worker_peak_rss_mb": round(max(_rss_peak_mb(w.proc.pid) for w in procs if w.proc), 1),
+        "worker_peak_rss_mb": round(max(_rss_mb(w.proc.pid) for w in procs if w.proc), 1),
+        "worker_rss_ready_mb": round(rss_ready, 1),
+        "worker_rss_by_epoch_mb": {str(k): round(v, 1) for k, v in sorted(rss_at.items())
+                                   if k in _milestones(epochs, rss_at)},
         "p99_close_latency_s": max(_p99(w.metrics()) for w in procs),
     }
     if raw_baseline and stamps:
@@ -149,10 +181,14 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="p1-10,p1-500,p2,p3,p5")
+    parser.add_argument("--only", default="p1-10,p1-500,p2,p3,p4,p5")
     parser.add_argument("--epochs-p1", type=int, default=120)
     parser.add_argument("--epochs-p2", type=int, default=20)
     parser.add_argument("--epochs-p3", type=int, default=60)
+    parser.add_argument("--epochs-p4", type=int, default=2880, help="P4: a whole tally day, paced")
+    parser.add_argument("--speed-p4", type=float, default=40.0, help="P4's replay speed (x real time)")
+    parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
+                        help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
     wanted = set(args.only.split(","))
     plans: list[tuple[str, dict[str, Any]]] = [
@@ -161,12 +197,15 @@ def main() -> None:
         ("p2", {"stations": 3220, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": 47_719}),
         ("p3", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p3, "vehicles": 10_047_719,
                 "raw_baseline": True}),
+        ("p4", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p4, "vehicles": 10_047_719,
+                "speed": args.speed_p4}),
         ("p5", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p2, "vehicles": 10_047_719, "workers": 4}),
     ]
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         for name, kw in plans:
             if name in wanted:
-                print(json.dumps(scenario(name, broker.bootstrap, Path(tmp_name), **kw)), flush=True)
+                print(json.dumps(scenario(name, broker.bootstrap, Path(tmp_name), data_dir=args.data_dir, **kw)),
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""The mechanism registry: every layer asks it, so it must hold every mechanism completely.
+
+Deterministic checks (no statistics): layouts, widths, accumulate/complete against a direct
+per-vehicle tally of the statistics core, clear errors for unknown names, and that the
+mechanism name is compared nowhere outside the registry.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import estimators as E
+from estimators.registry import REGISTRY, SpecError, UnknownMechanism, get_spec, mechanism_names
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_unknown_mechanism_is_a_clear_error_never_a_default() -> None:
+    with pytest.raises(UnknownMechanism, match=r"unknown mechanism 'nope'; choose one of sp, sp-binary, alp"):
+        get_spec("nope")
+    with pytest.raises(E.PlanError, match="unknown mechanism"):
+        E.build_mechanism("nope", {}, 3)
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_every_spec_is_complete(name: str) -> None:
+    spec = get_spec(name)
+    v = spec.max_stations or 4
+    mech = spec.build({}, v)
+    assert mech.n_rounds == spec.n_rounds
+    ests = spec.estimators(mech)
+    assert tuple(ests) == spec.estimator_names and spec.headline in ests
+    assert spec.width(mech, v) == (v * mech.n_outputs if spec.per_sensor else v + 1)
+    assert spec.layout == ("pairs" if spec.per_sensor else "values")
+    eps = spec.report_epsilon(mech, v)
+    assert eps >= spec.answer_epsilon(mech) - 1e-12  # the whole report never leaks less than one answer
+    assert set(spec.extra_statistics(mech, 1000)) == set(spec.extra_names)
+
+
+def test_unknown_parameter_names_the_allowed_ones() -> None:
+    with pytest.raises(E.PlanError, match=r"alp takes parameters .*pisNo.*; unknown: pisno"):
+        get_spec("alp").build({"pisno": 0.1}, 3)
+
+
+@pytest.mark.parametrize("name", [n for n in mechanism_names() if get_spec(n).per_sensor])
+def test_per_sensor_accumulate_and_complete_equal_the_core(name: str) -> None:
+    """Per-vehicle pairs summed by accumulate() and completed with the participants equal the
+    core's own per-station tally of the same reports (PerStation.counts_from_sparse)."""
+    spec = get_spec(name)
+    v, n = 5, 400
+    mech = spec.build({}, v)
+    rng = np.random.default_rng(11)
+    truths = rng.integers(0, v + 1, size=n)
+    counts = np.zeros((spec.n_rounds, spec.width(mech, v)), dtype=np.int64)
+    want = np.zeros((v, spec.n_rounds, mech.n_outputs), dtype=np.int64)
+    for r, ps in enumerate(spec.per_station(mech, v)):
+        pairs = ps.sample_sparse(rng, truths)
+        counts[r] = spec.accumulate(mech, v, "pairs", {"station": pairs.station, "output": pairs.output},
+                                    int(pairs.station.size))
+        want[:, r, :] = ps.counts_from_sparse(pairs, n)
+    np.testing.assert_array_equal(spec.complete(mech, v, counts, n), want)
+
+
+@pytest.mark.parametrize("name", mechanism_names())
+def test_tally_rows_must_sum_to_the_vehicles(name: str) -> None:
+    spec = get_spec(name)
+    v = spec.max_stations or 3
+    mech = spec.build({}, v)
+    width = spec.width(mech, v)
+    good = np.zeros(width, dtype=np.int64)
+    rows = good.reshape(v if spec.per_sensor else 1, mech.n_outputs)
+    rows[:, 0] = 10
+    assert spec.accumulate(mech, v, "counts", {"counts": good}, 10).sum() == rows.size // mech.n_outputs * 10
+    with pytest.raises(SpecError, match="sum to the 11 vehicles"):
+        spec.accumulate(mech, v, "counts", {"counts": good}, 11)
+    with pytest.raises(SpecError, match="wrong_layout"):
+        spec.accumulate(mech, v, "pairs" if not spec.per_sensor else "values",
+                        {"value": np.zeros(1, dtype=np.int64), "station": np.ones(1, dtype=np.int64),
+                         "output": np.ones(1, dtype=np.int64)}, 1)
+
+
+def test_pairs_carrying_the_default_report_are_refused() -> None:
+    spec = get_spec("alp")
+    mech = spec.build({}, 3)
+    d = spec.default_report(mech)
+    assert d == E.ALP_BOTTOM
+    with pytest.raises(SpecError, match="non-default"):
+        spec.accumulate(mech, 3, "pairs", {"station": np.array([1]), "output": np.array([d])}, 1)
+
+
+def test_fresh_sample_rounds_are_independent_per_sensor_mechanisms() -> None:
+    spec = get_spec("fresh")
+    mech = spec.build({}, 3)
+    rounds = spec.round_mechanisms(mech)
+    assert len(rounds) == 2
+    for r, m in enumerate(rounds):
+        np.testing.assert_allclose(m.output_table(0), mech.output_table(r))
+
+
+def test_the_estimate_schema_and_query_schema_enumerate_the_registry() -> None:
+    from schemas import Query
+    from schemas.estimates import Estimate
+
+    assert Query.model_json_schema()["properties"]["mechanism"]["enum"] == list(mechanism_names(queryable_only=True))
+    est = Estimate.model_json_schema()["properties"]
+    assert est["estimator"]["enum"] == list(E.all_estimator_names())
+    assert set(E.all_estimator_names()) == {n for s in REGISTRY.values() for n in s.estimator_names}
+
+
+def test_no_layer_compares_a_mechanism_name() -> None:
+    """The registry is the only place that knows mechanisms by name."""
+    pattern = re.compile(r"(mechanism\w*(\[[^\]]*\])?|\.name)\s*(==|!=|\bin\b)\s*\(?"
+                         r"""["'](sp|alp|rr|fresh|sp-binary)["']""")
+    offenders = []
+    for pkg in ("estimators", "producers", "stream_app", "schemas", "deploy"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if pattern.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert offenders == []
