@@ -51,6 +51,7 @@ __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
 log = logging.getLogger(__name__)
 WM_PREFIX = b"__wm__\x1f"
+PUBLISH_CHUNK = 40_000  # estimate records in flight before their acknowledgements are awaited
 
 
 class QueryCache:
@@ -241,6 +242,11 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         windows.data[key] = value
         windows.send_changelog(part, key, value)
 
+    def _published(results: Sequence[Any], started: float) -> None:
+        for res in results:
+            monitor.on_epoch_closed(res)
+            monitor.on_epochs_published(time.monotonic() - started)
+
     async def _apply(part: int, events: Sequence[Any], started: float) -> None:
         """One stage-2 partition's share of a batch: policy, estimates, then state writes."""
         wm_key = WM_PREFIX + str(part).encode()
@@ -252,14 +258,28 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             e = events[index]
             await _dead(Rejected(reason, detail), e.message.topic, part, e.message.offset, e.value)
         monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
-        for st, reason in outcome.closed:  # one epoch at a time: bounded memory, steady latency
+        # Closed epochs are sent as they are computed; acknowledgements are awaited every
+        # PUBLISH_CHUNK records (bounded memory, no round trip per epoch) and all of them
+        # before any closed window is written.
+        pending: list[Any] = []
+        done: list[Any] = []
+        queued = 0
+        for st, reason in outcome.closed:
             q = queries.known(st.wid.query_id, st.wid.query_version)
             if q is None:
                 continue
             res = epoch_result(queries.estimators(q), st, reason, s.confidences, s.min_participants, s.partitions)
-            await sink.publish(res.render())  # acknowledged before the closed window is written
-            monitor.on_epoch_closed(res)
-            monitor.on_epochs_published(time.monotonic() - started)
+            records = res.render()
+            pending += await sink.send(records)
+            done.append(res)
+            queued += len(records)
+            if queued >= PUBLISH_CHUNK:
+                await sink.wait(pending)
+                pending, queued = [], 0
+                _published(done, started)
+                done = []
+        await sink.wait(pending)
+        _published(done, started)
         for wid, st in outcome.touched.items():
             _write(part, wid.key, st.encode())
         if wm.dirty:

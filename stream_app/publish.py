@@ -87,12 +87,12 @@ class BatchSink:
             p = self._partition_of[key] = self._partitions[(murmur2(key) & 0x7FFFFFFF) % len(self._partitions)]
         return p
 
-    async def publish(self, records: Sequence[tuple[bytes, bytes]],
-                      partitions: Sequence[int | None] | None = None) -> None:
-        """Send every record (key, value), to ``partitions[i]`` if given and not None, and wait
-        until the broker acknowledged all of them."""
+    async def send(self, records: Sequence[tuple[bytes, bytes]],
+                   partitions: Sequence[int | None] | None = None) -> list[asyncio.Future[Any]]:
+        """Queue every record (key, value), to ``partitions[i]`` if given and not None; returns
+        the futures of their batches (await them with :meth:`wait`)."""
         if not records:
-            return
+            return []
         await self.start()
         producer = self._producer
         assert producer is not None  # noqa: S101 - started above
@@ -109,5 +109,16 @@ class BatchSink:
                     batch = producer.create_batch()
                     batch.append(key=key, value=value, timestamp=None)
             pending.append(await producer.send_batch(batch, self.topic, partition=part))
-        await asyncio.gather(*pending)
         self.sent += len(records)
+        return pending
+
+    @staticmethod
+    async def wait(pending: Sequence[asyncio.Future[Any]]) -> None:
+        """Until the broker acknowledged every batch (raises the first delivery error)."""
+        if pending:
+            await asyncio.gather(*pending)
+
+    async def publish(self, records: Sequence[tuple[bytes, bytes]],
+                      partitions: Sequence[int | None] | None = None) -> None:
+        """Send every record and wait until the broker acknowledged all of them."""
+        await self.wait(await self.send(records, partitions))
