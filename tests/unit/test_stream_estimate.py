@@ -690,6 +690,7 @@ def test_conflicting_markers_withhold_the_epoch_in_any_order(mechanism: str) -> 
         res = result(q, w)
         assert_withheld(res, q, "conflicting_markers", f"round 0 producer 0 partition {m0.source_partition}")
         codes.append([v for _, v in res.render()])
+    assert codes[0] == codes[1]  # the withheld records (participants, missing_batches) too
 
 
 def test_infinite_epsilon_is_null_and_estimates_reject_nan() -> None:

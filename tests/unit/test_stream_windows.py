@@ -230,6 +230,22 @@ def test_conflicting_markers_for_one_slot_are_recorded_in_any_order() -> None:
     assert a.conflicting == {(0, 0, 0)} and len(a.markers) == 1
 
 
+def test_conflicting_markers_leave_the_same_state_in_any_order() -> None:
+    """What a withheld epoch still publishes (participants, refused, missing_batches) and the
+    stored state must not depend on which of two conflicting markers came first."""
+    first = [batch(bid(1), [1, 1, 0, 0, 0], producer="p0-first"),
+             marker(0, 0, 0, producer="p0-first", batches=1, participants=40, refused=1)]
+    second = [marker(0, 0, 0, producer="p0-second", batches=3, participants=25, refused=2)]
+    a, b = new(), new()
+    for p in first + second:
+        a.add(p)
+    for p in second + first:
+        b.add(p)
+    assert (a.participants(), a.refused(), a.missing_batches()) == (b.participants(), b.refused(),
+                                                                     b.missing_batches())
+    assert state(a) == state(b)
+
+
 def test_same_producer_id_with_other_content_is_a_conflict_too() -> None:
     w = new(n_rounds=1)
     w.add(marker(0, 0, 0, batches=1, participants=10))
