@@ -121,8 +121,11 @@ def test_counts_travel_in_the_smallest_dtype(counts: list[int], dtype: str, item
 
 @pytest.mark.parametrize("data", [b"", b"PTS", b"garbage, not a record", b"PTS1X\x00\x00\x00\x02{}",
                                   b"PTW1\x00\x00\x00\x02{}", b"PTS1B\x00\x00\x00\x05{\"a\":",
-                                  b'PTS1B\x00\x00\x00\x0e{"dtype":"<f8"}'],
-                         ids=["empty", "short", "text", "bad-kind", "window-state", "broken-json", "bad-dtype"])
+                                  b'PTS1B\x00\x00\x00\x0e{"dtype":"<f8"}', b"PTS1T\x00\x00\x00\x02{}",
+                                  b"PTS1M\x00\x00\x00\x02[]", b'PTS1T\x00\x00\x00\x0b{"now_s":1}'[:9] + b"{}",
+                                  b'PTS1B\x00\x00\x00\x15{"dtype":"<u1","n":5}'],
+                         ids=["empty", "short", "text", "bad-kind", "window-state", "broken-json", "bad-dtype",
+                              "tick-no-fields", "marker-not-object", "truncated-head", "batch-short-array"])
 def test_decode_of_garbage_raises_value_error(data: bytes) -> None:
     with pytest.raises(ValueError):
         decode_partial(data)
