@@ -143,13 +143,16 @@ def decode_partial(data: bytes) -> Partial:
     (hlen,) = _LEN.unpack_from(data, 5)
     head: dict[str, Any] = json.loads(data[9:9 + hlen])
     kind = _KINDS[data[4:5]]
-    if kind == "tick":
-        return Tick(**head)
-    if kind == "marker":
-        return MarkerPartial(**head)
-    dt = head.pop("dtype")
-    if dt not in _DTYPES:
-        raise ValueError(f"bad dtype {dt!r}")
-    n = head.pop("n")
-    counts = np.frombuffer(data, dtype=dt, count=n, offset=9 + hlen).astype(np.int64)
-    return BatchPartial(counts=counts, **head)
+    try:  # a well-framed record with the wrong fields is garbage too: ValueError, not TypeError
+        if kind == "tick":
+            return Tick(**head)
+        if kind == "marker":
+            return MarkerPartial(**head)
+        dt = head.pop("dtype")
+        if dt not in _DTYPES:
+            raise ValueError(f"bad dtype {dt!r}")
+        n = head.pop("n")
+        counts = np.frombuffer(data, dtype=dt, count=n, offset=9 + hlen).astype(np.int64)
+        return BatchPartial(counts=counts, **head)
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"bad stage record header: {exc}") from exc

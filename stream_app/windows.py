@@ -37,7 +37,7 @@ import json
 import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -123,8 +123,11 @@ class WindowState:
                 self.duplicates += 1
                 return "duplicate"
             # Two different markers claim the same producer slot: neither wins by order; the
-            # epoch is withheld with the reason (estimate.py).
+            # epoch is withheld with the reason (estimate.py). The slot keeps the smaller of
+            # the two (a fixed rule), so what the withheld epoch still reports (participants,
+            # refused, missing batches) and the stored state do not depend on arrival order.
             self.conflicting.add(slot)
+            self.markers[slot] = min(held, marker, key=astuple)
             return "added"
         self.markers[slot] = marker
         return "added"

@@ -1,27 +1,29 @@
 """Stage 1 (``stream_app.decode.to_partials``): one record of the reports topic -> a
-:class:`Partial` or a :class:`Rejected` reason. No Faust, no broker.
+:class:`BatchPartial`, a :class:`MarkerPartial` or a :class:`Rejected` reason. No Faust,
+no broker.
 
 Records are built with the real encoders (``schemas.encode_batch``, ``encode_json``) for
 queries built with ``schemas.Query`` (``sp``, ``alp``, ``rr`` over four sensors, valid for
-ten 30-second epochs), looked up by a plain function. Checked:
+ten 30-second epochs; ``fresh`` too where per-sensor behaviour is checked), looked up by a
+plain function. Checked:
 
-* ``values`` batch -> full counts equal to ``np.bincount``; ``pairs`` batch -> sparse counts
-  at ``(station - 1) * n_outputs + output``; tally counts (``sp``: ``V + 1``; per-sensor:
-  ``V x outputs`` row-major, each row summing to the vehicles, else ``mismatched_sizes``);
-* markers -> ``Partial(kind="marker")`` with every field carried, source partition = the
-  partition the record arrived on;
+* ``values`` batch -> counts equal to ``np.bincount`` (not tallied); ``pairs`` batch ->
+  counts at ``(station - 1) * n_outputs + output``; tally counts (``sp``: ``V + 1``;
+  per-sensor: ``V x outputs`` row-major, rows summing to the vehicles, else
+  ``mismatched_sizes``; also for ``sp``) -> ``tallied``;
+* markers -> ``MarkerPartial`` with every field carried, source partition = the partition
+  the record arrived on;
 * rejection reasons: the decoder's own (``empty``, ``bad_encoding``, ``truncated``,
-  ``bad_json_record``, ``bad_header``, ``size_mismatch``), ``unknown_query``,
-  ``outside_query_window`` (both ends, for batches, markers and single reports),
-  ``bad_round``, ``mismatched_sizes``, ``wrong_layout``, ``bad_marker``,
-  ``unexpected_record``, ``out_of_range``;
-* single reports (``sp`` value, ``alp``/``rr`` pairs) -> one-report partials;
+  ``bad_json_record``, ``bad_header``, ``size_mismatch``, ``bad_layout``, ``out_of_range``),
+  ``unknown_query``, ``outside_query_window`` (both ends, for batches, markers and single
+  reports), ``bad_round``, ``mismatched_sizes``, ``wrong_layout``, ``bad_marker`` (index,
+  partition, producer count above ``max_producers``, participants + refused above the
+  population, report/batch counts out of bounds), ``out_of_bounds`` (reports above the
+  population -- x stations for pairs -- or a tally count above it), ``unexpected_record``;
+  every reason of ``decode.REASONS`` but ``internal_error`` (the app's) is produced;
+* per-sensor pairs carrying the default report are refused (``out_of_range``);
+* single reports (``sp`` value, per-sensor pairs) -> one-report partials;
 * ``Rejected.letter`` -> a ``DeadLetter`` with base64 of at most 4 KiB and the true length.
-
-Two failing tests show gaps: a per-sensor ``pairs`` record (batch or single report) may
-carry the DEFAULT report (⊥ for ALP, 0 for RR), which the wire contract excludes and which
-stage 2 then counts twice; and an ``sp`` tally whose counts do not sum to its ``reports`` is
-accepted although the per-sensor tally is checked for exactly that.
 
 Random arrays come from fixed seeds; nothing is asserted statistically.
 """
@@ -46,8 +48,9 @@ from schemas import (
     new_batch_id,
 )
 from schemas.estimates import DeadLetter
-from stream_app.decode import Rejected, to_partials
-from stream_app.windows import Partial, Window
+from stream_app.decode import REASONS, Rejected, to_partials
+from stream_app.records import BatchPartial, MarkerPartial, WindowId
+from stream_app.windows import WindowState
 
 T0 = datetime(2026, 11, 18, 16, 0, tzinfo=UTC)  # 08:00 Pacific, a multiple of 30 s
 E0 = int(T0.timestamp()) // 30
@@ -62,7 +65,8 @@ def make_query(mechanism: str, query_id: str | None = None, version: int = 1,
                  mechanism=mechanism, population=10_000, t_start=T0, t_end=T0 + timedelta(seconds=30 * N_EPOCHS))
 
 
-QUERIES = {m: make_query(m) for m in ("sp", "alp", "rr")}
+QUERIES = {m: make_query(m) for m in ("sp", "alp", "rr", "fresh")}
+PER_SENSOR = ("alp", "rr", "fresh")
 
 
 def lookup(query_id: str, version: int) -> Query | None:
@@ -115,9 +119,21 @@ def single(q: Query, **over: Any) -> SingleReport:
     return SingleReport(**f)
 
 
-def accepted(value: bytes | None, partition: int = 0) -> Partial:
+def accepted(value: bytes | None, partition: int = 0) -> BatchPartial | MarkerPartial:
     out = to_partials(value, partition, lookup)
-    assert isinstance(out, Partial), out
+    assert isinstance(out, BatchPartial | MarkerPartial), out
+    return out
+
+
+def accepted_batch(value: bytes | None, partition: int = 0) -> BatchPartial:
+    out = accepted(value, partition)
+    assert isinstance(out, BatchPartial), out
+    return out
+
+
+def accepted_marker(value: bytes | None, partition: int = 0) -> MarkerPartial:
+    out = accepted(value, partition)
+    assert isinstance(out, MarkerPartial), out
     return out
 
 
@@ -136,22 +152,22 @@ def test_values_batch_gives_full_counts_equal_to_bincount(rnd: int) -> None:
     values = np.random.default_rng(11 + rnd).integers(0, V + 1, size=257)
     values[:3] = V  # the largest index is in
     raw = values_record(q, values, round=rnd, epoch=E0 + 5)
-    p = accepted(raw, partition=3)
-    assert p.kind == "batch" and p.mode == "full"
-    assert p.counts == np.bincount(values, minlength=V + 1).tolist()
+    p = accepted_batch(raw, partition=3)
+    assert not p.tallied  # per-vehicle reports, not an exact tally
+    assert p.counts.tolist() == np.bincount(values, minlength=V + 1).tolist()
     assert len(p.counts) == n_out(q) == V + 1
     assert (p.query_id, p.query_version, p.epoch, p.round) == (q.query_id, 1, E0 + 5, rnd)
     assert (p.source_partition, p.reports, p.producer_id) == (3, 257, "p0-0123abcd")
     assert p.batch_id == json.loads(raw[8:8 + int.from_bytes(raw[4:8], "big")])["batch_id"]
-    assert p.key == f"{q.query_id}:v1:e{E0 + 5}"
+    assert p.window == WindowId(q.query_id, 1, E0 + 5)
 
 
 def test_values_batch_with_no_reports() -> None:
-    p = accepted(values_record(QUERIES["sp"], np.zeros(0, dtype=np.int64)))
-    assert p.counts == [0] * (V + 1) and p.reports == 0
+    p = accepted_batch(values_record(QUERIES["sp"], np.zeros(0, dtype=np.int64)))
+    assert p.counts.tolist() == [0] * (V + 1) and p.reports == 0
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_pairs_batch_gives_sparse_counts(mechanism: str) -> None:
     q = QUERIES[mechanism]
     o = n_out(q)
@@ -160,13 +176,13 @@ def test_pairs_batch_gives_sparse_counts(mechanism: str) -> None:
     station = rng.integers(1, V + 1, size=300)
     others = np.array([x for x in range(o) if x != default])
     output = others[rng.integers(0, others.size, size=300)]
-    p = accepted(pairs_record(q, station, output), partition=1)
-    assert p.kind == "batch" and p.mode == "sparse" and p.reports == 300 and p.source_partition == 1
+    p = accepted_batch(pairs_record(q, station, output), partition=1)
+    assert not p.tallied and p.reports == 300 and p.source_partition == 1
     want = np.zeros((V, o), dtype=np.int64)
     for s, out in zip(station, output, strict=True):
         want[s - 1, out] += 1
-    assert p.counts == want.ravel().tolist()
-    assert len(p.counts) == V * o
+    assert p.counts.tolist() == want.ravel().tolist()
+    assert p.counts.size == V * o
     # the station-major layout puts station s's outputs at (s - 1) * o ... s * o - 1
     assert p.counts[(int(station[0]) - 1) * o + int(output[0])] >= 1
 
@@ -174,24 +190,24 @@ def test_pairs_batch_gives_sparse_counts(mechanism: str) -> None:
 def test_sp_tally_counts_pass_through() -> None:
     q = QUERIES["sp"]
     counts = np.array([50, 3, 0, 7, 12])
-    p = accepted(tally_record(q, counts, reports=72, round=1))
-    assert p.mode == "full" and p.counts == counts.tolist() and p.reports == 72 and p.round == 1
+    p = accepted_batch(tally_record(q, counts, reports=72, round=1))
+    assert p.tallied and p.counts.tolist() == counts.tolist() and p.reports == 72 and p.round == 1
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_per_sensor_tally_counts_pass_through(mechanism: str) -> None:
     q = QUERIES[mechanism]
-    ps = q.per_station[0]  # type: ignore[index]
-    assert ps is not None
+    assert q.per_station is not None
     n = 90
-    counts = ps.tally(np.random.default_rng(5), np.array([10, 0, 3, 1]), n)
-    assert counts.shape == (V, n_out(q)) and np.all(counts.sum(axis=1) == n)
-    p = accepted(tally_record(q, counts.ravel(), reports=n))
-    assert p.mode == "full" and p.reports == n
-    assert p.counts == counts.ravel().tolist()
+    for rnd, ps in enumerate(q.per_station):
+        counts = ps.tally(np.random.default_rng(5), np.array([10, 0, 3, 1]), n)
+        assert counts.shape == (V, n_out(q)) and np.all(counts.sum(axis=1) == n)
+        p = accepted_batch(tally_record(q, counts.ravel(), reports=n, round=rnd))
+        assert p.tallied and p.reports == n and p.round == rnd
+        assert p.counts.tolist() == counts.ravel().tolist()
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_per_sensor_tally_rows_must_sum_to_the_vehicles(mechanism: str) -> None:
     q = QUERIES[mechanism]
     counts = np.full((V, n_out(q)), 10)
@@ -202,45 +218,40 @@ def test_per_sensor_tally_rows_must_sum_to_the_vehicles(mechanism: str) -> None:
 
 
 def test_sp_tally_must_sum_to_the_vehicles() -> None:
-    """BUG (stream_app/decode.py, _batch, sp ``counts`` branch): a Sampling Privacy tally is
-    accepted whatever its counts sum to. Expected (as for per-sensor tallies, whose rows are
-    checked): ``mismatched_sizes`` when ``sum(counts) != reports``; actual: a Partial whose
-    ``reports`` (used for N without markers and for round_count_mismatch) disagree with its
-    counts."""
+    """A Sampling Privacy tally whose counts do not sum to its ``reports`` (used for N without
+    markers and for round_count_mismatch) is refused, as per-sensor tallies are."""
     q = QUERIES["sp"]
     out = to_partials(tally_record(q, np.array([50, 3, 0, 7, 12]), reports=10), 0, lookup)
     assert isinstance(out, Rejected) and out.reason == "mismatched_sizes", out
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_pairs_with_the_default_report_are_rejected(mechanism: str) -> None:
-    """BUG (stream_app/decode.py, _batch ``pairs`` branch and _single): per-sensor pairs are by
-    contract the NON-default reports (schemas/wire.py: "ALP: the non-⊥ pairs; RR: the '1'
-    answers"); the default is implied per vehicle in stage 2
-    (estimate._per_station_counts: default += N_sparse - non-default). A pair carrying the
-    default output is accepted and lands in the default column as well, so that station's
-    counts sum to more than N. Expected: Rejected (out_of_range); actual: a Partial."""
+    """Per-sensor pairs are by contract the NON-default reports; the default is implied in
+    stage 2 (``MechanismSpec.complete``: default = participants - row sum). A pair carrying the
+    default would be counted twice, so it is refused."""
     q = QUERIES[mechanism]
     d = q.default_report
+    assert d is not None
     batch_out = to_partials(pairs_record(q, np.array([1, 2]), np.array([d, d])), 0, lookup)
     single_out = to_partials(encode_json(single(q, pairs=((1, d),))), 0, lookup)
-    assert isinstance(batch_out, Rejected), batch_out
-    assert isinstance(single_out, Rejected), single_out
+    assert isinstance(batch_out, Rejected) and batch_out.reason == "out_of_range", batch_out
+    assert isinstance(single_out, Rejected) and single_out.reason == "out_of_range", single_out
 
 
 # ---------------------------------------------------------------------------------------
 # markers
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr", "fresh"])
 def test_marker_carries_its_fields(mechanism: str) -> None:
     q = QUERIES[mechanism]
     rnd = q.n_rounds - 1
     m = eoe(q, round=rnd, interrupted=True)
     p = accepted(encode_json(m), partition=2)
-    assert p == Partial("marker", query_id=q.query_id, query_version=1, epoch=E0 + 2, round=rnd, source_partition=2,
-                        producer_id="p1-89abcdef", reports=120, producer_index=1, producer_count=3, batches=3,
-                        participants=380, refused=7, interrupted=True)
-    assert p.key == f"{q.query_id}:v1:e{E0 + 2}"
+    assert p == MarkerPartial(query_id=q.query_id, query_version=1, epoch=E0 + 2, round=rnd, source_partition=2,
+                              producer_id="p1-89abcdef", producer_index=1, producer_count=3, reports=120, batches=3,
+                              participants=380, refused=7, interrupted=True)
+    assert p.window == WindowId(q.query_id, 1, E0 + 2)
 
 
 def test_marker_must_arrive_on_its_partition() -> None:
@@ -261,11 +272,12 @@ def test_marker_producer_index_below_count(index: int, count: int) -> None:
 def test_markers_and_batches_of_one_epoch_fill_a_window() -> None:
     """Stage 1's partials are what stage 2's window takes (widths and keys agree)."""
     q = QUERIES["alp"]
-    w = Window.new(q.query_id, q.version, E0 + 2, q.n_rounds, V * n_out(q))
+    w = WindowState.new(WindowId(q.query_id, q.version, E0 + 2), q.n_rounds, q.width)
+    assert q.width == V * n_out(q)
     b = accepted(pairs_record(q, np.array([1, 4, 4]), np.array([1, 0, 1])), partition=0)
     m = accepted(encode_json(eoe(q, producer_id="p0-0123abcd", producer_index=0, producer_count=1, partition=0,
                                  batches_to_partition=1, participants=50, refused=0)), partition=0)
-    assert b.key == m.key == "q-alp:v1:e" + str(E0 + 2)
+    assert b.window == m.window == w.wid
     assert w.add(b) == "added" and w.add(m) == "added"
     assert w.markers_complete(1) and w.missing_batches() == 0 and w.participants() == (50, [])
 
@@ -337,7 +349,7 @@ def test_query_window_not_on_epoch_boundaries() -> None:
     local = {("q-odd", 1): q}
     for epoch, inside in [(E0 - 1, False), (E0, True), (E0 + 1, True), (E0 + 2, True), (E0 + 3, False)]:
         out = to_partials(values_record(q, np.array([1]), epoch=epoch), 0, lambda i, v: local.get((i, v)))
-        assert isinstance(out, Partial) == inside, (epoch, out)
+        assert isinstance(out, BatchPartial) == inside, (epoch, out)
 
 
 @pytest.mark.parametrize("mechanism", ["alp", "rr"])
@@ -393,26 +405,26 @@ def test_ground_truth_on_the_reports_topic() -> None:
 @pytest.mark.parametrize(("value", "rnd"), [(0, 0), (3, 1), (V, 0)])
 def test_single_sp_report(value: int, rnd: int) -> None:
     r = single(QUERIES["sp"], value=value, round=rnd)
-    p = accepted(encode_json(r), partition=2)
+    p = accepted_batch(encode_json(r), partition=2)
     want = [0] * (V + 1)
     want[value] = 1
-    assert (p.kind, p.mode, p.reports, p.counts) == ("batch", "full", 1, want)
+    assert (p.tallied, p.reports, p.counts.tolist()) == (False, 1, want)
     assert (p.round, p.source_partition, p.producer_id, p.batch_id) == (rnd, 2, "device", r.batch_id)
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_single_per_sensor_report(mechanism: str) -> None:
     q = QUERIES[mechanism]
     o = n_out(q)
     nd = [x for x in range(o) if x != q.default_report]
     pairs = ((1, nd[0]), (4, nd[-1]), (2, nd[0]))
-    p = accepted(encode_json(single(q, pairs=pairs)))
+    p = accepted_batch(encode_json(single(q, pairs=pairs)))
     want = [0] * (V * o)
     for s, out in pairs:
         want[(s - 1) * o + out] += 1
-    assert (p.kind, p.mode, p.reports, p.counts, p.producer_id) == ("batch", "sparse", 3, want, "device")
-    empty = accepted(encode_json(single(q, pairs=())))  # a device whose reports are all the default
-    assert empty.reports == 0 and empty.counts == [0] * (V * o)
+    assert (p.tallied, p.reports, p.counts.tolist(), p.producer_id) == (False, 3, want, "device")
+    empty = accepted_batch(encode_json(single(q, pairs=())))  # a device whose reports are all the default
+    assert empty.reports == 0 and empty.counts.tolist() == [0] * (V * o)
 
 
 @pytest.mark.parametrize(("mechanism", "fields"), [
@@ -480,3 +492,141 @@ def test_every_rejection_makes_a_valid_dead_letter() -> None:
         assert letter.reason == rej.reason and letter.value_bytes == len(raw or b"")
         back = json.loads(letter.model_dump_json())
         assert set(back) == {"kind", "reason", "detail", "topic", "partition", "offset", "value_b64", "value_bytes"}
+
+
+# ---------------------------------------------------------------------------------------
+# bounds: what one record may claim
+# ---------------------------------------------------------------------------------------
+def test_marker_producer_count_above_the_configured_maximum() -> None:
+    q = QUERIES["sp"]
+    at = encode_json(eoe(q, producer_count=8, producer_index=7, partition=0))
+    above = encode_json(eoe(q, producer_count=9, producer_index=0, partition=0))
+    assert accepted_marker(at).producer_count == 8
+    assert isinstance(to_partials(at, 0, lookup, max_producers=8), MarkerPartial)
+    out = to_partials(above, 0, lookup, max_producers=8)
+    assert isinstance(out, Rejected) and out.reason == "bad_marker" and "maximum" in out.detail
+    big = encode_json(eoe(q, producer_count=65, producer_index=0, partition=0))
+    assert rejected(big).reason == "bad_marker"  # the default maximum is 64
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "alp"])
+def test_marker_participants_and_refused_within_the_population(mechanism: str) -> None:
+    q = QUERIES[mechanism]  # population 10,000
+    assert accepted_marker(encode_json(eoe(q, participants=9_990, refused=10, partition=0))).participants == 9_990
+    rej = rejected(encode_json(eoe(q, participants=9_991, refused=10, partition=0)))
+    assert rej.reason == "bad_marker" and "population" in rej.detail
+    assert rejected(encode_json(eoe(q, participants=0, refused=10_001, partition=0))).reason == "bad_marker"
+
+
+@pytest.mark.parametrize(("mechanism", "over"), [
+    ("sp", {"reports_total": 10_001, "reports_to_partition": 10}),
+    ("sp", {"reports_to_partition": 10_001, "reports_total": 10_001}),
+    ("sp", {"reports_to_partition": 401}),  # more to one partition than in total (400)
+    ("sp", {"batches_to_partition": 10}),  # more than in total (9)
+    ("sp", {"batches_total": 10_001, "batches_to_partition": 3}),
+    ("alp", {"reports_total": 40_001, "reports_to_partition": 1}),  # pairs: population x 4 stations
+], ids=["sp-total", "sp-to-partition", "part-above-total", "batches-above-total", "sp-batches", "alp-total"])
+def test_marker_report_and_batch_counts_out_of_bounds(mechanism: str, over: dict[str, int]) -> None:
+    rej = rejected(encode_json(eoe(QUERIES[mechanism], partition=0, **over)))
+    assert rej.reason == "bad_marker" and "bounds" in rej.detail
+
+
+def test_per_sensor_marker_reports_may_reach_population_times_stations() -> None:
+    """Pairs: one report per vehicle and sensor, so up to population x V reports."""
+    q = QUERIES["alp"]
+    m = accepted_marker(encode_json(eoe(q, partition=0, reports_total=40_000, reports_to_partition=40_000)))
+    assert m.reports == 40_000
+
+
+def test_batch_reports_above_the_population_are_out_of_bounds() -> None:
+    small = make_query("sp", query_id="q-small")
+    small = Query(**{**small.model_dump(), "population": 5})
+    tiny = {("q-small", 1): small}
+
+    def lk(i: str, v: int) -> Query | None:
+        return tiny.get((i, v))
+
+    ok = to_partials(values_record(small, np.array([0, 1, 2, 3, 4])), 0, lk)
+    assert isinstance(ok, BatchPartial) and ok.reports == 5
+    out = to_partials(values_record(small, np.array([0, 1, 2, 3, 4, 4])), 0, lk)
+    assert isinstance(out, Rejected) and out.reason == "out_of_bounds", out
+    single_too_many = to_partials(tally_record(small, np.array([6, 0, 0, 0, 0]), reports=6), 0, lk)
+    assert isinstance(single_too_many, Rejected) and single_too_many.reason == "out_of_bounds"
+
+
+def test_pairs_batch_may_hold_population_times_stations_reports() -> None:
+    q = Query(**{**QUERIES["rr"].model_dump(), "query_id": "q-rr-small", "population": 2})
+    local = {("q-rr-small", 1): q}
+
+    def lk(i: str, v: int) -> Query | None:
+        return local.get((i, v))
+
+    station = np.repeat(np.arange(1, V + 1), 2)  # every vehicle says "1" about every sensor
+    ok = to_partials(pairs_record(q, station, np.ones_like(station)), 0, lk)
+    assert isinstance(ok, BatchPartial) and ok.reports == 2 * V
+    more = np.append(station, 1)
+    out = to_partials(pairs_record(q, more, np.ones_like(more)), 0, lk)
+    assert isinstance(out, Rejected) and out.reason == "out_of_bounds", out
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "rr"])
+def test_tally_count_above_the_population_is_out_of_bounds(mechanism: str) -> None:
+    """A count above the population is impossible whatever the header's ``reports`` says
+    (checked before the row sums), as are ``reports`` above it."""
+    q = QUERIES[mechanism]
+    o = n_out(q)
+    rows = 1 if mechanism == "sp" else V
+    counts = np.zeros((rows, o), dtype=np.int64)
+    counts[:, 0] = 10_001
+    rej = rejected(tally_record(q, counts.ravel(), reports=10_001))
+    assert rej.reason == "out_of_bounds" and "reports" in rej.detail
+    rej = rejected(tally_record(q, counts.ravel(), reports=5))
+    assert rej.reason == "out_of_bounds" and "count of 10001" in rej.detail
+    counts[:, 0] = 10_000
+    assert accepted_batch(tally_record(q, counts.ravel(), reports=10_000)).reports == 10_000
+
+
+# ---------------------------------------------------------------------------------------
+# every reason
+# ---------------------------------------------------------------------------------------
+def _bad_layout_record() -> bytes:
+    q = QUERIES["sp"]
+    h = header(q, "tally", "values", 1)  # a tally must use layout counts
+    return encode_batch(h, {"value": np.array([1])})
+
+
+def test_every_reason_but_internal_error_is_produced() -> None:
+    """Each reason of ``decode.REASONS`` comes out of ``to_partials`` for some record (only
+    ``internal_error`` is the app's, for an exception)."""
+    sp, alp = QUERIES["sp"], QUERIES["alp"]
+    small = Query(**{**sp.model_dump(), "query_id": "q-small", "population": 1})
+    local = {("q-small", 1): small}
+
+    def lk(i: str, v: int) -> Query | None:
+        return local.get((i, v)) or lookup(i, v)
+
+    samples = {
+        "empty": b"",
+        "bad_encoding": b"garbage",
+        "truncated": b"PTT1\x00",
+        "bad_header": _frame({"kind": "reports"}),
+        "size_mismatch": values_record(sp, np.array([1])) + b"\x00",
+        "bad_layout": _bad_layout_record(),
+        "out_of_range": encode_json(single(sp, value=V + 1)),
+        "bad_json_record": b"{}",
+        "unknown_query": values_record(sp, np.array([1]), query_id="q-nobody"),
+        "outside_query_window": values_record(sp, np.array([1]), epoch=E0 - 1),
+        "bad_round": encode_json(eoe(alp, round=1, partition=0)),
+        "mismatched_sizes": values_record(sp, np.array([1]), n_stations=V + 1),
+        "wrong_layout": values_record(alp, np.array([1])),
+        "bad_marker": encode_json(eoe(sp, partition=1)),
+        "out_of_bounds": values_record(small, np.array([1, 2])),
+        "unexpected_record": encode_json(GroundTruth(epoch=E0, epoch_start=T0, stations=SENSORS, flows=(1, 2, 3, 4))),
+    }
+    got = {}
+    for reason, raw in samples.items():
+        out = to_partials(raw, 0, lk)
+        assert isinstance(out, Rejected), (reason, out)
+        got[reason] = out.reason
+    assert got == {r: r for r in samples}
+    assert set(samples) == set(REASONS) - {"internal_error"}

@@ -1,27 +1,28 @@
-"""From a closed window to estimate records (``stream_app.estimate``): no Faust, no broker.
+"""From a closed window to estimate records (``stream_app.estimate``) and metrics
+(``stream_app.metrics``): no Faust, no broker.
 
 The window is filled the way the running system fills it: a seeded epoch of known truth
 counts is privatized by ``producers.fleet.privatize`` (per-vehicle and tally modes), sent by
 the producer's own ``producers.replay._send_round`` and ``_send_markers`` into an in-memory
 sink (batches keyed and partitioned by random batch ids, an end-of-epoch marker per round
-and partition), each record goes through stage 1 (``stream_app.decode.to_partials``) and is
-added to a ``Window`` in a seeded random order. The estimates are then compared with what
-the statistics core computes directly from the privatized arrays: ``estimate``,
-``score_interval`` at 0.95 and 0.99, and the sd at ``max(estimate, 0)`` (for ALP/RR
-per-vehicle pairs the default report is implied: ``participants - non-default`` per
-station, as ``PerStation.counts_from_sparse`` does).
+and partition), each record goes through stage 1 (``stream_app.decode.to_partials``), then
+through the stage-record encoding (``records.encode_partial``/``decode_partial``) and is
+added to a ``WindowState`` in a seeded random order (or through ``WindowPolicy``). The
+``EpochResult`` arrays and its rendered records are compared with what the statistics core
+computes directly from the privatized arrays: ``estimate``, ``score_interval`` at 0.95 and
+0.99, and the sd at ``max(estimate, 0)`` (for per-sensor per-vehicle pairs the default
+report is implied: ``participants - non-default`` per station and round, as
+``PerStation.counts_from_sparse`` does; ``MechanismSpec.complete`` does it in the app).
 
-Also checked: ``QueryEstimators.build`` and ``width`` per mechanism; the contract fields of
-``Estimate`` and their JSON, validated against ``schemas/estimate.schema.json`` (which is
-regenerated here and compared with the committed file, so it cannot go stale); withheld
-estimates (too few participants; ALP/RR without markers or with a producer's markers
-missing); ``round_count_mismatch``, ``refused``, ``missing_batches``, ``late`` carried; SP
-without markers takes N from the reports.
-
-Two failing tests show bugs: SP with one producer's markers missing publishes N from the
-other producers only (N below the reports of a round, bounds clipped at it), and an epoch
-the producers marked ``interrupted`` is published as a normal one from a fraction of the
-reports.
+Also checked: ``QueryEstimators.build`` and ``width`` per mechanism; ``render()``: one record
+per station and estimator, each valid for ``schemas.estimates.Estimate`` (pydantic) AND for
+the committed JSON Schema ``schemas/estimate.schema.json`` (by the small validator below:
+the ``jsonschema`` package is not installed in the project's venv), numbers equal to the
+arrays; withheld epochs (too few participants; per-sensor without markers or with a
+producer's markers missing; interrupted; conflicting markers) render ``estimate`` null and
+``bounds`` []; ``round_count_mismatch``, ``refused``, ``missing_batches``, ``late`` carried;
+SP takes N = max(participants, reports of each round); the fresh mechanism end to end;
+``StreamMonitor`` gauges from the scrape-time collector and withheld counters.
 
 Randomness: seeded privatization; the assertions are exact identities (up to float
 rounding), never statistical.
@@ -33,23 +34,28 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 import estimators as E
+import producers.replay
 from producers.fleet import Device, EpochReports, epoch_rng, privatize
-from producers.pems import epoch_start
 from producers.replay import ReplaySummary, _send_markers, _send_round
 from schemas import Query
+from schemas.epochs import epoch_start
 from schemas.estimates import ESTIMATE_SCHEMA_PATH, Estimate, estimate_json_schema
 from stream_app.decode import to_partials
-from stream_app.estimate import QueryEstimators, _per_station_counts, estimates_for
-from stream_app.windows import Partial, Window
+from stream_app.estimate import WITHHELD_CODES, EpochResult, QueryEstimators, epoch_result
+from stream_app.metrics import StreamMonitor
+from stream_app.records import BatchPartial, MarkerPartial, WindowId, decode_partial, encode_partial
+from stream_app.windows import CloseReason, Watermarks, WindowPolicy, WindowState
 
 T0 = datetime(2026, 11, 18, 16, 0, tzinfo=UTC)  # 08:00 Pacific
 E0 = int(T0.timestamp()) // 30
@@ -61,8 +67,17 @@ CONF = (0.95, 0.99)
 N_PARTITIONS = 3
 # truth counts (V + 1,) per producer: index 0 = at none of the sensors
 TRUTH = (np.array([210, 14, 0, 41, 3]), np.array([160, 9, 5, 28, 0]))
+MECHANISMS = ("sp", "alp", "rr", "fresh")
+PER_SENSOR = ("alp", "rr", "fresh")
 ESTIMATOR_NAMES = {"sp": ["sp_difference"], "alp": ["alp_yhat", "alp_bottom", "alp_average", "alp_gls"],
-                   "rr": ["rr"]}
+                   "rr": ["rr"], "fresh": ["fresh_difference"]}
+
+
+@pytest.fixture(autouse=True)
+def _seeded_batch_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch ids (and so the partition of every batch) from a fixed seed, not os.urandom."""
+    rng = np.random.default_rng([SEED, 1])
+    monkeypatch.setattr(producers.replay, "new_batch_id", lambda: rng.bytes(16).hex())
 
 
 def make_query(mechanism: str) -> Query:
@@ -70,7 +85,7 @@ def make_query(mechanism: str) -> Query:
                  population=1_000, t_start=T0, t_end=T0 + timedelta(minutes=10))
 
 
-QUERIES = {m: make_query(m) for m in ("sp", "alp", "rr")}
+QUERIES = {m: make_query(m) for m in MECHANISMS}
 QE = {m: QueryEstimators.build(q) for m, q in QUERIES.items()}
 
 
@@ -138,40 +153,70 @@ def produce(q: Query, truths: Iterable[np.ndarray], modes: Iterable[str], sink: 
     return out
 
 
-def window_from(q: Query, records: list[tuple[bytes, int, str]], order_seed: int = 0,
-                keep: Any = None) -> Window:
-    """Stage 1 then stage 2: decode every record, add it to a new window in a seeded order."""
-    w = Window.new(q.query_id, q.version, EPOCH, q.n_rounds, QE[q.mechanism].width)
-    order = np.random.default_rng([order_seed, 99]).permutation(len(records))
-    for i in order:
-        value, partition, kind = records[i]
+Item = BatchPartial | MarkerPartial
+
+
+def stage1(records: list[tuple[bytes, int, str]]) -> list[Item]:
+    """Stage 1 and the stage-record encoding between the stages."""
+    out: list[Item] = []
+    for value, partition, kind in records:
         p = to_partials(value, partition, lookup)
-        assert isinstance(p, Partial), p
-        assert p.kind == ("marker" if kind == "end_of_epoch" else "batch")
+        assert isinstance(p, BatchPartial | MarkerPartial), p
+        assert isinstance(p, MarkerPartial) == (kind == "end_of_epoch")
+        back = decode_partial(encode_partial(p))
+        assert isinstance(back, BatchPartial | MarkerPartial) and back == p
+        out.append(back)
+    return out
+
+
+def window_from(q: Query, records: list[tuple[bytes, int, str]], order_seed: int = 0,
+                keep: Callable[[Item], bool] | None = None) -> WindowState:
+    """Stage 1 then stage 2: decode every record, add it to a new window in a seeded order."""
+    w = WindowState.new(WindowId(q.query_id, q.version, EPOCH), q.n_rounds, QE[q.mechanism].width)
+    items = stage1(records)
+    for i in np.random.default_rng([order_seed, 99]).permutation(len(items)):
+        p = items[i]
         if keep is None or keep(p):
             assert w.add(p) == "added"
     return w
 
 
+def result(q: Query, w: WindowState, closed_by: CloseReason = "markers", min_participants: int = 1) -> EpochResult:
+    w.close(closed_by)
+    return epoch_result(QE[q.mechanism], w, closed_by, CONF, min_participants)
+
+
 def run(q: Query, modes: tuple[str, ...] = ("per-vehicle", "per-vehicle"), min_participants: int = 1,
-        order_seed: int = 0, closed_by: str = "markers",
-        **kw: Any) -> tuple[list[Estimate], Window, list[EpochReports]]:
+        order_seed: int = 0, closed_by: CloseReason = "markers",
+        **kw: Any) -> tuple[EpochResult, WindowState, list[EpochReports]]:
     sink = MemorySink(N_PARTITIONS)
     reports = produce(q, TRUTH[:len(modes)], modes, sink, **kw)
     w = window_from(q, sink.records, order_seed)
     assert w.markers_complete(N_PARTITIONS)
-    w.close(closed_by)  # type: ignore[arg-type]
-    out = estimates_for(QE[q.mechanism], w, closed_by, epoch_start(EPOCH), CONF, min_participants)  # type: ignore[arg-type]
-    return out, w, reports
+    return result(q, w, closed_by, min_participants), w, reports
+
+
+def rendered(res: EpochResult) -> list[Estimate]:
+    """The records as the app publishes them, each checked against the model and the schema."""
+    schema = committed_schema()
+    out = []
+    for key, value in res.render():
+        d = json.loads(value)
+        assert validate(d, schema, schema) == [], d
+        e = Estimate.model_validate_json(value)
+        assert key == str(e.station).encode()
+        out.append(e)
+    assert len(out) == res.n_records() == res.query.n_stations * len(res.query.spec.estimator_names)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
 # the statistics core, directly
 # ---------------------------------------------------------------------------------------
 def direct_counts(q: Query, reports: list[EpochReports]) -> np.ndarray:
+    """Per-station counts (V, R, O) from the privatized arrays, without the stream app."""
     mech = q.build()
-    ps = q.per_station[0] if q.per_station else None
-    if ps is None:
+    if q.per_station is None:
         rc = np.zeros((q.n_rounds, mech.n_outputs), dtype=np.int64)
         for er in reports:
             for r, arrays in enumerate(er.rounds):
@@ -180,18 +225,19 @@ def direct_counts(q: Query, reports: list[EpochReports]) -> np.ndarray:
                 elif "value" in arrays:
                     rc[r] += np.bincount(arrays["value"], minlength=mech.n_outputs)
         return E.station_counts(mech, rc)
-    counts = np.zeros((q.n_stations, mech.n_outputs), dtype=np.int64)
+    counts = np.zeros((q.n_stations, q.n_rounds, mech.n_outputs), dtype=np.int64)
     for er in reports:
-        arrays = er.rounds[0]
         if not er.participants:
             continue
-        if "counts" in arrays:
-            counts += arrays["counts"].reshape(q.n_stations, mech.n_outputs)
-        else:
-            sparse = E.SparseReports(vehicle=np.zeros_like(arrays["station"]), station=arrays["station"],
-                                     output=arrays["output"])
-            counts += ps.counts_from_sparse(sparse, er.participants)
-    return counts[:, None, :]
+        for r, ps in enumerate(q.per_station):
+            arrays = er.rounds[r]
+            if "counts" in arrays:
+                counts[:, r] += arrays["counts"].reshape(q.n_stations, mech.n_outputs)
+            else:
+                sparse = E.SparseReports(vehicle=np.zeros_like(arrays["station"]), station=arrays["station"],
+                                         output=arrays["output"])
+                counts[:, r] += ps.counts_from_sparse(sparse, er.participants)
+    return counts
 
 
 def direct_estimates(q: Query, counts: np.ndarray, n: int) -> dict[str, dict[str, np.ndarray]]:
@@ -205,20 +251,29 @@ def direct_estimates(q: Query, counts: np.ndarray, n: int) -> dict[str, dict[str
     return out
 
 
-def assert_matches(records: list[Estimate], q: Query, counts: np.ndarray, n: int) -> None:
+def assert_matches(res: EpochResult, q: Query, counts: np.ndarray, n: int) -> None:
+    """Arrays and rendered records equal the statistics core's numbers."""
+    assert res.withheld is None and res.withheld_code is None and res.participants == n
     want = direct_estimates(q, counts, n)
+    assert list(res.values) == ESTIMATOR_NAMES[q.mechanism]
+    for name, v in res.values.items():
+        w = want[name]
+        np.testing.assert_allclose(v.estimate, w["estimate"], rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(v.sd, w["sd"], rtol=1e-12, atol=1e-9)
+        for j, c in enumerate(CONF):
+            np.testing.assert_allclose(v.lower[j], w[f"lo{c}"], rtol=1e-12, atol=1e-9)
+            np.testing.assert_allclose(v.upper[j], w[f"hi{c}"], rtol=1e-12, atol=1e-9)
+    records = rendered(res)
     assert [(e.estimator, e.station) for e in records] == [(name, s) for name in ESTIMATOR_NAMES[q.mechanism]
                                                            for s in SENSORS]
     for e in records:
         i = SENSORS.index(e.station)
-        w = want[e.estimator]
+        v = res.values[e.estimator]
         assert e.withheld is None and e.participants == n
-        assert e.estimate == pytest.approx(w["estimate"][i], rel=1e-12, abs=1e-9)
-        assert e.sd == pytest.approx(w["sd"][i], rel=1e-12, abs=1e-9)
+        assert e.estimate == float(v.estimate[i]) and e.sd == float(v.sd[i])  # exactly the arrays
         assert [b.confidence for b in e.bounds] == list(CONF)
-        for b in e.bounds:
-            assert b.lower == pytest.approx(w[f"lo{b.confidence}"][i], rel=1e-12, abs=1e-9)
-            assert b.upper == pytest.approx(w[f"hi{b.confidence}"][i], rel=1e-12, abs=1e-9)
+        for j, b in enumerate(e.bounds):
+            assert (b.lower, b.upper) == (float(v.lower[j, i]), float(v.upper[j, i]))
             assert 0.0 <= b.lower <= b.upper <= n
         assert all(math.isfinite(x) for x in (e.estimate, e.sd, *(v for b in e.bounds for v in (b.lower, b.upper))))
 
@@ -285,10 +340,11 @@ def committed_schema() -> dict[str, Any]:
     return schema
 
 
+
 # ---------------------------------------------------------------------------------------
 # QueryEstimators
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_build_estimators_and_width(mechanism: str) -> None:
     q = QUERIES[mechanism]
     qe = QueryEstimators.build(q)
@@ -302,9 +358,12 @@ def test_build_estimators_and_width(mechanism: str) -> None:
     elif mechanism == "alp":
         assert qe.width == V * mech.n_outputs == V * 3
         ref = E.alp_estimators(mech)
-    else:
+    elif mechanism == "rr":
         assert qe.width == V * mech.n_outputs == V * 2
         ref = {"rr": E.rr_estimator(mech)}
+    else:
+        assert qe.width == V * mech.n_outputs == V * 2
+        ref = {"fresh_difference": E.fresh_difference(mech)}
     for name, est in qe.estimators.items():
         np.testing.assert_array_equal(np.broadcast_to(est.weights, ref[name].weights.shape), ref[name].weights)
         np.testing.assert_array_equal(est.mean, ref[name].mean)
@@ -314,52 +373,67 @@ def test_build_estimators_and_width(mechanism: str) -> None:
 # estimates from a window equal the statistics core's
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
-@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_estimates_equal_the_statistics_core(mechanism: str, mode: str) -> None:
     q = QUERIES[mechanism]
-    records, w, reports = run(q, (mode, mode))
+    res, w, reports = run(q, (mode, mode))
     n = sum(er.participants for er in reports)
     assert n == int(sum(t.sum() for t in TRUTH))
     assert w.participants() == (n, []) and w.missing_batches() == 0 and w.duplicates == 0
     if mode == "per-vehicle":  # batches were split (batch size 40) and spread over the partitions
         assert len(w.seen) > 2 * q.n_rounds
-    assert_matches(records, q, direct_counts(q, reports), n)
-    for e in records:
+    assert_matches(res, q, direct_counts(q, reports), n)
+    for e in rendered(res):
         assert (e.query_id, e.query_version, e.mechanism, e.epoch) == (q.query_id, 2, mechanism, EPOCH)
-        assert e.reports == sum(w.reports) == sum(sum(er.reports) for er in reports)
+        assert e.reports == int(w.reports.sum()) == sum(sum(er.reports) for er in reports)
         assert e.epsilon == q.epsilon and e.closed_by == "markers"
         assert (e.refused, e.missing_batches, e.late) == (0, 0, 0)
-        assert e.round_count_mismatch == 0
+        assert e.round_count_mismatch == (w.reports[1] - w.reports[0] if q.n_rounds == 2 else 0)
+        if mechanism == "sp":
+            assert e.round_count_mismatch == 0
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_implied_default_reports_of_per_vehicle_pairs(mechanism: str) -> None:
-    """Per station, the ⊥ (ALP) / "0" (RR) count is participants minus the non-default reports."""
+    """Per station and round, the default report's count is participants minus the
+    non-default reports (``MechanismSpec.complete``)."""
     q = QUERIES[mechanism]
     _, w, reports = run(q)
     n = sum(er.participants for er in reports)
-    counts = _per_station_counts(QE[mechanism], w, n)
+    mech = q.build()
+    counts = q.spec.complete(mech, q.n_stations, w.counts, n)
+    assert counts.shape == (V, q.n_rounds, mech.n_outputs)
     np.testing.assert_array_equal(counts, direct_counts(q, reports))
     assert np.all(counts.sum(axis=2) == n)
-    d = q.per_station.default  # type: ignore[union-attr]
-    nondefault = counts[:, 0, :].sum(axis=1) - counts[:, 0, d]
-    np.testing.assert_array_equal(counts[:, 0, d], n - nondefault)
+    d = q.default_report
+    assert d is not None
+    nondefault = counts.sum(axis=2) - counts[:, :, d]
+    np.testing.assert_array_equal(counts[:, :, d], n - nondefault)
+    # the window itself holds only the non-default pairs: its default column is empty
+    assert not w.counts.reshape(q.n_rounds, V, -1)[:, :, d].any()
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_mixed_tally_and_per_vehicle_producers(mechanism: str) -> None:
     q = QUERIES[mechanism]
-    records, w, reports = run(q, ("tally", "per-vehicle"))
-    assert w.full_vehicles == [reports[0].participants]
-    assert_matches(records, q, direct_counts(q, reports), sum(er.participants for er in reports))
+    res, w, reports = run(q, ("tally", "per-vehicle"))
+    assert w.tallied.tolist() == [reports[0].participants] * q.n_rounds
+    assert_matches(res, q, direct_counts(q, reports), sum(er.participants for er in reports))
 
 
-@pytest.mark.parametrize("mechanism", ["sp", "alp"])
+def test_sp_mixed_tally_and_per_vehicle_producers() -> None:
+    q = QUERIES["sp"]
+    res, w, reports = run(q, ("per-vehicle", "tally"))
+    assert w.tallied.tolist() == [reports[1].participants] * 2
+    assert_matches(res, q, direct_counts(q, reports), sum(er.participants for er in reports))
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "alp", "fresh"])
 def test_estimates_do_not_depend_on_arrival_order(mechanism: str) -> None:
     q = QUERIES[mechanism]
     a, _, _ = run(q, order_seed=1)
     b, _, _ = run(q, order_seed=2)
-    assert [e.model_dump() for e in a] == [e.model_dump() for e in b]
+    assert [v for _, v in a.render()] == [v for _, v in b.render()]
 
 
 def test_redelivered_records_change_nothing() -> None:
@@ -368,21 +442,46 @@ def test_redelivered_records_change_nothing() -> None:
     once, _, _ = run(q)
     sink = MemorySink(N_PARTITIONS)
     produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
-    w = Window.new(q.query_id, q.version, EPOCH, q.n_rounds, QE["alp"].width)
-    twice = sink.records + sink.records
-    results = []
-    for i in np.random.default_rng(3).permutation(len(twice)):
-        p = to_partials(twice[i][0], twice[i][1], lookup)
-        assert isinstance(p, Partial)
-        results.append(w.add(p))
-    assert results.count("duplicate") == w.duplicates == len(sink.records)
-    w.close("markers")
-    again = estimates_for(QE["alp"], w, "markers", epoch_start(EPOCH), CONF, 1)
-    assert [e.model_dump() for e in again] == [e.model_dump() for e in once]
+    w = WindowState.new(WindowId(q.query_id, q.version, EPOCH), q.n_rounds, QE["alp"].width)
+    twice = stage1(sink.records + sink.records)
+    outcomes = [w.add(twice[i]) for i in np.random.default_rng(3).permutation(len(twice))]
+    assert outcomes.count("duplicate") == w.duplicates == len(sink.records)
+    again = result(q, w)
+    assert [v for _, v in again.render()] == [v for _, v in once.render()]
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "fresh"])
+@pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
+def test_end_to_end_through_the_policy(mechanism: str, mode: str) -> None:
+    """decode -> policy (markers close the epoch) -> epoch_result, with the window and the
+    watermark persisted as bytes after every stage-2 batch of 7 records. Records keep their
+    order within a source partition (Kafka's guarantee, kept by stage 1); the partitions
+    interleave in a seeded random way."""
+    q = QUERIES[mechanism]
+    sink = MemorySink(N_PARTITIONS)
+    reports = produce(q, TRUTH, (mode, mode), sink)
+    decoded = stage1(sink.records)
+    queues = [[p for p in decoded if p.source_partition == part] for part in range(N_PARTITIONS)]
+    picks = np.random.default_rng(8).permutation([part for part in range(N_PARTITIONS) for _ in queues[part]])
+    items = [queues[part].pop(0) for part in picks]
+    policy = WindowPolicy(n_source_partitions=N_PARTITIONS)
+    stored: dict[WindowId, bytes] = {}
+    wm_bytes: bytes | None = None
+    closed = []
+    for s in range(0, len(items), 7):
+        wm = Watermarks.decode(wm_bytes)
+        out = policy.apply(wm, lambda wid: WindowState.decode(stored[wid]) if wid in stored else None,
+                           lambda wid: (q.n_rounds, q.width) if wid.query_id == q.query_id else None, items[s:s + 7])
+        closed += [epoch_result(QE[mechanism], st, reason, CONF, 1) for st, reason in out.closed]
+        stored.update({wid: st.encode() for wid, st in out.touched.items()})
+        if wm.dirty:
+            wm_bytes = wm.encode()
+    assert [(r.epoch, r.closed_by) for r in closed] == [(EPOCH, "markers")]
+    assert_matches(closed[0], q, direct_counts(q, reports), sum(er.participants for er in reports))
 
 
 # ---------------------------------------------------------------------------------------
-# the contract: fields, JSON, schema
+# the contract: render, fields, JSON, schema
 # ---------------------------------------------------------------------------------------
 def test_committed_schema_is_current() -> None:
     regenerated = estimate_json_schema()
@@ -392,84 +491,85 @@ def test_committed_schema_is_current() -> None:
 
 def test_validator_is_not_vacuous() -> None:
     schema = estimate_json_schema()
-    records, _, _ = run(QUERIES["rr"])
-    good = json.loads(records[0].model_dump_json())
+    res, _, _ = run(QUERIES["rr"])
+    good = json.loads(res.render()[0][1])
     assert validate(good, schema, schema) == []
     bad = [{k: v for k, v in good.items() if k != "station"}, {**good, "vehicle": 1}, {**good, "epoch": -1},
            {**good, "estimator": "nope"}, {**good, "bounds": [{"confidence": 1.5, "lower": 0, "upper": 1}]},
-           {**good, "epoch_start": "2026-11-18T08:00:00"}, {**good, "estimate": "3"}, {**good, "kind": "x"}]
+           {**good, "epoch_start": "2026-11-18T08:00:00"}, {**good, "estimate": "3"}, {**good, "kind": "x"},
+           {**good, "closed_by": "nope"}, {**good, "mechanism": "nope"}]
     for b in bad:
         assert validate(b, schema, schema), b
 
 
-@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
-def test_estimate_json_has_the_contract_fields_and_validates(mechanism: str) -> None:
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_rendered_json_has_the_contract_fields_and_validates(mechanism: str) -> None:
     q = QUERIES[mechanism]
-    records, _, _ = run(q)
-    schema = committed_schema()
+    res, _, _ = run(q)
     expected_start = epoch_start(EPOCH)
-    for e in records:
-        d = json.loads(e.model_dump_json())
-        assert validate(d, schema, schema) == []
-        for f in ("query_id", "query_version", "mechanism", "estimator", "epoch", "epoch_start", "station",
-                  "estimate", "sd", "bounds", "reports", "participants", "epsilon", "withheld", "closed_by",
-                  "round_count_mismatch", "late", "refused", "missing_batches"):
-            assert f in d, f
+    for (key, value), e in zip(res.render(), rendered(res), strict=True):
+        d = json.loads(value)
+        assert set(d) == set(Estimate.model_fields)  # every field, nothing else
         assert d["kind"] == "estimate" and d["station"] in SENSORS and d["withheld"] is None
+        assert key == str(d["station"]).encode()
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d([+-]\d\d:\d\d|Z)", d["epoch_start"]), d["epoch_start"]
         assert d["epoch_start"].endswith("-08:00")  # Pacific standard time on 2026-11-18
         start = datetime.fromisoformat(d["epoch_start"])
         assert start == expected_start and int(start.timestamp()) == EPOCH * 30
         assert [b["confidence"] for b in d["bounds"]] == [0.95, 0.99]
         assert all(set(b) == {"confidence", "lower", "upper"} for b in d["bounds"])
-        assert Estimate.model_validate_json(e.model_dump_json()) == e
+        # the hand-rendered JSON says what pydantic would have written
+        assert json.loads(e.model_dump_json()) == {**d, "bounds": [dict(b) for b in d["bounds"]]}
 
 
 # ---------------------------------------------------------------------------------------
 # withheld
 # ---------------------------------------------------------------------------------------
-def assert_withheld(records: list[Estimate], q: Query, reason: str) -> None:
+def assert_withheld(res: EpochResult, q: Query, code: str, reason: str) -> list[Estimate]:
+    assert res.withheld_code == code and res.withheld is not None and reason in res.withheld, res.withheld
+    assert code in WITHHELD_CODES
+    assert res.values == {}
+    records = rendered(res)
     assert len(records) == len(ESTIMATOR_NAMES[q.mechanism]) * V
-    schema = committed_schema()
-    for e in records:
-        assert e.withheld is not None and reason in e.withheld, e.withheld
+    for (_, value), e in zip(res.render(), records, strict=True):
+        assert e.withheld == res.withheld
         assert (e.estimate, e.sd, e.bounds) == (None, None, ())
-        assert validate(json.loads(e.model_dump_json()), schema, schema) == []
+        d = json.loads(value)
+        assert d["estimate"] is None and d["bounds"] == [] and d["sd"] is None
+    return records
 
 
-@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_withheld_below_min_participants(mechanism: str) -> None:
     q = QUERIES[mechanism]
     n = int(sum(t.sum() for t in TRUTH))
-    records, _, _ = run(q, min_participants=n + 1)
-    assert_withheld(records, q, f"fewer than {n + 1}")
+    res, _, _ = run(q, min_participants=n + 1)
+    records = assert_withheld(res, q, "too_few_participants", f"fewer than {n + 1}")
     assert all(e.participants == n for e in records)
     ok, _, _ = run(q, min_participants=n)
-    assert all(e.withheld is None for e in ok)
+    assert ok.withheld is None and all(e.withheld is None for e in rendered(ok))
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_per_sensor_without_markers_is_withheld(mechanism: str) -> None:
     q = QUERIES[mechanism]
     sink = MemorySink(N_PARTITIONS)
     produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
-    w = window_from(q, sink.records, keep=lambda p: p.kind == "batch")
-    w.close("watermark")
-    records = estimates_for(QE[mechanism], w, "watermark", epoch_start(EPOCH), CONF, 1)
-    assert_withheld(records, q, "participants unknown")
+    w = window_from(q, sink.records, keep=lambda p: isinstance(p, BatchPartial))
+    res = result(q, w, "watermark")
+    records = assert_withheld(res, q, "participants_unknown", "participants unknown")
     assert all(e.participants == 0 and e.closed_by == "watermark" for e in records)
 
 
-@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
 def test_per_sensor_with_a_producers_markers_missing_is_withheld(mechanism: str) -> None:
     q = QUERIES[mechanism]
     sink = MemorySink(N_PARTITIONS)
     produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
-    w = window_from(q, sink.records, keep=lambda p: not (p.kind == "marker" and p.producer_index == 1))
+    w = window_from(q, sink.records, keep=lambda p: not (isinstance(p, MarkerPartial) and p.producer_index == 1))
     assert not w.markers_complete(N_PARTITIONS)
-    w.close("watermark")
-    records = estimates_for(QE[mechanism], w, "watermark", epoch_start(EPOCH), CONF, 1)
-    assert_withheld(records, q, "no marker from producer(s) [1]")
+    res = result(q, w, "watermark")
+    assert_withheld(res, q, "participants_unknown", "no marker from producer(s) [1]")
 
 
 @pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
@@ -477,43 +577,56 @@ def test_sp_without_markers_takes_n_from_the_reports(mode: str) -> None:
     q = QUERIES["sp"]
     sink = MemorySink(N_PARTITIONS)
     reports = produce(q, TRUTH, (mode, mode), sink)
-    w = window_from(q, sink.records, keep=lambda p: p.kind == "batch")
+    w = window_from(q, sink.records, keep=lambda p: isinstance(p, BatchPartial))
     assert w.participants() == (None, []) and w.markers == {}
-    w.close("wall_clock")
-    records = estimates_for(QE["sp"], w, "wall_clock", epoch_start(EPOCH), CONF, 1)
+    res = result(q, w, "wall_clock")
     n = sum(er.participants for er in reports)
-    assert max(w.reports) == n
-    assert_matches(records, q, direct_counts(q, reports), n)
-    assert all(e.closed_by == "wall_clock" and e.missing_batches == 0 for e in records)
+    assert max(w.reports.tolist()) == n
+    assert_matches(res, q, direct_counts(q, reports), n)
+    assert all(e.closed_by == "wall_clock" and e.missing_batches == 0 for e in rendered(res))
+
+
+def test_sp_with_a_producers_markers_missing_does_not_undercount_n() -> None:
+    """SP N = max(participants, reports of each round): with producer 1's markers lost, the
+    round-0 markers say producer 0's vehicles only, but every vehicle sent one report per
+    round, so N is at least the reports of a round (and the estimates use that N)."""
+    q = QUERIES["sp"]
+    sink = MemorySink(N_PARTITIONS)
+    reports = produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
+    w = window_from(q, sink.records, keep=lambda p: not (isinstance(p, MarkerPartial) and p.producer_index == 1))
+    assert w.participants() == (reports[0].participants, [1])
+    res = result(q, w, "watermark")
+    n = sum(er.participants for er in reports)
+    assert res.participants == max(w.reports.tolist()) == n > reports[0].participants
+    assert_matches(res, q, direct_counts(q, reports), n)
 
 
 def test_sp_round_count_mismatch_and_missing_batches() -> None:
     q = QUERIES["sp"]
     sink = MemorySink(N_PARTITIONS)
     reports = produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
-    decoded = [to_partials(value, part, lookup) for value, part, _ in sink.records]
-    first_round1 = next(i for i, p in enumerate(decoded)
-                        if isinstance(p, Partial) and p.kind == "batch" and p.round == 1)
+    decoded = stage1(sink.records)
+    first_round1 = next(i for i, p in enumerate(decoded) if isinstance(p, BatchPartial) and p.round == 1)
     lost = decoded[first_round1]
-    assert isinstance(lost, Partial) and lost.reports == 40
-    records_left = sink.records[:first_round1] + sink.records[first_round1 + 1:]
-    w = window_from(q, records_left)
+    assert isinstance(lost, BatchPartial) and lost.reports == 40
+    w = window_from(q, sink.records[:first_round1] + sink.records[first_round1 + 1:])
     assert w.markers_complete(N_PARTITIONS)  # the markers all came; one batch did not
-    w.close("markers")
-    records = estimates_for(QE["sp"], w, "markers", epoch_start(EPOCH), CONF, 1)
+    res = result(q, w)
     n = sum(er.participants for er in reports)
+    assert res.round_count_mismatch == -lost.reports and res.missing_batches == 1
+    records = rendered(res)
     assert all(e.round_count_mismatch == -lost.reports and e.missing_batches == 1 for e in records)
     assert all(e.reports == 2 * n - lost.reports and e.participants == n for e in records)
-    assert all(e.withheld is None for e in records)  # published, with the mismatch stated
+    assert res.withheld is None  # published, with the mismatch stated
 
 
-def test_mismatch_is_zero_for_one_round_mechanisms() -> None:
-    for m in ("alp", "rr"):
-        records, _, _ = run(QUERIES[m])
-        assert {e.round_count_mismatch for e in records} == {0}
+@pytest.mark.parametrize("mechanism", ["alp", "rr"])
+def test_mismatch_is_zero_for_one_round_mechanisms(mechanism: str) -> None:
+    res, _, _ = run(QUERIES[mechanism])
+    assert res.round_count_mismatch == 0 and {e.round_count_mismatch for e in rendered(res)} == {0}
 
 
-@pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_a_refusing_producer_is_carried(mechanism: str) -> None:
     """Producer 1's devices blacklist a sensor: it sends no batches, only markers saying so."""
     q = QUERIES[mechanism]
@@ -524,10 +637,9 @@ def test_a_refusing_producer_is_carried(mechanism: str) -> None:
     assert all(kind == "end_of_epoch" for _, part, kind in sink.records[-N_PARTITIONS * q.n_rounds:])
     w = window_from(q, sink.records)
     assert w.markers_complete(N_PARTITIONS)
-    w.close("markers")
-    records = estimates_for(QE[mechanism], w, "markers", epoch_start(EPOCH), CONF, 1)
-    assert all(e.refused == int(TRUTH[1].sum()) for e in records)
-    assert_matches(records, q, direct_counts(q, reports[:1]), reports[0].participants)
+    res = result(q, w)
+    assert res.refused == int(TRUTH[1].sum()) and all(e.refused == res.refused for e in rendered(res))
+    assert_matches(res, q, direct_counts(q, reports[:1]), reports[0].participants)
 
 
 def test_late_records_are_carried() -> None:
@@ -536,43 +648,16 @@ def test_late_records_are_carried() -> None:
     produce(q, TRUTH, ("tally", "tally"), sink)
     w = window_from(q, sink.records)
     w.close("markers")
-    late = to_partials(sink.records[0][0], sink.records[0][1], lookup)
-    assert isinstance(late, Partial) and w.add(late) == "late"
-    records = estimates_for(QE["rr"], w, "markers", epoch_start(EPOCH), CONF, 1)
-    assert {e.late for e in records} == {1}
+    late = stage1(sink.records[:1])[0]
+    assert w.add(late) == "late"
+    res = epoch_result(QE["rr"], w, "markers", CONF, 1)
+    assert res.late == 1 and {e.late for e in rendered(res)} == {1}
 
 
-# ---------------------------------------------------------------------------------------
-# bugs
-# ---------------------------------------------------------------------------------------
-def test_sp_with_a_producers_markers_missing_does_not_undercount_n() -> None:
-    """BUG (stream_app/estimate.py, estimates_for, sp branch): ``n = participants if
-    participants is not None else max(w.reports)`` ignores ``missing_producers``. With producer
-    1's markers lost (window closed by the watermark), N is producer 0's participants only,
-    while the counts hold both producers' reports: N is below the reports of a round (each
-    vehicle sends one report per round), the variance uses the wrong N and every upper bound
-    is clipped at it. Expected: withheld, or N at least the reports of each round (as without
-    markers); actual: participants = producer 0's vehicles, published."""
-    q = QUERIES["sp"]
-    sink = MemorySink(N_PARTITIONS)
-    reports = produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
-    w = window_from(q, sink.records, keep=lambda p: not (p.kind == "marker" and p.producer_index == 1))
-    w.close("watermark")
-    assert w.participants() == (reports[0].participants, [1])
-    records = estimates_for(QE["sp"], w, "watermark", epoch_start(EPOCH), CONF, 1)
-    for e in records:
-        assert e.withheld is not None or e.participants >= max(w.reports), \
-            f"N={e.participants} < {max(w.reports)} reports in a round, published"
-
-
-def test_an_interrupted_epoch_is_not_published_as_complete() -> None:
-    """BUG (stream_app/estimate.py, estimates_for; stream_app/windows.py keeps the flag but
-    nothing reads it): a producer stopped by Ctrl-C in the middle of an epoch marks it
-    ``interrupted`` with exactly what was sent (producers/replay.py); its markers still complete
-    the window, and the estimates are published as normal ones -- N = all participants, counts
-    of round 1 from a fraction of the reports, missing_batches 0 -- so the Sampling Privacy
-    difference (round 2 - round 1) is far off. Expected: withheld (or otherwise marked);
-    actual: withheld is None."""
+def test_an_interrupted_epoch_is_withheld() -> None:
+    """A producer stopped by Ctrl-C in the middle of an epoch marks it ``interrupted`` with
+    exactly what was sent; its markers still complete the window (no batch is missing), but
+    round 1 holds a fraction of the reports: withheld, code "interrupted"."""
     q = QUERIES["sp"]
     sink = MemorySink(N_PARTITIONS)
     n = int(TRUTH[0].sum())
@@ -580,22 +665,38 @@ def test_an_interrupted_epoch_is_not_published_as_complete() -> None:
     reports = produce(q, TRUTH[:1], ("per-vehicle",), sink, stop=Stop(after=per_round + 3))
     w = window_from(q, sink.records)
     assert w.markers_complete(N_PARTITIONS) and w.missing_batches() == 0
-    assert any(m["interrupted"] for m in w.markers.values())
-    assert w.reports == [n, 3 * 40] and reports[0].participants == n
-    w.close("markers")
-    records = estimates_for(QE["sp"], w, "markers", epoch_start(EPOCH), CONF, 1)
-    assert all(e.withheld is not None for e in records), [e.estimate for e in records]
+    assert w.interrupted()
+    assert w.reports.tolist() == [n, 3 * 40] and reports[0].participants == n
+    assert_withheld(result(q, w), q, "interrupted", "interrupted")
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "alp"])
+def test_conflicting_markers_withhold_the_epoch_in_any_order(mechanism: str) -> None:
+    """Changed on purpose: a second, different marker for a producer slot (a producer
+    restarted and re-sent under a new id) is not resolved by producer-id order; the epoch is
+    withheld with code "conflicting_markers", whichever marker arrived first."""
+    q = QUERIES[mechanism]
+    sink = MemorySink(N_PARTITIONS)
+    produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
+    items = stage1(sink.records)
+    m0 = next(p for p in items if isinstance(p, MarkerPartial) and p.producer_index == 0 and p.round == 0)
+    impostor = MarkerPartial(**{**m0.__dict__, "producer_id": "p0-restarted", "participants": m0.participants - 5})
+    codes = []
+    for first in (True, False):
+        w = WindowState.new(WindowId(q.query_id, q.version, EPOCH), q.n_rounds, q.width)
+        for p in ([impostor] if first else []) + items + ([] if first else [impostor]):
+            w.add(p)
+        assert w.conflicting == {(0, 0, m0.source_partition)}
+        res = result(q, w)
+        assert_withheld(res, q, "conflicting_markers", f"round 0 producer 0 partition {m0.source_partition}")
+        codes.append([v for _, v in res.render()])
+    assert codes[0] == codes[1]  # the withheld records (participants, missing_batches) too
 
 
 def test_infinite_epsilon_is_null_and_estimates_reject_nan() -> None:
     """JSON has no infinity: an infinite query epsilon (no device would answer) is published
     as null, and NaN/inf estimates or bounds are refused by the model."""
-    from datetime import UTC, datetime
-
-    import pytest as _pytest
     from pydantic import ValidationError
-
-    from schemas.estimates import Estimate
 
     common = {"query_id": "q", "query_version": 1, "mechanism": "rr", "estimator": "rr", "epoch": 1,
               "epoch_start": datetime(2026, 11, 18, tzinfo=UTC), "station": 7, "sd": None, "bounds": (),
@@ -604,23 +705,96 @@ def test_infinite_epsilon_is_null_and_estimates_reject_nan() -> None:
     e = Estimate(estimate=None, epsilon=None, **common)
     assert Estimate.model_validate_json(e.model_dump_json()) == e
     for bad in (float("nan"), float("inf")):
-        with _pytest.raises(ValidationError):
+        with pytest.raises(ValidationError):
             Estimate(estimate=bad, epsilon=1.0, **common)
 
 
-def test_estimates_for_an_infinite_epsilon_query_publish_null() -> None:
-    from datetime import UTC, datetime
-
-    from schemas import Query
-    from stream_app.estimate import QueryEstimators, estimates_for
-    from stream_app.windows import Window
-
+def test_an_infinite_epsilon_query_renders_null() -> None:
     q = Query(query_id="q-inf", analyst_id="a", version=1, sensors=(7, 8), mechanism="rr",
               params={"pi2": 0.0}, population=10, t_start=datetime(2026, 11, 18, tzinfo=UTC),
               t_end=datetime(2026, 11, 19, tzinfo=UTC))
     assert q.epsilon == float("inf")
     qe = QueryEstimators.build(q)
-    w = Window.new(q.query_id, 1, 5, 1, qe.width)
-    out = estimates_for(qe, w, "watermark", datetime(2026, 11, 18, tzinfo=UTC), (0.95,), 1)
-    assert out and all(e.epsilon is None for e in out)
-    assert all(e.model_dump_json() for e in out)
+    w = WindowState.new(WindowId(q.query_id, 1, 5), 1, qe.width)
+    w.close("watermark")
+    res = epoch_result(qe, w, "watermark", (0.95,), 1)
+    out = res.render()
+    assert len(out) == 2
+    for _, value in out:
+        assert json.loads(value)["epsilon"] is None
+        assert Estimate.model_validate_json(value).epsilon is None
+
+
+# ---------------------------------------------------------------------------------------
+# metrics: StreamMonitor and the scrape-time StationArrays
+# ---------------------------------------------------------------------------------------
+def samples(reg: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a scrape, parsed from the exposition text."""
+    text = generate_latest(reg).decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def est_labels(q: Query, name: str, station: int, conf: float | None = None) -> tuple[tuple[str, str], ...]:
+    d = {"query": q.query_id, "mechanism": q.mechanism, "estimator": name, "station": str(station)}
+    if conf is not None:
+        d["confidence"] = f"{conf:g}"
+    return tuple(sorted(d.items()))
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "fresh"])
+def test_monitor_exposes_per_station_estimates_and_bounds(mechanism: str) -> None:
+    q = QUERIES[mechanism]
+    res, _, _ = run(q)
+    reg = CollectorRegistry()
+    mon = StreamMonitor(reg)
+    mon.on_epoch_closed(res)
+    got = samples(reg)
+    for name, v in res.values.items():
+        for i, s in enumerate(SENSORS):
+            assert got[("ptt_estimate_vehicles", est_labels(q, name, s))] == pytest.approx(v.estimate[i], rel=1e-12)
+            for j, c in enumerate(CONF):
+                assert got[("ptt_estimate_lower_vehicles", est_labels(q, name, s, c))] == \
+                    pytest.approx(v.lower[j, i], rel=1e-12)
+                assert got[("ptt_estimate_upper_vehicles", est_labels(q, name, s, c))] == \
+                    pytest.approx(v.upper[j, i], rel=1e-12)
+    n_est = sum(1 for k in got if k[0] == "ptt_estimate_vehicles")
+    assert n_est == res.n_records()
+    assert sum(1 for k in got if k[0] == "ptt_estimate_lower_vehicles") == res.n_records() * len(CONF)
+    assert reg.get_sample_value("ptt_epochs_closed_total", {"query": q.query_id, "closed_by": "markers"}) == 1.0
+    assert reg.get_sample_value("ptt_epoch_participants", {"query": q.query_id}) == res.participants
+    assert reg.get_sample_value("ptt_suppressed_estimates_total", {"query": q.query_id}) == 0.0
+
+
+def test_monitor_withheld_epoch_counts_and_keeps_the_gauges() -> None:
+    q = QUERIES["rr"]
+    ok, _, _ = run(q)
+    n = int(sum(t.sum() for t in TRUTH))
+    withheld, _, _ = run(q, min_participants=n + 1)
+    assert withheld.withheld_code == "too_few_participants"
+    reg = CollectorRegistry()
+    mon = StreamMonitor(reg)
+    mon.on_epoch_closed(ok)
+    before = {k: v for k, v in samples(reg).items() if k[0].startswith("ptt_estimate_")}
+    assert before
+    mon.on_epoch_closed(withheld)
+    after = {k: v for k, v in samples(reg).items() if k[0].startswith("ptt_estimate_")}
+    assert after == before  # the per-station gauges keep the last published values
+    labels = {"query": q.query_id, "reason": "too_few_participants"}
+    assert reg.get_sample_value("ptt_withheld_epochs_total", labels) == 1.0
+    for code in WITHHELD_CODES:
+        if code != "too_few_participants":  # exist at zero
+            assert reg.get_sample_value("ptt_withheld_epochs_total", {"query": q.query_id, "reason": code}) == 0.0
+    assert reg.get_sample_value("ptt_suppressed_estimates_total", {"query": q.query_id}) == withheld.n_records()
+
+
+def test_monitor_truth_leaves_nan_stations_out() -> None:
+    reg = CollectorRegistry()
+    mon = StreamMonitor(reg)
+    mon.on_truth(EPOCH, SENSORS, [3.0, float("nan"), 0.0, 7.5])
+    got = {dict(k[1])["station"]: v for k, v in samples(reg).items() if k[0] == "ptt_ground_truth_vehicles"}
+    assert got == {str(SENSORS[0]): 3.0, str(SENSORS[2]): 0.0, str(SENSORS[3]): 7.5}
+    assert reg.get_sample_value("ptt_ground_truth_epoch") == EPOCH

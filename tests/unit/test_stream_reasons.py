@@ -9,22 +9,25 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from stream_app.decode import REASONS
-from stream_app.metrics import StreamMetrics
+from stream_app.estimate import WITHHELD_CODES
+from stream_app.metrics import StreamMonitor
 
 ROOT = Path(__file__).parents[2]
 
 
 def test_reasons_cover_every_raised_reason() -> None:
     raised: set[str] = set()
-    for path in (ROOT / "schemas" / "wire.py", ROOT / "stream_app" / "decode.py", ROOT / "stream_app" / "app.py"):
-        raised |= set(re.findall(r'(?:WireError|Rejected)\(\s*"([a-z_]+)"', path.read_text()))
+    for path in (ROOT / "schemas" / "wire.py", ROOT / "stream_app" / "decode.py", ROOT / "stream_app" / "app.py",
+                 ROOT / "estimators" / "registry.py"):  # SpecError reasons become stage-1 reasons
+        raised |= set(re.findall(r'(?:WireError|Rejected|SpecError)\(\s*"([a-z_]+)"', path.read_text()))
     assert raised, "the scan found nothing: the pattern is stale"
+    assert {"wrong_layout", "bad_marker", "out_of_bounds"} <= raised  # one from each kind of source
     assert raised <= set(REASONS), sorted(raised - set(REASONS))
 
 
 def test_counters_exist_at_zero() -> None:
     reg = CollectorRegistry()
-    m = StreamMetrics(reg)
+    m = StreamMonitor(reg)
     m.know_reasons(REASONS)
     m.know_query("q1")
     m.know_query("q1")  # idempotent
@@ -33,3 +36,5 @@ def test_counters_exist_at_zero() -> None:
     for name in ("ptt_late_records_total", "ptt_duplicate_records_total", "ptt_refused_vehicles_total",
                  "ptt_suppressed_estimates_total", "ptt_missing_batches_total", "ptt_reports_total"):
         assert reg.get_sample_value(name, {"query": "q1"}) == 0.0
+    for code in WITHHELD_CODES:
+        assert reg.get_sample_value("ptt_withheld_epochs_total", {"query": "q1", "reason": code}) == 0.0
