@@ -23,7 +23,7 @@ from prometheus_client.metrics import MetricWrapperBase
 import estimators as E
 from producers.settings import ReplaySettings
 from stream_app.cli import build_parser
-from stream_app.metrics import StreamMetrics
+from stream_app.metrics import StreamMonitor
 from stream_app.settings import WorkerSettings
 from stream_app.settings_cli import settings_from_args
 
@@ -449,8 +449,9 @@ def test_dashboards_are_well_formed(dashboards: dict[str, dict[str, Any]]) -> No
 # -- metric names and labels in the expressions ---------------------------------------------------
 
 def _exposed() -> dict[str, set[str]]:
-    """Every sample name StreamMetrics exposes -> its label names."""
-    metrics = StreamMetrics(CollectorRegistry())
+    """Every sample name StreamMonitor exposes -> its label names (per-station families come
+    from its scrape-time collector)."""
+    metrics = StreamMonitor(CollectorRegistry())
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count",
                                                                                   "_created"),
                 "summary": ("_sum", "_count", "_created")}
@@ -459,6 +460,8 @@ def _exposed() -> dict[str, set[str]]:
         if isinstance(m, MetricWrapperBase):
             for suffix in suffixes[m._type]:
                 out[m._name + suffix] = set(m._labelnames)
+    for family in metrics.arrays.collect():
+        out[family.name] = set(family._labelnames)  # type: ignore[attr-defined]
     return out
 
 

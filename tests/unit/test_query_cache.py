@@ -1,7 +1,10 @@
-"""QueryCache: an unknown query triggers at most one full catch-up per few seconds."""
+"""QueryCache: lookups never block the event loop; reading the queries topic runs in a worker
+thread, one catch-up at a time, and a broker problem there is logged, not raised."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 from stream_app.app import QueryCache
@@ -12,22 +15,58 @@ class _Reader:
     def __init__(self) -> None:
         self.queries: dict[tuple[str, int], Any] = {}
         self.catch_ups = 0
-        self.polls = 0
+        self.threads: set[int] = set()
+        self.concurrent = 0
+        self.max_concurrent = 0
+        self._lock = threading.Lock()
+        self.fail = False
 
-    def catch_up(self) -> None:
+    def catch_up(self, timeout_s: float = 30.0) -> None:
+        with self._lock:
+            self.concurrent += 1
+            self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        self.threads.add(threading.get_ident())
         self.catch_ups += 1
+        with self._lock:
+            self.concurrent -= 1
+        if self.fail:
+            raise RuntimeError("broker gone")
 
-    def poll(self, timeout_ms: int = 0) -> int:
-        self.polls += 1
-        return 0
 
-
-def test_unknown_queries_do_not_stall_the_worker() -> None:
+def _cache() -> tuple[QueryCache, _Reader]:
     cache = QueryCache(WorkerSettings())
     reader = _Reader()
     cache._reader = reader  # type: ignore[assignment]
+    return cache, reader
+
+
+def test_known_never_touches_the_topic() -> None:
+    cache, reader = _cache()
     for _ in range(100):  # a flood of records naming an unknown version
-        assert cache.get("sp-day", 9) is None
-    assert reader.catch_ups == 1 and reader.polls == 99
-    reader.queries[("sp-day", 9)] = object()  # it shows up on the topic
-    assert cache.get("sp-day", 9) is not None
+        assert cache.known("sp-day", 9) is None
+    assert reader.catch_ups == 0
+    reader.queries[("sp-day", 9)] = object()
+    assert cache.known("sp-day", 9) is not None
+
+
+def test_refresh_runs_off_the_event_loop_one_at_a_time() -> None:
+    cache, reader = _cache()
+
+    async def go() -> int:
+        loop_thread = threading.get_ident()
+        await asyncio.gather(*(cache.refresh() for _ in range(5)))
+        return loop_thread
+
+    loop_thread = asyncio.run(go())
+    assert reader.catch_ups == 5 and reader.max_concurrent == 1
+    assert loop_thread not in reader.threads
+
+
+def test_ensure_refreshes_only_for_unknown_queries_and_survives_a_broker_error() -> None:
+    cache, reader = _cache()
+    reader.queries[("a", 1)] = object()
+    asyncio.run(cache.ensure({("a", 1)}))
+    assert reader.catch_ups == 0
+    reader.fail = True
+    asyncio.run(cache.ensure({("a", 1), ("b", 1)}))  # logged, not raised
+    assert reader.catch_ups == 1
