@@ -177,13 +177,13 @@ def run_demo(demo: DemoSettings) -> int:
     for path in (demo.pems_raw, demo.pems_5min, demo.meta):
         if path is not None and not path.is_file():
             raise FileNotFoundError(2, "no such file", str(path))
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("worker", "tsdb", "report"):  # this run's state only
-        shutil.rmtree(out / stale, ignore_errors=True)
     metrics_port, metrics_note = choose_port(demo.metrics_port, DEFAULT_METRICS_PORT, "metrics")
     prom_port, prom_note = choose_port(demo.prometheus_port, DEFAULT_PROMETHEUS_PORT, "Prometheus")
     if demo.port is not None and not port_free(demo.port):
         raise PortInUse(f"broker port {demo.port} is already in use; choose another or leave --port out")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("worker", "tsdb", "report"):  # this run's state only
+        shutil.rmtree(out / stale, ignore_errors=True)
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
     ptt = ptt_command()
