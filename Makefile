@@ -1,4 +1,5 @@
 # Two commands (see README): `make run` and `make test`. Both bootstrap .venv from nothing.
+# `ptt` itself is .venv/bin/ptt (or `. .venv/bin/activate`, then `ptt`).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -50,9 +51,9 @@ lint: setup
 test: lint
 	$(BIN)/pytest
 
+# Every benchmark script in tests/benchmarks/ (bench_*.py), one after the other.
 bench: $(STAMP)
-	$(BIN)/python tests/benchmarks/bench_sampling.py
-	$(BIN)/python tests/benchmarks/bench_replay.py
+	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

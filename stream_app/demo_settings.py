@@ -1,0 +1,48 @@
+"""Configuration of ``ptt demo`` (flags, or ``PTT_DEMO_*`` environment variables; flags win).
+
+Kept apart from :mod:`stream_app.demo` so that building the command line stays light."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["DEFAULT_METRICS_PORT", "DEFAULT_PROMETHEUS_PORT", "DemoSettings"]
+
+DEFAULT_METRICS_PORT = 6066
+DEFAULT_PROMETHEUS_PORT = 9090
+
+
+class DemoSettings(BaseSettings):
+    """Everything ``ptt demo`` needs; the broker, worker and Prometheus are started for you."""
+
+    model_config = SettingsConfigDict(env_prefix="PTT_DEMO_", frozen=True, extra="ignore")
+
+    speed: float = Field(default=120.0, ge=0.0, description="x real time: 120 replays a day in 12 minutes, "
+                                                           "0 as fast as possible")
+    max_epochs: int | None = Field(default=None, ge=1, description="stop after this many 30 s epochs")
+    stations: int = Field(default=16, ge=1, le=10_000, description="stations of the synthetic day")
+    port: int | None = Field(default=None, ge=1, le=65535, description="broker port (default: a free one)")
+    metrics_port: int | None = Field(default=None, ge=1, le=65535,
+                                     description=f"port of the worker's /metrics (default {DEFAULT_METRICS_PORT}, "
+                                                 "or a free one when that is taken)")
+    prometheus_port: int | None = Field(default=None, ge=1, le=65535,
+                                        description=f"Prometheus port (default {DEFAULT_PROMETHEUS_PORT}, or a "
+                                                    "free one when that is taken)")
+    exit_when_done: bool = Field(default=False, description="stop after the replay instead of serving on")
+    out: Path = Field(default=Path("ptt-demo-out"),
+                      description="directory for logs, estimates.jsonl, truth.jsonl and the report; kept afterwards")
+    pems_raw: Path | None = Field(default=None, description="replay this PeMS Station Raw 30 s file instead of the "
+                                                             "synthetic day (plain, gzip, bz2, xz or zip)")
+    pems_5min: Path | None = Field(default=None, description="replay this PeMS Station 5-Minute file instead")
+    meta: Path | None = Field(default=None, description="PeMS station metadata file for --pems-raw/--pems-5min")
+    day: date | None = Field(default=None, description="replay only this day (YYYY-MM-DD) of a multi-day file")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DemoSettings:
+        if self.pems_raw is not None and self.pems_5min is not None:
+            raise ValueError("give --pems-raw or --pems-5min, not both")
+        return self
