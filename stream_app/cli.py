@@ -439,6 +439,8 @@ def _sensors(text: str) -> tuple[int, ...]:
 
 
 def _add_analyst(sub: Any) -> None:
+    from estimators.registry import REGISTRY
+    from schemas.query import MECHANISM_NAMES
     from schemas.settings import KafkaSettings
 
     from .settings_cli import add_settings_flags
@@ -450,8 +452,8 @@ def _add_analyst(sub: Any) -> None:
         q = asub.add_parser(name, help=helptext)
         q.add_argument("query_id", help="the query's id (letters, digits, - and _)")
         q.add_argument("--analyst", dest="analyst_id", required=(name == "publish"), help="who asks (analyst id)")
-        q.add_argument("--mechanism", choices=["sp", "alp", "rr"], required=(name == "publish"),
-                       help="sp: Sampling Privacy, alp: ALP, rr: randomized response")
+        q.add_argument("--mechanism", choices=list(MECHANISM_NAMES), required=(name == "publish"),
+                       help="; ".join(f"{n}: {REGISTRY[n].summary}" for n in MECHANISM_NAMES))
         q.add_argument("--sensors", type=_sensors, required=(name == "publish"),
                        help="comma-separated PeMS station ids")
         q.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
