@@ -129,7 +129,9 @@ def _faust_sensors(app: faust.App, registry: CollectorRegistry) -> None:
     async def metrics_page(self: Any, request: Any) -> Any:
         from aiohttp.web import Response
 
-        return Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
+        names = request.query.getall("name[]", [])  # as prometheus_client's own handler
+        source = registry.restricted_registry(names) if names else registry
+        return Response(body=generate_latest(source), headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
 
 
 def _credentials(s: WorkerSettings) -> Any:

@@ -53,13 +53,25 @@ class StationArrays(Collector):
         keep = [(str(s), float(f)) for s, f in zip(stations, flows, strict=True) if not math.isnan(f)]
         self._truth = ([s for s, _ in keep], [f for _, f in keep])
 
-    def collect(self) -> Iterator[Metric]:
+    def describe(self) -> Iterator[Metric]:
+        """The families' names (no samples): lets a scrape that asks for other metrics by name
+        (``/metrics?name[]=...``) skip rendering ~100k per-station series."""
+        yield from self._families()
+
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
         est = GaugeMetricFamily("ptt_estimate_vehicles", "Latest published estimate of a station's count",
                                 labels=EST_LABELS)
         low = GaugeMetricFamily("ptt_estimate_lower_vehicles", "Lower confidence bound of the latest estimate",
                                 labels=[*EST_LABELS, "confidence"])
         up = GaugeMetricFamily("ptt_estimate_upper_vehicles", "Upper confidence bound of the latest estimate",
                                labels=[*EST_LABELS, "confidence"])
+        truth = GaugeMetricFamily("ptt_ground_truth_vehicles",
+                                  "Ground truth of the latest replayed epoch (evaluation only; absent where the "
+                                  "source has no reading)", labels=["station"])
+        return est, low, up, truth
+
+    def collect(self) -> Iterator[Metric]:
+        est, low, up, truth = self._families()
         for (q, m, e), a in sorted(self._latest.items()):
             for s, x in zip(a.stations, a.estimate.tolist(), strict=True):
                 est.add_metric([q, m, e, s], x)
@@ -67,9 +79,6 @@ class StationArrays(Collector):
                 for s, lo, hi in zip(a.stations, a.lower[j].tolist(), a.upper[j].tolist(), strict=True):
                     low.add_metric([q, m, e, s, c], lo)
                     up.add_metric([q, m, e, s, c], hi)
-        truth = GaugeMetricFamily("ptt_ground_truth_vehicles",
-                                  "Ground truth of the latest replayed epoch (evaluation only; absent where the "
-                                  "source has no reading)", labels=["station"])
         if self._truth is not None:
             for s, f in zip(*self._truth, strict=True):
                 truth.add_metric([s], f)
