@@ -26,7 +26,7 @@ Confidence bounds (``shared/reference/MECHANISMS.md`` §7):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -177,16 +177,22 @@ class LinearEstimator:
         return cls(name, view, raw / gap[:, None, None])
 
     @classmethod
-    def stacked(cls, name: str, parts: Sequence[LinearEstimator]) -> LinearEstimator:
+    def stacked(cls, name: str, parts: Iterable[LinearEstimator]) -> LinearEstimator:
         """One estimator over the stations of several estimators (chunks of stations) that
         keeps only their per-station moments and lattice steps: O(S) memory instead of the
-        O(S x faces) contribution table. ``covariance_with`` is not available on it."""
-        weights = np.concatenate([np.broadcast_to(p.weights, (p.mean.shape[0], *p.weights.shape[1:]))
-                                  for p in parts])
-        est = cls(name, parts[0].view, weights)
-        moments = tuple(np.concatenate([p._raw_moments[i] for p in parts]) for i in range(3))
-        est.__dict__["_raw_moments"] = moments  # fill the cached properties directly
-        est.__dict__["lattice_step"] = np.concatenate([p.lattice_step for p in parts])
+        O(S x faces) contribution table. ``parts`` is consumed one at a time, so only one
+        chunk's view is alive at once. ``covariance_with`` is not available on it."""
+        weights, moments, steps, view = [], [], [], None
+        for p in parts:
+            weights.append(np.broadcast_to(p.weights, (p.mean.shape[0], *p.weights.shape[1:])).copy())
+            moments.append(p._raw_moments)
+            steps.append(p.lattice_step)
+            view = view or StationView(p.view.latent[:1], p.view.outputs[:, :1], p.view.n_outputs, 1)
+        if view is None:
+            raise ValueError(f"{name}: no stations")
+        est = cls(name, view, np.concatenate(weights))
+        est.__dict__["_raw_moments"] = tuple(np.concatenate([m[i] for m in moments]) for i in range(3))
+        est.__dict__["lattice_step"] = np.concatenate(steps)  # fill the cached properties directly
         return est
 
     # -- exact per-vehicle moments -----------------------------------------------------
@@ -375,7 +381,7 @@ def gls(name: str, a: LinearEstimator, b: LinearEstimator, design_yes: float | F
     return LinearEstimator(name, a.view, lam_b * wa + (1.0 - lam_b) * wb)
 
 
-_CHUNK_CELLS = 4_000_000  # stations x faces per chunk of a station-valued view
+_CHUNK_CELLS = 500_000  # stations x faces per chunk of a station-valued view (bounds the peak memory)
 
 
 def _per_station(name: str, mech: Mechanism, stations: Sequence[int] | IntArray | None,
@@ -385,8 +391,8 @@ def _per_station(name: str, mech: Mechanism, stations: Sequence[int] | IntArray 
     chunk = max(1, _CHUNK_CELLS // (2 * mech.n_faces))
     if st.size <= chunk:
         return LinearEstimator.from_raw(name, station_view(mech, st), raw)
-    parts = [LinearEstimator.from_raw(name, station_view(mech, st[i:i + chunk]), raw)
-             for i in range(0, st.size, chunk)]
+    parts = (LinearEstimator.from_raw(name, station_view(mech, st[i:i + chunk]), raw)
+             for i in range(0, st.size, chunk))
     return LinearEstimator.stacked(name, parts)
 
 
