@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import norm
 
 import estimators as E
 from estimators.registry import REGISTRY, SpecError, UnknownMechanism, get_spec, mechanism_names
@@ -122,3 +123,24 @@ def test_no_layer_compares_a_mechanism_name() -> None:
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("name", ["rr", "alp", "sp", "fresh"])
+def test_consistency_check_equals_a_grid_search(name: str) -> None:
+    """``consistent`` (closed-form minimum of a convex function) agrees with a brute-force
+    search over every admissible count Y in [0, N]."""
+    spec = get_spec(name)
+    mech = spec.build({}, 3)
+    est = spec.estimators(mech, stations=np.array([1]))[spec.headline]
+    n = 400
+    rng = np.random.default_rng(3)
+    values = np.concatenate([rng.uniform(-300, 700, 300), [0.0, n, -1e4, 1e4]])
+    got = est.consistent(values, n, 0.999)
+    alpha, beta = est.variance_coefficients(n)
+    k = float(norm.ppf(0.9995) ** 2)
+    ys = np.linspace(0, n, 40_001)
+    slack = est.lattice_step[0] / 2
+    gap = np.maximum(np.abs(values[:, None] - ys[None, :]) - slack, 0.0)
+    want = (gap**2 <= k * np.maximum(alpha[0] + beta[0] * ys[None, :], 0.0) + 1e-6).any(axis=1)
+    assert np.array_equal(got, want)
+    assert not want.all() and want.any()  # both outcomes occur
