@@ -7,10 +7,18 @@
 # count would silently split epochs. The names and counts are the defaults of WorkerSettings /
 # ReplaySettings (PTT_PARTITIONS=4, PTT_INTERNAL_PARTITIONS=4, PTT_APP_ID=ptt-stream);
 # tests/unit/test_deploy.py runs this script against a fake kafka-topics.sh and compares.
+# Runs as the admin principal (PTT_* client settings, see client-properties.sh): topic creation
+# is granted to no other principal.
 set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=client-properties.sh
+. "$here/client-properties.sh"
 
-BOOTSTRAP="${BOOTSTRAP:-kafka:9092}"
+BOOTSTRAP="${BOOTSTRAP:-kafka:9094}"
 KAFKA_TOPICS="${KAFKA_TOPICS:-/opt/kafka/bin/kafka-topics.sh}"
+props="$(mktemp)"
+trap 'rm -f "$props"' EXIT
+write_client_properties "$props"
 
 # topic                             partitions  config
 TOPICS='
@@ -26,13 +34,13 @@ ptt-stream-__assignor-__leader      1
 
 while read -r topic partitions config; do
   [ -n "$topic" ] || continue
-  args=(--bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "$topic"
+  args=(--bootstrap-server "$BOOTSTRAP" --command-config "$props" --create --if-not-exists --topic "$topic"
         --partitions "$partitions" --replication-factor 1)
   if [ -n "${config:-}" ]; then args+=(--config "$config"); fi
   "$KAFKA_TOPICS" "${args[@]}"
 done <<< "$TOPICS"
 
-described="$("$KAFKA_TOPICS" --bootstrap-server "$BOOTSTRAP" --describe)"
+described="$("$KAFKA_TOPICS" --bootstrap-server "$BOOTSTRAP" --command-config "$props" --describe)"
 status=0
 while read -r topic partitions config; do
   [ -n "$topic" ] || continue

@@ -1,7 +1,8 @@
 """deploy/: the compose file, Dockerfile, topic script, Prometheus and Grafana configuration and
 the dashboards agree with each other and with the code (settings, CLI, metrics). No network,
-no Docker: everything is parsed, the topic script runs against a fake kafka-topics.sh, and
-promtool checks the Prometheus configuration when it is installed."""
+no Docker: everything is parsed, the topic, user and ACL scripts run against fake
+kafka-topics.sh / kafka-configs.sh / kafka-acls.sh, and promtool checks the Prometheus
+configuration when it is installed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 import estimators as E
 from producers.settings import ReplaySettings
+from schemas.settings import KafkaSettings
 from stream_app.cli import build_parser
 from stream_app.metrics import StreamMonitor
 from stream_app.settings import WorkerSettings
@@ -33,7 +35,20 @@ COMPOSE = DEPLOY / "docker-compose.yml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
 GRAFANA = DEPLOY / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"
-TOPICS_SCRIPT = DEPLOY / "kafka" / "create-topics.sh"
+KAFKA_DIR = DEPLOY / "kafka"
+TOPICS_SCRIPT = KAFKA_DIR / "create-topics.sh"
+USERS_SCRIPT = KAFKA_DIR / "create-users.sh"
+ACLS_SCRIPT = KAFKA_DIR / "create-acls.sh"
+DEMO_QUERIES_SCRIPT = KAFKA_DIR / "publish-demo-queries.py"
+ENV_EXAMPLE = DEPLOY / ".env.example"
+KAFKA_MOUNT = ("./kafka", "/ptt-kafka")  # the scripts, mounted read-only where they run
+ADMIN_JOBS = ("kafka-users", "kafka-acls", "topics")  # one-shot, as the admin principal
+# the services that run the project's code, and the settings their PTT_* variables must be
+CLIENTS: dict[str, type[KafkaSettings]] = {"worker": WorkerSettings, "replay": ReplaySettings,
+                                           "queries": ReplaySettings, "analyst": KafkaSettings,
+                                           "subscriber": KafkaSettings}
+SECURITY_FIELDS = {"PTT_SECURITY_PROTOCOL", "PTT_SASL_MECHANISM", "PTT_SASL_PLAIN_USERNAME",
+                   "PTT_SASL_PLAIN_PASSWORD"}
 
 # Grafana's global variables that may appear in an expression without a templating entry
 GRAFANA_GLOBALS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms"}
@@ -88,11 +103,47 @@ def _panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", [])  # collapsed rows keep their panels inside
 
 
-def _env(service: dict[str, Any]) -> dict[str, str]:
+_VARIABLE = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+
+
+def interpolate(value: str, variables: dict[str, str] | None = None) -> str:
+    """docker compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` with ``variables``
+    as the environment / .env file (none: every default)."""
+    variables = variables or {}
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        if variables.get(name):
+            return variables[name]
+        if op.endswith("-"):
+            return arg
+        raise AssertionError(f"${{{name}}} has no default: {arg or 'unset'}")
+
+    return _VARIABLE.sub(one, value)
+
+
+def _env(service: dict[str, Any], variables: dict[str, str] | None = None) -> dict[str, str]:
+    """A service's environment as its container sees it (compose variables interpolated)."""
     env = service.get("environment") or {}
     if isinstance(env, list):
         env = dict(item.split("=", 1) for item in env)
-    return {str(k): str(v) for k, v in env.items()}
+    return {str(k): interpolate(str(v), variables) for k, v in env.items()}
+
+
+def _raw_env(service: dict[str, Any]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (service.get("environment") or {}).items()}
+
+
+def _kafka_properties(env: dict[str, str]) -> dict[str, str]:
+    """server.properties as the apache/kafka image writes it from KAFKA_* variables: prefix
+    dropped, lower case, ``_`` -> ``.``, then ``...`` -> ``-`` and ``..`` -> ``_``."""
+    skip = {"KAFKA_HEAP_OPTS", "KAFKA_OPTS", "KAFKA_LOG4J_OPTS", "KAFKA_JMX_OPTS", "KAFKA_VERSION"}
+    props = {}
+    for key, value in env.items():
+        if key.startswith("KAFKA_") and key not in skip:
+            name = key.removeprefix("KAFKA_").lower().replace("_", ".").replace("...", "-").replace("..", "_")
+            props[name] = value
+    return props
 
 
 def _mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
@@ -145,19 +196,86 @@ def test_compose_services_have_an_image_or_a_build(compose: dict[str, Any],
     assert services["worker"]["image"] == services["replay"]["image"]
 
 
-def test_kafka_runs_in_kraft_mode_with_a_plaintext_listener_for_the_services(
-        services: dict[str, dict[str, Any]]) -> None:
+def test_kafka_runs_in_kraft_mode(services: dict[str, dict[str, Any]]) -> None:
     env = _env(services["kafka"])
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     node = env["KAFKA_NODE_ID"]
     assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{node}@kafka:9093"
     assert "CONTROLLER://:9093" in env["KAFKA_LISTENERS"].split(",")
-    assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
-    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
-    assert protocols["PLAINTEXT"] == "PLAINTEXT" and protocols["CONTROLLER"] == "PLAINTEXT"
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", env["CLUSTER_ID"])  # a base64url UUID
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # topics come from the topics service
     assert services["kafka"]["healthcheck"]["test"]
+
+
+def _listeners(props: dict[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(name -> bind address, name -> advertised address, name -> security protocol)."""
+    def split(value: str) -> dict[str, str]:
+        return dict(item.split("://", 1) for item in value.split(","))
+    protocols = dict(p.split(":") for p in props["listener.security.protocol.map"].split(","))
+    return split(props["listeners"]), split(props["advertised.listeners"]), protocols
+
+
+def test_every_listener_requires_sasl_and_the_services_get_scram(services: dict[str, dict[str, Any]]) -> None:
+    props = _kafka_properties(_env(services["kafka"]))
+    bind, advertised, protocols = _listeners(props)
+    assert set(bind) == set(protocols)
+    assert all(protocols[name] in ("SASL_PLAINTEXT", "SASL_SSL") for name in bind), protocols  # no PLAINTEXT
+    # every listener names its mechanisms; the JAAS config of each mechanism is there
+    modules = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule required",
+               "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule required"}
+    mechanisms = {}
+    for name in bind:
+        prefix = f"listener.name.{name.lower()}"
+        mechanisms[name] = props[f"{prefix}.sasl.enabled.mechanisms"].split(",")
+        for mech in mechanisms[name]:
+            assert props[f"{prefix}.{mech.lower()}.sasl.jaas.config"].startswith(modules[mech]), (name, mech)
+    assert "sasl.enabled.mechanisms" not in props  # no listener falls back to the default (GSSAPI)
+    # the services' listener (and the host's) take SCRAM-SHA-512 only
+    by_address = {addr: name for name, addr in advertised.items()}
+    for svc in CLIENTS:
+        env = _env(services[svc])
+        listener = by_address[env["PTT_BOOTSTRAP_SERVERS"]]
+        assert mechanisms[listener] == ["SCRAM-SHA-512"], svc
+        assert protocols[listener] == env["PTT_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT", svc
+        assert env["PTT_SASL_MECHANISM"] == "SCRAM-SHA-512", svc
+    assert mechanisms[by_address["localhost:29092"]] == ["SCRAM-SHA-512"]
+    assert services["kafka"]["ports"] == ["127.0.0.1:29092:29092"]  # only the HOST listener, only on loopback
+    # the admin: PLAIN on the controller and broker listeners, the only super user
+    assert props["controller.listener.names"] == "CONTROLLER"
+    broker = props["inter.broker.listener.name"]
+    for name in ("CONTROLLER", broker):
+        assert mechanisms[name] == ["PLAIN"], name
+        jaas = props[f"listener.name.{name.lower()}.plain.sasl.jaas.config"]
+        users = dict(re.findall(r'(\w+)="([^"]*)"', jaas))
+        assert users["username"] == "admin" and users["password"] == users["user_admin"]
+        assert set(users) == {"username", "password", "user_admin"}, "the admin is the only PLAIN user"
+    assert props["sasl.mechanism.controller.protocol"] == props["sasl.mechanism.inter.broker.protocol"] == "PLAIN"
+    assert broker not in {by_address[_env(services[svc])["PTT_BOOTSTRAP_SERVERS"]] for svc in CLIENTS}
+    # deny unless an ACL grants; admin only bypasses
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:admin"
+
+
+def test_passwords_come_from_variables_with_marked_example_defaults(services: dict[str, dict[str, Any]]) -> None:
+    """No literal secret: every password is a ${VARIABLE:-example-...-CHANGE-ME} and .env.example
+    lists every variable the compose file uses."""
+    text = COMPOSE.read_text()
+    used = set()
+    for m in _VARIABLE.finditer(text):
+        used.add(m.group(1))
+        if "PASSWORD" in m.group(1) and m.group(1) != "GRAFANA_ADMIN_PASSWORD":
+            assert m.group(2) == ":-" and re.fullmatch(r"example-\w+-CHANGE-ME", m.group(3) or ""), m.group(0)
+    for name, svc in services.items():
+        for key, value in _raw_env(svc).items():
+            if "PASSWORD" in key:
+                assert value.startswith("${") and value.endswith("}"), f"{name}: {key} is a literal"
+    jaas = _raw_env(services["kafka"])["KAFKA_LISTENER_NAME_BROKER_PLAIN_SASL_JAAS_CONFIG"]
+    assert 'password="${KAFKA_ADMIN_PASSWORD:-' in jaas
+    example = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
+                   if line.strip() and not line.startswith("#"))
+    assert set(example) == used
+    assert (DEPLOY / ".gitignore").read_text().splitlines()[-1] == ".env"  # the real one stays out of git
 
 
 def test_every_local_path_exists(compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
@@ -183,10 +301,22 @@ def test_dependencies_exist_and_wait_for_what_they_need(services: dict[str, dict
             assert spec["condition"] in conditions
             if spec["condition"] == "service_healthy":
                 assert services[dep].get("healthcheck"), f"{name} waits for {dep} healthy: no healthcheck"
-    assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
-    for name in ("worker", "replay"):
-        assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
-    assert services["topics"].get("restart") == "no" and services["replay"].get("restart") == "no"
+    for job in ADMIN_JOBS:
+        assert services[job]["depends_on"]["kafka"]["condition"] == "service_healthy"
+        assert services[job].get("restart") == "no"
+    # users, ACLs and topics exist before any client of the project runs
+    for name in ("worker", "replay", "queries"):
+        for job in ADMIN_JOBS:
+            assert services[name]["depends_on"][job]["condition"] == "service_completed_successfully", (name, job)
+    for name in ("analyst", "subscriber"):
+        for job in ("kafka-users", "kafka-acls"):
+            assert services[name]["depends_on"][job]["condition"] == "service_completed_successfully", (name, job)
+        assert services[name]["profiles"] == ["tools"]  # not started by `up`
+    # the replay starts once the demo queries are published (by the analyst) and a worker runs
+    assert services["replay"]["depends_on"]["queries"]["condition"] == "service_completed_successfully"
+    assert services["replay"]["depends_on"]["worker"]["condition"] == "service_healthy"
+    for name in ("replay", "queries"):
+        assert services[name].get("restart") == "no"
 
 
 def test_the_worker_scales(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,15 +339,34 @@ def test_replay_command_and_environment_are_valid(services: dict[str, dict[str, 
 
 
 def test_environment_variables_are_settings_fields(services: dict[str, dict[str, Any]]) -> None:
-    models = {"worker": WorkerSettings, "replay": ReplaySettings}
-    for name, model in models.items():
+    for name, model in CLIENTS.items():
         fields = {f"PTT_{f.upper()}" for f in model.model_fields}
         used = {k for k in _env(services[name]) if k.startswith("PTT_")}
         assert used, name
         assert used <= fields, f"{name}: not settings: {sorted(used - fields)}"
+        model()  # the settings parse  # noqa: B018
+    kafka_fields = {f"PTT_{f.upper()}" for f in KafkaSettings.model_fields}
+    for job in ADMIN_JOBS:  # the Kafka CLI jobs read the same names (kafka/client-properties.sh)
+        used = {k for k in _env(services[job]) if k.startswith("PTT_")}
+        assert used == SECURITY_FIELDS and used <= kafka_fields, job
     for name, svc in services.items():
-        if name not in models:
+        if name not in CLIENTS and name not in ADMIN_JOBS:
             assert not any(k.startswith("PTT_") for k in _env(svc)), name
+
+
+def test_every_client_authenticates_as_its_own_principal(services: dict[str, dict[str, Any]],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    principals = {"worker": "worker", "replay": "replay", "queries": "analyst", "analyst": "analyst",
+                  "subscriber": "subscriber"}
+    for name, user in principals.items():
+        _settings_in_env(monkeypatch, _env(services[name]))
+        settings = CLIENTS[name]()
+        assert settings.sasl_plain_username == user, name
+        kw = settings.client_kwargs()
+        assert kw["security_protocol"] == "SASL_PLAINTEXT" and kw["sasl_mechanism"] == "SCRAM-SHA-512", name
+        assert kw["sasl_plain_password"], name
+    assert _worker_settings(services, monkeypatch).sasl_plain_username == "worker"
+    assert _replay_settings(services, monkeypatch).default_queries is False  # the gateway writes no query
 
 
 # -- Dockerfile ----------------------------------------------------------------------------------
@@ -280,6 +429,9 @@ FAKE_KAFKA_TOPICS = r"""#!/usr/bin/env bash
 # --describe prints them in Kafka's format
 state="$FAKE_STATE"
 echo "$*" >> "$FAKE_CALLS"
+for ((i = 1; i < $#; i++)); do
+  if [ "${!i}" = --command-config ]; then j=$((i + 1)); cat "${!j}" >> "$FAKE_CALLS.config"; fi
+done
 if [[ " $* " == *" --create "* ]]; then
   topic="" parts="" cfg=""
   while [ $# -gt 0 ]; do
@@ -298,15 +450,19 @@ fi
 """
 
 
-def _run_topics_script(tmp_path: Path, bootstrap: str, existing: str = "") -> tuple[subprocess.CompletedProcess[str],
-                                                                                   dict[str, tuple[int, str]], str]:
+def _job_env(services: dict[str, dict[str, Any]], job: str, **extra: str) -> dict[str, str]:
+    """A one-shot job's environment (interpolated) plus a minimal PATH."""
+    return {"PATH": "/usr/bin:/bin", **_env(services[job]), **extra}
+
+
+def _run_topics_script(tmp_path: Path, env: dict[str, str], existing: str = ""
+                       ) -> tuple[subprocess.CompletedProcess[str], dict[str, tuple[int, str]], str]:
     fake = tmp_path / "kafka-topics.sh"
     fake.write_text(FAKE_KAFKA_TOPICS)
     fake.chmod(0o755)
     state, calls = tmp_path / "state", tmp_path / "calls"
     state.write_text(existing)
-    env = {"PATH": "/usr/bin:/bin", "BOOTSTRAP": bootstrap, "KAFKA_TOPICS": str(fake),
-           "FAKE_STATE": str(state), "FAKE_CALLS": str(calls)}
+    env = {**env, "KAFKA_TOPICS": str(fake), "FAKE_STATE": str(state), "FAKE_CALLS": str(calls)}
     done = subprocess.run(["bash", str(TOPICS_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
     topics = {}
     for line in state.read_text().splitlines():
@@ -315,15 +471,47 @@ def _run_topics_script(tmp_path: Path, bootstrap: str, existing: str = "") -> tu
     return done, topics, calls.read_text() if calls.exists() else ""
 
 
+def _admin_properties(env: dict[str, str]) -> str:
+    """The --command-config client-properties.sh must write for the admin jobs."""
+    return ("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="admin" password="{env["PTT_SASL_PLAIN_PASSWORD"]}";\n')
+
+
+def test_the_jobs_run_the_mounted_scripts_as_admin_on_the_broker_listener(
+        services: dict[str, dict[str, Any]]) -> None:
+    scripts = {"kafka-users": "create-users.sh", "kafka-acls": "create-acls.sh", "topics": "create-topics.sh"}
+    props = _kafka_properties(_env(services["kafka"]))
+    _, advertised, _ = _listeners(props)
+    jaas = props["listener.name.broker.plain.sasl.jaas.config"]
+    admin_password = dict(re.findall(r'(\w+)="([^"]*)"', jaas))["user_admin"]
+    for job, script in scripts.items():
+        svc = services[job]
+        assert svc["image"] == services["kafka"]["image"]
+        assert svc["entrypoint"] == ["/bin/bash", f"{KAFKA_MOUNT[1]}/{script}"]
+        assert KAFKA_MOUNT in _mounts(svc) and (KAFKA_DIR / script).is_file()
+        env = _env(svc)
+        assert env["BOOTSTRAP"] == advertised[props["inter.broker.listener.name"]]
+        assert env["PTT_SASL_PLAIN_USERNAME"] == "admin" and env["PTT_SASL_MECHANISM"] == "PLAIN"
+        assert env["PTT_SASL_PLAIN_PASSWORD"] == admin_password, job
+    # the healthcheck authenticates as admin too
+    assert services["kafka"]["healthcheck"]["test"] == ["CMD", "/bin/bash", f"{KAFKA_MOUNT[1]}/healthcheck.sh"]
+    assert KAFKA_MOUNT in _mounts(services["kafka"])
+    assert _env(services["kafka"])["ADMIN_PASSWORD"] == admin_password
+    # a different variable value reaches every admin place at once
+    variables = {"KAFKA_ADMIN_PASSWORD": "rotated-admin-password"}
+    assert 'password="rotated-admin-password"' in _env(services["kafka"], variables)[
+        "KAFKA_LISTENER_NAME_CONTROLLER_PLAIN_SASL_JAAS_CONFIG"]
+    assert {_env(services[job], variables)["PTT_SASL_PLAIN_PASSWORD"] for job in ADMIN_JOBS} == {
+        "rotated-admin-password"}
+
+
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("awk") is None, reason="needs bash and awk")
 def test_topics_service_creates_exactly_the_topics_of_the_code(services: dict[str, dict[str, Any]],
                                                                monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
-    topics = services["topics"]
-    assert topics["entrypoint"] == ["/bin/bash", "/create-topics.sh"]
-    assert ("./kafka/create-topics.sh", "/create-topics.sh") in _mounts(topics)
-    bootstrap = _env(topics)["BOOTSTRAP"]
-    assert bootstrap == _env(services["worker"])["PTT_BOOTSTRAP_SERVERS"]
+    env = _job_env(services, "topics")
+    bootstrap = env["BOOTSTRAP"]
 
     expected = _topics_the_code_creates(services, monkeypatch)
     ws = _worker_settings(services, monkeypatch)
@@ -331,24 +519,263 @@ def test_topics_service_creates_exactly_the_topics_of_the_code(services: dict[st
     assert expected[ws.partials_topic][0] == expected[ws.changelog_topic][0] == ws.internal_partitions == 4
     assert f"{ws.app_id}-__assignor-__leader" in expected
 
-    done, created, calls = _run_topics_script(tmp_path, bootstrap)
+    done, created, calls = _run_topics_script(tmp_path, env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert {name: parts for name, (parts, _) in created.items()} == {n: p for n, (p, _) in expected.items()}
     # topic configs exactly as the code sets them: the queries topic and the table changelog compacted
     want_cfg = {n: ",".join(f"{k}={v}" for k, v in cfg.items()) for n, (_, cfg) in expected.items()}
     assert {name: cfg for name, (_, cfg) in created.items()} == want_cfg
     assert want_cfg[ws.queries_topic] == want_cfg[ws.changelog_topic] == "cleanup.policy=compact"
-    for line in calls.splitlines():
+    lines = calls.splitlines()
+    assert len(lines) == len(expected) + 1  # one --create per topic, one --describe
+    for line in lines:
+        assert f"--bootstrap-server {bootstrap} --command-config " in line
         if "--create" in line:
             assert "--if-not-exists" in line and "--replication-factor 1" in line
-            assert f"--bootstrap-server {bootstrap}" in line
+    # every call authenticated as admin; the properties file is gone afterwards
+    assert (tmp_path / "calls.config").read_text() == _admin_properties(env) * len(lines)
+    assert not Path(lines[0].split("--command-config ")[1].split()[0]).exists()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("awk") is None, reason="needs bash and awk")
-def test_topics_service_fails_on_a_topic_with_the_wrong_partition_count(tmp_path: Path) -> None:
-    done, _, _ = _run_topics_script(tmp_path, "kafka:9092", existing="ptt.reports 1 \n")
+def test_topics_service_fails_on_a_topic_with_the_wrong_partition_count(services: dict[str, dict[str, Any]],
+                                                                        tmp_path: Path) -> None:
+    done, _, _ = _run_topics_script(tmp_path, _job_env(services, "topics"), existing="ptt.reports 1 \n")
     assert done.returncode == 1
     assert "ptt.reports has 1 partitions, expected 4" in done.stderr
+
+
+def test_the_jobs_refuse_missing_or_unsafe_credentials(services: dict[str, dict[str, Any]],
+                                                       tmp_path: Path) -> None:
+    for password, message in (("", "PTT_SASL_PLAIN_PASSWORD is not set"),
+                              ('bad"quote', "PTT_SASL_PLAIN_PASSWORD contains a character"),
+                              ("a,b", "PTT_SASL_PLAIN_PASSWORD contains a character")):
+        env = _job_env(services, "topics", PTT_SASL_PLAIN_PASSWORD=password, KAFKA_TOPICS="/bin/false")
+        done = subprocess.run(["bash", str(TOPICS_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and message in done.stderr, (password, done.stderr)
+    env = _job_env(services, "kafka-users", WORKER_PASSWORD="", KAFKA_CONFIGS="/bin/false")
+    done = subprocess.run(["bash", str(USERS_SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "WORKER_PASSWORD is not set" in done.stderr
+
+
+# -- users, quotas and ACLs --------------------------------------------------------------------------
+
+FAKE_RECORDER = r"""#!/usr/bin/env bash
+# a stand-in for kafka-configs.sh / kafka-acls.sh: one line per call, arguments separated by \x1f;
+# the --command-config file is appended to $FAKE_CALLS.config
+( IFS=$'\x1f'; echo "$*" ) >> "$FAKE_CALLS"
+for ((i = 1; i < $#; i++)); do
+  if [ "${!i}" = --command-config ]; then j=$((i + 1)); cat "${!j}" >> "$FAKE_CALLS.config"; fi
+done
+"""
+
+
+def _run_recorded(tmp_path: Path, script: Path, tool_var: str, env: dict[str, str]
+                  ) -> tuple[subprocess.CompletedProcess[str], list[list[str]], str]:
+    fake = tmp_path / "fake-kafka-tool.sh"
+    fake.write_text(FAKE_RECORDER)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {**env, tool_var: str(fake), "FAKE_CALLS": str(calls)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    lines = [line.split("\x1f") for line in calls.read_text().splitlines()] if calls.exists() else []
+    config = (tmp_path / "calls.config").read_text() if (tmp_path / "calls.config").exists() else ""
+    return done, lines, config
+
+
+def _flag(args: list[str], name: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == name]
+
+
+def _users_and_quotas(services: dict[str, dict[str, Any]], tmp_path: Path
+                      ) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Run create-users.sh against a fake kafka-configs.sh: (user -> SCRAM password, user -> quotas)."""
+    env = _job_env(services, "kafka-users")
+    done, calls, config = _run_recorded(tmp_path, USERS_SCRIPT, "KAFKA_CONFIGS", env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert config == _admin_properties(env) * len(calls)
+    scram: dict[str, str] = {}
+    quotas: dict[str, dict[str, str]] = {}
+    for args in calls:
+        assert args[:2] == ["--bootstrap-server", env["BOOTSTRAP"]] and "--alter" in args
+        assert _flag(args, "--entity-type") == ["users"]
+        (user,) = _flag(args, "--entity-name")
+        (config_value,) = _flag(args, "--add-config")
+        m = re.fullmatch(r"SCRAM-SHA-512=\[iterations=(\d+),password=([^\]]+)\]", config_value)
+        if m:
+            assert int(m.group(1)) >= 4096 and user not in scram
+            scram[user] = m.group(2)
+        else:
+            assert user not in quotas
+            quotas[user] = dict(item.split("=") for item in config_value.split(","))
+    return scram, quotas
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_every_client_credential_matches_a_scram_user_of_the_users_job(services: dict[str, dict[str, Any]],
+                                                                        tmp_path: Path) -> None:
+    scram, _ = _users_and_quotas(services, tmp_path)
+    assert set(scram) == {"device", "replay", "worker", "analyst", "subscriber"}
+    assert "admin" not in scram  # the admin is not a SCRAM user: it cannot log in on the services' listener
+    for name in CLIENTS:
+        env = _env(services[name])
+        user = env["PTT_SASL_PLAIN_USERNAME"]
+        assert scram[user] == env["PTT_SASL_PLAIN_PASSWORD"], name
+    assert len(set(scram.values())) == len(scram)  # one password per principal
+    # with real passwords in the environment, users and clients still agree
+    variables = {f"{u.upper()}_PASSWORD": f"real-{u}-secret-{i}" for i, u in enumerate(scram)}
+    (tmp_path / "real").mkdir()
+    env = _job_env(services, "kafka-users")
+    env.update({k: interpolate(str(v), variables) for k, v in _raw_env(services["kafka-users"]).items()})
+    done, calls, _ = _run_recorded(tmp_path / "real", USERS_SCRIPT, "KAFKA_CONFIGS", env)
+    assert done.returncode == 0, done.stderr
+    created = " ".join(a for args in calls for a in args)
+    for name in CLIENTS:
+        password = _env(services[name], variables)["PTT_SASL_PLAIN_PASSWORD"]
+        assert password.startswith("real-") and f"password={password}]" in created, name
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_quotas_cap_the_writers(services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    _, quotas = _users_and_quotas(services, tmp_path)
+    assert set(quotas) == {"device", "replay", "analyst", "subscriber"}  # the worker is not throttled
+    assert 0 < int(quotas["device"]["producer_byte_rate"]) <= 10 * 1024 * 1024
+    assert 0 < float(quotas["device"]["request_percentage"]) <= 100
+    assert int(quotas["device"]["producer_byte_rate"]) < int(quotas["replay"]["producer_byte_rate"])
+    assert int(quotas["analyst"]["producer_byte_rate"]) <= 1024 * 1024  # queries are small
+    assert int(quotas["subscriber"]["consumer_byte_rate"]) > 0
+    known = {"producer_byte_rate", "consumer_byte_rate", "request_percentage"}
+    assert all(set(q) <= known for q in quotas.values())
+
+
+Grant = tuple[str, str, str, str, str]  # (principal, operation, resource type, name, pattern type)
+
+
+def expected_acls() -> set[Grant]:
+    """What each principal may do, from the settings' topic names: nothing else is granted."""
+    k, w = KafkaSettings(), WorkerSettings()
+    topic = "TOPIC"
+    grants: list[tuple[str, str, str, str, str]] = [
+        ("device", "WRITE", topic, k.reports_topic, "LITERAL"),
+        ("replay", "WRITE", topic, k.reports_topic, "LITERAL"),
+        ("replay", "WRITE", topic, k.truth_topic, "LITERAL"),
+        ("replay", "READ", topic, k.queries_topic, "LITERAL"),
+        ("worker", "READ", topic, k.reports_topic, "LITERAL"),
+        ("worker", "READ", topic, k.queries_topic, "LITERAL"),
+        ("worker", "READ", topic, k.truth_topic, "LITERAL"),
+        ("worker", "WRITE", topic, w.estimates_topic, "LITERAL"),
+        ("worker", "WRITE", topic, w.dead_letter_topic, "LITERAL"),
+        *(("worker", op, topic, f"{w.app_id}-", "PREFIXED") for op in ("READ", "WRITE", "CREATE")),
+        ("worker", "READ", "GROUP", w.app_id, "PREFIXED"),
+        ("analyst", "WRITE", topic, k.queries_topic, "LITERAL"),
+        ("analyst", "READ", topic, k.queries_topic, "LITERAL"),
+        ("analyst", "READ", topic, w.estimates_topic, "LITERAL"),
+        # metadata only: `ptt analyst` goes through ensure_topics, which lists these topics
+        ("analyst", "DESCRIBE", topic, k.reports_topic, "LITERAL"),
+        ("analyst", "DESCRIBE", topic, k.truth_topic, "LITERAL"),
+        ("subscriber", "READ", topic, w.estimates_topic, "LITERAL"),
+    ]
+    return set(grants)
+
+
+def _granted(calls: list[list[str]]) -> list[Grant]:
+    out = []
+    resources = {"--topic": "TOPIC", "--group": "GROUP", "--cluster": "CLUSTER", "--transactional-id": "TXN",
+                 "--delegation-token": "TOKEN", "--user-principal": "USER"}
+    for args in calls:
+        assert "--add" in args and "--remove" not in args
+        assert not {"--deny-principal", "--deny-host", "--producer", "--consumer", "--idempotent"} & set(args), args
+        assert _flag(args, "--allow-host") in ([], ["*"])
+        (principal,) = _flag(args, "--allow-principal")
+        assert principal.startswith("User:") and principal != "User:*", args
+        kinds = [(resources[a], args[i + 1]) for i, a in enumerate(args) if a in resources]
+        assert len(kinds) == 1, args
+        (kind, name), = kinds
+        assert name and "*" not in name, args
+        pattern = (_flag(args, "--resource-pattern-type") or ["literal"])[0].upper()
+        ops = _flag(args, "--operation")
+        assert ops, args
+        out += [(principal.removeprefix("User:"), op.upper(), kind, name, pattern) for op in ops]
+    return out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_acls_grant_exactly_the_intended_operations(services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    env = _job_env(services, "kafka-acls")
+    done, calls, config = _run_recorded(tmp_path, ACLS_SCRIPT, "KAFKA_ACLS", env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert config == _admin_properties(env) * len(calls)
+    assert all(args[:4] == ["--bootstrap-server", env["BOOTSTRAP"], "--command-config", args[3]] for args in calls)
+    granted = _granted(calls)
+    assert len(granted) == len(set(granted)), "a grant repeated"
+    assert set(granted) == expected_acls()
+    by_principal: dict[str, set[tuple[str, str, str, str]]] = {}
+    for principal, *rest in granted:
+        by_principal.setdefault(principal, set()).add((rest[0], rest[1], rest[2], rest[3]))
+    # the writers of the pipeline's input: nothing but their topics
+    k, w = KafkaSettings(), WorkerSettings()
+    assert by_principal["device"] == {("WRITE", "TOPIC", k.reports_topic, "LITERAL")}
+    assert {n for _, _, n, _ in by_principal["replay"]} == {k.reports_topic, k.truth_topic, k.queries_topic}
+    assert not any(op == "WRITE" and n == k.queries_topic for op, _, n, _ in by_principal["replay"])
+    # only the worker writes estimates; no one but admin creates topics outside the worker's prefix;
+    # no principal alters, deletes or touches the cluster
+    writers = {p for p, op, _, n, _ in granted if op == "WRITE" and n == w.estimates_topic}
+    assert writers == {"worker"}
+    assert {(p, n) for p, op, _, n, _ in granted if op == "CREATE"} == {("worker", f"{w.app_id}-")}
+    assert not {op for _, op, _, _, _ in granted} & {"ALL", "ALTER", "DELETE", "ALTER_CONFIGS", "CLUSTER_ACTION",
+                                                     "IDEMPOTENT_WRITE", "DESCRIBE_CONFIGS"}
+    assert not any(kind == "CLUSTER" for _, _, kind, _, _ in granted)
+    # every topic the worker uses is covered by its grants (so it never needs more at run time)
+    ws_topics = {w.partials_topic, w.changelog_topic, f"{w.app_id}-__assignor-__leader"}
+    assert all(t.startswith(f"{w.app_id}-") for t in ws_topics)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_acls_cover_what_each_client_lists_and_uses(services: dict[str, dict[str, Any]], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every topic a client's ensure_topics lists must be visible to it (DESCRIBE, implied by READ
+    and WRITE): an invisible topic would be created, and creation is denied."""
+    done, calls, _ = _run_recorded(tmp_path, ACLS_SCRIPT, "KAFKA_ACLS", _job_env(services, "kafka-acls"))
+    assert done.returncode == 0, done.stderr
+    granted = _granted(calls)
+
+    def visible(principal: str, topic: str) -> bool:
+        return any(p == principal and kind == "TOPIC" and op in ("READ", "WRITE", "DESCRIBE")
+                   and (n == topic if pat == "LITERAL" else topic.startswith(n)) for p, op, kind, n, pat in granted)
+
+    worker_topics = _topics_the_code_creates(services, monkeypatch)
+    assert all(visible("worker", t) for t in worker_topics), worker_topics
+    k = KafkaSettings()
+    for principal in ("replay", "analyst"):  # ensure_topics(settings): reports, queries, truth
+        assert all(visible(principal, t) for t in (k.reports_topic, k.queries_topic, k.truth_topic)), principal
+
+
+def test_demo_queries_job_publishes_the_replays_queries_as_the_analyst(services: dict[str, dict[str, Any]],
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    from producers.replay import default_queries, fleet_size_for, load_day
+
+    svc = services["queries"]
+    assert svc["command"] == ["python", f"{KAFKA_MOUNT[1]}/{DEMO_QUERIES_SCRIPT.name}"]
+    assert KAFKA_MOUNT in _mounts(svc)
+    spec = importlib.util.spec_from_file_location("publish_demo_queries", DEMO_QUERIES_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    published: list[Any] = []
+    monkeypatch.setattr(module, "read_queries", lambda s: [])
+    monkeypatch.setattr(module, "publish_query", lambda s, q: published.append((s, q)))
+    _settings_in_env(monkeypatch, {**_env(svc), "PTT_DATA_DIR": str(tmp_path)})
+    assert module.main() == 0
+    assert {s.sasl_plain_username for s, _ in published} == {"analyst"}
+    # the very queries `ptt replay` would have published itself, over the same day
+    replay = _replay_settings(services, monkeypatch).model_copy(update={"data_dir": tmp_path})
+    day = load_day(replay)
+    assert [q for _, q in published] == default_queries(day, fleet_size_for(day, replay))
+    # nothing is published when queries exist
+    published.clear()
+    monkeypatch.setattr(module, "read_queries", lambda s: ["a query"])
+    assert module.main() == 0 and published == []
 
 
 # -- Prometheus --------------------------------------------------------------------------------------
