@@ -221,6 +221,13 @@ def overview() -> dict[str, Any]:
                         targets((per_second("ptt_refused_vehicles_total", "query"), "{{query}}"))))
     p.append(timeseries(lay, "Suppressed estimates/s", "Estimates withheld, per query.",
                         targets((per_second("ptt_suppressed_estimates_total", "query"), "{{query}}"))))
+    p.append(timeseries(lay, "Withheld epochs by reason", "Epochs closed without estimates in the last 5 minutes, "
+                        "per query and reason: conflicting_markers, participants_unknown, interrupted, "
+                        "too_few_participants, impossible_counts (counts no population could produce: forged or "
+                        "corrupt reports), missing_batches, internal. Anything but too_few_participants deserves a "
+                        "look; impossible_counts or conflicting_markers can mean a writer is forging records.",
+                        targets(("sum by (query, reason) (increase(ptt_withheld_epochs_total[5m]))",
+                                 "{{query}} {{reason}}")), unit="none"))
     p.append(timeseries(lay, "Records/s by kind", "Records read from the reports topic: batches, tallies, single "
                         "reports, end-of-epoch markers.",
                         targets((per_second("ptt_records_total", "kind"), "{{kind}}"))))

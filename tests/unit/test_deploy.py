@@ -967,7 +967,19 @@ def test_every_metric_in_the_dashboards_exists(dashboards: dict[str, dict[str, A
             "ptt_refused_vehicles_total", "ptt_suppressed_estimates_total", "ptt_epochs_closed_total",
             "ptt_reports_total", "ptt_estimate_vehicles", "ptt_estimate_lower_vehicles",
             "ptt_estimate_upper_vehicles", "ptt_ground_truth_vehicles", "ptt_query_epsilon",
-            "ptt_query_crowd_size_vehicles"} <= used
+            "ptt_query_crowd_size_vehicles", "ptt_withheld_epochs_total"} <= used
+
+
+def test_overview_plots_withheld_epochs_by_reason(dashboards: dict[str, dict[str, Any]]) -> None:
+    from stream_app.estimate import WITHHELD_CODES
+
+    (panel,) = [p for p in _panels(dashboards["overview.json"]) if p["title"] == "Withheld epochs by reason"]
+    assert panel["type"] == "timeseries"
+    assert [t["expr"] for t in panel["targets"]] == [
+        "sum by (query, reason) (increase(ptt_withheld_epochs_total[5m]))"]
+    assert _exposed()["ptt_withheld_epochs_total"] == {"query", "reason"}
+    for reason in WITHHELD_CODES:  # the description names every reason the worker counts
+        assert reason in panel["description"], reason
 
 
 def test_station_dashboard_has_a_panel_per_mechanism_with_bands_and_truth(
