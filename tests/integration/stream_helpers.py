@@ -155,3 +155,134 @@ def core_estimates(q: Query, settings: ReplaySettings, day: TrafficDay, epoch_in
         values = est.estimate(counts, n)
         out[name] = (values, {c: est.score_interval(values, n, c) for c in confidences}, n)
     return out
+
+
+# -- hand-made producers (adversarial tests) --------------------------------------------------
+
+def publish_queries(settings: KafkaSettings, queries: list[Query]) -> None:
+    """Publish several query versions with one producer (acks=all)."""
+    from kafka import KafkaProducer
+
+    from schemas.kafka_io import connect, ensure_topics
+
+    ensure_topics(settings)
+    producer = connect("producer", settings, KafkaProducer, acks="all")
+    try:
+        futures = [producer.send(settings.queries_topic, key=q.record_key.encode(), value=q.model_dump_json().encode())
+                   for q in queries]
+        for f in futures:
+            f.get(timeout=30)
+    finally:
+        producer.close(timeout=10)
+
+
+def genuine_reports(settings: ReplaySettings, day: TrafficDay, epoch_index: int, fleet: int,
+                    template: Query) -> Any:
+    """One producer's privatized reports for one epoch, drawn as the replay draws them for
+    ``template``: the same arrays can then be sent under any query id with its parameters."""
+    from producers.fleet import Device, privatize
+
+    epoch = int(day.epochs[epoch_index])
+    tc = query_truth_counts(split_fleet(settings.seed, epoch, day.flows[epoch_index], fleet, 1)[0], day.stations,
+                            template)
+    return privatize(template, tc, epoch_rng(settings.seed, template, epoch, 0), "per-vehicle", Device())
+
+
+class EpochSender:
+    """Sends one producer's share of one (query, epoch) as the replay does: batches of
+    ``batch_size`` reports keyed by fresh batch ids (round by round), then an end-of-epoch
+    marker per round and partition saying what was sent there. Batches can be sent a few at
+    a time (a producer that dies mid-epoch sends some and no markers)."""
+
+    def __init__(self, sink: Any, q: Query, epoch: int, er: Any, producer_id: str, batch_size: int,
+                 producer_index: int = 0, producer_count: int = 1) -> None:
+        from schemas import encode_batch, new_batch_id
+
+        self.sink, self.q, self.epoch, self.er = sink, q, epoch, er
+        self.producer_id, self.producer_index, self.producer_count = producer_id, producer_index, producer_count
+        self.chunks: list[tuple[int, int, int, bytes, dict[str, Any]]] = []  # (round, partition, n, value, arrays)
+        base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "producer_id": producer_id,
+                "n_stations": q.n_stations, "n_outputs": q.n_outputs, "kind": "reports"}
+        for r in range(q.n_rounds):
+            arrays = er.rounds[r]
+            if not arrays:
+                continue
+            layout = "values" if "value" in arrays else "pairs"
+            size = next(iter(arrays.values())).size
+            for s in range(0, size, batch_size):
+                chunk = {k: v[s:s + batch_size] for k, v in arrays.items()}
+                n = int(next(iter(chunk.values())).size)
+                batch_id = new_batch_id()
+                value = encode_batch({**base, "round": r, "layout": layout, "batch_id": batch_id, "reports": n},
+                                     chunk)
+                self.chunks.append((r, sink.partition_for(batch_id.encode()), n, value, chunk))
+        self.next = 0
+
+    def batches(self, k: int | None = None) -> int:
+        """Send the next ``k`` batches (all that are left if None); returns how many were sent."""
+        stop = len(self.chunks) if k is None else min(len(self.chunks), self.next + k)
+        for _, part, _, value, _ in self.chunks[self.next:stop]:
+            self.sink.send(value, key=None, partition=part)
+        sent = stop - self.next
+        self.next = stop
+        return sent
+
+    def sent_reports(self) -> int:
+        return sum(c[2] for c in self.chunks[:self.next])
+
+    def marker(self, r: int, partition: int, **overrides: Any) -> Any:
+        from schemas import EndOfEpoch
+
+        sent = self.chunks[:self.next]
+        mine = [c for c in sent if c[0] == r and c[1] == partition]
+        fields: dict[str, Any] = {
+            "producer_id": self.producer_id, "producer_index": self.producer_index,
+            "producer_count": self.producer_count, "query_id": self.q.query_id, "query_version": self.q.version,
+            "epoch": self.epoch, "round": r, "partition": partition,
+            "reports_to_partition": sum(c[2] for c in mine), "batches_to_partition": len(mine),
+            "reports_total": sum(c[2] for c in sent if c[0] == r),
+            "batches_total": sum(1 for c in sent if c[0] == r),
+            "participants": self.er.participants, "refused": self.er.refused, "mode": "per-vehicle"}
+        return EndOfEpoch(**{**fields, **overrides})
+
+    def markers(self, **overrides: Any) -> None:
+        """Every round's marker to every partition (what the replay sends after an epoch)."""
+        from schemas import encode_json
+
+        for r in range(self.q.n_rounds):
+            for p in self.sink.partitions:
+                self.sink.send(encode_json(self.marker(r, p, **overrides)), partition=p)
+
+
+def estimates_by_query(settings: WorkerSettings) -> dict[str, dict[tuple[int, int, str], Estimate]]:
+    """query id -> (epoch, station, estimator) -> the latest estimate."""
+    out: dict[str, dict[tuple[int, int, str], Estimate]] = {}
+    for (qid, _, epoch, station, name), e in read_estimates(settings).items():
+        out.setdefault(qid, {})[(epoch, station, name)] = e
+    return out
+
+
+def dead_letter_origins(settings: WorkerSettings) -> list[tuple[str, str | None]]:
+    """(reason, query id named by the original record or None) of every dead letter."""
+    import base64
+    import json
+    import struct
+
+    out: list[tuple[str, str | None]] = []
+    for rec in drain(settings, settings.dead_letter_topic, quiet_polls=2):
+        letter = json.loads(rec.value)
+        raw = base64.b64decode(letter["value_b64"])
+        qid: str | None = None
+        try:
+            if raw[:4] == b"PTT1":
+                (hlen,) = struct.unpack_from(">I", raw, 4)
+                qid = json.loads(raw[8:8 + hlen]).get("query_id")
+            elif raw[:1] == b"{":
+                qid = json.loads(raw).get("query_id")
+            elif raw[:4] == b"PTS1":  # a stage record (refused at stage 2)
+                (hlen,) = struct.unpack_from(">I", raw, 5)
+                qid = json.loads(raw[9:9 + hlen]).get("query_id")
+        except (ValueError, struct.error):
+            qid = None
+        out.append((letter["reason"], qid))
+    return out
