@@ -40,7 +40,7 @@ from schemas import GroundTruth, Query, decode_record
 from schemas.kafka_io import QueryReader
 
 from .decode import REASONS, Rejected, to_partials
-from .estimate import QueryEstimators, epoch_result
+from .estimate import QueryEstimators, epoch_result, retraction
 from .metrics import StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, Tick, WindowId, decode_partial, encode_partial
@@ -280,6 +280,12 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                 pending, queued = [], 0
                 _published(done, started)
                 done = []
+        for st in outcome.retracted:
+            q = queries.known(st.wid.query_id, st.wid.query_version)
+            if q is not None:
+                res = retraction(q, st, s.confidences)
+                pending += await sink.send(res.render())
+                done.append(res)
         await sink.wait(pending)
         _published(done, started)
         for wid, st in outcome.touched.items():

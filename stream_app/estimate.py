@@ -20,7 +20,7 @@ from schemas.epochs import epoch_start
 
 from .windows import CloseReason, WindowState
 
-__all__ = ["WITHHELD_CODES", "EpochResult", "QueryEstimators", "StationEstimates", "epoch_result"]
+__all__ = ["WITHHELD_CODES", "EpochResult", "QueryEstimators", "StationEstimates", "epoch_result", "retraction"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -68,6 +68,7 @@ class EpochResult:
     missing_batches: int
     withheld: str | None
     withheld_code: str | None = None
+    retracted: bool = False  # re-publication that withdraws an epoch already published
     values: dict[str, StationEstimates] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -161,6 +162,20 @@ def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[
         return "impossible_counts", (f"round reports {arrived} differ from the {participants} participants "
                                      f"(one report per vehicle and round)")
     return None
+
+
+def retraction(q: Query, w: WindowState, confidences: Sequence[float]) -> EpochResult:
+    """Withdraw a closed epoch's estimates: every station re-published as withheld, with the
+    reason (a later marker contradicts the ones the epoch closed on). Subscribers keep the
+    latest record per (query, epoch, station, estimator)."""
+    participants, _ = w.participants()
+    slots = ", ".join(f"round {r} producer {i} partition {p}" for r, i, p in sorted(w.conflicting)[:5])
+    return EpochResult(query=q, epoch=w.wid.epoch, closed_by=w.closed_by or "markers",
+                       confidences=tuple(confidences), participants=participants or 0,
+                       reports=int(w.reports.sum()), round_reports=w.reports.tolist(), late=w.late,
+                       refused=w.refused(), missing_batches=0, withheld_code="conflicting_markers", retracted=True,
+                       withheld=f"withdrawn: a later end-of-epoch marker contradicts the ones this epoch "
+                                f"closed on ({slots})")
 
 
 def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, confidences: Sequence[float],

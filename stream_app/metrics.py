@@ -170,6 +170,10 @@ class StreamMonitor:
         q = r.query
         qid = q.query_id
         self.know_query(qid)
+        if r.retracted:  # the epoch was counted when it closed; only its withdrawal is new
+            self.suppressed.labels(qid).inc(r.n_records())
+            self.withheld_epochs.labels(qid, r.withheld_code or "internal").inc()
+            return
         self.closed.labels(qid, r.closed_by).inc()
         self.refused.labels(qid).inc(r.refused)
         if r.missing_batches:

@@ -30,8 +30,10 @@ class WorkerSettings(KafkaSettings):
     stage2_batch_wait_s: float = Field(default=0.1, gt=0, description="longest wait to fill a stage-2 batch")
     stage1_batch_wait_s: float = Field(default=0.05, gt=0, description="longest wait to fill a stage-1 batch")
     max_producers: int = Field(default=64, ge=1, description="largest producer count a marker may claim")
-    horizon_epochs: int = Field(default=120, ge=1, description="refuse records more than this many epochs ahead of "
-                                                             "the newest epoch a quorum of partitions reached")
+    horizon_epochs: int = Field(default=720, ge=1, description="refuse records more than this many epochs ahead of "
+                                                             "the newest epoch a quorum of partitions reached "
+                                                             "(keep it above the partitions' skew when reading a "
+                                                             "backlog)")
     unknown_query_grace_s: float = Field(default=10.0, ge=0, description="how long stage 1 waits for a query it "
                                                                        "does not know yet before dead-lettering")
     store: str = Field(default="memory://", description="Faust table store (state is rebuilt from the changelog)")

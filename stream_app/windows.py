@@ -69,6 +69,10 @@ class Marker:
 MarkerSlot = tuple[int, int, int]  # (round, producer index, source partition)
 
 
+def _marker(p: MarkerPartial) -> Marker:
+    return Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused, p.interrupted)
+
+
 @dataclass
 class WindowState:
     """The state of one (query, version, epoch)."""
@@ -85,6 +89,7 @@ class WindowState:
     closed_by: CloseReason | None = None
     late: int = 0
     duplicates: int = 0
+    retract: bool = False  # transient: a closed epoch's published estimates must be withdrawn
 
     @classmethod
     def new(cls, wid: WindowId, n_rounds: int, width: int) -> WindowState:
@@ -100,6 +105,15 @@ class WindowState:
         """Add a batch or a marker; duplicates (same batch id / same marker) count once."""
         if self.closed:
             self.late += 1
+            if isinstance(p, MarkerPartial):
+                slot = (p.round, p.producer_index, p.source_partition)
+                held = self.markers.get(slot)
+                if held is not None and held != _marker(p) and slot not in self.conflicting:
+                    # The epoch closed on a marker set that a later, different marker for the
+                    # same slot contradicts (e.g. forged markers that completed the set before
+                    # the producer's own): what was published must be withdrawn.
+                    self.conflicting.add(slot)
+                    self.retract = True
             return "late"
         if isinstance(p, BatchPartial):
             if p.batch_id in self.seen:
@@ -115,8 +129,7 @@ class WindowState:
                 self.tallied[p.round] += p.reports
             return "added"
         slot = (p.round, p.producer_index, p.source_partition)
-        marker = Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused,
-                        p.interrupted)
+        marker = _marker(p)
         held = self.markers.get(slot)
         if held is not None:
             if held == marker:
@@ -171,13 +184,15 @@ class WindowState:
             "q": self.wid.query_id, "v": self.wid.query_version, "e": self.wid.epoch, "r": self.n_rounds,
             "w": self.width, "closed_by": self.closed_by, "late": self.late, "dup": self.duplicates}
         blob = b""
-        if self.closed_by is None:  # a closed window keeps only what late records need
-            head["reports"] = self.reports.tolist()
-            head["tallied"] = self.tallied.tolist()
+        # a closed window keeps only what late records need: the markers (to spot a conflicting
+        # late one) and the report counts, not the batch ids or the count arrays
+        head["reports"] = self.reports.tolist()
+        head["tallied"] = self.tallied.tolist()
+        head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
+                            m.refused, m.interrupted] for slot, m in self.markers.items()]
+        head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
+        if self.closed_by is None:
             head["seen"] = [[b, *v] for b, v in self.seen.items()]
-            head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
-                                m.refused, m.interrupted] for slot, m in self.markers.items()]
-            head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
             blob = np.ascontiguousarray(self.counts, dtype="<i8").tobytes()
         h = json.dumps(head, separators=(",", ":")).encode()
         return b"".join([_STATE_MAGIC, _LEN.pack(len(h)), h, blob])
@@ -191,13 +206,13 @@ class WindowState:
         r, w = int(h["r"]), int(h["w"])
         st = cls.new(WindowId(h["q"], h["v"], h["e"]), r, w)
         st.closed_by, st.late, st.duplicates = h["closed_by"], h["late"], h["dup"]
+        st.reports = np.asarray(h["reports"], dtype=np.int64)
+        st.tallied = np.asarray(h["tallied"], dtype=np.int64)
+        st.markers = {(int(a), int(b), int(c)): Marker(*rest) for a, b, c, *rest in h["markers"]}
+        st.conflicting = {(int(a), int(b), int(c)) for a, b, c in h["conflicting"]}
         if st.closed_by is None:
             st.counts = np.frombuffer(data, dtype="<i8", count=r * w, offset=8 + hlen).astype(np.int64).reshape(r, w)
-            st.reports = np.asarray(h["reports"], dtype=np.int64)
-            st.tallied = np.asarray(h["tallied"], dtype=np.int64)
             st.seen = {b: (int(rr), str(prod), int(part)) for b, rr, prod, part in h["seen"]}
-            st.markers = {(int(a), int(b), int(c)): Marker(*rest) for a, b, c, *rest in h["markers"]}
-            st.conflicting = {(int(a), int(b), int(c)) for a, b, c in h["conflicting"]}
         return st
 
 
@@ -265,6 +280,7 @@ class Outcome:
     touched: dict[WindowId, WindowState] = field(default_factory=dict)
     closed: list[tuple[WindowState, CloseReason]] = field(default_factory=list)
     rejected: list[tuple[int, str, str]] = field(default_factory=list)  # (index in items, reason, detail)
+    retracted: list[WindowState] = field(default_factory=list)  # closed epochs whose estimates are withdrawn
     reports: Counter[str] = field(default_factory=Counter)  # query -> reports added
     late: Counter[str] = field(default_factory=Counter)
     duplicates: Counter[str] = field(default_factory=Counter)
@@ -283,7 +299,7 @@ class WindowPolicy:
     allowed_lateness_epochs: int = 2
     wall_clock_grace_s: float = 60.0
     live_horizon_s: float = 3600.0
-    horizon_epochs: int = 120
+    horizon_epochs: int = 720
     epoch_s: int = EPOCH_S
 
     @property
@@ -344,6 +360,9 @@ class WindowPolicy:
                 st = WindowState.new(wid, *dims)
                 out.touched[wid] = st
             result = st.add(item)
+            if st.retract:
+                st.retract = False
+                out.retracted.append(st)
             if result == "late":
                 out.late[qid] += 1
             elif result == "duplicate":

@@ -93,6 +93,10 @@ def _scrape(w: WorkerProcess, *names: str) -> str:
         return str(r.read().decode())
 
 
+def _dead(metrics: str) -> float:
+    return sum(float(v) for v in re.findall(r'ptt_dead_letters_total\{[^}]*\} ([0-9.e+]+)', metrics))
+
+
 def _last_closed(metrics: str) -> dict[str, int]:
     return {q: int(float(v)) for q, v in re.findall(r'ptt_last_closed_epoch\{query="([^"]+)"\} ([0-9.e+]+)', metrics)}
 
@@ -173,6 +177,7 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         "worker_rss_ready_mb": round(rss_ready, 1),
         "worker_rss_by_epoch_mb": {str(k): round(v, 1) for k, v in sorted(rss_at.items())
                                    if k in _milestones(epochs, rss_at)},
+        "dead_letters": int(sum(_dead(_scrape(w, "ptt_dead_letters_total")) for w in procs)),
         "p99_close_latency_s": max(_p99(_scrape(w, "ptt_close_latency_seconds_bucket")) for w in procs),
     }
     if raw_baseline and stamps:

@@ -87,7 +87,7 @@ def pipeline_settings(broker: str, tmp: Path, **replay_kw: object) -> tuple[Repl
                         **replay_kw)  # type: ignore[arg-type]
     ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
                         dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
-                        tick_interval_s=1.0, min_participants=1)
+                        tick_interval_s=1.0, min_participants=1, horizon_epochs=120)
     return rs, ws
 
 

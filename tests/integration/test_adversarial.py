@@ -770,19 +770,15 @@ def test_flood_of_300_unknown_queries(scenario: Scenario) -> None:
 
 # -- 3 (variant): a forged complete marker set in the middle of an epoch ------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: a complete set of markers closes the window (windows.WindowPolicy.apply, "
-    "markers_complete) and a later, different marker for the same producer slot only counts as late "
-    "(WindowState.add on a closed window) -- the conflict that estimate._withheld would report as "
-    "conflicting_markers is never seen, and the estimate from the partial data stays published"))
 @pytest.mark.parametrize("mech", ["alp", "rr"])
 def test_forged_marker_set_in_the_middle_of_an_epoch(scenario: Scenario, mech: str) -> None:
     """A writer watching the reports topic copies the genuine producer's id and, after its
     first batch of a per-sensor query, sends the markers that producer would send if it
     stopped there (every partition, the true participants, the batches seen so far). The set
     is complete, so the epoch closes on it; the rest of the genuine batches and the genuine
-    markers arrive late. The epoch must not be published with values that differ from the
-    clean run."""
+    markers arrive late. The genuine markers contradict the forged ones: the epoch's estimates
+    are withdrawn (re-published as withheld, ``conflicting_markers``), so what stands never
+    differs from the clean run."""
     sc = scenario
     i = LIVE[f"midset-{mech}"]
     q = _query(sc.templates[mech], f"midset-{mech}")
@@ -811,6 +807,7 @@ def test_forged_marker_set_in_the_middle_of_an_epoch(scenario: Scenario, mech: s
         sink.close()
     wait_for(lambda: published(f"clean-{mech}"), 60, "the clean epoch")
     wait_for(lambda: metric(sc.worker.metrics(), "ptt_late_records_total", query=q.query_id) >= 1, 60, "late records")
+    wait_for(lambda: _withheld_count(sc.worker.metrics(), q.query_id) >= 1, 60, "the withdrawal")
     est = estimates_by_query(sc.ws)
     clean = {k: _row(v) for k, v in est[f"clean-{mech}"].items() if k[0] == epoch}
     mine = {k: _row(v) for k, v in est[q.query_id].items() if k[0] == epoch}

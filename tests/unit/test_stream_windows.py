@@ -270,10 +270,14 @@ def test_late_records_after_close_are_counted_and_change_nothing() -> None:
     assert w.add(batch(bid(2), [5, 5, 5, 5, 5])) == "late"
     assert w.add(batch(bid(1), [1, 2, 3, 0, 0])) == "late"  # a duplicate arriving late is late
     assert w.add(marker(1, 0, 0)) == "late"
-    assert w.add(marker(0, 0, 0, batches=9)) == "late"  # a late conflicting marker is late, not a conflict
+    assert not w.retract
+    # a late marker that contradicts the one the epoch closed on: late, and the epoch's
+    # published estimates must be withdrawn (the slot is recorded as conflicting)
+    assert w.add(marker(0, 0, 0, batches=9)) == "late"
+    assert w.retract and w.conflicting == {(0, 0, 0)}
     after = state(w)
     assert after[-2] == 4 and after[-1] == 1
-    assert after[:-2] == before[:-2]
+    assert after[:8] == before[:8]  # counts, reports, batch ids and markers unchanged
 
 
 def test_open_window_round_trips_through_bytes() -> None:
@@ -304,14 +308,25 @@ def test_closed_window_keeps_only_the_small_record() -> None:
     w.close("watermark")
     w.add(batch(bid(9), [1, 0, 0, 0, 0]))
     data = w.encode()
-    assert len(data) < len(new().encode()) + 40  # no arrays, no seen ids, no markers
+    # no count arrays, no batch ids; the markers stay (a contradicting late marker withdraws the epoch)
+    assert len(data) < len(new().encode()) + 120
+    assert len(data) < len(w.__class__.encode(_reopened(w))) - WIDTH * 2 * 8 + 40
     back = WindowState.decode(data)
     assert back.closed and back.closed_by == "watermark" and (back.late, back.duplicates) == (1, 1)
     assert (back.wid, back.n_rounds, back.width) == (WID, 2, WIDTH)
-    assert back.seen == {} and back.markers == {} and not back.counts.any()
+    assert back.seen == {} and not back.counts.any()
+    assert back.markers == w.markers and back.reports.tolist() == w.reports.tolist()
     assert back.add(batch(bid(10), [1, 0, 0, 0, 0])) == "late"
-    assert back.add(marker(0, 0, 0)) == "late"
+    assert back.add(marker(0, 0, 0, batches=1)) == "late" and not back.retract  # the same marker
     assert WindowState.decode(back.encode()).late == 3
+
+
+def _reopened(w: WindowState) -> WindowState:
+    import copy
+
+    o = copy.deepcopy(w)
+    o.closed_by = None
+    return o
 
 
 def test_decoded_state_is_independent_of_its_bytes() -> None:
