@@ -271,6 +271,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             if q is None:
                 continue
             res = epoch_result(queries.estimators(q), st, reason, s.confidences, s.min_participants, s.partitions)
+            st.published = res.withheld is None
             records = res.render()
             pending += await sink.send(records)
             done.append(res)
@@ -283,6 +284,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         for st in outcome.retracted:
             q = queries.known(st.wid.query_id, st.wid.query_version)
             if q is not None:
+                st.published = False
                 res = retraction(q, st, s.confidences)
                 pending += await sink.send(res.render())
                 done.append(res)

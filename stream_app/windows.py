@@ -89,6 +89,7 @@ class WindowState:
     closed_by: CloseReason | None = None
     late: int = 0
     duplicates: int = 0
+    published: bool = False  # closed and its estimates were published (not withheld)
     retract: bool = False  # transient: a closed epoch's published estimates must be withdrawn
 
     @classmethod
@@ -111,9 +112,9 @@ class WindowState:
                 if held is not None and held != _marker(p) and slot not in self.conflicting:
                     # The epoch closed on a marker set that a later, different marker for the
                     # same slot contradicts (e.g. forged markers that completed the set before
-                    # the producer's own): what was published must be withdrawn.
+                    # the producer's own): what was published must be withdrawn, once.
+                    self.retract = self.published and not self.conflicting
                     self.conflicting.add(slot)
-                    self.retract = True
             return "late"
         if isinstance(p, BatchPartial):
             if p.batch_id in self.seen:
@@ -182,7 +183,8 @@ class WindowState:
     def encode(self) -> bytes:
         head: dict[str, Any] = {
             "q": self.wid.query_id, "v": self.wid.query_version, "e": self.wid.epoch, "r": self.n_rounds,
-            "w": self.width, "closed_by": self.closed_by, "late": self.late, "dup": self.duplicates}
+            "w": self.width, "closed_by": self.closed_by, "late": self.late, "dup": self.duplicates,
+            "published": self.published}
         blob = b""
         # a closed window keeps only what late records need: the markers (to spot a conflicting
         # late one) and the report counts, not the batch ids or the count arrays
@@ -206,6 +208,7 @@ class WindowState:
         r, w = int(h["r"]), int(h["w"])
         st = cls.new(WindowId(h["q"], h["v"], h["e"]), r, w)
         st.closed_by, st.late, st.duplicates = h["closed_by"], h["late"], h["dup"]
+        st.published = bool(h.get("published", False))
         st.reports = np.asarray(h["reports"], dtype=np.int64)
         st.tallied = np.asarray(h["tallied"], dtype=np.int64)
         st.markers = {(int(a), int(b), int(c)): Marker(*rest) for a, b, c, *rest in h["markers"]}

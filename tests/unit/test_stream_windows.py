@@ -265,6 +265,7 @@ def test_late_records_after_close_are_counted_and_change_nothing() -> None:
     w.add(marker(0, 0, 0, batches=1, participants=6))
     w.add(batch(bid(1), [1, 2, 3, 0, 0]))  # one duplicate before closing
     w.close("markers")
+    w.published = True  # the app publishes the epoch's estimates
     assert w.closed and w.closed_by == "markers"
     before = state(w)
     assert w.add(batch(bid(2), [5, 5, 5, 5, 5])) == "late"
@@ -275,8 +276,10 @@ def test_late_records_after_close_are_counted_and_change_nothing() -> None:
     # published estimates must be withdrawn (the slot is recorded as conflicting)
     assert w.add(marker(0, 0, 0, batches=9)) == "late"
     assert w.retract and w.conflicting == {(0, 0, 0)}
+    w.retract = False
+    assert w.add(marker(0, 0, 0, batches=7)) == "late" and not w.retract  # withdrawn once
     after = state(w)
-    assert after[-2] == 4 and after[-1] == 1
+    assert after[-2] == 5 and after[-1] == 1  # five late records, the one early duplicate
     assert after[:8] == before[:8]  # counts, reports, batch ids and markers unchanged
 
 
