@@ -1,0 +1,42 @@
+"""The worker keeps up at a moderate scale: 500 stations, exact tallies of a million vehicles,
+SP + ALP + RR. Every estimate arrives (a count, with a generous time bound for a busy machine:
+this is not a speed test -- tests/benchmarks/bench_scale.py measures speed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from producers.replay import default_queries, fleet_size_for, load_day, replay
+from schemas.kafka_io import read_to_end
+
+from .stream_helpers import WorkerProcess, metric, pipeline_settings, wait_for
+
+pytestmark = pytest.mark.integration
+
+STATIONS, EPOCHS = 500, 12
+
+
+def test_500_stations_tally_every_estimate_arrives(broker: str, tmp_path: Path) -> None:
+    rs, ws = pipeline_settings(broker, tmp_path, synthetic_stations=STATIONS, mode="tally", expand_to=1_000_000,
+                               max_epochs=EPOCHS, start_epoch=16 * 120, truth=False)
+    day = load_day(rs)
+    queries = default_queries(day, fleet_size_for(day, rs))
+    expected = EPOCHS * sum(q.n_stations * len(q.spec.estimator_names) for q in queries)
+    worker = WorkerProcess(ws, tmp_path / "worker.log").start()
+    try:
+        worker.wait_ready()
+        summary = replay(rs, progress=False)
+        assert summary.epochs == EPOCHS and summary.delivery_failures == 0
+        last = int(day.epochs[rs.start_epoch + EPOCHS - 1])
+        wait_for(lambda: metric(worker.metrics(), "ptt_last_closed_epoch") >= len(queries) * last, 600,
+                 "every epoch closed")
+        text = worker.metrics()
+        assert metric(text, "ptt_dead_letters_total") == 0
+        assert metric(text, "ptt_withheld_epochs_total") == 0
+        assert metric(text, "ptt_epochs_closed_total", closed_by="markers") == EPOCHS * len(queries)
+    finally:
+        worker.stop()
+    records = list(read_to_end(ws, ws.estimates_topic, idle_timeout_s=10))
+    assert len(records) == expected  # nothing lost, nothing published twice
