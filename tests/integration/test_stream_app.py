@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -107,9 +106,10 @@ def test_sigkill_mid_day_and_restart_loses_nothing(broker: str, tmp_path: Path) 
 
     t = threading.Thread(target=replay, args=(rs,), kwargs={"progress": False})
     t.start()
-    time.sleep(3.0)
-    w.kill()  # mid-day, no goodbye
-    time.sleep(1.0)
+    day = load_day(rs)
+    # mid-day: a few epochs closed, most still to come
+    wait_for(lambda: metric(w.metrics(), "ptt_last_closed_epoch") >= 3 * int(day.epochs[3]), 120, "epoch 3 closed")
+    w.kill()  # no goodbye (waits until the process is gone)
     w2 = _run(ws, tmp_path, "second")
     try:
         t.join(timeout=120)
@@ -178,16 +178,24 @@ def test_late_records_are_counted_and_kept_out(broker: str, tmp_path: Path) -> N
         day = load_day(rs)
         q = next(q for q in read_queries(rs) if q.mechanism == "sp")
         sink = ReportSink(rs, rs.reports_topic)
-        for index in (10, 2):  # closed / never seen (inside the query's window, below the watermark)
+
+        def straggle(index: int) -> None:
             batch_id = new_batch_id()
             late = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": 1,
                                  "epoch": int(day.epochs[index]), "round": 1, "producer_id": "straggler",
                                  "layout": "values", "n_stations": q.n_stations, "n_outputs": q.n_stations + 1,
                                  "batch_id": batch_id, "reports": 50}, {"value": np.full(50, 1)})
             sink.send(late, key=batch_id.encode(), partition=sink.partition_for(batch_id.encode()))
-        sink.close()
+            sink.flush()
+
+        for index in (10, 2):  # closed / never seen (inside the query's window, below the watermark)
+            straggle(index)
         wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 2, 60, "late records")
-        time.sleep(3.0)
+        # one more, after those were counted: stage 2 handles batches in turn, so once it is
+        # counted too, whatever the first two could have published has been published
+        straggle(10)
+        wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 3, 60, "a later batch")
+        sink.close()
         assert read_estimates(ws) == before  # nothing republished, nothing changed or created
     finally:
         w.stop()
