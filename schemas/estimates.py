@@ -14,21 +14,13 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from estimators.registry import all_estimator_names
 
-from .query import QueryMechanism
+from .query import QueryMechanism, one_of
 
 __all__ = ["DeadLetter", "Estimate", "EstimateBound", "ESTIMATE_SCHEMA_PATH", "estimate_json_schema"]
 
 ESTIMATE_SCHEMA_PATH = Path(__file__).with_name("estimate.schema.json")
 ESTIMATOR_NAMES = all_estimator_names()  # from the mechanism registry
-
-
-def _known_estimator(name: str) -> str:
-    if name not in ESTIMATOR_NAMES:
-        raise ValueError(f"unknown estimator {name!r}")
-    return name
-
-
-EstimatorName = Annotated[str, AfterValidator(_known_estimator),
+EstimatorName = Annotated[str, AfterValidator(one_of("estimator", lambda: ESTIMATOR_NAMES)),
                           Field(json_schema_extra={"enum": list(ESTIMATOR_NAMES)})]
 
 

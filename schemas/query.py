@@ -6,6 +6,7 @@ it before answering (epsilon limit, sensor blacklist).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property
 from typing import Annotated, Literal
@@ -22,13 +23,20 @@ __all__ = ["MECHANISM_NAMES", "Query", "QueryMechanism"]
 MECHANISM_NAMES = mechanism_names(queryable_only=True)
 
 
-def _known_mechanism(name: str) -> str:
-    if name not in MECHANISM_NAMES:
-        raise ValueError(f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISM_NAMES)}")
-    return name
+def one_of(what: str, names: Callable[[], tuple[str, ...]]) -> Callable[[str], str]:
+    """A validator: the value must be one of the registry's ``names`` (read when validating,
+    so a newly registered mechanism is accepted)."""
+
+    def check(name: str) -> str:
+        allowed = names()
+        if name not in allowed:
+            raise ValueError(f"unknown {what} {name!r}; choose one of {', '.join(allowed)}")
+        return name
+
+    return check
 
 
-QueryMechanism = Annotated[str, AfterValidator(_known_mechanism),
+QueryMechanism = Annotated[str, AfterValidator(one_of("mechanism", lambda: MECHANISM_NAMES)),
                            Field(json_schema_extra={"enum": list(MECHANISM_NAMES)})]
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 

@@ -48,16 +48,26 @@ class WindowId:
 
 
 @dataclass(frozen=True, eq=False)
-class BatchPartial:
+class _Windowed:
+    """The window a stage record belongs to."""
+
+    query_id: str
+    query_version: int
+    epoch: int
+
+    @property
+    def window(self) -> WindowId:
+        return WindowId(self.query_id, self.query_version, self.epoch)
+
+
+@dataclass(frozen=True, eq=False)
+class BatchPartial(_Windowed):
     """One decoded batch of one round: its count array (``width`` entries) and provenance.
 
     ``tallied``: an exact tally (every row holds all its vehicles) rather than per-vehicle
     reports; ``reports``: reports (tally: vehicles) the batch stands for.
     """
 
-    query_id: str
-    query_version: int
-    epoch: int
     round: int
     source_partition: int
     producer_id: str
@@ -65,10 +75,6 @@ class BatchPartial:
     reports: int
     tallied: bool
     counts: IntArray
-
-    @property
-    def window(self) -> WindowId:
-        return WindowId(self.query_id, self.query_version, self.epoch)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BatchPartial):
@@ -80,12 +86,9 @@ class BatchPartial:
 
 
 @dataclass(frozen=True)
-class MarkerPartial:
+class MarkerPartial(_Windowed):
     """A producer's end-of-epoch marker for one round, as it arrived on one source partition."""
 
-    query_id: str
-    query_version: int
-    epoch: int
     round: int
     source_partition: int
     producer_id: str
@@ -96,10 +99,6 @@ class MarkerPartial:
     participants: int
     refused: int
     interrupted: bool
-
-    @property
-    def window(self) -> WindowId:
-        return WindowId(self.query_id, self.query_version, self.epoch)
 
 
 @dataclass(frozen=True)
