@@ -246,13 +246,14 @@ class MechanismSpec:
         flips two answers in opposite directions).
         """
         if not self.per_sensor:
-            return privacy.mechanism_epsilon(mech).epsilon
+            return self.answer_epsilon(mech)
         return max(privacy.per_sensor_report_epsilon(m.output_table(0), n_stations)
                    for m in self.round_mechanisms(mech))
 
     def answer_epsilon(self, mech: Mechanism) -> float:
-        """Epsilon of one answer (one sensor's report in one round)."""
-        return privacy.mechanism_epsilon(mech).epsilon
+        """Epsilon of one answer (one sensor's report in one round): the brute force over each
+        round's output table, the largest. (The linked-rounds figure is the planner's.)"""
+        return max(privacy.local_epsilon(mech.output_table(r)) for r in range(mech.n_rounds))
 
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
         """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""

@@ -217,9 +217,15 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         for name, kw in plans:
-            if name in wanted:
-                print(json.dumps(scenario(name, broker.bootstrap, Path(tmp_name), data_dir=args.data_dir, **kw)),
-                      flush=True)
+            if name not in wanted:
+                continue
+            out = scenario(name, broker.bootstrap, Path(tmp_name), data_dir=args.data_dir, **kw)
+            if name == "p5":  # the same scenario with one worker, in the same run: the speed-up
+                one = scenario("p5-one-worker", broker.bootstrap, Path(tmp_name), data_dir=args.data_dir,
+                               **{**kw, "workers": 1})
+                print(json.dumps(one), flush=True)
+                out["speedup_vs_one_worker"] = round(one["last_estimate_s"] / out["last_estimate_s"], 2)
+            print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
