@@ -36,7 +36,7 @@ def build_mechanism(name: str, params: Mapping[str, float], stations: int = 1) -
 
 def plan(name: str, population: int, expected_yes: float, stations: int = 1,
          params: Mapping[str, float] | None = None, epochs: int = EPOCHS_PER_DAY,
-         delta: float = 1e-6) -> dict[str, Any]:
+         delta: float = 1e-6, daily_budget: float | None = None) -> dict[str, Any]:
     """Cost and accuracy of a query; the keys are the ``plan --json`` contract."""
     if population < 1:
         raise PlanError("--population must be >= 1")
@@ -76,7 +76,12 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         "lattice_step": float(ests[head].lattice_step[0]),
         "score_interval_95_at_expected": [float(lo[0]), float(hi[0])],
     }
-    out["epsilon_day"] = min(out["epsilon_day_basic"], out["epsilon_day_advanced"])
+    out["epsilon_day_optimal"] = privacy.optimal_composition(epsilon, epochs, delta)
+    # the guarantee is the smallest valid bound, never a larger one
+    out["epsilon_day"] = min(out["epsilon_day_basic"], out["epsilon_day_advanced"], out["epsilon_day_optimal"])
+    if daily_budget is not None:
+        out["daily_budget"] = daily_budget
+        out["epochs_within_budget"] = privacy.epochs_within_budget(epsilon, daily_budget, delta, EPOCHS_PER_DAY)
     for stat, value in spec.extra_statistics(mech, int(population - expected_yes)).items():
         out[f"crowd_size_{stat}"] = value
     out["warnings"] = _warnings(out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.stats import binom
@@ -23,6 +23,7 @@ from .mechanisms import Mechanism
 __all__ = [
     "AuditResult",
     "CrowdSize",
+    "DayLedger",
     "MechanismEpsilon",
     "advanced_composition",
     "alp_epsilon_closed_form",
@@ -30,9 +31,12 @@ __all__ = [
     "audit_query",
     "basic_composition",
     "crowd_size",
+    "day_epsilon",
+    "epochs_within_budget",
     "linked_epsilon",
     "local_epsilon",
     "mechanism_epsilon",
+    "optimal_composition",
     "per_sensor_joint_table",
     "per_sensor_report_epsilon",
     "rr_epsilon_closed_form",
@@ -237,6 +241,110 @@ def advanced_composition(epsilon: float, epochs: int, delta: float = 1e-6) -> fl
     if math.isinf(epsilon):
         return math.inf
     return epsilon * math.sqrt(2 * epochs * math.log(1 / delta)) + epochs * epsilon * math.expm1(epsilon)
+
+
+def optimal_composition(epsilon: float, epochs: int, delta: float = 1e-6) -> float:
+    """The tight epsilon of ``epochs``-fold composition of an ``epsilon``-DP release at ``delta``
+    (Kairouz, Oh and Viswanath, "The Composition Theorem for Differential Privacy", Thm. 3.3).
+
+    The k-fold composition is ``((k - 2i) eps, delta_i)``-DP for every ``i`` with
+    ``delta_i = sum_{l<i} C(k, l) (e^{(k-l) eps} - e^{(k-2i+l) eps}) / (1 + e^eps)^k``, and no
+    better; the smallest ``(k - 2i) eps`` whose ``delta_i <= delta`` is returned (``i = 0``:
+    basic composition, ``delta_0 = 0``). Never above basic or advanced composition.
+
+    >>> round(optimal_composition(math.log(3), 2880, 1e-6), 1) <= advanced_composition(math.log(3), 2880, 1e-6)
+    True
+    """
+    from scipy.special import gammaln
+
+    if not 0.0 < delta < 1.0:
+        raise ValueError("delta must be in (0, 1)")
+    if math.isinf(epsilon) or epsilon <= 0 or epochs < 1:
+        return basic_composition(epsilon, epochs) if epochs >= 1 else 0.0
+    k = epochs
+    ls = np.arange(k // 2 + 1, dtype=np.float64)
+    log_c = gammaln(k + 1) - gammaln(ls + 1) - gammaln(k - ls + 1)
+    log_a = log_c + (k - ls) * epsilon  # C(k,l) e^{(k-l) eps}
+    log_b = log_c + (k + ls) * epsilon  # C(k,l) e^{(k+l) eps}; times e^{-2 i eps} below
+    cum_a = np.logaddexp.accumulate(log_a)  # log sum_{l<=j}
+    cum_b = np.logaddexp.accumulate(log_b)
+    i = ls[1:]  # i = 1..k//2 sums l = 0..i-1, i.e. the cumulative sums up to index i-1
+    first, second = cum_a[:-1], cum_b[:-1] - 2 * i * epsilon
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_delta = first + np.log1p(-np.exp(np.minimum(second - first, 0.0))) - k * np.log1p(math.exp(epsilon))
+    ok = np.flatnonzero(log_delta <= math.log(delta))
+    if ok.size == 0:
+        return basic_composition(epsilon, k)
+    return float((k - 2 * i[ok].max()) * epsilon)
+
+
+def day_epsilon(epsilons: Iterable[float], delta: float = 1e-6) -> float:
+    """The guarantee of a sequence of per-epoch epsilons at ``delta``: the smallest valid bound
+    (basic; advanced for heterogeneous epsilons, ``sqrt(2 ln(1/delta) sum eps^2) + sum eps (e^eps
+    - 1)``; and, when all are equal, the optimal composition)."""
+    eps = [float(e) for e in epsilons]
+    if not eps:
+        return 0.0
+    if any(math.isinf(e) for e in eps):
+        return math.inf
+    basic = sum(eps)
+    advanced = math.sqrt(2 * math.log(1 / delta) * sum(e * e for e in eps)) + sum(e * math.expm1(e) for e in eps)
+    bounds = [basic, advanced]
+    if max(eps) - min(eps) < 1e-12:
+        bounds.append(optimal_composition(eps[0], len(eps), delta))
+    return min(bounds)
+
+
+@dataclass
+class DayLedger:
+    """A device's privacy ledger: what it has spent on each local day, composed as
+    :func:`day_epsilon`, against a daily budget. A query whose next epoch would take the day
+    over the budget is refused (the device answers nothing for it that epoch).
+
+    In the simulation every device of a producer answers the same queries in the same epochs,
+    so one ledger per producer stands exactly for each of its devices.
+
+    >>> ledger = DayLedger(budget=3.0)
+    >>> [ledger.spend("2026-11-18", 1.0) for _ in range(4)]
+    [True, True, True, False]
+    >>> ledger.total("2026-11-18")
+    3.0
+    """
+
+    budget: float
+    delta: float = 1e-6
+    spent: dict[str, list[float]] = field(default_factory=dict)
+
+    def would_exceed(self, day: str, epsilon: float) -> bool:
+        return day_epsilon([*self.spent.get(day, []), epsilon], self.delta) > self.budget + 1e-12
+
+    def spend(self, day: str, epsilon: float) -> bool:
+        """Record one epoch's answer if it fits the budget; False (nothing recorded) if not."""
+        if self.would_exceed(day, epsilon):
+            return False
+        self.spent.setdefault(day, []).append(epsilon)
+        return True
+
+    def total(self, day: str) -> float:
+        return day_epsilon(self.spent.get(day, []), self.delta)
+
+
+def epochs_within_budget(epsilon: float, budget: float, delta: float = 1e-6, limit: int = 2880) -> int:
+    """How many epochs of a query (each ``epsilon``) a daily ``budget`` allows, up to ``limit``.
+
+    >>> epochs_within_budget(1.0, 10.0)
+    10
+    """
+    if math.isinf(epsilon) or epsilon > budget:
+        return 0
+    lo, hi = 0, limit  # day_epsilon grows with the number of epochs: bisect
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if day_epsilon([epsilon] * mid, delta) <= budget + 1e-12:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True)

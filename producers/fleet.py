@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from estimators import audit_query
+from estimators import DayLedger, audit_query
 from schemas import Query
 
 __all__ = ["Device", "EpochReports", "FleetTooSmall", "epoch_rng", "fleet_share", "privatize", "query_truth_counts",
@@ -103,16 +103,22 @@ class EpochReports:
 
 
 def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
-              device: Device) -> EpochReports:
+              device: Device, ledger: DayLedger | None = None, day: str = "") -> EpochReports:
     """Run every device of one producer for one epoch of ``query``.
 
     Per-vehicle mode: each vehicle privatizes its own truth; each round's reports are
     shuffled independently (no position links a vehicle's two rounds), and per-sensor
     mechanisms send only the non-default (station, report) pairs, shuffled across vehicles.
     Tally mode: the exact-tally path of the statistics core.
+
+    With a ``ledger`` (the devices' daily privacy budget), a query whose epoch would take
+    ``day``'s composed epsilon over the budget is refused, like an audit refusal.
     """
     n = int(truth_counts.sum())
     ok, reason = device.accepts(query)
+    if ok and ledger is not None and not ledger.spend(day, query.epsilon):
+        ok, reason = False, (f"daily privacy budget: answering would take the day's epsilon over "
+                             f"{ledger.budget:g} (spent {ledger.total(day):.4g})")
     if not ok:
         return EpochReports(participants=0, refused=n, refusal_reason=reason,
                             rounds=[{} for _ in range(query.n_rounds)], reports=[0] * query.n_rounds)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from estimators import DayLedger
 from schemas import EndOfEpoch, GroundTruth, Query, encode_batch, encode_json, new_batch_id
 from schemas.kafka_io import QueryReader, ensure_topics, publish_query
 
@@ -166,6 +167,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 stop: StopFlag, day: TrafficDay, peers: list[Any]) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
+    # every device of this producer answers the same queries: one ledger stands for each of them
+    ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
     sink = ReportSink(settings, settings.reports_topic)
     reader = QueryReader(settings)
@@ -201,7 +204,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 if stop.requested:
                     break
                 tc = query_truth_counts(split[index], day.stations, q)
-                er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device)
+                er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device, ledger,
+                               when.date().isoformat())
                 participants[q.query_id] = (er.participants, er.refused)
                 if er.refused:
                     summary.refused[q.query_id] += er.refused

@@ -38,7 +38,11 @@ class ReplaySettings(KafkaSettings):
     producers: int = Field(default=1, ge=1, le=64, description="producer processes sharing the fleet")
     batch_size: int = Field(default=20_000, ge=1, description="reports per Kafka record")
     truth: bool = Field(default=True, description="publish ground truth on the evaluation topic")
-    device_epsilon_limit: float = Field(default=10.0, gt=0)
+    device_epsilon_limit: float = Field(default=10.0, gt=0, description="a device refuses a query whose epsilon "
+                                                                      "per epoch exceeds this")
+    device_daily_budget: float | None = Field(default=None, gt=0, description="a device's daily privacy budget: a "
+                                              "query whose next epoch would take the day's composed epsilon over "
+                                              "it is refused (default: none)")
     device_blacklist: tuple[int, ...] = ()
     max_epochs: int | None = Field(default=None, ge=1, description="stop after this many epochs")
     start_epoch: int = Field(default=0, ge=0, description="skip this many epochs of the day")

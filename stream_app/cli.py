@@ -170,10 +170,20 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+COMPARE = "compare"  # `ptt plan compare`: every mechanism at one epsilon, not a mechanism
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
+    if args.mechanism == COMPARE:
+        return _cmd_plan_compare(args)
+    if args.epsilon is not None:
+        print("ptt plan: error: --epsilon is for `ptt plan compare`; a mechanism's epsilon follows from its "
+              "parameters (--param)", file=sys.stderr)
+        return 2
     try:
         result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
-                               dict(args.param), epochs=args.epochs, delta=args.delta)
+                               dict(args.param), epochs=args.epochs, delta=args.delta,
+                               daily_budget=args.daily_budget)
     except planning.PlanError as exc:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return 2
@@ -189,6 +199,33 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan_compare(args: argparse.Namespace) -> int:
+    from estimators.compare import compare
+
+    if args.epsilon is None:
+        print("ptt plan compare: error: --epsilon is required (the per-device epsilon to compare at)",
+              file=sys.stderr)
+        return 2
+    try:
+        rows = compare(args.epsilon, args.population, args.expected_yes, args.stations)
+    except ValueError as exc:
+        print(f"ptt plan compare: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(json_safe(rows), sort_keys=True))
+        return 0
+    print(f"at epsilon {args.epsilon:g} per device and epoch, N={args.population:,}, expected count "
+          f"{args.expected_yes:g}, {args.stations} stations:")
+    print(f"{'mechanism':<10} {'epsilon':>8} {'sd':>10} {'95% half-width':>15} {'lattice step':>13}")
+    for r in rows:
+        cells = [_fmt(r[k]) if r[k] is not None else "n/a" for k in ("epsilon", "sd", "halfwidth_95", "lattice_step")]
+        print(f"{r['mechanism']:<10} {cells[0]:>8} {cells[1]:>10} {cells[2]:>15} {cells[3]:>13}  {r['note']}")
+    for r in rows:
+        for w in r["warnings"]:
+            print(f"WARNING: {r['mechanism']}: {w}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ptt", description="Private traffic telemetry. Every command validates its flags before "
                                              "it touches the network; exit codes: "
@@ -196,14 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("plan", help="what a query will cost (epsilon) and how good its answers can be",
                        description="Per-epoch and per-day epsilon and the accuracy of the headline estimator.")
-    p.add_argument("mechanism", choices=planning.MECHANISMS, help="the mechanism to plan")
+    p.add_argument("mechanism", choices=[*planning.MECHANISMS, COMPARE],
+                   help="the mechanism to plan, or `compare`: SP, ALP, k-ary RR, OUE and OLH side by side at "
+                        "the same --epsilon (--json: a list with one object per mechanism)")
+    p.add_argument("--epsilon", type=float, default=None, help="compare only: the per-device epsilon per epoch")
+    p.add_argument("--daily-budget", type=float, default=None,
+                   help="a device's daily budget: print how many epochs of the query it allows")
     p.add_argument("--population", type=int, required=True, help="vehicles reporting per epoch (N)")
     p.add_argument("--expected-yes", type=float, required=True, help="expected true count at the station")
     p.add_argument("--stations", type=int, default=1, help="monitored stations V (sp only)")
     p.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=VALUE",
                    help="mechanism parameter, names as in the math reference (repeatable)")
     p.add_argument("--epochs", type=int, default=planning.EPOCHS_PER_DAY, help="epochs composed (default: a day)")
-    p.add_argument("--delta", type=float, default=1e-6, help="delta of advanced composition")
+    p.add_argument("--delta", type=float, default=1e-6, help="delta of advanced and optimal composition")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
     _add_replay(sub)
