@@ -322,3 +322,38 @@ def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
     for j, station in enumerate(q.sensors):
         e = got[(q.query_id, 1, epoch, station, "sp_difference")]
         assert e.estimate == pytest.approx(want[j]) and e.reports == 2 * fleet and e.missing_batches == 0
+
+
+def test_a_small_daily_budget_shows_refusals_end_to_end(broker: str, tmp_path: Path) -> None:
+    """Devices with a daily privacy budget of 10 answer the three demo queries (ALP 1.31, RR 4.84,
+    SP 1.91 per epoch) until the next epoch of a query would take the day over 10; from then on
+    that query is refused. The markers carry it, the estimates' ``refused`` field shows it (and
+    those epochs are withheld: nobody answered), and so does ``ptt_refused_vehicles_total``."""
+    from estimators import DayLedger
+
+    rs, ws = _settings(broker, tmp_path, max_epochs=3, device_daily_budget=10.0)
+    summary = replay(rs, progress=False)
+    assert summary.refused  # the replay's own summary counts them too
+    w = _run(ws, tmp_path)
+    try:
+        _wait_estimates(ws, _expected_records(rs, 3))
+        text = w.metrics()
+        queries = sorted(read_queries(rs), key=lambda q: q.query_id)  # the order devices answer them in
+        counted = {q.query_id: metric(text, "ptt_refused_vehicles_total", query=q.query_id) for q in queries}
+    finally:
+        w.stop()
+    est = read_estimates(ws)
+    fleet = fleet_size_for(load_day(rs), rs)
+    epochs = sorted({k[2] for k in est})
+    ledger, want = DayLedger(10.0), {}
+    for epoch in epochs:  # the devices' own bookkeeping, replayed here
+        for q in queries:
+            want[(q.query_id, epoch)] = not ledger.spend("day", q.epsilon)
+    assert any(want.values()) and not all(want.values())
+    for (qid, _, epoch, _, _), e in est.items():
+        refused = want[(qid, epoch)]
+        assert e.refused == (fleet if refused else 0), (qid, epoch, e.refused)
+        if refused:
+            assert e.withheld is not None and e.participants == 0
+    for q in queries:
+        assert counted[q.query_id] == fleet * sum(want[(q.query_id, epoch)] for epoch in epochs)
