@@ -324,9 +324,9 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                 continue
             if isinstance(t, GroundTruth):
                 missing = frozenset(t.no_truth)
-                monitor.on_truth(t.epoch, t.stations,
-                                 [math.nan if s in missing else float(f) for s, f in zip(t.stations, t.flows,
-                                                                                         strict=True)])
+                flows = [math.nan if station in missing else float(flow)
+                         for station, flow in zip(t.stations, t.flows, strict=True)]
+                monitor.on_truth(t.epoch, t.stations, flows)
 
     @app.timer(interval=s.tick_interval_s)
     async def tick() -> None:
