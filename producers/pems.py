@@ -35,10 +35,11 @@ from datetime import date, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import numpy as np
 import numpy.typing as npt
+
+from schemas.epochs import EPOCH_S, PACIFIC, epoch_of, epoch_start  # the one epoch clock
 
 __all__ = [
     "CACHE_FORMAT_VERSION",
@@ -64,8 +65,6 @@ __all__ = [
     "read_station_raw",
 ]
 
-EPOCH_S = 30
-PACIFIC = ZoneInfo("America/Los_Angeles")
 MAX_LANES = 8
 DEFAULT_SPIKE_PER_LANE = 40  # vehicles per lane per 30 s; ~4,800 veh/h/lane is not physical
 DEFAULT_DEAD_RUN_EPOCHS = 120  # one hour of 0/0 on every lane while the rest of the file has traffic
@@ -79,19 +78,6 @@ CELL_OUT_OF_RANGE_LANE = 16  # some lane had a negative flow or occupancy outsid
 NO_TRUTH = CELL_MISSING | CELL_DEAD
 
 CACHE_FORMAT_VERSION = 1
-
-
-def epoch_of(ts: datetime) -> int:
-    """Absolute epoch index of an aware timestamp: Unix seconds // 30.
-
-    >>> epoch_of(datetime(2012, 1, 23, 0, 0, 21, tzinfo=PACIFIC))
-    44243520
-    """
-    return int(ts.timestamp()) // EPOCH_S
-
-
-def epoch_start(epoch: int) -> datetime:
-    return datetime.fromtimestamp(epoch * EPOCH_S, tz=PACIFIC)
 
 
 def day_epochs(day: date) -> tuple[int, int]:
