@@ -317,7 +317,7 @@ class DayLedger:
     >>> ledger = DayLedger(budget=3.0)
     >>> [ledger.spend("2026-11-18", 1.0) for _ in range(4)]
     [True, True, True, False]
-    >>> ledger.total("2026-11-18")
+    >>> round(ledger.total("2026-11-18"), 3)  # at 1e-6, three answers compose to just under 3
     3.0
     """
 
