@@ -120,8 +120,8 @@ IMPOSSIBLE_AT = 1e-9  # false-alarm rate per station of the plausibility check
 
 
 def _declared(w: WindowState) -> list[int] | None:
-    """Reports the markers say were sent per round (None unless every producer's markers of
-    every round arrived from every partition they name)."""
+    """Reports the markers say were sent per round (None without markers). Meaningful once the
+    markers are complete, which is when the caller uses it."""
     k = w.producer_count()
     if k is None:
         return None
