@@ -197,6 +197,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                                     no_truth=tuple(int(s) for s in day.stations[~truth_rows[i]]))
                 sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
                           headers=[(KIND_HEADER, b"ground_truth")])
+            no_data = {int(s) for s in day.stations[~truth_rows[i]]}  # cells without a reading
             sent: dict[tuple[str, int], dict[int, list[int]]] = {}
             by_key: dict[str, Query] = {}
             participants: dict[str, tuple[int, int]] = {}
@@ -219,7 +220,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             sink.flush()
             # an interrupted epoch is marked with exactly what was sent of it
             _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
-                          stop.requested)
+                          stop.requested, no_data)
             if stop.requested:
                 break
             summary.epochs += 1
@@ -272,9 +273,11 @@ def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q:
 
 def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,
                   sent: dict[tuple[str, int], dict[int, list[int]]], by_key: dict[str, Query],
-                  participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool) -> None:
+                  participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool,
+                  no_data: set[int] | frozenset[int] = frozenset()) -> None:
     for (key, r), per_part in sent.items():
         q = by_key[key]
+        gaps = tuple(i + 1 for i, s in enumerate(q.sensors) if s in no_data)
         total_reports = sum(v[0] for v in per_part.values())
         total_batches = sum(v[1] for v in per_part.values())
         got, refused = participants.get(q.query_id, (0, 0))
@@ -283,7 +286,8 @@ def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, ep
                                 query_id=q.query_id, query_version=q.version, epoch=epoch, round=r, partition=p,
                                 reports_to_partition=n_rep, batches_to_partition=n_bat,
                                 reports_total=total_reports, batches_total=total_batches,
-                                participants=got, refused=refused, mode=mode, interrupted=interrupted)
+                                participants=got, refused=refused, mode=mode, interrupted=interrupted,
+                                readings_missing=gaps)
             sink.send(encode_json(marker), key=f"eoe-{producer_id}".encode(), partition=p,
                       headers=[(KIND_HEADER, b"end_of_epoch")])
     sink.flush()

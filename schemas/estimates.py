@@ -58,6 +58,9 @@ class Estimate(BaseModel):
     epsilon: float | None = Field(description="per-epoch epsilon of a device's whole report (brute force over "
                                               "its report vector); null when infinite")
     withheld: str | None = None
+    data_quality: Literal["ok", "no_source_data"] = Field(
+        default="ok", description="no_source_data: the replayed source had no reading for this station in this "
+                                  "epoch (a gap or a dead detector): there is no ground truth to hold it against")
     closed_by: Literal["markers", "watermark", "wall_clock"]
     round_count_mismatch: int = Field(description="round-2 minus round-1 reports (Sampling Privacy; 0 otherwise)")
     late: int = Field(ge=0, description="late records for this epoch seen before publication (kept out)")

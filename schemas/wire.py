@@ -139,6 +139,10 @@ class EndOfEpoch(_Frozen):
     refused: int = Field(ge=0, description="vehicles of this producer whose device refused the query")
     mode: Literal["per-vehicle", "tally"]
     interrupted: bool = False
+    readings_missing: tuple[Annotated[int, Field(ge=1)], ...] = Field(
+        default=(), max_length=65_000,
+        description="replays only: station indices (1..V) whose source reading is missing this epoch (no reading, "
+                    "or a dead detector), so their estimates carry no truth; a real gateway sends none")
 
 
 class GroundTruth(_Frozen):

@@ -123,9 +123,11 @@ def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> Mark
     if max(m.reports_total, m.reports_to_partition) > limit or m.reports_to_partition > m.reports_total \
             or m.batches_to_partition > m.batches_total or m.batches_total > limit:
         return Rejected("bad_marker", "report or batch counts out of bounds")
+    if any(i > q.n_stations for i in m.readings_missing) or len(set(m.readings_missing)) != len(m.readings_missing):
+        return Rejected("bad_marker", f"readings_missing must name distinct station indices 1..{q.n_stations}")
     return MarkerPartial(m.query_id, m.query_version, m.epoch, m.round, partition, m.producer_id, m.producer_index,
                          m.producer_count, m.reports_to_partition, m.batches_to_partition, m.participants,
-                         m.refused, m.interrupted)
+                         m.refused, m.interrupted, tuple(m.readings_missing))
 
 
 def to_partials(value: bytes | None, partition: int, lookup: QueryLookup,

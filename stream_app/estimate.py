@@ -68,6 +68,7 @@ class EpochResult:
     missing_batches: int
     withheld: str | None
     withheld_code: str | None = None
+    no_source_data: frozenset[int] = frozenset()  # station indices (1..V) without a source reading
     retracted: bool = False  # re-publication that withdraws an epoch already published
     values: dict[str, StationEstimates] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
@@ -94,12 +95,15 @@ class EpochResult:
                   "missing_batches": self.missing_batches}
         head = json.dumps(common, separators=(",", ":"))[:-1]  # without the closing brace
         keys = [str(s).encode() for s in q.sensors]
+        quality = [',"data_quality":"no_source_data"' if i + 1 in self.no_source_data else ',"data_quality":"ok"'
+                   for i in range(q.n_stations)]
         out: list[tuple[bytes, bytes]] = []
         for name in q.spec.estimator_names:
             prefix = f'{head},"estimator":"{name}","station":'
             if self.withheld is not None:
-                tail = ',"estimate":null,"sd":null,"bounds":[]}'
-                out.extend((k, f"{prefix}{s}{tail}".encode()) for k, s in zip(keys, q.sensors, strict=True))
+                tail = ',"estimate":null,"sd":null,"bounds":[]'
+                out.extend((k, f"{prefix}{s}{tail}{dq}}}".encode())
+                           for k, s, dq in zip(keys, q.sensors, quality, strict=True))
                 continue
             v = self.values[name]
             est, sd = v.estimate.tolist(), v.sd.tolist()
@@ -108,8 +112,8 @@ class EpochResult:
             for i, s in enumerate(q.sensors):
                 bounds = ",".join(f'{{"confidence":{c},"lower":{lows[j][i]!r},"upper":{ups[j][i]!r}}}'
                                   for j, c in enumerate(confs))
-                out.append((keys[i], f'{prefix}{s},"estimate":{est[i]!r},"sd":{sd[i]!r},"bounds":[{bounds}]}}'
-                            .encode()))
+                out.append((keys[i], f'{prefix}{s},"estimate":{est[i]!r},"sd":{sd[i]!r},"bounds":[{bounds}]'
+                                     f'{quality[i]}}}'.encode()))
         return out
 
 
@@ -193,6 +197,7 @@ def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, co
     res = EpochResult(query=q, epoch=w.wid.epoch, closed_by=closed_by, confidences=tuple(confidences),
                       participants=n, reports=int(w.reports.sum()), round_reports=w.reports.tolist(),
                       late=w.late, refused=w.refused(), missing_batches=w.missing_batches(), withheld=withheld,
+                      no_source_data=w.no_source_data(),
                       withheld_code=None if why is None else why[0])
     if withheld is not None:
         return res

@@ -117,6 +117,8 @@ class StreamMonitor:
         self.refused = Counter("ptt_refused_vehicles", "Vehicle-epochs whose device refused the query", ["query"],
                                registry=registry)
         self.suppressed = Counter("ptt_suppressed_estimates", "Estimates withheld", ["query"], registry=registry)
+        self.no_source_data = Counter("ptt_no_source_data_estimates", "Estimates of stations whose replayed source "
+                                      "had no reading (no truth to hold them against)", ["query"], registry=registry)
         self.withheld_epochs = Counter("ptt_withheld_epochs", "Epochs withheld, by reason", ["query", "reason"],
                                        registry=registry)
         self.closed = Counter("ptt_epochs_closed", "Epochs closed", ["query", "closed_by"], registry=registry)
@@ -137,7 +139,7 @@ class StreamMonitor:
             return
         self._known.add(query)
         for counter in (self.late, self.duplicates, self.refused, self.suppressed, self.missing_batches,
-                        self.reports):
+                        self.reports, self.no_source_data):
             counter.labels(query).inc(0)
         for code in WITHHELD_CODES:
             self.withheld_epochs.labels(query, code).inc(0)
@@ -175,6 +177,8 @@ class StreamMonitor:
             self.withheld_epochs.labels(qid, r.withheld_code or "internal").inc()
             return
         self.closed.labels(qid, r.closed_by).inc()
+        if r.no_source_data:
+            self.no_source_data.labels(qid).inc(len(r.no_source_data) * len(q.spec.estimator_names))
         self.refused.labels(qid).inc(r.refused)
         if r.missing_batches:
             self.missing_batches.labels(qid).inc(r.missing_batches)

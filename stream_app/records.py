@@ -99,6 +99,7 @@ class MarkerPartial(_Windowed):
     participants: int
     refused: int
     interrupted: bool
+    readings_missing: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ def decode_partial(data: bytes) -> Partial:
         if kind == "tick":
             return Tick(**head)
         if kind == "marker":
+            head["readings_missing"] = tuple(head.get("readings_missing", ()))
             return MarkerPartial(**head)
         dt = head.pop("dtype")
         if dt not in _DTYPES:

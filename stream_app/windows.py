@@ -64,13 +64,20 @@ class Marker:
     participants: int
     refused: int
     interrupted: bool
+    readings_missing: tuple[int, ...] = ()
 
 
 MarkerSlot = tuple[int, int, int]  # (round, producer index, source partition)
 
 
+def _decoded_marker(f: list[Any]) -> Marker:
+    return Marker(str(f[0]), int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]), bool(f[6]),
+                  tuple(int(i) for i in f[7]) if len(f) > 7 else ())
+
+
 def _marker(p: MarkerPartial) -> Marker:
-    return Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused, p.interrupted)
+    return Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused, p.interrupted,
+                  tuple(p.readings_missing))
 
 
 @dataclass
@@ -164,6 +171,10 @@ class WindowState:
         missing = [i for i in range(self.producer_count() or 0) if i not in per_producer]
         return (sum(per_producer.values()) if per_producer else None), missing
 
+    def no_source_data(self) -> frozenset[int]:
+        """Station indices whose source reading the producers say is missing (replays only)."""
+        return frozenset(i for (r, _, _), m in self.markers.items() if r == 0 for i in m.readings_missing)
+
     def interrupted(self) -> bool:
         """A producer stopped in the middle of this epoch (its markers say so)."""
         return any(m.interrupted for m in self.markers.values())
@@ -191,7 +202,7 @@ class WindowState:
         head["reports"] = self.reports.tolist()
         head["tallied"] = self.tallied.tolist()
         head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
-                            m.refused, m.interrupted] for slot, m in self.markers.items()]
+                            m.refused, m.interrupted, list(m.readings_missing)] for slot, m in self.markers.items()]
         head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
         if self.closed_by is None:
             head["seen"] = [[b, *v] for b, v in self.seen.items()]
@@ -211,7 +222,7 @@ class WindowState:
         st.published = bool(h.get("published", False))
         st.reports = np.asarray(h["reports"], dtype=np.int64)
         st.tallied = np.asarray(h["tallied"], dtype=np.int64)
-        st.markers = {(int(a), int(b), int(c)): Marker(*rest) for a, b, c, *rest in h["markers"]}
+        st.markers = {(int(a), int(b), int(c)): _decoded_marker(rest) for a, b, c, *rest in h["markers"]}
         st.conflicting = {(int(a), int(b), int(c)) for a, b, c in h["conflicting"]}
         if st.closed_by is None:
             st.counts = np.frombuffer(data, dtype="<i8", count=r * w, offset=8 + hlen).astype(np.int64).reshape(r, w)

@@ -357,3 +357,26 @@ def test_a_small_daily_budget_shows_refusals_end_to_end(broker: str, tmp_path: P
             assert e.withheld is not None and e.participants == 0
     for q in queries:
         assert counted[q.query_id] == fleet * sum(want[(q.query_id, epoch)] for epoch in epochs)
+
+
+def test_missing_readings_are_marked_end_to_end(broker: str, tmp_path: Path) -> None:
+    """The synthetic day has a block of absent rows and a dead detector. Replaying epochs that
+    cover one: the ground truth names those cells as having no truth, and their estimates come
+    out with data_quality "no_source_data" (all others "ok")."""
+    rs0, _ = _settings(broker, tmp_path)
+    day = load_day(rs0)
+    gaps = np.flatnonzero(~day.has_truth.all(axis=1))
+    assert gaps.size  # the synthetic day has some
+    start = int(gaps[0])
+    rs, ws = _settings(broker, tmp_path, start_epoch=start, max_epochs=2)
+    replay(rs, progress=False)
+    w = _run(ws, tmp_path)
+    try:
+        _wait_estimates(ws, _expected_records(rs, 2))
+    finally:
+        w.stop()
+    no_truth = {(int(day.epochs[start + i]), int(s)) for i in range(2)
+                for s in day.stations[~day.has_truth[start + i]]}
+    est = read_estimates(ws)
+    flagged = {(e.epoch, e.station) for e in est.values() if e.data_quality == "no_source_data"}
+    assert flagged == no_truth and no_truth

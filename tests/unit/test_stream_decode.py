@@ -631,3 +631,12 @@ def test_every_reason_but_internal_error_is_produced() -> None:
         got[reason] = out.reason
     assert got == {r: r for r in samples}
     assert set(samples) == set(REASONS) - {"internal_error", "too_far_ahead"}
+
+
+def test_markers_naming_missing_readings_must_name_the_querys_stations() -> None:
+    q = QUERIES["sp"]
+    good = accepted(encode_json(eoe(q, readings_missing=(1, V))), partition=2)
+    assert isinstance(good, MarkerPartial) and good.readings_missing == (1, V)
+    for bad in ((V + 1,), (2, 2)):
+        out = rejected(encode_json(eoe(q, readings_missing=bad)), partition=2)
+        assert out.reason == "bad_marker" and "readings_missing" in out.detail

@@ -801,3 +801,37 @@ def test_monitor_truth_leaves_nan_stations_out() -> None:
     got = {dict(k[1])["station"]: v for k, v in samples(reg).items() if k[0] == "ptt_ground_truth_vehicles"}
     assert got == {str(SENSORS[0]): 3.0, str(SENSORS[2]): 0.0, str(SENSORS[3]): 7.5}
     assert reg.get_sample_value("ptt_ground_truth_epoch") == EPOCH
+
+
+# ---------------------------------------------------------------------------------------
+# missing source readings: no truth, and the estimates say so
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_stations_without_a_source_reading_are_marked(mechanism: str) -> None:
+    """A replay's markers name the stations whose source reading is missing this epoch; their
+    estimates carry data_quality "no_source_data" (the others "ok"), the monitor counts them,
+    and the numbers themselves are unchanged."""
+    import dataclasses
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from stream_app.metrics import StreamMonitor
+
+    q = QUERIES[mechanism]
+    plain, w, _ = run(q)
+    flagged = dict(w.markers)
+    for slot, m in flagged.items():
+        if slot[0] == 0:
+            w.markers[slot] = dataclasses.replace(m, readings_missing=(2,))
+    res = result(q, w)
+    assert res.no_source_data == frozenset({2})
+    out = rendered(res)
+    assert {e.station for e in out if e.data_quality == "no_source_data"} == {q.sensors[1]}
+    assert all(e.data_quality == "ok" for e in out if e.station != q.sensors[1])
+    assert [e.estimate for e in out] == [e.estimate for e in rendered(plain)]
+    monitor = StreamMonitor(CollectorRegistry())
+    monitor.on_epoch_closed(res)
+    text = generate_latest(monitor.registry).decode()
+    assert f'ptt_no_source_data_estimates_total{{query="{q.query_id}"}} {float(len(q.spec.estimator_names))}' in text
+    back = type(w).decode(w.encode())  # persisted with the window
+    assert back.no_source_data() == frozenset({2})
