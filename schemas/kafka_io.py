@@ -129,14 +129,27 @@ class QueryReader:
     def __init__(self, settings: KafkaSettings) -> None:
         self._consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                                   consumer_timeout_ms=1000)
-        parts = self._consumer.partitions_for_topic(settings.queries_topic) or set()
-        self._consumer.assign([TopicPartition(settings.queries_topic, p) for p in sorted(parts)])
-        self._consumer.seek_to_beginning()
+        self._topic = settings.queries_topic
+        self._assign()
         self.queries: dict[tuple[str, int], Query] = {}
         self.invalid = 0
 
+    def _assign(self) -> bool:
+        """Assign the topic's partitions once the broker's metadata names them (it may not yet,
+        right after a start): a reader with nothing assigned would think it is at the end."""
+        if self._consumer.assignment():
+            return True
+        parts = self._consumer.partitions_for_topic(self._topic) or set()
+        if not parts:
+            return False
+        self._consumer.assign([TopicPartition(self._topic, p) for p in sorted(parts)])
+        self._consumer.seek_to_beginning()
+        return True
+
     def poll(self, timeout_ms: int = 0) -> int:
         """Read what is new; returns how many records were read."""
+        if not self._assign():
+            return 0
         n = 0
         for records in self._consumer.poll(timeout_ms=timeout_ms, max_records=10_000).values():
             for rec in records:
@@ -154,6 +167,9 @@ class QueryReader:
         """Poll until every partition's position has reached its high-water mark."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
+            if not self._assign():
+                time.sleep(0.1)
+                continue
             self.poll(200)
             if at_end(self._consumer):
                 return

@@ -366,7 +366,9 @@ class WindowPolicy:
             st = get(wid)
             if st is None:
                 dims = shape(wid)
-                if dims is None:  # stage 1 validated it; only a deleted query gets here
+                if dims is None:  # stage 1 knew the query; this worker cannot find it: never silent
+                    out.rejected.append((index, "unknown_query", f"query {qid!r} version {wid.query_version} "
+                                                                 f"is not known to this worker"))
                     continue
                 if wm.too_old(wid.epoch, self.n_source_partitions, self.allowed_lateness_epochs):
                     out.late[qid] += 1
