@@ -242,12 +242,14 @@ class LinearEstimator:
 
     # -- estimates ----------------------------------------------------------------------
     def estimate(self, counts: IntArray | FloatArray, n: float | FloatArray) -> FloatArray:
-        """Unbiased estimate per station from counts ``(S, R, O)`` and population ``N``."""
+        """Unbiased estimate per station from counts ``(S, R, O)`` and population ``N``; or,
+        for k epochs at once, counts ``(k, S, R, O)`` and ``N`` of shape ``(k, 1)`` give
+        ``(k, S)`` (every other method broadcasts the same way)."""
         c = np.asarray(counts, dtype=np.float64)
-        if c.ndim != 3 or c.shape[1:] != self.weights.shape[1:]:
+        if c.ndim not in (3, 4) or c.shape[-2:] != self.weights.shape[1:]:
             want = f"(S, {self.weights.shape[1]}, {self.weights.shape[2]})"
             raise ValueError(f"{self.name}: counts must have shape {want}, got {c.shape}")
-        stat = (c * self.weights).sum(axis=(1, 2))
+        stat = (c * self.weights).sum(axis=(-2, -1))
         out: FloatArray = stat - np.asarray(n, dtype=np.float64) * self.mean[:, 0]
         return out
 

@@ -40,12 +40,12 @@ from schemas import GroundTruth, Query, decode_record
 from schemas.kafka_io import QueryReader
 
 from .decode import REASONS, Rejected, to_partials
-from .estimate import QueryEstimators, epoch_result, retraction
+from .estimate import QueryEstimators, epoch_results, retraction
 from .metrics import StreamMonitor
 from .publish import BatchSink
-from .records import BatchPartial, Tick, WindowId, decode_partial, encode_partial
+from .records import BatchPartial, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
 from .settings import WorkerSettings
-from .windows import Watermarks, WindowPolicy, WindowState
+from .windows import CloseReason, Watermarks, WindowPolicy, WindowState
 
 __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
@@ -233,8 +233,12 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     @app.agent(reports)
     async def stage1(stream: Any) -> Any:
         async for events in stream.take_events(s.batch_records, within=s.stage1_batch_wait_s):
-            # acknowledged before this batch's input offsets can be committed
-            await forward.publish(await _stage1(events))
+            # acknowledged before this batch's input offsets can be committed; the records for
+            # one stage-2 partition travel as one bundle (one Kafka record, not one per marker)
+            out = await _stage1(events)
+            await forward.start()
+            bundles = bundle((forward.partition_for(key), key, value) for key, value in out)
+            await forward.publish([(key, value) for _, key, value in bundles], [p for p, _, _ in bundles])
 
     def _load(wid: WindowId) -> WindowState | None:
         raw = windows.data.get(wid.key)
@@ -249,46 +253,47 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             monitor.on_epoch_closed(res)
             monitor.on_epochs_published(time.monotonic() - started)
 
-    async def _apply(part: int, events: Sequence[Any], started: float) -> None:
-        """One stage-2 partition's share of a batch: policy, estimates, then state writes."""
+    async def _apply(part: int, entries: Sequence[tuple[Any, bytes]], started: float) -> None:
+        """One stage-2 partition's share of a batch -- (event, stage record) pairs, several per
+        event when it is a bundle: policy, estimates, then state writes."""
         wm_key = WM_PREFIX + str(part).encode()
         wm = Watermarks.decode(windows.data.get(wm_key))
-        items = [decode_partial(e.value) for e in events]
+        items = [decode_partial(raw) for _, raw in entries]
         await queries.ensure({(i.query_id, i.query_version) for i in items if not isinstance(i, Tick)})
         outcome = policy.apply(wm, _load, queries.shape, items)
         for index, reason, detail in outcome.rejected:
-            e = events[index]
-            await _dead(Rejected(reason, detail), e.message.topic, part, e.message.offset, e.value)
+            e, raw = entries[index]
+            await _dead(Rejected(reason, detail), e.message.topic, part, e.message.offset, raw)
         monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
-        # Closed epochs are sent as they are computed; acknowledgements are awaited every
-        # PUBLISH_CHUNK records (bounded memory, no round trip per epoch) and all of them
-        # before any closed window is written.
-        pending: list[Any] = []
+        # Closed epochs' estimates are gathered and sent together (one record batch per
+        # partition, not one per epoch), acknowledged every PUBLISH_CHUNK records (bounded
+        # memory) and all of them before any closed window is written.
+        batch: list[tuple[bytes, bytes]] = []
         done: list[Any] = []
-        queued = 0
-        for st, reason in outcome.closed:
-            q = queries.known(st.wid.query_id, st.wid.query_version)
+        by_query: dict[tuple[str, int], list[tuple[WindowState, CloseReason]]] = defaultdict(list)
+        for st, reason in outcome.closed:  # one query's closed epochs are estimated together
+            by_query[(st.wid.query_id, st.wid.query_version)].append((st, reason))
+        for (query_id, version), closed in by_query.items():
+            q = queries.known(query_id, version)
             if q is None:
                 continue
-            res = epoch_result(queries.estimators(q), st, reason, s.confidences, s.min_participants, s.partitions)
-            st.published = res.withheld is None
-            records = res.render()
-            pending += await sink.send(records)
-            done.append(res)
-            queued += len(records)
-            if queued >= PUBLISH_CHUNK:
-                await sink.wait(pending)
-                pending, queued = [], 0
-                _published(done, started)
-                done = []
+            for st, res in zip((st for st, _ in closed), epoch_results(
+                    queries.estimators(q), closed, s.confidences, s.min_participants, s.partitions), strict=True):
+                st.published = res.withheld is None
+                batch += res.render()
+                done.append(res)
+                if len(batch) >= PUBLISH_CHUNK:
+                    await sink.publish(batch)
+                    _published(done, started)
+                    batch, done = [], []
         for st in outcome.retracted:
             q = queries.known(st.wid.query_id, st.wid.query_version)
             if q is not None:
                 st.published = False
                 res = retraction(q, st, s.confidences)
-                pending += await sink.send(res.render())
+                batch += res.render()
                 done.append(res)
-        await sink.wait(pending)
+        await sink.publish(batch)
         _published(done, started)
         for wid, st in outcome.touched.items():
             _write(part, wid.key, st.encode())
@@ -299,21 +304,25 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     async def stage2(stream: Any) -> Any:
         async for events in stream.take_events(s.batch_records, within=s.stage2_batch_wait_s):
             started = time.monotonic()
-            by_part: dict[int, list[Any]] = defaultdict(list)
+            by_part: dict[int, list[tuple[Any, bytes]]] = defaultdict(list)
             for event in events:
-                by_part[event.message.partition].append(event)
-            for part, evs in by_part.items():
                 try:
-                    await _apply(part, evs, started)
+                    records = split_bundle(event.value)
+                except ValueError:
+                    records = [event.value]  # kept whole: decoding it fails below, and it is dead-lettered
+                by_part[event.message.partition] += [(event, raw) for raw in records]
+            for part, entries in by_part.items():
+                try:
+                    await _apply(part, entries, started)
                 except Exception:  # find the record(s) at fault one by one; the rest still count
                     log.exception("stage 2 failed on a batch of partition %s; retrying record by record", part)
-                    for e in evs:
+                    for e, raw in entries:
                         try:
-                            await _apply(part, [e], started)
+                            await _apply(part, [(e, raw)], started)
                         except Exception as exc:
                             log.exception("stage 2 failed on partition %s offset %s", part, e.message.offset)
                             await _dead(Rejected("internal_error", f"{type(exc).__name__}: {exc}"),
-                                        e.message.topic, part, e.message.offset, e.value)
+                                        e.message.topic, part, e.message.offset, raw)
 
     @app.agent(truth)
     async def ground_truth(stream: Any) -> Any:

@@ -12,25 +12,39 @@ parsed back with ``split``.
 True
 >>> decode_partial(encode_partial(Tick(12.5)))
 Tick(now_s=12.5)
+
+Stage 1 sends the records of one batch that go to the same stage-2 partition as one
+*bundle* (``b"PTS1L"``, a 4-byte count, then each record with a 4-byte length): one Kafka
+record instead of one per marker or batch. Each record in it keeps its own identity (batch
+ids are still deduplicated one by one).
+
+>>> [type(p).__name__ for p in decode_partials(encode_bundle([encode_partial(b), encode_partial(Tick(1.0))]))]
+['BatchPartial', 'Tick']
+>>> decode_partials(encode_partial(Tick(2.0)))
+[Tick(now_s=2.0)]
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BatchPartial", "MarkerPartial", "Partial", "Tick", "WindowId", "decode_partial", "encode_partial"]
+__all__ = ["BUNDLE_BYTES", "BatchPartial", "MarkerPartial", "Partial", "Tick", "WindowId", "bundle",
+           "decode_partial", "decode_partials", "encode_bundle", "encode_partial", "split_bundle"]
 
 IntArray = npt.NDArray[np.int64]
 MAGIC = b"PTS1"
 _LEN = struct.Struct(">I")
 _KINDS = {b"B": "batch", b"M": "marker", b"T": "tick"}
 _DTYPES = ("<u1", "<u2", "<u4", "<i8")
+_BUNDLE = MAGIC + b"L"
+BUNDLE_BYTES = 256 * 1024  # a bundle is closed once it holds this much (a bigger record goes alone)
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,7 @@ class Tick:
 
 Partial = BatchPartial | MarkerPartial | Tick
 _BATCH_FIELDS = tuple(f for f in fields(BatchPartial) if f.name != "counts")
+_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (MarkerPartial, Tick)}
 
 
 def _smallest(a: IntArray) -> str:
@@ -128,8 +143,8 @@ def encode_partial(p: Partial) -> bytes:
         head["n"] = int(p.counts.size)
         blob = np.ascontiguousarray(p.counts, dtype=dt).tobytes()
         kind = b"B"
-    else:
-        head = asdict(p)
+    else:  # flat dataclasses: their fields by name (dataclasses.asdict deep-copies: slow)
+        head = {name: getattr(p, name) for name in _FIELDS[type(p)]}
         blob = b""
         kind = b"M" if isinstance(p, MarkerPartial) else b"T"
     h = json.dumps(head, separators=(",", ":")).encode()
@@ -157,3 +172,61 @@ def decode_partial(data: bytes) -> Partial:
         return BatchPartial(counts=counts, **head)
     except (TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"bad stage record header: {exc}") from exc
+
+
+def encode_bundle(records: Sequence[bytes]) -> bytes:
+    """Several encoded stage records as one (see the module's docstring)."""
+    out = [_BUNDLE, _LEN.pack(len(records))]
+    for r in records:
+        out += [_LEN.pack(len(r)), r]
+    return b"".join(out)
+
+
+def split_bundle(data: bytes) -> list[bytes]:
+    """The encoded records of a bundle (a single record: itself); ``ValueError`` if malformed."""
+    if data[:5] != _BUNDLE:
+        return [data]
+    if len(data) < 9:
+        raise ValueError("truncated stage bundle")
+    (n,) = _LEN.unpack_from(data, 5)
+    out: list[bytes] = []
+    pos = 9
+    for _ in range(n):
+        if pos + 4 > len(data):
+            raise ValueError("truncated stage bundle")
+        (size,) = _LEN.unpack_from(data, pos)
+        pos += 4
+        if pos + size > len(data):
+            raise ValueError("truncated stage bundle")
+        out.append(data[pos:pos + size])
+        pos += size
+    if pos != len(data):
+        raise ValueError("trailing bytes after a stage bundle")
+    return out
+
+
+def decode_partials(data: bytes) -> list[Partial]:
+    """Every stage record in ``data`` (a bundle or a single record)."""
+    return [decode_partial(r) for r in split_bundle(data)]
+
+
+def bundle(records: Iterable[tuple[int, bytes, bytes]],
+           max_bytes: int = BUNDLE_BYTES) -> list[tuple[int, bytes, bytes]]:
+    """Group (partition, key, encoded record) into bundles per partition, in order, each at
+    most ``max_bytes`` unless a single record is bigger; a bundle's key is its first record's.
+
+    >>> out = bundle([(0, b"a", b"x" * 10), (1, b"b", b"y"), (0, b"c", b"z")], max_bytes=100)
+    >>> [(p, k, len(split_bundle(v))) for p, k, v in out]
+    [(0, b'a', 2), (1, b'b', 1)]
+    """
+    open_: dict[int, tuple[bytes, list[bytes], int]] = {}
+    out: list[tuple[int, bytes, bytes]] = []
+    for part, key, value in records:
+        first, members, size = open_.get(part, (key, [], 0))
+        if members and size + len(value) > max_bytes:
+            out.append((part, first, encode_bundle(members)))
+            first, members, size = key, [], 0
+        members.append(value)
+        open_[part] = (first, members, size + len(value))
+    out += [(part, first, encode_bundle(members)) for part, (first, members, _) in open_.items()]
+    return out

@@ -45,7 +45,18 @@ import numpy as np
 import pytest
 
 from schemas.epochs import EPOCH_S
-from stream_app.records import BatchPartial, MarkerPartial, Partial, Tick, WindowId, decode_partial, encode_partial
+from stream_app.records import (
+    BatchPartial,
+    MarkerPartial,
+    Partial,
+    Tick,
+    WindowId,
+    bundle,
+    decode_partial,
+    decode_partials,
+    encode_partial,
+    split_bundle,
+)
 from stream_app.windows import Marker, Outcome, Watermarks, WindowPolicy, WindowState
 
 QID = "q-win"
@@ -129,6 +140,36 @@ def test_counts_travel_in_the_smallest_dtype(counts: list[int], dtype: str, item
 def test_decode_of_garbage_raises_value_error(data: bytes) -> None:
     with pytest.raises(ValueError):
         decode_partial(data)
+
+
+def test_bundles_keep_every_record_in_order_per_partition() -> None:
+    """Stage 1 bundles the records for one stage-2 partition; each comes back intact, in the
+    order it was given, and no bundle grows past the byte limit unless one record is bigger."""
+    rng = np.random.default_rng(7)
+    parts: list[Partial] = [batch(bid(i), rng.integers(0, 300, size=int(rng.integers(1, 60))).tolist(), reports=1)
+                            if i % 3 else marker(i % 2, i, 0) for i in range(60)]
+    records = [(int(rng.integers(0, 3)), f"k{i}".encode(), encode_partial(p)) for i, p in enumerate(parts)]
+    records.append((1, b"big", encode_partial(batch(bid(99), list(range(5000)), reports=1))))
+    out = bundle(records, max_bytes=400)
+    assert len(out) > 3
+    for part in range(3):
+        sent = [value for p, _, value in records if p == part]
+        got = [r for p, _, value in out if p == part for r in split_bundle(value)]
+        assert got == sent
+    for _, _, value in out:
+        members = split_bundle(value)
+        assert len(members) == 1 or sum(map(len, members)) <= 400
+        assert [decode_partial(m) for m in members] == decode_partials(value)
+    assert decode_partials(encode_partial(parts[0])) == [parts[0]]  # a single record is a bundle of one
+
+
+@pytest.mark.parametrize("data", [b"PTS1L", b"PTS1L\x00\x00\x00\x02\x00\x00\x00\x01x",
+                                  b"PTS1L\x00\x00\x00\x01\x00\x00\x00\x09x",
+                                  b"PTS1L\x00\x00\x00\x01\x00\x00\x00\x01xy"],
+                         ids=["no-count", "fewer-members", "member-too-long", "trailing-bytes"])
+def test_malformed_bundles_raise_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        split_bundle(data)
 
 
 def test_window_key_partitions_by_window() -> None:
