@@ -117,7 +117,8 @@ class BatchSink:
         # and the next batch for its partition waits for it -- 5 ms per partition per call.
         batch.close()
         assert self._producer is not None  # noqa: S101 - started by send()
-        return await self._producer.send_batch(batch, self.topic, partition=partition)
+        future: asyncio.Future[Any] = await self._producer.send_batch(batch, self.topic, partition=partition)
+        return future
 
     @staticmethod
     async def wait(pending: Sequence[asyncio.Future[Any]]) -> None:
