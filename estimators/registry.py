@@ -138,9 +138,6 @@ class MechanismSpec:
         """Per-vehicle wire layout (tallies always use ``counts``)."""
         return "pairs" if self.per_sensor else "values"
 
-    def n_outputs(self, mech: Mechanism) -> int:
-        return mech.n_outputs
-
     def width(self, mech: Mechanism, n_stations: int) -> int:
         """Length of one round's count array: ``V + 1`` or ``V x O``."""
         return n_stations * mech.n_outputs if self.per_sensor else mech.n_outputs

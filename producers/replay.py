@@ -3,7 +3,8 @@
 Per epoch and producer process: split the fleet over the stations (seeded, identical in every
 process), run each vehicle's device for every active query (newest version whose T_start has
 passed, switching only at epoch boundaries), send the reports in columnar batches keyed by
-random batch ids, then an end-of-epoch marker to every partition per (query, round).
+random batch ids, then to every partition one record with its end-of-epoch markers (one per
+(query, round)).
 """
 
 from __future__ import annotations
@@ -24,7 +25,16 @@ from typing import Any
 import numpy as np
 
 from estimators import DayLedger
-from schemas import EndOfEpoch, GroundTruth, Query, encode_batch, encode_json, new_batch_id
+from schemas import (
+    MAX_MARKERS_PER_SET,
+    EndOfEpoch,
+    EndOfEpochSet,
+    GroundTruth,
+    Query,
+    encode_batch,
+    encode_json,
+    new_batch_id,
+)
 from schemas.kafka_io import QueryReader, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
@@ -275,6 +285,7 @@ def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, ep
                   sent: dict[tuple[str, int], dict[int, list[int]]], by_key: dict[str, Query],
                   participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool,
                   no_data: set[int] | frozenset[int] = frozenset()) -> None:
+    by_partition: dict[int, list[EndOfEpoch]] = {}
     for (key, r), per_part in sent.items():
         q = by_key[key]
         gaps = tuple(i + 1 for i, s in enumerate(q.sensors) if s in no_data)
@@ -282,13 +293,16 @@ def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, ep
         total_batches = sum(v[1] for v in per_part.values())
         got, refused = participants.get(q.query_id, (0, 0))
         for p, (n_rep, n_bat) in per_part.items():
-            marker = EndOfEpoch(producer_id=producer_id, producer_index=index, producer_count=count,
-                                query_id=q.query_id, query_version=q.version, epoch=epoch, round=r, partition=p,
-                                reports_to_partition=n_rep, batches_to_partition=n_bat,
-                                reports_total=total_reports, batches_total=total_batches,
-                                participants=got, refused=refused, mode=mode, interrupted=interrupted,
-                                readings_missing=gaps)
-            sink.send(encode_json(marker), key=f"eoe-{producer_id}".encode(), partition=p,
+            by_partition.setdefault(p, []).append(EndOfEpoch(
+                producer_id=producer_id, producer_index=index, producer_count=count, query_id=q.query_id,
+                query_version=q.version, epoch=epoch, round=r, partition=p, reports_to_partition=n_rep,
+                batches_to_partition=n_bat, reports_total=total_reports, batches_total=total_batches,
+                participants=got, refused=refused, mode=mode, interrupted=interrupted, readings_missing=gaps))
+    # one record per partition for every (query, round): the worker's cost is per record
+    for p, markers in by_partition.items():
+        for start in range(0, len(markers), MAX_MARKERS_PER_SET):
+            marker_set = EndOfEpochSet(markers=tuple(markers[start:start + MAX_MARKERS_PER_SET]))
+            sink.send(encode_json(marker_set), key=f"eoe-{producer_id}".encode(), partition=p,
                       headers=[(KIND_HEADER, b"end_of_epoch")])
     sink.flush()
 

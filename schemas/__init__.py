@@ -3,10 +3,12 @@
 from .query import MECHANISM_NAMES, Query, QueryMechanism
 from .wire import (
     MAGIC,
+    MAX_MARKERS_PER_SET,
     ArraySpec,
     BatchHeader,
     DecodedBatch,
     EndOfEpoch,
+    EndOfEpochSet,
     GroundTruth,
     SingleReport,
     WireError,
@@ -24,7 +26,9 @@ __all__ = [
     "ArraySpec",
     "BatchHeader",
     "DecodedBatch",
+    "MAX_MARKERS_PER_SET",
     "EndOfEpoch",
+    "EndOfEpochSet",
     "GroundTruth",
     "Query",
     "QueryMechanism",

@@ -15,6 +15,9 @@ Reports topic, one Kafka record each:
   can send one without the batch encoding.
 * ``end_of_epoch`` -- JSON (:class:`EndOfEpoch`), sent by each producer to every partition
   after an epoch's round, with what it sent there and in total.
+* ``end_of_epoch_set`` -- JSON (:class:`EndOfEpochSet`): all of one producer's markers for
+  one epoch and partition (every active query and round) in one record. The replay sends
+  these; a single ``end_of_epoch`` is still accepted (a gateway with one query).
 
 Privacy: nothing here names a vehicle. Batches hold reports of one round only, shuffled;
 ``batch_id`` is random; ``producer_id`` names a producer process run. Partition keys are
@@ -38,7 +41,9 @@ __all__ = [
     "ArraySpec",
     "BatchHeader",
     "DecodedBatch",
+    "MAX_MARKERS_PER_SET",
     "EndOfEpoch",
+    "EndOfEpochSet",
     "GroundTruth",
     "SingleReport",
     "WireError",
@@ -173,7 +178,44 @@ class GroundTruth(_Frozen):
         return {s: f for s, f in zip(self.stations, self.flows, strict=True) if s not in missing}
 
 
-JsonRecord = Annotated[SingleReport | EndOfEpoch | GroundTruth, Field(discriminator="kind")]
+MAX_MARKERS_PER_SET = 256  # (query, version, round) markers in one set
+
+
+class EndOfEpochSet(_Frozen):
+    """One producer's end-of-epoch markers for one epoch and one partition: one record instead
+    of one per (query, round). Every marker keeps its own meaning and bounds; the set itself
+    must be coherent -- one producer, epoch, partition, mode and interruption state, and no
+    (query, version, round) twice -- or the whole record is refused.
+
+    >>> m = dict(producer_id="p0-ab", producer_index=0, producer_count=1, query_id="q", query_version=1,
+    ...          epoch=9, partition=0, reports_to_partition=1, batches_to_partition=1, reports_total=1,
+    ...          batches_total=1, participants=1, refused=0, mode="tally")
+    >>> s = EndOfEpochSet(markers=(EndOfEpoch(**m, round=0), EndOfEpoch(**m, round=1)))
+    >>> decode_record(encode_json(s)) == s
+    True
+    >>> try:
+    ...     EndOfEpochSet(markers=(EndOfEpoch(**m, round=0), EndOfEpoch(**{**m, "epoch": 10}, round=1)))
+    ... except ValueError as exc:
+    ...     print("refused:", "must share" in str(exc))
+    refused: True
+    """
+
+    kind: Literal["end_of_epoch_set"] = "end_of_epoch_set"
+    markers: tuple[EndOfEpoch, ...] = Field(min_length=1, max_length=MAX_MARKERS_PER_SET)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> EndOfEpochSet:
+        shared = ("producer_id", "producer_index", "producer_count", "epoch", "partition", "mode", "interrupted")
+        first = self.markers[0]
+        if any(getattr(m, f) != getattr(first, f) for m in self.markers[1:] for f in shared):
+            raise ValueError(f"every marker of a set must share {', '.join(shared[:-1])} and {shared[-1]}")
+        slots = {(m.query_id, m.query_version, m.round) for m in self.markers}
+        if len(slots) != len(self.markers):
+            raise ValueError("a (query, version, round) appears twice in one marker set")
+        return self
+
+
+JsonRecord = Annotated[SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth, Field(discriminator="kind")]
 _JSON = TypeAdapter(JsonRecord)
 
 
@@ -214,11 +256,11 @@ def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[An
     return b"".join([MAGIC, _LEN.pack(len(head)), head, *blobs])
 
 
-def encode_json(record: SingleReport | EndOfEpoch | GroundTruth) -> bytes:
+def encode_json(record: SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth) -> bytes:
     return record.model_dump_json().encode()
 
 
-def decode_record(value: bytes | None) -> DecodedBatch | SingleReport | EndOfEpoch | GroundTruth:
+def decode_record(value: bytes | None) -> DecodedBatch | SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth:
     """Decode any record of the reports or truth topics; :class:`WireError` if impossible."""
     if not value:
         raise WireError("empty", "record has no value")
@@ -308,5 +350,6 @@ def json_safe(v: Any) -> Any:
 
 def json_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schemas of the JSON records, for subscribers and devices."""
-    return {m.__name__: m.model_json_schema() for m in (SingleReport, EndOfEpoch, GroundTruth, BatchHeader)}
+    return {m.__name__: m.model_json_schema() for m in (SingleReport, EndOfEpoch, EndOfEpochSet, GroundTruth,
+                                                        BatchHeader)}
 

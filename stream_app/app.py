@@ -51,6 +51,7 @@ __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
 log = logging.getLogger(__name__)
 WM_PREFIX = b"__wm__\x1f"
+QUERY_PATIENCE_S = 120.0  # longest wait for the queries topic to be readable before giving up on a query
 PUBLISH_CHUNK = 40_000  # estimate records in flight before their acknowledgements are awaited
 
 
@@ -72,20 +73,30 @@ class QueryCache:
             self._reader = QueryReader(self._settings)
         self._reader.catch_up(timeout_s=10.0)
 
-    async def refresh(self) -> None:
-        """Read the queries topic to its end, off the event loop."""
+    async def refresh(self) -> bool:
+        """Read the queries topic to its end, off the event loop; False if that failed."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
             try:
                 await asyncio.get_running_loop().run_in_executor(None, self._catch_up)
+                return True
             except Exception as exc:  # the broker is slow or gone: keep what is known, say why
                 log.warning("could not read the queries topic to its end: %s", exc)
+                return False
 
-    async def ensure(self, keys: set[tuple[str, int]]) -> None:
-        """Refresh once if any of ``keys`` is not known yet."""
-        if any(self.known(*k) is None for k in keys):
-            await self.refresh()
+    async def ensure(self, keys: set[tuple[str, int]], patience_s: float) -> None:
+        """Refresh until every one of ``keys`` is known, for at most ``patience_s``.
+
+        Stage 2 calls it: stage 1 forwarded these records because it knew their queries, so
+        the queries are on the topic; a reader that has not caught up yet (a restart under
+        load) must be waited for, not taken to mean the query does not exist."""
+        deadline = time.monotonic() + patience_s
+        while any(self.known(*k) is None for k in keys):
+            ok = await self.refresh()
+            if time.monotonic() >= deadline or all(self.known(*k) is not None for k in keys):
+                return
+            await asyncio.sleep(0.2 if ok else 0.5)
 
     def known(self, query_id: str, version: int) -> Query | None:
         return None if self._reader is None else self._reader.queries.get((query_id, version))
@@ -205,28 +216,36 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         out: list[tuple[bytes, bytes]] = []
         pending = list(events)
         deadline = time.monotonic() + s.unknown_query_grace_s
+        # a record is dead-lettered as unknown_query only once the queries topic has been read
+        # to its end after it arrived (a reader still catching up proves nothing), or much later
+        hard_deadline = time.monotonic() + QUERY_PATIENCE_S
+        caught_up = False
         first = True
         while pending:
             waiting: list[Any] = []
             for event in pending:
                 msg = event.message
                 try:
-                    res = to_partials(event.value, msg.partition, queries.known, s.max_producers)
+                    results = to_partials(event.value, msg.partition, queries.known, s.max_producers)
                 except Exception as exc:  # never crash on a record; keep it for inspection
                     log.exception("stage 1 failed on %s/%s@%s", msg.topic, msg.partition, msg.offset)
-                    res = Rejected("internal_error", f"{type(exc).__name__}: {exc}")
-                if isinstance(res, Rejected) and res.reason == "unknown_query" and time.monotonic() < deadline:
-                    waiting.append(event)
-                elif isinstance(res, Rejected):
-                    await _dead(res, msg.topic, msg.partition, msg.offset, event.value)
-                else:
-                    monitor.on_record("batch" if isinstance(res, BatchPartial) else "marker")
-                    out.append((res.window.key, encode_partial(res)))
+                    results = [Rejected("internal_error", f"{type(exc).__name__}: {exc}")]
+                now = time.monotonic()
+                if (now < deadline or (not caught_up and now < hard_deadline)) and any(
+                        isinstance(res, Rejected) and res.reason == "unknown_query" for res in results):
+                    waiting.append(event)  # the whole record (decoding is pure: it is redone)
+                    continue
+                for res in results:  # a marker set: one result per marker
+                    if isinstance(res, Rejected):
+                        await _dead(res, msg.topic, msg.partition, msg.offset, event.value)
+                    else:
+                        monitor.on_record("batch" if isinstance(res, BatchPartial) else "marker")
+                        out.append((res.window.key, encode_partial(res)))
             pending = waiting
             if pending:
                 if not first:
-                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-                await queries.refresh()
+                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())) if caught_up else 0.5)
+                caught_up = await queries.refresh() or caught_up
                 first = False
         return out
 
@@ -259,7 +278,8 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         wm_key = WM_PREFIX + str(part).encode()
         wm = Watermarks.decode(windows.data.get(wm_key))
         items = [decode_partial(raw) for _, raw in entries]
-        await queries.ensure({(i.query_id, i.query_version) for i in items if not isinstance(i, Tick)})
+        await queries.ensure({(i.query_id, i.query_version) for i in items if not isinstance(i, Tick)},
+                             QUERY_PATIENCE_S)
         outcome = policy.apply(wm, _load, queries.shape, items)
         for index, reason, detail in outcome.rejected:
             e, raw = entries[index]

@@ -16,12 +16,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from estimators import SpecError
-from schemas import DecodedBatch, EndOfEpoch, GroundTruth, Query, SingleReport, WireError, decode_record
+from schemas import (
+    DecodedBatch,
+    EndOfEpoch,
+    EndOfEpochSet,
+    GroundTruth,
+    Query,
+    SingleReport,
+    WireError,
+    decode_record,
+)
 from schemas.estimates import DeadLetter
 
 from .records import BatchPartial, MarkerPartial
 
-__all__ = ["REASONS", "Rejected", "to_partials"]
+__all__ = ["REASONS", "Rejected", "Stage1Result", "to_partial", "to_partials"]
 
 # every reason a record can be dead-lettered for (schemas.WireError reasons, then stage 1's)
 REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", "bad_layout", "out_of_range",
@@ -130,21 +139,47 @@ def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> Mark
                          m.refused, m.interrupted, tuple(m.readings_missing))
 
 
+Stage1Result = BatchPartial | MarkerPartial | Rejected
+
+
+def to_partial(value: bytes | None, partition: int, lookup: QueryLookup,
+               max_producers: int = DEFAULT_MAX_PRODUCERS) -> Stage1Result:
+    """What stage 1 forwards for one record of the reports topic that holds one report batch,
+    report or marker, or why it cannot (a marker set: use :func:`to_partials`)."""
+    out = to_partials(value, partition, lookup, max_producers)
+    if len(out) != 1:
+        return Rejected("unexpected_record", f"a marker set of {len(out)} markers where one record was expected")
+    return out[0]
+
+
 def to_partials(value: bytes | None, partition: int, lookup: QueryLookup,
-                max_producers: int = DEFAULT_MAX_PRODUCERS) -> BatchPartial | MarkerPartial | Rejected:
-    """What stage 1 forwards for one record of the reports topic, or why it cannot."""
+                max_producers: int = DEFAULT_MAX_PRODUCERS) -> list[Stage1Result]:
+    """What stage 1 forwards for one record of the reports topic, or why it cannot: one result,
+    or one per marker of an :class:`~schemas.EndOfEpochSet` (each bounded on its own; a
+    rejected marker's reason names its place in the set)."""
     try:
         item = decode_record(value)
     except WireError as exc:
-        return Rejected(exc.reason, exc.detail)
+        return [Rejected(exc.reason, exc.detail)]
     if isinstance(item, GroundTruth):
-        return Rejected("unexpected_record", "ground truth belongs on the truth topic")
+        return [Rejected("unexpected_record", "ground truth belongs on the truth topic")]
+    if isinstance(item, EndOfEpochSet):
+        out: list[Stage1Result] = []
+        for i, m in enumerate(item.markers):
+            res = _marker_of(m, partition, lookup, max_producers)
+            out.append(Rejected(res.reason, f"marker {i + 1} of {len(item.markers)}: {res.detail}")
+                       if isinstance(res, Rejected) else res)
+        return out
     if isinstance(item, DecodedBatch):
         h = item.header
         q = _check_query(lookup, h.query_id, h.query_version, h.epoch, h.round)
-        return q if isinstance(q, Rejected) else _batch(item, q, partition)
+        return [q if isinstance(q, Rejected) else _batch(item, q, partition)]
     if isinstance(item, EndOfEpoch):
-        q = _check_query(lookup, item.query_id, item.query_version, item.epoch, item.round)
-        return q if isinstance(q, Rejected) else _marker(item, q, partition, max_producers)
+        return [_marker_of(item, partition, lookup, max_producers)]
     q = _check_query(lookup, item.query_id, item.query_version, item.epoch, item.round)
-    return q if isinstance(q, Rejected) else _single(item, q, partition)
+    return [q if isinstance(q, Rejected) else _single(item, q, partition)]
+
+
+def _marker_of(m: EndOfEpoch, partition: int, lookup: QueryLookup, max_producers: int) -> MarkerPartial | Rejected:
+    q = _check_query(lookup, m.query_id, m.query_version, m.epoch, m.round)
+    return q if isinstance(q, Rejected) else _marker(m, q, partition, max_producers)

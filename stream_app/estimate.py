@@ -38,10 +38,6 @@ class QueryEstimators:
     def build(cls, query: Query) -> QueryEstimators:
         return cls(query, query.spec.estimators(query.build()))
 
-    @property
-    def width(self) -> int:
-        return self.query.width
-
 
 @dataclass(frozen=True)
 class StationEstimates:

@@ -8,7 +8,10 @@ Scenarios (``--only`` picks some; defaults are the issue's bar):
 * ``p3``      -- 10,047,719 vehicles x 3,220 stations, exact tallies, >= 60 epochs, plus the raw
   broker's produce throughput for the same estimate bytes, measured in the same run;
 * ``p4``      -- a paced tally run at 3,220 stations (``--speed-p4``, ``--epochs-p4 2880`` for a day): close latency in
-  steady state and the worker's RSS at epoch 200 vs 2,000;
+  steady state and the worker's RSS at epoch 200 vs 2,000. The embedded broker keeps every record in
+  memory, and a whole day at 3,220 stations is ~30 GB of estimates (19,320 records of ~540 B per
+  epoch): more than this machine has. ``--stations-p4 500`` runs the whole day at 500 stations
+  (~4.5 GB) to show the worker's memory over 2,880 epochs;
 * ``p5``      -- 4 workers vs 1 at 3,220 stations (tally).
 
 Every figure that is a speed is also given as a ratio measured in the same run:
@@ -202,6 +205,8 @@ def main() -> None:
     parser.add_argument("--epochs-p4", type=int, default=600,
                         help="P4: epochs of a paced tally run (2880: a whole day, ~36 min at 40x)")
     parser.add_argument("--speed-p4", type=float, default=40.0, help="P4's replay speed (x real time)")
+    parser.add_argument("--stations-p4", type=int, default=3220,
+                        help="P4's stations (500 for a whole day: the in-memory broker holds every estimate)")
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
@@ -212,7 +217,7 @@ def main() -> None:
         ("p2", {"stations": 3220, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": 47_719}),
         ("p3", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p3, "vehicles": 10_047_719,
                 "raw_baseline": True}),
-        ("p4", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p4, "vehicles": 10_047_719,
+        ("p4", {"stations": args.stations_p4, "mode": "tally", "epochs": args.epochs_p4, "vehicles": 10_047_719,
                 "speed": args.speed_p4}),
         ("p5", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p2, "vehicles": 10_047_719, "workers": 4}),
     ]

@@ -8,7 +8,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from schemas import DecodedBatch, EndOfEpoch, GroundTruth, SingleReport, decode_record
+from schemas import DecodedBatch, EndOfEpoch, EndOfEpochSet, GroundTruth, SingleReport, decode_record
 from schemas.settings import KafkaSettings
 
 
@@ -48,7 +48,9 @@ class Decoded:
                 h = item.header
                 self.batches[(h.query_id, h.query_version, h.epoch, h.round)].append((rec.partition, item))
                 self.keys.append(rec.key)
-            elif isinstance(item, EndOfEpoch):
-                self.markers[(item.query_id, item.query_version, item.epoch, item.round)].append(item)
+            elif isinstance(item, EndOfEpoch | EndOfEpochSet):  # the replay sends sets
+                for m in item.markers if isinstance(item, EndOfEpochSet) else (item,):
+                    assert m.partition == rec.partition, (m, rec.partition)
+                    self.markers[(m.query_id, m.query_version, m.epoch, m.round)].append(m)
             else:
                 self.other.append(item)

@@ -65,8 +65,28 @@ def test_refresh_runs_off_the_event_loop_one_at_a_time() -> None:
 def test_ensure_refreshes_only_for_unknown_queries_and_survives_a_broker_error() -> None:
     cache, reader = _cache()
     reader.queries[("a", 1)] = object()
-    asyncio.run(cache.ensure({("a", 1)}))
+    asyncio.run(cache.ensure({("a", 1)}, patience_s=5))
     assert reader.catch_ups == 0
     reader.fail = True
-    asyncio.run(cache.ensure({("a", 1), ("b", 1)}))  # logged, not raised
+    asyncio.run(cache.ensure({("a", 1), ("b", 1)}, patience_s=0))  # logged, not raised
     assert reader.catch_ups == 1
+
+
+def test_ensure_waits_for_a_reader_that_is_catching_up() -> None:
+    """Stage 2's records name queries stage 1 knew: a reader that fails or has not reached the
+    query yet (a restart under load) is retried until it has, within the patience."""
+    cache, reader = _cache()
+    reader.fail = True
+    real = reader.catch_up
+
+    def slow_catch_up(timeout_s: float = 30.0) -> None:
+        if reader.catch_ups == 3:  # the third attempt reads far enough
+            reader.fail = False
+            reader.queries[("b", 1)] = object()
+        real(timeout_s)
+
+    reader.catch_up = slow_catch_up  # type: ignore[method-assign]
+    asyncio.run(cache.ensure({("b", 1)}, patience_s=30))
+    assert cache.known("b", 1) is not None and reader.catch_ups == 4
+    asyncio.run(cache.ensure({("c", 1)}, patience_s=0.2))  # never published: gives up in time
+    assert cache.known("c", 1) is None

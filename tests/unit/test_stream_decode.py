@@ -1,4 +1,4 @@
-"""Stage 1 (``stream_app.decode.to_partials``): one record of the reports topic -> a
+"""Stage 1 (``stream_app.decode.to_partial``): one record of the reports topic -> a
 :class:`BatchPartial`, a :class:`MarkerPartial` or a :class:`Rejected` reason. No Faust,
 no broker.
 
@@ -39,7 +39,9 @@ import numpy as np
 import pytest
 
 from schemas import (
+    MAX_MARKERS_PER_SET,
     EndOfEpoch,
+    EndOfEpochSet,
     GroundTruth,
     Query,
     SingleReport,
@@ -48,7 +50,7 @@ from schemas import (
     new_batch_id,
 )
 from schemas.estimates import DeadLetter
-from stream_app.decode import REASONS, Rejected, to_partials
+from stream_app.decode import REASONS, Rejected, to_partial, to_partials
 from stream_app.records import BatchPartial, MarkerPartial, WindowId
 from stream_app.windows import WindowState
 
@@ -120,7 +122,7 @@ def single(q: Query, **over: Any) -> SingleReport:
 
 
 def accepted(value: bytes | None, partition: int = 0) -> BatchPartial | MarkerPartial:
-    out = to_partials(value, partition, lookup)
+    out = to_partial(value, partition, lookup)
     assert isinstance(out, BatchPartial | MarkerPartial), out
     return out
 
@@ -138,7 +140,7 @@ def accepted_marker(value: bytes | None, partition: int = 0) -> MarkerPartial:
 
 
 def rejected(value: bytes | None, partition: int = 0) -> Rejected:
-    out = to_partials(value, partition, lookup)
+    out = to_partial(value, partition, lookup)
     assert isinstance(out, Rejected), out
     return out
 
@@ -221,7 +223,7 @@ def test_sp_tally_must_sum_to_the_vehicles() -> None:
     """A Sampling Privacy tally whose counts do not sum to its ``reports`` (used for N without
     markers and for round_count_mismatch) is refused, as per-sensor tallies are."""
     q = QUERIES["sp"]
-    out = to_partials(tally_record(q, np.array([50, 3, 0, 7, 12]), reports=10), 0, lookup)
+    out = to_partial(tally_record(q, np.array([50, 3, 0, 7, 12]), reports=10), 0, lookup)
     assert isinstance(out, Rejected) and out.reason == "mismatched_sizes", out
 
 
@@ -233,8 +235,8 @@ def test_pairs_with_the_default_report_are_rejected(mechanism: str) -> None:
     q = QUERIES[mechanism]
     d = q.default_report
     assert d is not None
-    batch_out = to_partials(pairs_record(q, np.array([1, 2]), np.array([d, d])), 0, lookup)
-    single_out = to_partials(encode_json(single(q, pairs=((1, d),))), 0, lookup)
+    batch_out = to_partial(pairs_record(q, np.array([1, 2]), np.array([d, d])), 0, lookup)
+    single_out = to_partial(encode_json(single(q, pairs=((1, d),))), 0, lookup)
     assert isinstance(batch_out, Rejected) and batch_out.reason == "out_of_range", batch_out
     assert isinstance(single_out, Rejected) and single_out.reason == "out_of_range", single_out
 
@@ -348,7 +350,7 @@ def test_query_window_not_on_epoch_boundaries() -> None:
               t_start=T0 + timedelta(seconds=10), t_end=T0 + timedelta(seconds=70))
     local = {("q-odd", 1): q}
     for epoch, inside in [(E0 - 1, False), (E0, True), (E0 + 1, True), (E0 + 2, True), (E0 + 3, False)]:
-        out = to_partials(values_record(q, np.array([1]), epoch=epoch), 0, lambda i, v: local.get((i, v)))
+        out = to_partial(values_record(q, np.array([1]), epoch=epoch), 0, lambda i, v: local.get((i, v)))
         assert isinstance(out, BatchPartial) == inside, (epoch, out)
 
 
@@ -502,8 +504,8 @@ def test_marker_producer_count_above_the_configured_maximum() -> None:
     at = encode_json(eoe(q, producer_count=8, producer_index=7, partition=0))
     above = encode_json(eoe(q, producer_count=9, producer_index=0, partition=0))
     assert accepted_marker(at).producer_count == 8
-    assert isinstance(to_partials(at, 0, lookup, max_producers=8), MarkerPartial)
-    out = to_partials(above, 0, lookup, max_producers=8)
+    assert isinstance(to_partial(at, 0, lookup, max_producers=8), MarkerPartial)
+    out = to_partial(above, 0, lookup, max_producers=8)
     assert isinstance(out, Rejected) and out.reason == "bad_marker" and "maximum" in out.detail
     big = encode_json(eoe(q, producer_count=65, producer_index=0, partition=0))
     assert rejected(big).reason == "bad_marker"  # the default maximum is 64
@@ -546,11 +548,11 @@ def test_batch_reports_above_the_population_are_out_of_bounds() -> None:
     def lk(i: str, v: int) -> Query | None:
         return tiny.get((i, v))
 
-    ok = to_partials(values_record(small, np.array([0, 1, 2, 3, 4])), 0, lk)
+    ok = to_partial(values_record(small, np.array([0, 1, 2, 3, 4])), 0, lk)
     assert isinstance(ok, BatchPartial) and ok.reports == 5
-    out = to_partials(values_record(small, np.array([0, 1, 2, 3, 4, 4])), 0, lk)
+    out = to_partial(values_record(small, np.array([0, 1, 2, 3, 4, 4])), 0, lk)
     assert isinstance(out, Rejected) and out.reason == "out_of_bounds", out
-    single_too_many = to_partials(tally_record(small, np.array([6, 0, 0, 0, 0]), reports=6), 0, lk)
+    single_too_many = to_partial(tally_record(small, np.array([6, 0, 0, 0, 0]), reports=6), 0, lk)
     assert isinstance(single_too_many, Rejected) and single_too_many.reason == "out_of_bounds"
 
 
@@ -562,10 +564,10 @@ def test_pairs_batch_may_hold_population_times_stations_reports() -> None:
         return local.get((i, v))
 
     station = np.repeat(np.arange(1, V + 1), 2)  # every vehicle says "1" about every sensor
-    ok = to_partials(pairs_record(q, station, np.ones_like(station)), 0, lk)
+    ok = to_partial(pairs_record(q, station, np.ones_like(station)), 0, lk)
     assert isinstance(ok, BatchPartial) and ok.reports == 2 * V
     more = np.append(station, 1)
-    out = to_partials(pairs_record(q, more, np.ones_like(more)), 0, lk)
+    out = to_partial(pairs_record(q, more, np.ones_like(more)), 0, lk)
     assert isinstance(out, Rejected) and out.reason == "out_of_bounds", out
 
 
@@ -596,7 +598,7 @@ def _bad_layout_record() -> bytes:
 
 
 def test_every_reason_but_internal_error_is_produced() -> None:
-    """Each reason of ``decode.REASONS`` comes out of ``to_partials`` for some record (only
+    """Each reason of ``decode.REASONS`` comes out of ``to_partial`` for some record (only
     ``internal_error`` is the app's, for an exception, and ``too_far_ahead`` the window
     policy's, which knows the partitions' epochs)."""
     sp, alp = QUERIES["sp"], QUERIES["alp"]
@@ -626,7 +628,7 @@ def test_every_reason_but_internal_error_is_produced() -> None:
     }
     got = {}
     for reason, raw in samples.items():
-        out = to_partials(raw, 0, lk)
+        out = to_partial(raw, 0, lk)
         assert isinstance(out, Rejected), (reason, out)
         got[reason] = out.reason
     assert got == {r: r for r in samples}
@@ -640,3 +642,47 @@ def test_markers_naming_missing_readings_must_name_the_querys_stations() -> None
     for bad in ((V + 1,), (2, 2)):
         out = rejected(encode_json(eoe(q, readings_missing=bad)), partition=2)
         assert out.reason == "bad_marker" and "readings_missing" in out.detail
+
+
+# ---------------------------------------------------------------------------------------
+# marker sets: one record per (producer, epoch, partition) for every query and round
+# ---------------------------------------------------------------------------------------
+def test_a_marker_set_gives_one_result_per_marker_each_bounded_on_its_own() -> None:
+    sp, rr = QUERIES["sp"], QUERIES["rr"]
+    good = [eoe(sp, round=0), eoe(sp, round=1), eoe(rr, round=0)]
+    out = to_partials(encode_json(EndOfEpochSet(markers=tuple(good))), 2, lookup)
+    assert [(m.query_id, m.round) for m in out if isinstance(m, MarkerPartial)] == \
+        [(sp.query_id, 0), (sp.query_id, 1), (rr.query_id, 0)]
+    assert out == [to_partial(encode_json(m), 2, lookup) for m in good]  # the same as one record each
+    # one marker out of bounds: only it is refused, and the reason says which
+    bad = [good[0], eoe(rr, round=0, participants=10_000), good[1]]
+    out = to_partials(encode_json(EndOfEpochSet(markers=tuple(bad))), 2, lookup)
+    assert isinstance(out[0], MarkerPartial) and isinstance(out[2], MarkerPartial)
+    assert isinstance(out[1], Rejected) and out[1].reason == "bad_marker" and out[1].detail.startswith("marker 2 of 3")
+    # an unknown query inside a set is that marker's unknown_query (stage 1 then waits for it)
+    ghost = eoe(make_query("rr", query_id="q-ghost"), round=0)
+    out = to_partials(encode_json(EndOfEpochSet(markers=(good[0], ghost))), 2, lookup)
+    assert isinstance(out[1], Rejected) and out[1].reason == "unknown_query"
+    # where exactly one result is expected, a set of several is refused
+    many = to_partial(encode_json(EndOfEpochSet(markers=tuple(good))), 2, lookup)
+    assert isinstance(many, Rejected) and many.reason == "unexpected_record"
+
+
+@pytest.mark.parametrize("over", [{"epoch": E0 + 3}, {"partition": 1}, {"producer_id": "p9-other"},
+                                  {"producer_count": 2}, {"interrupted": True}, {"round": 0}])
+def test_an_incoherent_marker_set_is_refused_whole(over: dict[str, Any]) -> None:
+    sp = QUERIES["sp"]
+    raw = json.dumps({"kind": "end_of_epoch_set", "markers": [
+        json.loads(encode_json(eoe(sp, round=0))), json.loads(encode_json(eoe(sp, **{"round": 1, **over})))]}).encode()
+    out = to_partials(raw, 2, lookup)
+    assert len(out) == 1 and isinstance(out[0], Rejected) and out[0].reason == "bad_json_record", out
+
+
+def test_a_marker_set_is_bounded() -> None:
+    sp = QUERIES["sp"]
+    raw = json.dumps({"kind": "end_of_epoch_set", "markers": []}).encode()
+    assert to_partials(raw, 2, lookup)[0].reason == "bad_json_record"  # type: ignore[union-attr]
+    one = json.loads(encode_json(eoe(sp, round=0)))
+    many = [{**one, "query_id": f"q{i}"} for i in range(MAX_MARKERS_PER_SET + 1)]
+    raw = json.dumps({"kind": "end_of_epoch_set", "markers": many}).encode()
+    assert to_partials(raw, 2, lookup)[0].reason == "bad_json_record"  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ computes directly from the privatized arrays: ``estimate``, ``score_interval`` a
 report is implied: ``participants - non-default`` per station and round, as
 ``PerStation.counts_from_sparse`` does; ``MechanismSpec.complete`` does it in the app).
 
-Also checked: ``QueryEstimators.build`` and ``width`` per mechanism; ``render()``: one record
+Also checked: ``QueryEstimators.build`` and the query's ``width`` per mechanism; ``render()``: one record
 per station and estimator, each valid for ``schemas.estimates.Estimate`` (pydantic) AND for
 the committed JSON Schema ``schemas/estimate.schema.json`` (by the small validator below:
 the ``jsonschema`` package is not installed in the project's venv), numbers equal to the
@@ -161,19 +161,19 @@ def stage1(records: list[tuple[bytes, int, str]]) -> list[Item]:
     """Stage 1 and the stage-record encoding between the stages."""
     out: list[Item] = []
     for value, partition, kind in records:
-        p = to_partials(value, partition, lookup)
-        assert isinstance(p, BatchPartial | MarkerPartial), p
-        assert isinstance(p, MarkerPartial) == (kind == "end_of_epoch")
-        back = decode_partial(encode_partial(p))
-        assert isinstance(back, BatchPartial | MarkerPartial) and back == p
-        out.append(back)
+        for p in to_partials(value, partition, lookup):
+            assert isinstance(p, BatchPartial | MarkerPartial), p
+            assert isinstance(p, MarkerPartial) == (kind == "end_of_epoch")
+            back = decode_partial(encode_partial(p))
+            assert isinstance(back, BatchPartial | MarkerPartial) and back == p
+            out.append(back)
     return out
 
 
 def window_from(q: Query, records: list[tuple[bytes, int, str]], order_seed: int = 0,
                 keep: Callable[[Item], bool] | None = None) -> WindowState:
     """Stage 1 then stage 2: decode every record, add it to a new window in a seeded order."""
-    w = WindowState.new(WindowId(q.query_id, q.version, EPOCH), q.n_rounds, QE[q.mechanism].width)
+    w = WindowState.new(WindowId(q.query_id, q.version, EPOCH), q.n_rounds, q.width)
     items = stage1(records)
     for i in np.random.default_rng([order_seed, 99]).permutation(len(items)):
         p = items[i]
@@ -354,16 +354,16 @@ def test_build_estimators_and_width(mechanism: str) -> None:
     assert list(qe.estimators) == ESTIMATOR_NAMES[mechanism]
     assert all(isinstance(e, E.LinearEstimator) and e.name == name for name, e in qe.estimators.items())
     if mechanism == "sp":
-        assert qe.width == mech.n_outputs == V + 1
+        assert qe.query.width == mech.n_outputs == V + 1
         ref = {"sp_difference": E.sp_difference(mech)}
     elif mechanism == "alp":
-        assert qe.width == V * mech.n_outputs == V * 3
+        assert qe.query.width == V * mech.n_outputs == V * 3
         ref = E.alp_estimators(mech)
     elif mechanism == "rr":
-        assert qe.width == V * mech.n_outputs == V * 2
+        assert qe.query.width == V * mech.n_outputs == V * 2
         ref = {"rr": E.rr_estimator(mech)}
     else:
-        assert qe.width == V * mech.n_outputs == V * 2
+        assert qe.query.width == V * mech.n_outputs == V * 2
         ref = {"fresh_difference": E.fresh_difference(mech)}
     for name, est in qe.estimators.items():
         np.testing.assert_array_equal(np.broadcast_to(est.weights, ref[name].weights.shape), ref[name].weights)
@@ -443,7 +443,7 @@ def test_redelivered_records_change_nothing() -> None:
     once, _, _ = run(q)
     sink = MemorySink(N_PARTITIONS)
     produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
-    w = WindowState.new(WindowId(q.query_id, q.version, EPOCH), q.n_rounds, QE["alp"].width)
+    w = WindowState.new(WindowId(q.query_id, q.version, EPOCH), q.n_rounds, q.width)
     twice = stage1(sink.records + sink.records)
     outcomes = [w.add(twice[i]) for i in np.random.default_rng(3).permutation(len(twice))]
     assert outcomes.count("duplicate") == w.duplicates == len(sink.records)
@@ -719,7 +719,7 @@ def test_an_infinite_epsilon_query_renders_null() -> None:
               t_end=datetime(2026, 11, 19, tzinfo=UTC))
     assert q.epsilon == float("inf")
     qe = QueryEstimators.build(q)
-    w = WindowState.new(WindowId(q.query_id, 1, 5), 1, qe.width)
+    w = WindowState.new(WindowId(q.query_id, 1, 5), 1, qe.query.width)
     w.close("watermark")
     res = epoch_result(qe, w, "watermark", (0.95,), 1)
     out = res.render()
