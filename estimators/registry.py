@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Literal
 
@@ -146,7 +147,7 @@ class MechanismSpec:
         """The implied report of per-sensor mechanisms (most likely answer of a No vehicle)."""
         if not self.per_sensor:
             return None
-        return int(np.argmax(mech.output_table(0)[0]))
+        return _default_output(mech)
 
     def round_mechanisms(self, mech: Mechanism) -> tuple[Mechanism, ...]:
         """Per-sensor: one one-round binary mechanism per round (rounds must use fresh coins)."""
@@ -208,7 +209,7 @@ class MechanismSpec:
         c = np.asarray(counts, dtype=np.int64)
         if not self.per_sensor:
             return station_counts(mech, c)
-        d = int(np.argmax(mech.output_table(0)[0]))  # the default report
+        d = _default_output(mech)  # the default report
         out = c.reshape(self.n_rounds, n_stations, mech.n_outputs).copy()
         out[:, :, d] += participants - out.sum(axis=2)
         return np.transpose(out, (1, 0, 2))
@@ -255,6 +256,12 @@ class MechanismSpec:
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
         """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""
         return self.extra_fn(mech, participants)
+
+
+@lru_cache(maxsize=256)
+def _default_output(mech: Mechanism) -> int:
+    """The most likely report of a No vehicle (cached: a query builds its mechanism once)."""
+    return int(np.argmax(mech.output_table(0)[0]))
 
 
 # -- the specs -----------------------------------------------------------------------------
