@@ -39,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from schemas import GroundTruth, Query, decode_record
 from schemas.kafka_io import QueryReader
 
-from .decode import REASONS, Rejected, to_partials
+from .decode import REASONS, GraceBudget, Rejected, to_partials
 from .estimate import QueryEstimators, epoch_results, retraction
 from .metrics import StreamMonitor
 from .publish import BatchSink
@@ -210,12 +210,16 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         letter = rej.letter(topic, partition, offset, value)
         await dead.send(key=rej.reason.encode(), value=letter.model_dump_json().encode())
 
+    grace_budget = GraceBudget(s.unknown_query_grace_s)
+
     async def _stage1(events: Sequence[Any]) -> list[tuple[bytes, bytes]]:
         """Decode a batch; records naming a query not known yet wait (bounded, without blocking
         the event loop) for the queries topic to catch up before they are dead-lettered."""
         out: list[tuple[bytes, bytes]] = []
         pending = list(events)
-        deadline = time.monotonic() + s.unknown_query_grace_s
+        started = time.monotonic()
+        grace = grace_budget.available(started)  # bounded per minute, not only per batch
+        deadline = started + grace
         # a record is dead-lettered as unknown_query only once the queries topic has been read
         # to its end after it arrived (a reader still catching up proves nothing), or much later
         hard_deadline = time.monotonic() + QUERY_PATIENCE_S
@@ -247,6 +251,8 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                     await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())) if caught_up else 0.5)
                 caught_up = await queries.refresh() or caught_up
                 first = False
+        if not first:  # some record waited for its query
+            grace_budget.spend(time.monotonic(), min(grace, time.monotonic() - started))
         return out
 
     @app.agent(reports)

@@ -10,6 +10,7 @@ become count arrays) is the registry's (:meth:`estimators.MechanismSpec.accumula
 from __future__ import annotations
 
 import base64
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ from schemas.estimates import DeadLetter
 
 from .records import BatchPartial, MarkerPartial
 
-__all__ = ["REASONS", "Rejected", "Stage1Result", "to_partial", "to_partials"]
+__all__ = ["REASONS", "GraceBudget", "Rejected", "Stage1Result", "to_partial", "to_partials"]
 
 # every reason a record can be dead-lettered for (schemas.WireError reasons, then stage 1's)
 REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", "bad_layout", "out_of_range",
@@ -38,6 +39,38 @@ REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", 
            "wrong_layout", "bad_marker", "out_of_bounds", "too_far_ahead", "unexpected_record", "internal_error")
 
 QueryLookup = Callable[[str, int], Query | None]
+
+
+class GraceBudget:
+    """How long stage 1 may still hold records of a query it does not know yet: at most
+    ``per_window_s`` of such waiting in any ``window_s``. A genuine start-up race needs one
+    wait; a writer trickling records of made-up queries would otherwise stall every batch by
+    the full grace. Once spent, unknown queries are dead-lettered after one read of the
+    queries topic.
+
+    >>> b = GraceBudget(10.0, window_s=60.0)
+    >>> b.available(now=0.0)
+    10.0
+    >>> b.spend(now=0.0, seconds=8.0)
+    >>> b.available(now=1.0)
+    2.0
+    >>> b.available(now=60.5)  # the wait has left the window
+    10.0
+    """
+
+    def __init__(self, per_window_s: float, window_s: float = 60.0) -> None:
+        self.per_window_s = per_window_s
+        self.window_s = window_s
+        self._spent: deque[tuple[float, float]] = deque()
+
+    def available(self, now: float) -> float:
+        while self._spent and self._spent[0][0] <= now - self.window_s:
+            self._spent.popleft()
+        return max(0.0, self.per_window_s - sum(s for _, s in self._spent))
+
+    def spend(self, now: float, seconds: float) -> None:
+        if seconds > 0:
+            self._spent.append((now, seconds))
 DEFAULT_MAX_PRODUCERS = 64
 
 
