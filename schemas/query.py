@@ -136,6 +136,10 @@ class Query(BaseModel):
 
     def epoch_range(self) -> tuple[int, int]:
         """``[first, end)`` epochs of the query's window (T_start .. T_end)."""
+        return self._epoch_range
+
+    @cached_property
+    def _epoch_range(self) -> tuple[int, int]:  # asked once per record by stage 1
         return int(self.t_start.timestamp()) // EPOCH_S, -(-int(self.t_end.timestamp()) // EPOCH_S)
 
     def active_at(self, when: datetime) -> bool:
