@@ -31,8 +31,9 @@ import queue
 import threading
 import zipfile
 import zlib
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections import Counter, deque
+from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from functools import lru_cache
@@ -95,16 +96,19 @@ def day_epochs(day: date) -> tuple[int, int]:
     return first, epoch_of(datetime(nxt.year, nxt.month, nxt.day, tzinfo=PACIFIC))
 
 
-def _local_days(epochs: npt.NDArray[np.int64]) -> list[date]:
+def _local_days(epochs: list[npt.NDArray[np.int64]]) -> list[date]:
     """The distinct local calendar days of absolute epochs (vectorized: one boundary per day)."""
-    if epochs.size == 0:
+    epochs = [e for e in epochs if e.size]
+    if not epochs:
         return []
-    lo, hi = int(epochs.min()), int(epochs.max())
+    lo, hi = min(int(e.min()) for e in epochs), max(int(e.max()) for e in epochs)
     d0 = epoch_start(lo).date()
     d1 = epoch_start(hi).date()
     days = [d0 + timedelta(days=k) for k in range((d1 - d0).days + 1)]
     bounds = np.array([day_epochs(d)[0] for d in days], dtype=np.int64)
-    held = np.bincount(np.searchsorted(bounds, epochs, side="right") - 1, minlength=len(days))
+    held = np.zeros(len(days), bool)
+    for e in epochs:
+        held[np.searchsorted(bounds, e, side="right") - 1] = True
     return [days[int(i)] for i in np.flatnonzero(held)]
 
 
@@ -377,34 +381,50 @@ def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
         buf = buf[8:]
 
 
-def _line_chunks(pieces: Iterable[bytes]) -> Iterator[bytes]:
-    """Whole lines in chunks of about :data:`_CHUNK_BYTES`: each chunk ends with ``\\n`` (one
-    is added after a last line without) and is followed by :data:`_PAD`; ``\\r\\n`` line ends
-    become ``\\n`` (the row logic never saw that ``\\r`` either)."""
-    pending: list[memoryview] = []
+_Chunk = tuple[bytes, int, int]  # (buffer, start, stop): whole lines, at least len(_PAD) bytes after stop
+
+
+def _line_chunks(pieces: Iterable[bytes]) -> Iterator[_Chunk]:
+    """Whole lines of the pieces, in file order: ``buffer[start:stop]`` ends with ``\n`` and
+    at least :data:`_PAD` bytes follow it in ``buffer`` (reads of a fixed width past a field
+    stay inside). The lines of a piece are a view of it, not copied; the lines that straddle
+    two pieces (or close the file) are joined into a small chunk of their own, and a last
+    line without ``\n`` gets one. ``\r\n`` line ends become ``\n`` (the row logic never saw
+    that ``\r`` either)."""
+    carry: list[memoryview] = []  # the start of a line that the next piece ends
     for piece in pieces:
+        if b"\r" in piece:
+            piece = piece.replace(b"\r\n", b"\n")
         view = memoryview(piece)
-        for a in range(0, len(view), _CHUNK_BYTES):
-            b = min(a + _CHUNK_BYTES, len(view))
-            cut = piece.rfind(b"\n", a, b) + 1
-            if cut == 0:  # no line ends here: a longer line
-                pending.append(view[a:b])
+        for a in range(0, len(piece), _CHUNK_BYTES):  # (a piece of bz2 / xz / zip is the whole file)
+            b = min(a + _CHUNK_BYTES, len(piece))
+            first = piece.find(b"\n", a, b) + 1
+            if first == 0:  # no line ends here: a longer line
+                carry.append(view[a:b])
                 continue
-            yield _padded([*pending, view[a:cut]])
-            pending = [view[cut:b]]
-    if any(len(v) for v in pending):
-        yield _padded([*pending, memoryview(b"\n")])
+            if carry:
+                yield _joined([*carry, view[a:first]])
+                carry, a = [], first
+            stop = max(a, piece.rfind(b"\n", a, min(b, len(piece) - len(_PAD))) + 1)
+            if stop > a:
+                yield piece, a, stop
+            carry = [view[stop:b]]
+    tail = b"".join(carry)
+    if tail:
+        yield _joined([memoryview(tail if tail.endswith(b"\n") else tail + b"\n")])
 
 
-def _padded(parts: list[memoryview]) -> bytes:
+def _joined(parts: list[memoryview]) -> _Chunk:
     chunk = b"".join([*parts, memoryview(_PAD)])
-    return chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+    if b"\r" in chunk:
+        chunk = chunk.replace(b"\r\n", b"\n")
+    return chunk, 0, len(chunk) - len(_PAD)
 
 
 _T = TypeVar("_T")
 
 
-def _ahead(items: Iterator[_T], depth: int = 3) -> Iterator[_T]:
+def _ahead(items: Iterator[_T], depth: int = 3) -> Generator[_T, None, None]:
     """``items``, produced in a background thread up to ``depth`` ahead of the consumer: the
     file is read and decompressed (zlib, bz2 and lzma release the GIL) while the previous
     chunk is parsed. An exception in the thread is raised here; closing stops the thread."""
@@ -919,23 +939,57 @@ def _slow_lines(data: bytes, s: npt.NDArray[np.int64], e: npt.NDArray[np.int64],
                  n_oor=np.array(cols[8], np.uint8), zero=np.array(cols[9], bool))
 
 
-def _parse_raw(chunks: Iterable[bytes], spike_per_lane: int, quality: QualityReport) -> _Rows:
+_WORKERS = max(1, min(4, os.cpu_count() or 1))  # threads parsing chunks (numpy releases the GIL in its loops)
+
+
+def _parse_raw(chunks: Iterable[_Chunk], spike_per_lane: int, quality: QualityReport,
+               workers: int = _WORKERS) -> list[_Rows]:
     """Every line of the chunks (:func:`_line_chunks`): the fast path, then the row logic for
-    the lines it leaves; rows keep their file order (line << 16 | row within the line)."""
+    the lines it leaves. The rows of each chunk, in file order: ``order`` is (chunk << 24 |
+    line in the chunk) << 16 | row within the line. Chunks are parsed by ``workers`` threads,
+    up to two each ahead, and collected in file order."""
     fast = bool(_FAST_BYTES[_FAST_ALPHABET].all())
-    parts: list[_Rows] = []
-    line0 = 0
-    ws = _Scratch()
-    for chunk in chunks:
-        win = np.frombuffer(chunk, np.uint8)
-        starts, ends, rows, slow = _fast_chunk(win, win.size - len(_PAD), spike_per_lane, quality.skipped, fast, ws)
+    local = threading.local()
+
+    def parse(chunk: _Chunk, line0: int) -> tuple[_Rows, QualityReport]:
+        if not hasattr(local, "ws"):
+            local.ws = _Scratch()
+        q = QualityReport(source=quality.source)
+        buf, start, stop = chunk
+        win = np.frombuffer(buf, np.uint8)[start:]
+        starts, ends, rows, slow = _fast_chunk(win, stop - start, spike_per_lane, q.skipped, fast, local.ws)
         rows.order += line0 << 16
-        quality.rows_read += int(starts.size - slow.size)
-        parts.append(rows)
+        q.rows_read += int(starts.size - slow.size)
         if slow.size:
-            parts.append(_slow_lines(chunk, starts, ends, slow, line0, spike_per_lane, quality))
-        line0 += starts.size
-    return _Rows.concat(parts)
+            rows = _Rows.concat([rows, _slow_lines(buf[start:stop], starts, ends, slow, line0, spike_per_lane, q)])
+        return rows, q
+
+    parts: list[_Rows] = []
+
+    def collect(got: tuple[_Rows, QualityReport]) -> None:
+        parts.append(got[0])
+        quality.rows_read += got[1].rows_read
+        quality.skipped.update(got[1].skipped)
+
+    line_bits = max(24, _CHUNK_BYTES.bit_length() + 1)  # more than the lines of a chunk
+    if workers <= 1:
+        for i, chunk in enumerate(chunks):
+            collect(parse(chunk, i << line_bits))
+        return parts
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pems-parse") as pool:
+        pending: deque[Future[tuple[_Rows, QualityReport]]] = deque()
+        try:
+            for i, chunk in enumerate(chunks):
+                pending.append(pool.submit(parse, chunk, i << line_bits))
+                if len(pending) > 2 * workers:
+                    collect(pending.popleft().result())
+            while pending:
+                collect(pending.popleft().result())
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+    return parts
 
 
 # ---------------------------------------------------------------------------------------
@@ -944,34 +998,51 @@ def _parse_raw(chunks: Iterable[bytes], spike_per_lane: int, quality: QualityRep
 _MAX_KEY_CELLS = 1 << 25  # epochs x stations of the one-scatter duplicate check; a longer span sorts
 
 
-def _place(rows: _Rows, quality: QualityReport, fold_repeats: bool) -> tuple[_Rows, npt.NDArray[np.int64]]:
+def _place(parts: list[_Rows], quality: QualityReport, fold_repeats: bool
+           ) -> tuple[list[_Rows], list[npt.NDArray[np.int64]]]:
     """Keep the first reading of a station in an epoch; a second reading of an ambiguous
     (repeated autumn hour) stamp is the later, standard-time one; others are duplicates.
+    ``parts``: rows in file order; the kept rows come back in parts, with their epochs.
 
     One scatter over a (fold-0 epoch x station) key finds the cells with one reading (all
     of them in a clean file): those rows are kept as they are. Only the rows of cells read
     more than once are sorted (:func:`_place_sorted`), and come first: where a fold-1 reading
     lands on the cell of another reading, the other one wins, as in the sorted order."""
-    n = rows.order.size
-    if n:
-        stations, col = _station_columns(rows.station)
-        lo = int(rows.ep0.min())
-        cells = (int(rows.ep0.max()) - lo + 1) * stations.size
-        if cells <= _MAX_KEY_CELLS:
-            key = (rows.ep0 - lo) * stations.size + col
-            last = np.empty(cells, np.int64)  # only the cells written here are read
-            idx = np.arange(n)
-            last[key] = idx
-            shared = last[key] != idx
-            if not shared.any():
-                return rows, rows.ep0
-            several = np.zeros(cells, bool)
+    parts = [p for p in parts if p.order.size]
+    if not parts:
+        return [], []
+    stations, cols = _station_columns([p.station for p in parts])
+    lo = min(int(p.ep0.min()) for p in parts)
+    cells = (max(int(p.ep0.max()) for p in parts) - lo + 1) * stations.size
+    n = sum(p.order.size for p in parts)
+    if cells > _MAX_KEY_CELLS or n >= 1 << 31:
+        kept, epoch = _place_sorted(_Rows.concat(parts), quality, fold_repeats)
+        return [kept], [epoch]
+    last = np.empty(cells, np.int32)  # only the cells written here are read
+    keys, first = [], 0
+    for p, col in zip(parts, cols, strict=True):
+        key = p.ep0 - lo
+        key *= stations.size
+        key += col
+        last[key] = np.arange(first, first + key.size, dtype=np.int32)
+        keys.append(key)
+        first += key.size
+    several: npt.NDArray[np.bool_] | None = None
+    first = 0
+    for key in keys:
+        shared = last[key] != np.arange(first, first + key.size, dtype=np.int32)
+        if shared.any():
+            if several is None:
+                several = np.zeros(cells, bool)
             several[key[shared]] = True
-            dup = several[key]
-            kept, epoch = _place_sorted(rows.take(dup), quality, fold_repeats)
-            rest = rows.take(~dup)
-            return _Rows.concat([kept, rest]), np.concatenate([epoch, rest.ep0])
-    return _place_sorted(rows, quality, fold_repeats)
+        first += key.size
+    if several is None:
+        return parts, [p.ep0 for p in parts]
+    dup = [several[key] for key in keys]
+    kept, epoch = _place_sorted(_Rows.concat([p.take(d) for p, d in zip(parts, dup, strict=True)]), quality,
+                                fold_repeats)
+    rest = [p.take(~d) for p, d in zip(parts, dup, strict=True)]
+    return [kept, *rest], [epoch, *(r.ep0 for r in rest)]
 
 
 def _place_sorted(rows: _Rows, quality: QualityReport, fold_repeats: bool) -> tuple[_Rows, npt.NDArray[np.int64]]:
@@ -993,58 +1064,65 @@ def _place_sorted(rows: _Rows, quality: QualityReport, fold_repeats: bool) -> tu
     return rows.take(sel), epoch
 
 
-def _station_columns(station: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
-    """``np.unique(station, return_inverse=True)`` without sorting the rows: a table over the
-    range of the ids (when it is below 4 M)."""
-    lo, hi = int(station.min()), int(station.max())
+def _station_columns(station: list[npt.NDArray[np.int64]]) -> tuple[npt.NDArray[np.int64], list[npt.NDArray[np.intp]]]:
+    """The distinct stations (sorted) of the parts, and each part's column in them:
+    ``np.unique(..., return_inverse=True)`` without sorting the rows (a table over the range
+    of the ids when it is below 4 M)."""
+    lo = min(int(s.min()) for s in station)
+    hi = max(int(s.max()) for s in station)
     if hi - lo >= 1 << 22:
-        stations, col = np.unique(station, return_inverse=True)
-        return stations, col
-    at = station - lo
+        stations, col = np.unique(np.concatenate(station), return_inverse=True)
+        return stations, np.split(col, np.cumsum([s.size for s in station])[:-1])
     seen = np.zeros(hi - lo + 1, bool)
-    seen[at] = True
+    for s in station:
+        seen[s - lo] = True
     index = np.cumsum(seen, dtype=np.intp)
     index -= 1
-    return np.flatnonzero(seen) + lo, index[at]
+    return np.flatnonzero(seen) + lo, [index[s - lo] for s in station]
 
 
-def _grid(rows: _Rows, epoch: npt.NDArray[np.int64], quality: QualityReport, day: date | None,
+def _grid(parts: list[_Rows], epochs_of: list[npt.NDArray[np.int64]], quality: QualityReport, day: date | None,
           dead_run_epochs: int) -> TrafficDay:
-    quality.days_in_file = [d.isoformat() for d in _local_days(epoch)]
+    """The (epochs x stations) grid of the kept rows (in parts, with their epochs): later rows
+    win a shared cell."""
+    quality.days_in_file = [d.isoformat() for d in _local_days(epochs_of)]
     if day is not None:
         quality.day_selected = day.isoformat()
         first, stop = day_epochs(day)
-        inside = (epoch >= first) & (epoch < stop)
-        n_out = int((~inside).sum())
-        if n_out:
-            quality.skipped["other_day"] += n_out
-            rows = rows.take(inside)
-            epoch = epoch[inside]
-    quality.rows_used = int(epoch.size)
-    for name, counts in (("stuck", rows.n_stuck), ("spike", rows.n_spike), ("out_of_range", rows.n_oor)):
-        n = int(counts.sum())
+        for i, epoch in enumerate(epochs_of):
+            inside = (epoch >= first) & (epoch < stop)
+            n_out = int(inside.size - np.count_nonzero(inside))
+            if n_out:
+                quality.skipped["other_day"] += n_out
+                parts[i], epochs_of[i] = parts[i].take(inside), epoch[inside]
+    quality.rows_used = sum(int(e.size) for e in epochs_of)
+    for name, field_name in (("stuck", "n_stuck"), ("spike", "n_spike"), ("out_of_range", "n_oor")):
+        n = sum(int(getattr(p, field_name).sum()) for p in parts)
         if n:
             quality.lanes_flagged[name] += n
-    if epoch.size == 0:
+    parts = [p for p in parts if p.order.size]
+    epochs_of = [e for e in epochs_of if e.size]
+    if not parts:
         return TrafficDay(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.int64),
                           np.zeros((0, 0), np.uint8), quality)
     if day is not None:
         epochs = np.arange(first, stop, dtype=np.int64)
     else:
-        lo, hi = int(epoch.min()), int(epoch.max())
+        lo, hi = min(int(e.min()) for e in epochs_of), max(int(e.max()) for e in epochs_of)
         if hi - lo + 1 > MAX_SPAN_EPOCHS:
             raise ValueError(f"{quality.source}: readings span {(hi - lo + 1) * EPOCH_S / 86400:.0f} days "
                              f"({', '.join(quality.days_in_file[:3])} ... {quality.days_in_file[-1]}); "
                              "read one day at a time (day=...)")
         epochs = np.arange(lo, hi + 1, dtype=np.int64)
-    stations, col = _station_columns(rows.station)
-    row_i = epoch - epochs[0]
+    stations, cols = _station_columns([p.station for p in parts])
     flows = np.zeros((epochs.size, stations.size), np.int64)
     flags = np.full((epochs.size, stations.size), CELL_MISSING, np.uint8)
     zero = np.zeros((epochs.size, stations.size), bool)
-    flows[row_i, col] = rows.total
-    flags[row_i, col] = rows.bits
-    zero[row_i, col] = rows.zero
+    for p, epoch, col in zip(parts, epochs_of, cols, strict=True):
+        row_i = epoch - epochs[0]
+        flows[row_i, col] = p.total
+        flags[row_i, col] = p.bits
+        zero[row_i, col] = p.zero
     flags[_dead_cells(flows, zero, dead_run_epochs)] |= CELL_DEAD
     _count_cells(flags, quality)
     return TrafficDay(stations.astype(np.int64), epochs, flows, flags, quality)
@@ -1101,9 +1179,13 @@ def read_station_raw(path: str | Path, spike_per_lane: int = DEFAULT_SPIKE_PER_L
     traffic ``CELL_DEAD`` -- flows there are 0 but not truth (:attr:`TrafficDay.has_truth`).
     """
     quality = QualityReport(source=str(path))
-    rows = _parse_raw(_ahead(_line_chunks(_pieces(path))), spike_per_lane, quality)
-    kept, epoch = _place(rows, quality, fold_repeats=True)
-    return _grid(kept, epoch, quality, day, dead_run_epochs)
+    chunks = _ahead(_line_chunks(_pieces(path)))
+    try:
+        parts = _parse_raw(chunks, spike_per_lane, quality)
+    finally:
+        chunks.close()  # stops the read-ahead thread when parsing failed
+    kept, epochs_of = _place(parts, quality, fold_repeats=True)
+    return _grid(kept, epochs_of, quality, day, dead_run_epochs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1138,20 +1220,20 @@ def read_station_5min(path: str | Path, *, dead_run_epochs: int = DEFAULT_DEAD_R
     if day is not None:  # a row belongs to the day its interval starts in
         lo, hi = day_epochs(day)
         inside = np.repeat((first >= lo) & (first < hi), 10)
-        quality.days_in_file = [d.isoformat() for d in _local_days(first)]
+        quality.days_in_file = [d.isoformat() for d in _local_days([first])]
         n_out = int((~inside).sum()) // 10
         if n_out:
             quality.skipped["other_day"] += n_out
         rows = rows.take(inside)
         epoch = epoch[inside]
         held = quality.days_in_file
-        out = _grid(rows, epoch, quality, None, dead_run_epochs)
+        out = _grid([rows], [epoch], quality, None, dead_run_epochs)
         quality.days_in_file, quality.day_selected = held, day.isoformat()
         if out.epochs.size:  # the whole local day on the grid
             out = _regrid(out, lo, hi)
     else:
-        out = _grid(rows, epoch, quality, None, dead_run_epochs)
-        quality.days_in_file = [d.isoformat() for d in _local_days(first)]
+        out = _grid([rows], [epoch], quality, None, dead_run_epochs)
+        quality.days_in_file = [d.isoformat() for d in _local_days([first])]
     quality.rows_used = n - quality.skipped["other_day"]
     return out
 
