@@ -343,9 +343,10 @@ def _gunzip(fh: BinaryIO) -> Iterator[bytes]:
         if member:  # after a member: zero padding, then the end of the file or another member
             buf = buf.lstrip(b"\x00")
             while not buf:
-                buf = fh.read(_READ_BYTES).lstrip(b"\x00")
-                if not buf and not fh.read(1):
+                more = fh.read(_READ_BYTES)
+                if not more:
                     return
+                buf = more.lstrip(b"\x00")
         while (size := _gzip_header_size(buf, final=False)) is None:
             more = fh.read(_READ_BYTES)
             if not more:
@@ -405,7 +406,7 @@ def _line_chunks(pieces: Iterable[bytes]) -> Iterator[_Chunk]:
             if carry:
                 yield _joined([*carry, view[a:first]])
                 carry, a = [], first
-            stop = max(a, piece.rfind(b"\n", a, min(b, len(piece) - len(_PAD))) + 1)
+            stop = max(a, piece.rfind(b"\n", a, min(b, max(0, len(piece) - len(_PAD)))) + 1)
             if stop > a:
                 yield piece, a, stop
             carry = [view[stop:b]]
@@ -508,6 +509,40 @@ def _date_offsets(key: int) -> tuple[int, tuple[int, ...], tuple[int, ...]] | No
     except (ValueError, OverflowError):
         return None
     return days, tuple(h[0] for h in hours), tuple(h[1] for h in hours)
+
+
+_HMS_DIGITS = np.uint64(0xFFFF00FFFF00FFFF)  # the digit bytes of "HH:MM:SS" read as a little-endian word
+_HMS_COLONS, _HMS_COLON_BYTES = np.uint64(0x00003A00003A0000), np.uint64(0x0000FF0000FF0000)
+
+
+def _chunk_stamps(win: npt.NDArray[np.uint8], at: npt.NDArray[np.int64]
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """:func:`_vector_stamps` of the 19-byte stamps starting at ``at`` in ``win`` (padded).
+    A chunk mostly holds one date: then it is placed once, and only the times of day are
+    read, eight bytes at a time; chunks with several dates go to :func:`_vector_stamps`."""
+    words = np.ndarray((win.size - 7,), np.dtype("<u8"), buffer=win, strides=(1,))
+    head, tail = words[at], words[at + 2]  # bytes 0-7 and 2-9: the date
+    if not at.size or not (bool((head == head[0]).all()) and bool((tail == tail[0]).all())):
+        stamps = np.lib.stride_tricks.as_strided(win, shape=(win.size - 18, 19), strides=(1, 1), writeable=False)
+        return _vector_stamps(stamps[at])
+    text = bytes(win[int(at[0]):int(at[0]) + 10])
+    placed = None
+    if text[2:3] == text[5:6] == b"/" and (text[:2] + text[3:5] + text[6:]).isdigit():
+        placed = _date_offsets(int(text[6:] + text[:2] + text[3:5]))
+    if placed is None:
+        return np.zeros(at.size, np.int64), np.zeros(at.size, np.int64), np.zeros(at.size, bool)
+    t = words[at + 11]  # "HH:MM:SS"
+    ok = (t & _HMS_COLON_BYTES) == _HMS_COLONS
+    x = t & _HMS_DIGITS
+    ok &= (x & (_BF0 & _HMS_DIGITS)) == (_B30 & _HMS_DIGITS)
+    ok &= ((x + (_B06 & _HMS_DIGITS)) & (_BF0 & _HMS_DIGITS)) == (_B30 & _HMS_DIGITS)
+    x -= _B30 & _HMS_DIGITS  # digit values
+    x = x * np.uint64(10) + (x >> np.uint64(8))  # bytes 0, 3, 6: hour, minute, second
+    hms = [((x >> np.uint64(b)) & np.uint64(0xFF)).astype(np.int64) for b in (0, 24, 48)]
+    ok &= (hms[0] < 24) & (hms[1] < 60) & (hms[2] < 60)
+    hour = np.where(ok, hms[0], 0)
+    local = placed[0] * 86400 + hour * 3600 + hms[1] * 60 + hms[2]
+    return (local - np.take(placed[1], hour)) // EPOCH_S, (local - np.take(placed[2], hour)) // EPOCH_S, ok
 
 
 _STAMP_TENS = [0, 3, 6, 8, 11, 14, 17]  # month, day, century, year, hour, minute, second
@@ -711,8 +746,8 @@ def _decimals(win: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths
     words = np.ndarray((win.size - 7,), np.dtype("<u8"), buffer=win, strides=(1,))
     short = lengths <= 8
     if short.all():
-        u = np.take(words, starts, out=ws.get("words", starts.size, np.uint64), mode="clip")
-        return _short_decimals(u, lengths.astype(np.uint8), ws)
+        # (fancy indexing: np.take would first copy all of an unaligned ``words`` to align it)
+        return _short_decimals(words[starts], lengths.astype(np.uint8), ws)
     val, ok, dot = np.zeros(starts.size), np.zeros(starts.size, bool), np.zeros(starts.size, bool)
     val[short], ok[short], dot[short] = (np.copy(r) for r in _short_decimals(
         words[starts[short]], lengths[short].astype(np.uint8), ws))
@@ -782,8 +817,7 @@ def _fast_chunk(win: npt.NDArray[np.uint8], n: int, spike_per_lane: int, skipped
     at = flat.reshape(k, 27)
     ls = starts[lines]
     ok = (at[:, 0] == ls + 10) & (at[:, 1] == ls + 19)
-    stamps = np.lib.stride_tricks.as_strided(win, shape=(win.size - 18, 19), strides=(1, 1), writeable=False)
-    ep0, ep1, ts_ok = _vector_stamps(stamps[ls])
+    ep0, ep1, ts_ok = _chunk_stamps(win, ls)
     ok &= ts_ok
     # field c (1..25) of a line lies between its c-th and (c+1)-th byte <= ",": the station
     # (c = 1), then flow, occupancy and speed of lane l (c = 2 + 3l, 3 + 3l, 4 + 3l)
@@ -943,12 +977,13 @@ _WORKERS = max(1, min(4, os.cpu_count() or 1))  # threads parsing chunks (numpy 
 
 
 def _parse_raw(chunks: Iterable[_Chunk], spike_per_lane: int, quality: QualityReport,
-               workers: int = _WORKERS) -> list[_Rows]:
+               workers: int | None = None) -> list[_Rows]:
     """Every line of the chunks (:func:`_line_chunks`): the fast path, then the row logic for
     the lines it leaves. The rows of each chunk, in file order: ``order`` is (chunk << 24 |
     line in the chunk) << 16 | row within the line. Chunks are parsed by ``workers`` threads,
     up to two each ahead, and collected in file order."""
     fast = bool(_FAST_BYTES[_FAST_ALPHABET].all())
+    workers = _WORKERS if workers is None else workers
     local = threading.local()
 
     def parse(chunk: _Chunk, line0: int) -> tuple[_Rows, QualityReport]:
@@ -1119,10 +1154,12 @@ def _grid(parts: list[_Rows], epochs_of: list[npt.NDArray[np.int64]], quality: Q
     flags = np.full((epochs.size, stations.size), CELL_MISSING, np.uint8)
     zero = np.zeros((epochs.size, stations.size), bool)
     for p, epoch, col in zip(parts, epochs_of, cols, strict=True):
-        row_i = epoch - epochs[0]
-        flows[row_i, col] = p.total
-        flags[row_i, col] = p.bits
-        zero[row_i, col] = p.zero
+        cell = epoch - epochs[0]
+        cell *= stations.size
+        cell += col
+        flows.reshape(-1)[cell] = p.total
+        flags.reshape(-1)[cell] = p.bits
+        zero.reshape(-1)[cell] = p.zero
     flags[_dead_cells(flows, zero, dead_run_epochs)] |= CELL_DEAD
     _count_cells(flags, quality)
     return TrafficDay(stations.astype(np.int64), epochs, flows, flags, quality)
@@ -1131,24 +1168,26 @@ def _grid(parts: list[_Rows], epochs_of: list[npt.NDArray[np.int64]], quality: Q
 def _dead_cells(flows: npt.NDArray[np.int64], zero: npt.NDArray[np.bool_], run_epochs: int
                 ) -> npt.NDArray[np.bool_]:
     """Cells of runs of >= ``run_epochs`` consecutive epochs in which a station read 0/0 on
-    every lane while the other stations of the file had traffic (vectorized run lengths).
+    every lane while the other stations of the file had traffic (vectorized run lengths: the
+    distance between the nearest cells before and after that are not in the run).
 
     >>> z = np.array([[1, 0], [1, 0], [1, 0], [0, 0]], bool); f = np.array([[0, 5], [0, 5], [0, 5], [2, 0]])
     >>> _dead_cells(f, z, 3)[:, 0].tolist()
     [True, True, True, False]
     """
     others = flows.sum(axis=1) > 0  # a zero-reading cell adds nothing to its epoch's total
-    cand = (zero & others[:, None]).T  # stations x epochs
-    padded = np.zeros((cand.shape[0], cand.shape[1] + 2), np.int8)
-    padded[:, 1:-1] = cand
-    d = np.diff(padded, axis=1)
-    s_st, s_ep = np.nonzero(d == 1)
-    _, e_ep = np.nonzero(d == -1)
-    long = (e_ep - s_ep) >= max(1, run_epochs)
-    mark = np.zeros((cand.shape[0], cand.shape[1] + 1), np.int32)
-    mark[s_st[long], s_ep[long]] += 1
-    mark[s_st[long], e_ep[long]] -= 1
-    dead: npt.NDArray[np.bool_] = (np.cumsum(mark, axis=1)[:, :-1] > 0).T
+    cand = zero & others[:, None]
+    dead = np.zeros(cand.shape, bool)
+    cols = np.flatnonzero(cand.any(axis=0))
+    if cols.size:
+        sub = cand[:, cols]
+        t = np.arange(sub.shape[0], dtype=np.int32)[:, None]
+        before = np.where(sub, np.int32(-1), t)
+        np.maximum.accumulate(before, axis=0, out=before)
+        after = np.where(sub, np.int32(sub.shape[0]), t)[::-1]
+        after = np.minimum.accumulate(after, axis=0)[::-1]
+        after -= before
+        dead[:, cols] = sub & (after > max(1, run_epochs))  # run length = after - before - 1
     return dead
 
 
