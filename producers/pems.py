@@ -11,9 +11,13 @@ bitmask in :attr:`TrafficDay.flags` (``CELL_*``). Missing is not zero: a cell wi
 reading is ``CELL_MISSING`` (its flow is 0 only because the simulation needs a number).
 
 Files are read by content, not by name: gzip, bz2, xz, zip (one member) or plain text.
-The Station Raw reader is vectorized (numpy over the decompressed bytes) with an exact
-per-row fallback to the row logic for any line the fast path cannot handle, so every skip
-reason is counted as before. :func:`load_cached` keeps a parsed day as npz + JSON.
+The Station Raw reader is vectorized, with an exact per-row fallback to the row logic for
+any line the fast path cannot handle, so every skip reason is counted as the row logic
+counts it. A file streams through it: gzip is decompressed piece by piece in a read-ahead
+thread while a pool of threads parses chunks of whole lines (numpy releases the GIL) --
+bytes up to ``,`` found in one pass, decimals read eight bytes at a time -- and the rows are
+placed on the grid chunk by chunk (a 3,220-station day, 9.3M rows: ~5 s on 2 cores, about
+3x the time just to decompress it). :func:`load_cached` keeps a parsed day as npz + JSON.
 """
 
 from __future__ import annotations
