@@ -654,20 +654,22 @@ def _bytes8(b: int) -> np.uint64:
 
 
 _LOW = np.array([(1 << 8 * k) - 1 for k in range(9)], np.uint64)  # the k low bytes of a word
-_ALIGN = np.array([(1 << 8 * (8 - k)) % (1 << 64) for k in range(9)], np.uint64)  # * _ALIGN[k]: k low bytes to the top
 _B80, _B7F, _BF0, _B0F, _B30, _B06, _B2E = (_bytes8(b) for b in (0x80, 0x7F, 0xF0, 0x0F, 0x30, 0x06, 0x2E))
 _PAIRS, _FOURS, _EIGHTS = np.uint64(0x00FF00FF00FF00FF), np.uint64(0x0000FFFF0000FFFF), np.uint64(0xFFFFFFFF)
-_U1, _U3, _U8, _U16, _U32 = (np.uint64(k) for k in (1, 3, 8, 16, 32))
+_U1, _U3, _U7, _U8, _U16, _U32 = (np.uint64(k) for k in (1, 3, 7, 8, 16, 32))
+_INNER_DOTS = np.uint64(0x8080808080808000)  # bit 7 of every byte but the first
 
 
 def _short_decimals(u: npt.NDArray[np.uint64], n: npt.NDArray[np.uint8], ws: _Scratch | None = None
                     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
     """:func:`_decimals` for texts of 1 to 8 characters, eight bytes at a time (SWAR): ``u``
     holds the 8 bytes from each text's start (little endian; overwritten), ``n`` its length.
-    Digits and at most one dot, at least one digit; the dot is taken out, the digits joined
-    into an integer by pairs, fours and eights, divided by the power of ten of the digits
-    after the dot. Every operation is in place on ``ws`` buffers (the results too: use them
-    before the next call).
+    Digits and at most one dot, at least one digit. The bytes become digit values (a leading
+    dot a 0), are joined into one integer by pairs, fours and eights, and divided by the
+    power of ten that puts the dot back: exact integer over exact power of ten, so the value
+    is ``float(text)``. A dot further in ("31.5") is taken out first, for those texts alone.
+    Every operation is in place on ``ws`` buffers (the results too: use them before the next
+    call).
 
     >>> texts = [b"7", b"65", b".0124", b"3.", b"31.5", b"12345678", b"1..2", b"6O", b"."]
     >>> u = np.array([int.from_bytes(t.ljust(8, b"\\0"), "little") for t in texts], np.uint64)
@@ -707,34 +709,50 @@ def _short_decimals(u: npt.NDArray[np.uint64], n: npt.NDArray[np.uint8], ws: _Sc
     ok = np.equal(b, 0, out=ws.get("sd_ok", m, np.bool_))
     ok &= n_dot <= 1
     ok &= n_dot < n
-    np.subtract(c, _U1, out=a)
-    at = np.bitwise_count(a, out=ws.get("sd_at", m, np.uint8))
-    at >>= 3
-    np.minimum(at, n, out=at)  # the dot's byte (n: no dot)
-    np.take(_LOW, at, out=b, mode="clip")  # the bytes before the dot
-    np.right_shift(x, _U8, out=a)
-    np.bitwise_not(b, out=c)
-    a &= c
-    x &= b
-    x |= a  # the dot taken out
-    digits = np.subtract(n, n_dot, out=ws.get("sd_digits", m, np.uint8))
-    np.take(_LOW, digits, out=b, mode="clip")
-    b &= _B30
+    inner = np.flatnonzero(np.bitwise_and(c, _INNER_DOTS, out=a))  # a dot after the first byte ("31.5", "3.")
+    dotted = _inner_dot_values(x[inner], n[inner]) if inner.size else None
+    # the dot read as a 0 ("." ^ 0x1E == "0"), then "0" taken from every byte: digit values
+    np.right_shift(c, _U7, out=a)
+    a *= np.uint64(0x1E)
+    x ^= a
+    np.right_shift(low, _U7, out=b)
+    b *= np.uint64(0x30)
     x -= b
-    np.take(_ALIGN, digits, out=b, mode="clip")
-    x *= b  # digit values, the last one in the top byte
-    for step, keep, shift in ((10, _PAIRS, _U8), (100, _FOURS, _U16), (10000, _EIGHTS, _U32)):
-        np.right_shift(x, shift, out=a)
-        x *= np.uint64(step)
-        x += a
-        x &= keep
-    frac = np.subtract(n, at, out=at)
-    frac -= 1  # (wraps where there is no dot: times 0 below)
-    frac *= n_dot
+    _join_digits(x, a)  # the digits followed by 8 - n zeros
+    # no dot: x / 10^(8 - n); a dot first (".0124", every PeMS occupancy): x / 10^(8 - n + n - 1)
+    e = np.subtract(n, 1, out=ws.get("sd_e", m, np.uint8))
+    e *= n_dot
+    e += 8
+    e -= n
     val = ws.get("sd_val", m, np.float64)
     np.copyto(val, x, casting="unsafe")
-    val /= np.take(_POW10, frac, out=ws.get("sd_pow", m, np.float64), mode="clip")
+    val /= np.take(_POW10, e, out=ws.get("sd_pow", m, np.float64), mode="clip")
+    if dotted is not None:
+        val[inner] = dotted
     return val, ok, np.greater(n_dot, 0, out=ws.get("sd_dot", m, np.bool_))
+
+
+def _join_digits(x: npt.NDArray[np.uint64], scratch: npt.NDArray[np.uint64]) -> None:
+    """Eight digit values (the first in the low byte) joined in place into their number, by
+    pairs, fours and eights."""
+    for step, keep, shift in ((10, _PAIRS, _U8), (100, _FOURS, _U16), (10000, _EIGHTS, _U32)):
+        np.right_shift(x, shift, out=scratch)
+        x *= np.uint64(step)
+        x += scratch
+        x &= keep
+
+
+def _inner_dot_values(x: npt.NDArray[np.uint64], n: npt.NDArray[np.uint8]) -> npt.NDArray[np.float64]:
+    """:func:`_short_decimals` values of texts (``x``: their bytes, masked to ``n``) whose
+    dot is not the first byte: the dot taken out, the digits joined, divided by 10^(8 - dot)."""
+    found = ~(((((x ^ _B2E) & _B7F) + _B7F) | (x ^ _B2E)) & _B80) & _B80 & np.take(_LOW, n, mode="clip")
+    at = np.minimum(np.bitwise_count((found - _U1) & ~found) >> np.uint8(3), n)  # the first dot's byte
+    below = np.take(_LOW, at, mode="clip")
+    x = (x & below) | ((x >> _U8) & ~below)
+    x -= _B30 & np.take(_LOW, n - 1, mode="clip")
+    _join_digits(x, np.empty_like(x))
+    out: npt.NDArray[np.float64] = x.astype(np.float64) / np.take(_POW10, 8 - at, mode="clip")
+    return out
 
 
 def _decimals(win: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
