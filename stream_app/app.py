@@ -202,8 +202,9 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 
     async def _publishing(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """Run ``attempt`` until it succeeds; broker errors are retried (a re-send is harmless:
-        stage records are deduplicated by batch id, estimates are identical). Failing past the
-        loss timeout makes the broker lost: the guard stops the worker, which cancels this."""
+        stage records are deduplicated by batch id, estimates are identical; a retried stage-2
+        batch may count its metrics and send its dead letters twice). Failing past the loss
+        timeout makes the broker lost: the guard stops the worker, which cancels this."""
         since: float | None = None
         while True:
             try:

@@ -82,8 +82,9 @@ def test_exit_code_7_is_documented() -> None:
     assert EXIT_BROKER_LOST == 7 and "lost mid-run" in EXIT_CODES[7]
 
 
-def _summary(**kw: int) -> ReplaySummary:
-    return ReplaySummary(fleet_size=247, data_quality="ok", elapsed_s=9.5, **kw)
+def _summary(epochs: int, reports: int, records: int, reports_sent: int, records_sent: int) -> ReplaySummary:
+    return ReplaySummary(epochs=epochs, reports=reports, records=records, reports_sent=reports_sent,
+                         records_sent=records_sent, fleet_size=247, data_quality="ok", elapsed_s=9.5)
 
 
 def test_summary_lines_say_what_was_acknowledged() -> None:
