@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pydantic_settings import BaseSettings  # noqa: E402
 
 from producers.settings import ReplaySettings  # noqa: E402
-from schemas.settings import KafkaSettings  # noqa: E402
+from schemas.settings import BrokerLossSettings, KafkaSettings  # noqa: E402
 from stream_app.demo_settings import DemoSettings  # noqa: E402
 from stream_app.settings import WorkerSettings  # noqa: E402
 
@@ -33,8 +33,9 @@ def rows() -> list[str]:
     out: list[str] = []
     groups: list[tuple[type[BaseSettings], str, set[str]]] = [
         (KafkaSettings, "all", set()),
-        (ReplaySettings, "replay", set(KafkaSettings.model_fields)),
-        (WorkerSettings, "worker", set(KafkaSettings.model_fields)),
+        (BrokerLossSettings, "replay, worker", set(KafkaSettings.model_fields)),
+        (ReplaySettings, "replay", set(BrokerLossSettings.model_fields)),
+        (WorkerSettings, "worker", set(BrokerLossSettings.model_fields)),
         (DemoSettings, "demo", set()),
     ]
     for model, commands, skip in groups:

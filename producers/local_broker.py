@@ -148,6 +148,15 @@ class LocalBroker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: every topic is gone (tests of a lost broker)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     def stop(self) -> None:
         terminate(self._proc, timeout_s=2.0)
         if self._log is not None:

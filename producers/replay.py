@@ -5,6 +5,10 @@ process), run each vehicle's device for every active query (newest version whose
 passed, switching only at epoch boundaries), send the reports in columnar batches keyed by
 random batch ids, then to every partition one record with its end-of-epoch markers (one per
 (query, round)).
+
+The summary counts what the broker acknowledged (reports inside acknowledged records), next to
+what was handed to the producer. A broker lost mid-run ends the replay within
+``broker_loss_timeout_s`` with :class:`ReplayLost`, which carries that summary.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.kafka_io import QueryReader, ensure_topics, publish_query
+from schemas.kafka_io import BrokerLost, QueryReader, broker_lost, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
@@ -43,7 +47,8 @@ from .settings import ReplaySettings
 from .sink import ReportSink
 from .synthetic import write_synthetic_day
 
-__all__ = ["EmptyData", "ReplaySummary", "active_queries", "default_queries", "fleet_size_for", "load_day", "replay"]
+__all__ = ["EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_queries", "fleet_size_for",
+           "load_day", "replay"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
@@ -110,10 +115,18 @@ def active_queries(queries: Iterable[Query], when: datetime) -> list[Query]:
 
 @dataclass
 class ReplaySummary:
+    """What a replay did. ``reports``/``records``: the reports and report records the broker
+    acknowledged; ``reports_sent``/``records_sent``: those handed to the producer (more only
+    when deliveries failed or the broker was lost). ``epochs``: epochs completed (flushed and
+    marked)."""
+
     epochs: int = 0
     reports: int = 0
     records: int = 0
+    reports_sent: int = 0
+    records_sent: int = 0
     delivery_failures: int = 0
+    failure_reasons: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
     refusal_reasons: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
@@ -122,8 +135,18 @@ class ReplaySummary:
     elapsed_s: float = 0.0
 
 
-# indices of the shared per-producer counters
-_EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED = range(6)
+class ReplayLost(BrokerLost):
+    """The broker was lost mid-replay; ``summary`` holds what it had acknowledged until then."""
+
+    def __init__(self, message: str, summary: ReplaySummary) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+
+# indices of the shared per-producer counters (_LOST: 1 once that producer lost the broker)
+_EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED, _SENT_REPORTS, _SENT_RECORDS, _LOST = range(9)
+_N_COUNTERS = 9
+_REASON_BYTES = 400  # a producer process's loss reason, shared with the parent
 
 
 class StopFlag:
@@ -161,6 +184,7 @@ class StopFlag:
 def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                    counters: Any | None = None, day: TrafficDay | None = None,
                    peers: list[Any] | None = None) -> ReplaySummary:
+    """One producer's share of the replay; :class:`ReplayLost` if the broker is lost."""
     with StopFlag() as stop:
         return _run_epochs(settings, index, count, t0, counters, stop, day or load_day(settings), peers or [])
 
@@ -180,7 +204,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     # every device of this producer answers the same queries: one ledger stands for each of them
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
-    sink = ReportSink(settings, settings.reports_topic)
+    sink = ReportSink(settings, settings.reports_topic, other_topics=[settings.truth_topic] if settings.truth else [])
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
@@ -189,6 +213,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     truth_rows = day.has_truth[settings.start_epoch:]  # missing readings and dead detectors: no truth
     if settings.max_epochs is not None:
         epochs, flows = epochs[: settings.max_epochs], flows[: settings.max_epochs]
+    lost: BrokerLost | None = None
     try:
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
             if settings.speed > 0 and stop.wait(t0 + i * 30.0 / settings.speed - time.time()):
@@ -226,7 +251,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
                     if er.participants:
                         _send_round(sink, settings, producer_id, q, epoch, r, er.rounds[r], er.reports[r],
-                                    per_part, summary, stop)
+                                    per_part, stop)
             sink.flush()
             # an interrupted epoch is marked with exactly what was sent of it
             _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
@@ -235,27 +260,44 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 break
             summary.epochs += 1
             if counters is not None:
-                counters[_EPOCHS] = summary.epochs
-                counters[_REPORTS] = summary.reports
-                counters[_RECORDS] = summary.records
-                counters[_FAILED] = sink.failed
-                counters[_REFUSED] = sum(summary.refused.values())
+                _share(counters, summary, sink)
+    except BrokerLost as exc:  # the epoch in progress is left unmarked: the broker is gone
+        lost = exc
     finally:
         summary.interrupted = stop.requested
         try:
             sink.close()
+        except BrokerLost as exc:
+            lost = lost or exc
         finally:
             reader.close()
-        summary.delivery_failures = sink.failed
-        if counters is not None:
-            counters[_FAILED] = sink.failed
-            counters[_DONE] = 1
+            summary.reports, summary.records = sink.acked_reports, sink.acked_batches
+            summary.reports_sent, summary.records_sent = sink.sent_reports, sink.sent_batches
+            summary.delivery_failures = sink.failed
+            summary.failure_reasons = Counter(sink.failure_reasons)
+            if counters is not None:
+                _share(counters, summary, sink)
+                counters[_LOST] = int(lost is not None)
+                counters[_DONE] = 1
+    if lost is not None:
+        raise ReplayLost(str(lost), summary) from None
     return summary
+
+
+def _share(counters: Any, summary: ReplaySummary, sink: ReportSink) -> None:
+    """This producer's totals into its shared counters (the parent reads them)."""
+    counters[_EPOCHS] = summary.epochs
+    counters[_REPORTS] = sink.acked_reports
+    counters[_RECORDS] = sink.acked_batches
+    counters[_SENT_REPORTS] = sink.sent_reports
+    counters[_SENT_RECORDS] = sink.sent_batches
+    counters[_FAILED] = sink.failed
+    counters[_REFUSED] = sum(summary.refused.values())
 
 
 def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
                 arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
-                summary: ReplaySummary, stop: StopFlag) -> None:
+                stop: StopFlag) -> None:
     base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "round": r,
             "producer_id": producer_id, "n_stations": q.n_stations, "n_outputs": q.build().n_outputs}
     if "counts" in arrays:
@@ -274,11 +316,9 @@ def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q:
         key = batch_id.encode()
         partition = sink.partition_for(key)
         value = encode_batch({**base, "kind": kind, "layout": layout, "batch_id": batch_id, "reports": n}, chunk)
-        sink.send(value, key=key, partition=partition, headers=[(KIND_HEADER, kind.encode())])
+        sink.send(value, key=key, partition=partition, headers=[(KIND_HEADER, kind.encode())], reports=n)
         per_part[partition][0] += n
         per_part[partition][1] += 1
-        summary.reports += n
-        summary.records += 1
 
 
 def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,
@@ -307,9 +347,15 @@ def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, ep
     sink.flush()
 
 
-def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any, peers: list[Any]) -> None:
+def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any, peers: list[Any],
+           reason: Any = None, kafka_log_level: int = logging.WARNING) -> None:
     logging.basicConfig(level=logging.WARNING)
-    _producer_loop(settings, index, count, t0, counters, peers=peers)
+    logging.getLogger("kafka").setLevel(kafka_log_level)  # as quiet as the parent's
+    try:
+        _producer_loop(settings, index, count, t0, counters, peers=peers)
+    except ReplayLost as exc:  # counted (counters[_LOST]); the parent reports it
+        if reason is not None:
+            reason.value = str(exc).encode()[:_REASON_BYTES - 1]
 
 
 class Progress:
@@ -358,7 +404,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     bar = Progress(total, progress)
     t0 = time.time()
     if settings.producers == 1:
-        counters = [0] * 6
+        counters = [0] * _N_COUNTERS
 
         class _Tick(list[int]):
             def __setitem__(self, i: Any, v: Any) -> None:
@@ -367,14 +413,19 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
 
         try:
             summary = _producer_loop(settings, 0, 1, t0, _Tick(counters), day)
+        except ReplayLost as exc:
+            exc.summary.elapsed_s = time.time() - started
+            raise
         finally:
             bar.close()
         summary.elapsed_s = time.time() - started
         return summary
     ctx = mp.get_context("spawn")
-    shared = [ctx.Array("q", 6, lock=False) for _ in range(settings.producers)]
-    procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k], shared),
-                         daemon=False)
+    shared = [ctx.Array("q", _N_COUNTERS, lock=False) for _ in range(settings.producers)]
+    reasons = [ctx.Array("c", _REASON_BYTES, lock=False) for _ in range(settings.producers)]
+    kafka_level = logging.getLogger("kafka").getEffectiveLevel()
+    procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k], shared, reasons[k],
+                                              kafka_level), daemon=False)
              for k in range(settings.producers)]
     for p in procs:
         p.start()
@@ -384,14 +435,14 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
             while any(p.is_alive() for p in procs):
                 bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),
                            sum(c[_FAILED] for c in shared))
-                failed = any(p.exitcode not in (0, None) for p in procs)
-                if stop.wait(0.2) or failed:  # Ctrl-C, or a producer died: its peers would wait for it
-                    summary.interrupted = not failed
+                failed = any(p.exitcode not in (0, None) for p in procs) or any(c[_LOST] for c in shared)
+                if stop.wait(0.2) or failed:  # Ctrl-C, or a producer died or lost the broker: its peers
+                    summary.interrupted = not failed  # would wait for it
                     for p in procs:  # graceful: children treat SIGTERM like the first Ctrl-C
                         if p.is_alive():
                             p.terminate()
-                    for p in procs:
-                        p.join(timeout=60)
+                    for p in procs:  # a child's last flush waits at most the loss timeout
+                        p.join(timeout=60 + settings.broker_loss_timeout_s)
         finally:
             for p in procs:
                 p.join(timeout=5)
@@ -401,10 +452,18 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     summary.epochs = min(c[_EPOCHS] for c in shared)
     summary.reports = sum(c[_REPORTS] for c in shared)
     summary.records = sum(c[_RECORDS] for c in shared)
+    summary.reports_sent = sum(c[_SENT_REPORTS] for c in shared)
+    summary.records_sent = sum(c[_SENT_RECORDS] for c in shared)
     summary.delivery_failures = sum(c[_FAILED] for c in shared)
     refused = sum(c[_REFUSED] for c in shared)
     if refused:
         summary.refused["all queries"] = refused
+    summary.elapsed_s = time.time() - started
+    if any(c[_LOST] for c in shared):
+        why = next((r.value.decode(errors="replace") for r, c in zip(reasons, shared, strict=True)
+                    if c[_LOST] and r.value), "")
+        summary.interrupted = False
+        raise ReplayLost(why or str(broker_lost(settings, "a producer process lost it")), summary)
     if any(p.exitcode not in (0, None) for p in procs) and not summary.interrupted:
         raise RuntimeError(f"producer processes failed: exit codes {[p.exitcode for p in procs]}")
     summary.elapsed_s = time.time() - started

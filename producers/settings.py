@@ -11,12 +11,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from schemas.settings import KafkaSettings
+from schemas.settings import BrokerLossSettings, KafkaSettings
 
 __all__ = ["KafkaSettings", "ReplaySettings"]
 
 
-class ReplaySettings(KafkaSettings):
+class ReplaySettings(BrokerLossSettings):
     """Everything ``ptt replay`` needs."""
 
     pems_raw: Path | None = Field(default=None, description="a PeMS Station Raw 30 s file (gzip or plain)")

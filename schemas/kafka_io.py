@@ -3,13 +3,15 @@
 Connection settings (:class:`KafkaSettings`, secrets as ``SecretStr``), connecting with a
 bounded retry (:func:`connect`), topic creation with explicit partition counts
 (:func:`ensure_topics`), publishing and following queries (:func:`publish_query`,
-:class:`QueryReader`) and reading a topic to its end (:func:`read_to_end`). The end is the
+:class:`QueryReader`), reading a topic to its end (:func:`read_to_end`) and telling a lost
+broker from a slow one (:class:`BrokerHealth`, :class:`BrokerWatch`, :class:`BrokerLost`). The end is the
 high-water mark returned with fetched data: the embedded broker's ListOffsets end offsets
 are wrong (see the README's broker notes), so nothing here uses ``end_offsets()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -23,14 +25,149 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from .query import Query
 from .settings import KafkaSettings
 
-__all__ = ["BrokerUnavailable", "KafkaSettings", "QueryReader", "assign_all", "at_end", "connect", "ensure_topics",
-           "probe", "publish_query", "read_queries", "read_to_end"]
+__all__ = ["BrokerHealth", "BrokerLost", "BrokerUnavailable", "BrokerWatch", "KafkaSettings", "QueryReader",
+           "assign_all", "at_end", "broker_lost", "connect", "ensure_topics", "probe", "publish_query", "read_queries",
+           "read_to_end"]
 
 log = logging.getLogger(__name__)
 
 
 class BrokerUnavailable(RuntimeError):
     """The Kafka broker could not be reached (or kept failing) after retries."""
+
+
+class BrokerLost(BrokerUnavailable):
+    """The broker was lost mid-run: silent for longer than the loss timeout, or a topic in use
+    gone or recreated (a memory-only broker restarted). Build it with :func:`broker_lost`."""
+
+
+LOST_HINT = ("an embedded broker keeps everything in memory, so what it held is gone: start the broker again "
+             "(`ptt broker`), then the worker, and replay into fresh topics; --broker-loss-timeout-s sets how long "
+             "a silent broker is waited for")
+
+
+def broker_lost(settings: KafkaSettings, reason: str) -> BrokerLost:
+    """The one-line error for a broker lost mid-run: what happened, then what to do.
+
+    >>> from schemas.settings import KafkaSettings
+    >>> str(broker_lost(KafkaSettings(), "no answer for 30.0s")).split(";")[0]
+    'lost the Kafka broker at 127.0.0.1:9092 mid-run (no answer for 30.0s)'
+    """
+    return BrokerLost(f"lost the Kafka broker at {settings.bootstrap_servers} mid-run ({reason}); {LOST_HINT}")
+
+
+class BrokerHealth:
+    """When is a broker lost, rather than slow? Decided from what a process saw of it (pure).
+
+    Lost: no sign of life (an acknowledgement, an answer to a metadata request) for longer
+    than ``timeout_s`` while something waited on the broker, or -- at once -- a topic in use
+    gone, or recreated under the same name (its topic id changed). The latter is what a
+    restart of a memory-only broker looks like: waiting does not bring back what it held. The
+    first verdict sticks (:attr:`lost`).
+
+    >>> h = BrokerHealth(timeout_s=30.0, now=0.0)
+    >>> h.alive(1.0)                                     # an answer, an acknowledgement
+    >>> h.silent(20.0, "connection refused") is None     # 19 s without an answer: still waiting
+    True
+    >>> h.silent(31.5, "connection refused")
+    'no answer from the broker for 30.5s: connection refused'
+    >>> h = BrokerHealth(timeout_s=30.0, now=0.0)
+    >>> h.seen({"ptt.reports": "id-1", "ptt.truth": "id-2"}) is None   # the first answer names the ids
+    True
+    >>> h.seen({"ptt.reports": "id-9", "ptt.truth": "id-2"})
+    'topic ptt.reports was deleted and recreated: the broker restarted?'
+    >>> h.seen({"ptt.reports": "id-1", "ptt.truth": None})  # the first verdict sticks
+    'topic ptt.reports was deleted and recreated: the broker restarted?'
+    >>> BrokerHealth(30.0, 0.0).seen({"ptt.truth": None})
+    'topic ptt.truth is gone: deleted, or the broker restarted'
+    """
+
+    def __init__(self, timeout_s: float, now: float) -> None:
+        self.timeout_s = timeout_s
+        self.last_alive = now
+        self.topic_ids: dict[str, str] = {}
+        self.lost: str | None = None
+
+    def alive(self, now: float) -> None:
+        """A sign of life (or, :meth:`waiting`, the start of a new wait): the silence clock restarts."""
+        self.last_alive = max(self.last_alive, now)
+
+    waiting = alive
+
+    def seen(self, topic_ids: dict[str, str | None]) -> str | None:
+        """The broker named each topic in use with its id (None: the topic does not exist).
+        Returns the verdict if the broker counts as lost."""
+        if self.lost is not None:
+            return self.lost
+        for topic, tid in sorted(topic_ids.items()):
+            if tid is None:
+                self.lost = f"topic {topic} is gone: deleted, or the broker restarted"
+                return self.lost
+            if not tid.strip("0-"):  # a broker without topic ids (an all-zero id) cannot tell
+                continue
+            if self.topic_ids.setdefault(topic, tid) != tid:
+                self.lost = f"topic {topic} was deleted and recreated: the broker restarted?"
+                return self.lost
+        return None
+
+    def silent(self, now: float, why: str) -> str | None:
+        """Something waited on the broker in vain (``why``). Returns the verdict if the broker
+        has now been silent for longer than ``timeout_s``."""
+        if self.lost is None and now - self.last_alive > self.timeout_s:
+            self.lost = f"no answer from the broker for {now - self.last_alive:.1f}s: {why}"
+        return self.lost
+
+
+class BrokerWatch:
+    """Asks the broker about the ``topics`` in use (one metadata request per :meth:`check`) and
+    feeds the answers, or their absence, to a :class:`BrokerHealth`. One thread at a time."""
+
+    def __init__(self, settings: KafkaSettings, topics: set[str] | list[str], timeout_s: float) -> None:
+        self._settings = settings
+        self.topics = sorted(set(topics))
+        self.health = BrokerHealth(timeout_s, time.monotonic())
+        self._admin: Any = None
+        # one metadata request must not outlast the loss timeout
+        self._request_timeout_ms = int(min(settings.request_timeout_ms, max(1000.0, 1000 * timeout_s / 3)))
+
+    def topic_ids(self) -> dict[str, str | None]:
+        """Each watched topic's id ("" if the broker has none, None if the topic does not exist);
+        raises what the client raises when the broker does not answer."""
+        if self._admin is None:
+            quick = self._settings.model_copy(update={"request_timeout_ms": self._request_timeout_ms})
+            self._admin = connect("admin", quick, KafkaAdminClient)
+        ids: dict[str, str | None] = {}
+        for t in self._admin.describe_topics(self.topics):
+            code = int(t.get("error_code", 0))
+            if code == 3:  # UNKNOWN_TOPIC_OR_PARTITION
+                ids[str(t["name"])] = None
+            elif code != 0:
+                raise KafkaError(f"metadata of {t['name']}: error code {code}")
+            else:
+                ids[str(t["name"])] = str(t.get("topic_id") or "")
+        return ids
+
+    def check(self) -> str | None:
+        """One metadata request; returns the verdict if the broker counts as lost."""
+        try:
+            ids = self.topic_ids()
+        except (KafkaError, OSError, BrokerUnavailable) as exc:
+            why = probe(self._settings.bootstrap_servers, timeout_s=1.0) or _why(exc)  # "refused" says more
+            return self.health.silent(time.monotonic(), why)
+        self.health.alive(time.monotonic())
+        return self.health.seen(ids)
+
+    def close(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(KafkaError, OSError):
+                self._admin.close()
+            self._admin = None
+
+
+def _why(exc: BaseException) -> str:
+    """A short reason from a client exception (its first line, without the hint)."""
+    text = str(exc).split("; ")[0].strip() or type(exc).__name__
+    return text if len(text) < 160 else text[:157] + "..."
 
 
 def _split_address(address: str) -> tuple[str, int]:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["KafkaSettings"]
+__all__ = ["BrokerLossSettings", "KafkaSettings"]
 
 
 class KafkaSettings(BaseSettings):
@@ -66,3 +66,14 @@ class KafkaSettings(BaseSettings):
         if self.ssl_password is not None:
             kw["ssl_password"] = self.ssl_password.get_secret_value()
         return kw
+
+
+class BrokerLossSettings(KafkaSettings):
+    """Connection settings of a long-running process (``replay``, ``worker``): how long a lost
+    broker is waited for before the process stops with one line and exit code 7."""
+
+    broker_loss_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="stop with exit code 7 when the broker has acknowledged nothing (or answered no "
+                    "metadata request) for this long, or at once when a topic in use is gone or was "
+                    "recreated (an embedded broker's restart)")

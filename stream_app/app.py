@@ -15,6 +15,11 @@ Topology (one or many workers in one consumer group give the same result):
   that (Faust acks the batch's events when the loop body returns, and flushes the producer
   before committing).
 
+A lost broker (silent for ``broker_loss_timeout_s``, or its topics gone: an embedded
+broker restarted) stops the worker with one line and exit code 7 (:mod:`stream_app.guard`,
+:func:`run_worker`); publishes that fail meanwhile are retried, never dead-lettered as if a
+record were at fault.
+
 Faust's windowed tables are not used: they close windows by the wall clock and keep their
 expiry schedule in memory. Here every closing decision is made from data in the
 changelog-backed table -- window states and each partition's watermark state -- so it
@@ -26,21 +31,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import signal
 import ssl
+import sys
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import faust
+from aiokafka.errors import KafkaError as AioKafkaError
+from faust.exceptions import ProducerSendError
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 
 from schemas import GroundTruth, Query, decode_record
-from schemas.kafka_io import QueryReader
+from schemas.kafka_io import QueryReader, broker_lost
 
 from .decode import REASONS, GraceBudget, Rejected, to_partials
 from .estimate import QueryEstimators, epoch_results, retraction
+from .guard import BrokerGuard, stop_grace_s
 from .metrics import StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
@@ -50,6 +63,7 @@ from .windows import CloseReason, Watermarks, WindowPolicy, WindowState
 __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
 log = logging.getLogger(__name__)
+BROKER_ERRORS = (AioKafkaError, ProducerSendError)  # a publish failed: the broker's fault, not a record's
 WM_PREFIX = b"__wm__\x1f"
 QUERY_PATIENCE_S = 120.0  # longest wait for the queries topic to be readable before giving up on a query
 PUBLISH_CHUNK = 40_000  # estimate records in flight before their acknowledgements are awaited
@@ -195,6 +209,23 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                           horizon_epochs=s.horizon_epochs)
     sink = BatchSink(s, s.estimates_topic)
     forward = BatchSink(s, s.partials_topic)
+    guard = BrokerGuard(s, watched_topics(s))
+
+    async def _publishing(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+        """Run ``attempt`` until it succeeds; broker errors are retried (a re-send is harmless:
+        stage records are deduplicated by batch id, estimates are identical; a retried stage-2
+        batch may count its metrics and send its dead letters twice). Failing past the loss
+        timeout makes the broker lost: the guard stops the worker, which cancels this."""
+        since: float | None = None
+        while True:
+            try:
+                await attempt()
+                return
+            except BROKER_ERRORS as exc:
+                since = since if since is not None else time.monotonic()
+                if guard.failing(what, since, f"{type(exc).__name__}: {exc}") is None:
+                    log.warning("%s failed (%s: %s); retrying", what, type(exc).__name__, exc)
+                await asyncio.sleep(min(1.0, guard.interval_s))
 
     reports = app.topic(s.reports_topic, key_serializer="raw", value_serializer="raw", partitions=s.partitions)
     partials = app.topic(s.partials_topic, key_serializer="raw", value_serializer="raw",
@@ -261,9 +292,10 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
             # acknowledged before this batch's input offsets can be committed; the records for
             # one stage-2 partition travel as one bundle (one Kafka record, not one per marker)
             out = await _stage1(events)
-            await forward.start()
+            await _publishing("publishing stage records", partial(forward.start))
             bundles = bundle((forward.partition_for(key), key, value) for key, value in out)
-            await forward.publish([(key, value) for _, key, value in bundles], [p for p, _, _ in bundles])
+            await _publishing("publishing stage records", partial(
+                forward.publish, [(key, value) for _, key, value in bundles], [p for p, _, _ in bundles]))
 
     def _load(wid: WindowId) -> WindowState | None:
         raw = windows.data.get(wid.key)
@@ -339,12 +371,12 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                 by_part[event.message.partition] += [(event, raw) for raw in records]
             for part, entries in by_part.items():
                 try:
-                    await _apply(part, entries, started)
+                    await _publishing("publishing estimates", partial(_apply, part, entries, started))
                 except Exception:  # find the record(s) at fault one by one; the rest still count
                     log.exception("stage 2 failed on a batch of partition %s; retrying record by record", part)
                     for e, raw in entries:
                         try:
-                            await _apply(part, [(e, raw)], started)
+                            await _publishing("publishing estimates", partial(_apply, part, [(e, raw)], started))
                         except Exception as exc:
                             log.exception("stage 2 failed on partition %s offset %s", part, e.message.offset)
                             await _dead(Rejected("internal_error", f"{type(exc).__name__}: {exc}"),
@@ -367,8 +399,11 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     async def tick() -> None:
         await queries.refresh()
         value = encode_partial(Tick(time.time()))
-        for p in range(s.internal_partitions):
-            await partials.send(key=b"tick", value=value, partition=p)
+        try:
+            for p in range(s.internal_partitions):
+                await partials.send(key=b"tick", value=value, partition=p)
+        except BROKER_ERRORS as exc:  # the next tick tries again; a lost broker is the guard's verdict
+            log.warning("could not send the wall-clock tick (%s: %s)", type(exc).__name__, exc)
 
     @app.task
     async def start_sinks() -> None:
@@ -387,7 +422,14 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 
     app.metrics_registry = registry  # type: ignore[attr-defined]
     app.estimates_sink = sink  # type: ignore[attr-defined]
+    app.broker_guard = guard  # type: ignore[attr-defined]
     return app
+
+
+def watched_topics(s: WorkerSettings) -> list[str]:
+    """The topics whose loss (gone, or recreated by a restarted broker) means the broker is lost."""
+    return sorted({s.reports_topic, s.queries_topic, s.truth_topic, s.partials_topic, s.changelog_topic,
+                   s.estimates_topic, s.dead_letter_topic})
 
 
 def ensure_stream_topics(s: WorkerSettings) -> None:
@@ -404,12 +446,47 @@ def ensure_stream_topics(s: WorkerSettings) -> None:
 
 
 def run_worker(s: WorkerSettings) -> int:
-    """Run one worker until SIGTERM/SIGINT (Faust's worker handles both gracefully)."""
+    """Run one worker until SIGTERM/SIGINT (Faust's worker handles both gracefully), or until
+    its broker is lost: then :class:`~schemas.kafka_io.BrokerLost` once the worker has stopped
+    -- or, if stopping takes longer than :func:`~stream_app.guard.stop_grace_s` (Faust flushes
+    its producer first, which does not end while the broker is gone), the one-line error and
+    exit code 7 straight from the guard's deadline."""
     from faust.worker import Worker
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
     ensure_stream_topics(s)
     app = create_app(s)
+    guard: BrokerGuard = app.broker_guard  # type: ignore[attr-defined]
     worker = Worker(app, loglevel=s.log_level, quiet=True, redirect_stdouts=False)
-    worker.execute_from_commandline()
+
+    def deadline_exit() -> None:
+        if guard.settle():
+            from .cli import EXIT_BROKER_LOST, error_line
+
+            print(error_line("worker", str(broker_lost(s, guard.lost or "unknown"))), file=sys.stderr, flush=True)
+            os._exit(EXIT_BROKER_LOST)
+
+    def on_lost(reason: str) -> None:
+        # What the stop logs (connection errors, cancelled tasks) is noise next to the one line.
+        logging.disable(logging.CRITICAL)
+        timer = threading.Timer(stop_grace_s(s.broker_loss_timeout_s), deadline_exit)
+        timer.daemon = True
+        timer.start()
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # Faust has not started yet
+            deadline_exit()
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)  # Faust's own graceful stop
+
+    guard.start(on_lost)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit:
+        if guard.lost is None:
+            raise
+    finally:
+        guard.stop()
+    if guard.lost is not None:
+        if not guard.settle():  # the deadline is reporting it and ending the process
+            threading.Event().wait()
+        raise broker_lost(s, guard.lost)
     return 0

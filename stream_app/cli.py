@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from estimators import planning
 from schemas.wire import json_safe
 
-__all__ = ["EXIT_CODES", "CliError", "build_parser", "main"]
+__all__ = ["EXIT_CODES", "CliError", "build_parser", "error_line", "main"]
 
 # The exit codes of every command (documented in the README).
 EXIT_OK = 0
@@ -32,6 +32,7 @@ EXIT_BROKER = 3  # the Kafka broker cannot be reached
 EXIT_PORT = 4  # a port to listen on is taken
 EXIT_INPUT = 5  # an input file is missing, unreadable, or not in a readable compression
 EXIT_EMPTY = 6  # the input holds no usable data
+EXIT_BROKER_LOST = 7  # the broker was lost mid-run (silent past --broker-loss-timeout-s, or its topics gone)
 EXIT_INTERRUPTED = 130  # Ctrl-C (or SIGTERM): what was sent is flushed and marked
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
@@ -41,6 +42,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_PORT: "a port to listen on is in use",
     EXIT_INPUT: "an input file is missing, unreadable or in an unreadable compression",
     EXIT_EMPTY: "the input holds no usable data",
+    EXIT_BROKER_LOST: "the Kafka broker was lost mid-run (silent for --broker-loss-timeout-s, or its topics gone)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
 ERROR_LOG = "ptt-error.log"
@@ -105,6 +107,16 @@ def _write_error_log(command: str, path: Path) -> Path:
         return Path(name)
 
 
+def error_line(command: str, what: str, fix: str = "") -> str:
+    """The one line of an expected failure: ``ptt <command>: error: <what>; <fix>``.
+
+    >>> error_line("replay", "cannot read x.txt: no such file", "check the path")
+    'ptt replay: error: cannot read x.txt: no such file; check the path'
+    """
+    what = " ".join(str(what).split())
+    return f"ptt {command}: error: {what}{'; ' + fix if fix and fix not in what else ''}"
+
+
 def _guarded(command: str, fn: Callable[[], int], args: argparse.Namespace | None = None) -> int:
     """Run a command; map every expected failure to one line and its exit code, and anything
     else to one line pointing to a log file with the traceback (exit 1)."""
@@ -112,11 +124,10 @@ def _guarded(command: str, fn: Callable[[], int], args: argparse.Namespace | Non
 
     from producers.local_broker import PortInUse
     from producers.replay import EmptyData
-    from schemas.kafka_io import BrokerUnavailable
+    from schemas.kafka_io import BrokerLost, BrokerUnavailable
 
     def fail(code: int, what: str, fix: str = "") -> int:
-        what = " ".join(str(what).split())
-        print(f"ptt {command}: error: {what}{'; ' + fix if fix and fix not in what else ''}", file=sys.stderr)
+        print(error_line(command, what, fix), file=sys.stderr)
         return code
 
     help_hint = f"see ptt {command} --help"
@@ -129,6 +140,8 @@ def _guarded(command: str, fn: Callable[[], int], args: argparse.Namespace | Non
         return fail(exc.code, str(exc))
     except ValidationError as exc:
         return fail(EXIT_USAGE, validation_message(exc), help_hint)
+    except BrokerLost as exc:
+        return fail(EXIT_BROKER_LOST, str(exc))
     except BrokerUnavailable as exc:
         return fail(EXIT_BROKER, str(exc))
     except PortInUse as exc:
@@ -356,23 +369,41 @@ def _check_inputs(paths: list[Path]) -> None:
             pass
 
 
+def replay_summary_lines(summary: Any) -> list[str]:
+    """What ``ptt replay`` prints on stdout: data quality, what the broker acknowledged (and,
+    when that is less, what was sent), refusals. Also printed when the broker was lost."""
+    s = summary
+    if (s.reports, s.records) == (s.reports_sent, s.records_sent):
+        done = f"{s.reports:,} reports in {s.records:,} records"
+    else:
+        done = (f"the broker acknowledged {s.reports:,} of {s.reports_sent:,} reports sent ({s.records:,} of "
+                f"{s.records_sent:,} records)")
+    lines = [f"data: {s.data_quality}",
+             f"fleet: {s.fleet_size:,} vehicles; replayed {s.epochs} epochs, {done} in {s.elapsed_s:.1f}s"]
+    lines += [f"refused: {n:,} vehicle-epochs of {qid} ({s.refusal_reasons.get(qid, '')})"
+              for qid, n in sorted(s.refused.items())]
+    return lines
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from producers.replay import replay
+    from producers.replay import ReplayLost, replay
     from producers.settings import ReplaySettings
 
     from .settings_cli import settings_from_args
 
     settings = settings_from_args(ReplaySettings, args)
     _check_inputs(_input_paths(args))
-    summary = replay(settings, progress=not args.quiet)
-    print(f"data: {summary.data_quality}")
-    print(f"fleet: {summary.fleet_size:,} vehicles; replayed {summary.epochs} epochs, {summary.reports:,} reports in "
-          f"{summary.records:,} records in {summary.elapsed_s:.1f}s")
-    for qid, n in sorted(summary.refused.items()):
-        print(f"refused: {n:,} vehicle-epochs of {qid} ({summary.refusal_reasons.get(qid, '')})")
+    try:
+        summary = replay(settings, progress=not args.quiet)
+    except ReplayLost as exc:  # what was acknowledged before the loss, then the one-line error
+        print("\n".join(replay_summary_lines(exc.summary)), flush=True)
+        raise
+    print("\n".join(replay_summary_lines(summary)))
     if summary.delivery_failures:
-        raise CliError(f"{summary.delivery_failures} records could not be delivered; check the broker's health "
-                       "and replay into fresh topics", EXIT_FAILURE)
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.failure_reasons.items()))
+        raise CliError(f"{summary.delivery_failures} records could not be delivered"
+                       f"{f' ({reasons})' if reasons else ''}; check the broker's health and replay into fresh "
+                       "topics", EXIT_FAILURE)
     if summary.interrupted:
         print("interrupted: sent data flushed and marked", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from producers.local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
-from producers.replay import StopFlag, load_day, replay
+from producers.replay import ReplayLost, StopFlag, load_day, replay
 from producers.settings import ReplaySettings
 from schemas.kafka_io import read_to_end
 from schemas.settings import KafkaSettings
@@ -226,7 +226,13 @@ def run_demo(demo: DemoSettings) -> int:
         print(f"output      {out}/ (logs now; estimates.jsonl, truth.jsonl and report/ when the demo ends)")
         print(f"replaying {source} at {demo.speed:g}x real time; Ctrl-C stops", flush=True)
         rs = _replay_settings(demo, broker.bootstrap)
-        summary = replay(rs, progress=True)
+        try:
+            summary = replay(rs, progress=True)
+        except ReplayLost as exc:  # what the broker acknowledged, then the CLI's one-line error
+            from .cli import replay_summary_lines
+
+            print("\n".join(replay_summary_lines(exc.summary)), flush=True)
+            raise
         print(f"data: {summary.data_quality}")
         print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
               f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"

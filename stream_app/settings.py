@@ -6,12 +6,12 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from schemas.settings import KafkaSettings
+from schemas.settings import BrokerLossSettings
 
 __all__ = ["WorkerSettings"]
 
 
-class WorkerSettings(KafkaSettings):
+class WorkerSettings(BrokerLossSettings):
     app_id: str = Field(default="ptt-stream", description="Faust app id: consumer group and internal topic prefix")
     estimates_topic: str = "ptt.estimates"
     dead_letter_topic: str = "ptt.dead-letter"

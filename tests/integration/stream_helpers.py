@@ -34,18 +34,20 @@ def env_for(settings: KafkaSettings) -> dict[str, str]:
 
 
 class WorkerProcess:
-    """``ptt worker`` in a subprocess, with its log in a file."""
+    """``ptt worker`` in a subprocess, with its log in a file (stderr in ``err`` if given)."""
 
-    def __init__(self, settings: WorkerSettings, log: Path) -> None:
+    def __init__(self, settings: WorkerSettings, log: Path, err: Path | None = None) -> None:
         self.settings = settings
         self.log = log
+        self.err = err
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
-        with self.log.open("ab") as fh:  # the child keeps its own copy of the descriptor
+        # the child keeps its own copies of the descriptors
+        with self.log.open("ab") as fh, (self.err or self.log).open("ab") as eh:
             self.proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
-                                         env=env_for(self.settings), stdout=fh, stderr=subprocess.STDOUT,
-                                         cwd=self.log.parent)
+                                         env=env_for(self.settings), stdout=fh,
+                                         stderr=subprocess.STDOUT if self.err is None else eh, cwd=self.log.parent)
         return self
 
     @property

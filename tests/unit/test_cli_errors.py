@@ -64,7 +64,7 @@ def test_every_option_of_every_command_has_help() -> None:
 
 def test_exit_codes_are_distinct_and_documented() -> None:
     codes = [cli.EXIT_OK, cli.EXIT_FAILURE, cli.EXIT_USAGE, cli.EXIT_BROKER, cli.EXIT_PORT, cli.EXIT_INPUT,
-             cli.EXIT_EMPTY, cli.EXIT_INTERRUPTED]
+             cli.EXIT_EMPTY, cli.EXIT_BROKER_LOST, cli.EXIT_INTERRUPTED]
     assert len(set(codes)) == len(codes) == len(cli.EXIT_CODES)
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for code in codes:
