@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections import defaultdict
 from typing import Any
@@ -54,3 +55,16 @@ class Decoded:
                     self.markers[(m.query_id, m.query_version, m.epoch, m.round)].append(m)
             else:
                 self.other.append(item)
+
+
+def wait_for_marker(s: KafkaSettings, topic: str, proc: subprocess.Popen[str], timeout_s: float = 90.0) -> None:
+    """Until an end-of-epoch marker is on ``topic`` (a replay in ``proc`` is under way)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            if Decoded(drain(s, topic, quiet_polls=1, timeout_s=5)).markers:
+                return
+        except Exception:  # noqa: BLE001, S112 - the topic may not exist yet
+            continue
+    raise AssertionError(f"no end-of-epoch marker within {timeout_s}s")

@@ -27,7 +27,7 @@ from producers.sink import ReportSink
 from stream_app.cli import EXIT_BROKER_LOST
 from stream_app.guard import check_interval_s, stop_grace_s
 
-from .kafka_helpers import Decoded, drain
+from .kafka_helpers import wait_for_marker
 from .stream_helpers import WorkerProcess, env_for, pipeline_settings
 
 pytestmark = pytest.mark.integration
@@ -73,19 +73,6 @@ def _settings(own: OwnBroker, tmp_path: Path, base: Path, **kw: Any) -> ReplaySe
     return rs.model_copy(update={"data_dir": base / "ptt-data", "broker_loss_timeout_s": LOSS_TIMEOUT_S, **kw})
 
 
-def _wait_for_marker(s: ReplaySettings, proc: subprocess.Popen[str], timeout_s: float = 90.0) -> None:
-    """Until an end-of-epoch marker is on the reports topic: the replay is under way."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        try:
-            if Decoded(drain(s, s.reports_topic, quiet_polls=1, timeout_s=5)).markers:
-                return
-        except Exception:  # noqa: BLE001, S112 - the topic may not exist yet
-            continue
-    raise AssertionError(f"no end-of-epoch marker within {timeout_s}s")
-
-
 def _one_line(err: str, command: str) -> str:
     """stderr is exactly one line, the error, without a traceback; returns it."""
     assert "Traceback" not in err, err
@@ -113,7 +100,7 @@ def test_replay_ends_with_one_line_when_the_broker_is_lost(own_broker: OwnBroker
                              "--quiet", "--producers", str(producers)],
                             env=env_for(s), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        _wait_for_marker(s, proc)
+        wait_for_marker(s, s.reports_topic, proc)
         own_broker.lose(how)
         lost_at = time.monotonic()
         out, err = proc.communicate(timeout=120)

@@ -23,7 +23,7 @@ from producers.settings import ReplaySettings
 from schemas import DecodedBatch, GroundTruth, Query, decode_record
 from schemas.kafka_io import publish_query, read_queries
 
-from .kafka_helpers import Decoded, drain
+from .kafka_helpers import Decoded, drain, wait_for_marker
 
 pytestmark = pytest.mark.integration
 
@@ -216,19 +216,6 @@ def test_unreachable_broker_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
-def _wait_for_marker(s: ReplaySettings, proc: subprocess.Popen[str], timeout_s: float) -> None:
-    """Until an end-of-epoch marker is on the reports topic (the replay is under way)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        try:
-            if Decoded(drain(s, s.reports_topic, quiet_polls=1, timeout_s=5)).markers:
-                return
-        except Exception:  # noqa: BLE001, S112 - the topic may not exist yet
-            continue
-    raise AssertionError(f"no end-of-epoch marker within {timeout_s}s")
-
-
 @pytest.mark.parametrize("producers", [1, 2])
 def test_ctrl_c_flushes_and_marks(replay_settings: ReplaySettings, producers: int) -> None:
     """SIGINT mid-replay: exit 130, every epoch's markers match what is on the topic, and the
@@ -238,7 +225,7 @@ def test_ctrl_c_flushes_and_marks(replay_settings: ReplaySettings, producers: in
            "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
            "PTT_SYNTHETIC_STATIONS": "6", "PTT_PARTITIONS": "3"}
     proc = _cli("replay", "--speed", "20", "--max-epochs", "100", "--quiet", "--producers", str(producers), env=env)
-    _wait_for_marker(s, proc, timeout_s=90)  # mid-replay: the first epoch is on the topic
+    wait_for_marker(s, s.reports_topic, proc, timeout_s=90)  # mid-replay: the first epoch is on the topic
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

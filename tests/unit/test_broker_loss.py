@@ -4,9 +4,7 @@ one line on stderr. The real broker dying is tests/integration/test_broker_loss.
 
 from __future__ import annotations
 
-import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +17,6 @@ from stream_app import app as app_mod
 from stream_app.cli import EXIT_BROKER_LOST, EXIT_CODES, main, replay_summary_lines
 from stream_app.guard import BrokerGuard
 from stream_app.settings import WorkerSettings
-
-
-@pytest.fixture
-def held_port() -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield int(s.getsockname()[1])
 
 
 def test_silence_counts_from_the_last_sign_of_life_or_the_start_of_a_wait() -> None:

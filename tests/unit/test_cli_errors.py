@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import time
-from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
@@ -18,15 +16,6 @@ import pytest
 from producers.local_broker import free_port
 from stream_app import cli
 from stream_app.cli import build_parser, main
-
-
-@pytest.fixture
-def held_port() -> Iterator[int]:
-    """A loopback port another process (here: this one) listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield int(s.getsockname()[1])
 
 
 @pytest.fixture
