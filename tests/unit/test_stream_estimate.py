@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import estimators as E
 import producers.replay
 from producers.fleet import Device, EpochReports, epoch_rng, privatize
-from producers.replay import ReplaySummary, _send_markers, _send_round
+from producers.replay import _send_markers, _send_round
 from schemas import Query
 from schemas.epochs import epoch_start
 from schemas.estimates import ESTIMATE_SCHEMA_PATH, Estimate, estimate_json_schema
@@ -108,7 +108,8 @@ class MemorySink:
         return zlib.crc32(key) % len(self.partitions)
 
     def send(self, value: bytes, key: bytes | None = None, partition: int | None = None,
-             headers: list[tuple[str, bytes]] | None = None, topic: str | None = None) -> None:
+             headers: list[tuple[str, bytes]] | None = None, topic: str | None = None,
+             reports: int | None = None) -> None:
         assert partition is not None
         kind = dict(headers or []).get("ptt-kind", b"").decode()
         self.records.append((value, partition, kind))
@@ -147,7 +148,7 @@ def produce(q: Query, truths: Iterable[np.ndarray], modes: Iterable[str], sink: 
             per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
             if er.participants:
                 _send_round(sink, settings, producer_id, q, EPOCH, r, er.rounds[r], er.reports[r],  # type: ignore[arg-type]
-                            per_part, ReplaySummary(), st)  # type: ignore[arg-type]
+                            per_part, st)  # type: ignore[arg-type]
         _send_markers(sink, producer_id, index, k, EPOCH, sent, {q.record_key: q},
                       {q.query_id: (er.participants, er.refused)}, mode, st.requested)
         out.append(er)
