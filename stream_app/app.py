@@ -253,7 +253,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         deadline = started + grace
         # a record is dead-lettered as unknown_query only once the queries topic has been read
         # to its end after it arrived (a reader still catching up proves nothing), or much later
-        hard_deadline = time.monotonic() + QUERY_PATIENCE_S
+        hard_deadline = started + QUERY_PATIENCE_S
         caught_up = False
         first = True
         while pending:
