@@ -144,8 +144,8 @@ class ReplayLost(BrokerLost):
 
 
 # indices of the shared per-producer counters (_LOST: 1 once that producer lost the broker)
-_EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED, _SENT_REPORTS, _SENT_RECORDS, _LOST = range(9)
 _N_COUNTERS = 9
+_EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED, _SENT_REPORTS, _SENT_RECORDS, _LOST = range(_N_COUNTERS)
 _REASON_BYTES = 400  # a producer process's loss reason, shared with the parent
 
 
@@ -226,13 +226,14 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             reader.poll(0)
             current = active_queries(reader.queries.values(), when)
             split = split_fleet(settings.seed, epoch, flow_row, fleet, count)
+            no_truth = day.stations[~truth_rows[i]]  # cells without a reading: no truth, no data
             if settings.truth and index == 0:
                 truth = GroundTruth(epoch=epoch, epoch_start=when, stations=tuple(int(s) for s in day.stations),
                                     flows=tuple(int(f) for f in flow_row),
-                                    no_truth=tuple(int(s) for s in day.stations[~truth_rows[i]]))
+                                    no_truth=tuple(int(s) for s in no_truth))
                 sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
                           headers=[(KIND_HEADER, b"ground_truth")])
-            no_data = {int(s) for s in day.stations[~truth_rows[i]]}  # cells without a reading
+            no_data = {int(s) for s in no_truth}
             sent: dict[tuple[str, int], dict[int, list[int]]] = {}
             by_key: dict[str, Query] = {}
             participants: dict[str, tuple[int, int]] = {}
@@ -466,5 +467,4 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
         raise ReplayLost(why or str(broker_lost(settings, "a producer process lost it")), summary)
     if any(p.exitcode not in (0, None) for p in procs) and not summary.interrupted:
         raise RuntimeError(f"producer processes failed: exit codes {[p.exitcode for p in procs]}")
-    summary.elapsed_s = time.time() - started
     return summary
