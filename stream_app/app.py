@@ -39,6 +39,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -51,7 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from schemas import GroundTruth, Query, decode_record
 from schemas.kafka_io import QueryReader, broker_lost
 
-from .decode import REASONS, GraceBudget, Rejected, to_partials
+from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
 from .estimate import QueryEstimators, epoch_results, retraction
 from .guard import BrokerGuard, stop_grace_s
 from .metrics import StreamMonitor
@@ -206,8 +207,10 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     queries = QueryCache(s)
     policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
                           wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
-                          horizon_epochs=s.horizon_epochs)
+                          horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s)
     sink = BatchSink(s, s.estimates_topic)
+    # the window table's changelog: acknowledged writes, one record per batch (publish.py)
+    state = BatchSink(s, s.changelog_topic, one_per_batch=True)
     forward = BatchSink(s, s.partials_topic)
     guard = BrokerGuard(s, watched_topics(s))
 
@@ -244,43 +247,34 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     grace_budget = GraceBudget(s.unknown_query_grace_s)
 
     async def _stage1(events: Sequence[Any]) -> list[tuple[bytes, bytes]]:
-        """Decode a batch; records naming a query not known yet wait (bounded, without blocking
-        the event loop) for the queries topic to catch up before they are dead-lettered."""
+        """Decode a batch in order (:func:`~stream_app.decode.stage1_pass`); records naming a
+        query not known yet wait (bounded, without blocking the event loop) for the queries
+        topic to catch up -- and the later records of their source partition wait with them."""
         out: list[tuple[bytes, bytes]] = []
-        pending = list(events)
+        records = [(e.value, e.message.partition) for e in events]
+        pending = list(range(len(events)))
         started = time.monotonic()
         grace = grace_budget.available(started)  # bounded per minute, not only per batch
-        deadline = started + grace
-        # a record is dead-lettered as unknown_query only once the queries topic has been read
-        # to its end after it arrived (a reader still catching up proves nothing), or much later
-        hard_deadline = started + QUERY_PATIENCE_S
-        caught_up = False
+        wait = UnknownQueryWait(started, grace, QUERY_PATIENCE_S)
         first = True
         while pending:
-            waiting: list[Any] = []
-            for event in pending:
+            step = stage1_pass([records[i] for i in pending], queries.known, wait.may_wait(time.monotonic()),
+                               s.max_producers)
+            for j, results in step.done:
+                event = events[pending[j]]
                 msg = event.message
-                try:
-                    results = to_partials(event.value, msg.partition, queries.known, s.max_producers)
-                except Exception as exc:  # never crash on a record; keep it for inspection
-                    log.exception("stage 1 failed on %s/%s@%s", msg.topic, msg.partition, msg.offset)
-                    results = [Rejected("internal_error", f"{type(exc).__name__}: {exc}")]
-                now = time.monotonic()
-                if (now < deadline or (not caught_up and now < hard_deadline)) and any(
-                        isinstance(res, Rejected) and res.reason == "unknown_query" for res in results):
-                    waiting.append(event)  # the whole record (decoding is pure: it is redone)
-                    continue
                 for res in results:  # a marker set: one result per marker
                     if isinstance(res, Rejected):
                         await _dead(res, msg.topic, msg.partition, msg.offset, event.value)
                     else:
                         monitor.on_record("batch" if isinstance(res, BatchPartial) else "marker")
                         out.append((res.window.key, encode_partial(res)))
-            pending = waiting
+            pending = [pending[j] for j in step.waiting]
             if pending:
                 if not first:
-                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())) if caught_up else 0.5)
-                caught_up = await queries.refresh() or caught_up
+                    await asyncio.sleep(wait.pause_s(time.monotonic()))
+                if await queries.refresh() and not wait.caught_up:
+                    wait = replace(wait, caught_up=True)
                 first = False
         if not first:  # some record waited for its query
             grace_budget.spend(time.monotonic(), min(grace, time.monotonic() - started))
@@ -301,9 +295,12 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         raw = windows.data.get(wid.key)
         return None if raw is None else WindowState.decode(raw)
 
-    def _write(part: int, key: bytes, value: bytes) -> None:
-        windows.data[key] = value
-        windows.send_changelog(part, key, value)
+    async def _write(part: int, writes: list[tuple[bytes, bytes]]) -> None:
+        """Write window states: to the changelog, acknowledged, then to the local store. The
+        caller returns -- and Faust may commit its input offsets -- only after this."""
+        await state.publish(writes, [part] * len(writes))
+        for key, value in writes:
+            windows.data[key] = value
 
     def _published(results: Sequence[Any], started: float) -> None:
         for res in results:
@@ -353,10 +350,10 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                 done.append(res)
         await sink.publish(batch)
         _published(done, started)
-        for wid, st in outcome.touched.items():
-            _write(part, wid.key, st.encode())
+        writes = [(wid.key, st.encode()) for wid, st in outcome.touched.items()]
         if wm.dirty:
-            _write(part, wm_key, wm.encode())
+            writes.append((wm_key, wm.encode()))
+        await _write(part, writes)
 
     @app.agent(partials)
     async def stage2(stream: Any) -> Any:
@@ -410,6 +407,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         await queries.refresh()
         await sink.start()
         await forward.start()
+        await state.start()
 
     @app.page("/ready")
     async def ready_page(self: Any, request: Any) -> Any:

@@ -10,9 +10,10 @@ become count arrays) is the registry's (:meth:`estimators.MechanismSpec.accumula
 from __future__ import annotations
 
 import base64
+import logging
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,7 +32,10 @@ from schemas.estimates import DeadLetter
 
 from .records import BatchPartial, MarkerPartial
 
-__all__ = ["REASONS", "GraceBudget", "Rejected", "Stage1Result", "to_partial", "to_partials"]
+__all__ = ["REASONS", "GraceBudget", "Rejected", "Stage1Pass", "Stage1Result", "UnknownQueryWait", "stage1_pass",
+           "to_partial", "to_partials"]
+
+log = logging.getLogger(__name__)
 
 # every reason a record can be dead-lettered for (schemas.WireError reasons, then stage 1's)
 REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", "bad_layout", "out_of_range",
@@ -216,3 +220,82 @@ def to_partials(value: bytes | None, partition: int, lookup: QueryLookup,
 def _marker_of(m: EndOfEpoch, partition: int, lookup: QueryLookup, max_producers: int) -> MarkerPartial | Rejected:
     q = _check_query(lookup, m.query_id, m.query_version, m.epoch, m.round)
     return q if isinstance(q, Rejected) else _marker(m, q, partition, max_producers)
+
+
+@dataclass(frozen=True)
+class UnknownQueryWait:
+    """When stage 1 may still hold a batch's records that name a query it does not know yet
+    (pure: the clock is passed in).
+
+    A record may wait while the grace lasts (``grace_s``, what :class:`GraceBudget` allows),
+    and beyond it until the queries topic has been read to its end after the batch arrived
+    (``caught_up``: a reader still catching up proves nothing), for at most ``patience_s``.
+
+    >>> w = UnknownQueryWait(started_s=100.0, grace_s=2.0, patience_s=120.0)
+    >>> w.may_wait(101.0), w.may_wait(150.0), w.may_wait(221.0)
+    (True, True, False)
+    >>> done = UnknownQueryWait(100.0, 2.0, 120.0, caught_up=True)
+    >>> done.may_wait(101.0), done.may_wait(103.0)
+    (True, False)
+    """
+
+    started_s: float
+    grace_s: float
+    patience_s: float
+    caught_up: bool = False
+
+    def may_wait(self, now_s: float) -> bool:
+        return now_s < self.started_s + self.grace_s or (
+            not self.caught_up and now_s < self.started_s + self.patience_s)
+
+    def pause_s(self, now_s: float) -> float:
+        """How long to pause before the next read of the queries topic."""
+        return min(0.5, max(0.0, self.started_s + self.grace_s - now_s)) if self.caught_up else 0.5
+
+
+@dataclass
+class Stage1Pass:
+    """One pass of stage 1 over a batch: what is decided (in input order, each record's
+    results: stage records or rejections), and what still waits for its query."""
+
+    done: list[tuple[int, list[Stage1Result]]] = field(default_factory=list)  # (index, results)
+    waiting: list[int] = field(default_factory=list)  # indices, in input order
+
+
+def stage1_pass(records: Sequence[tuple[bytes | None, int]], lookup: QueryLookup, may_wait: bool,
+                max_producers: int = DEFAULT_MAX_PRODUCERS) -> Stage1Pass:
+    """Decide each ``(value, source partition)`` of a batch, in order.
+
+    A record naming a query not known yet waits (when ``may_wait``), and so does **every later
+    record of its source partition**: stage 2's watermark and closing rules read each source
+    partition in order, and a later epoch overtaking an earlier one would move the watermark
+    past data that is only waiting (a start-up race with the query cache lost epochs that
+    way). Records of other partitions go on. Decoding is pure, so a waiting record is decided
+    again in a later pass.
+
+    >>> from schemas import EndOfEpoch, encode_json
+    >>> def marker(q: str, p: int) -> bytes:
+    ...     return encode_json(EndOfEpoch(producer_id="p", producer_index=0, producer_count=1, query_id=q,
+    ...         query_version=1, epoch=0, round=0, partition=p, reports_to_partition=0, batches_to_partition=0,
+    ...         reports_total=0, batches_total=0, participants=0, refused=0, mode="per-vehicle"))
+    >>> step = stage1_pass([(marker("new", 0), 0), (b"junk", 0), (b"junk", 1)], lambda q, v: None, may_wait=True)
+    >>> step.waiting, [(i, [r.reason for r in rs]) for i, rs in step.done]
+    ([0, 1], [(2, ['bad_encoding'])])
+    """
+    out = Stage1Pass()
+    blocked: set[int] = set()
+    for index, (value, partition) in enumerate(records):
+        if partition in blocked:
+            out.waiting.append(index)
+            continue
+        try:
+            results = to_partials(value, partition, lookup, max_producers)
+        except Exception as exc:  # never crash on a record; keep it for inspection
+            log.exception("stage 1 failed on a record of partition %s", partition)
+            results = [Rejected("internal_error", f"{type(exc).__name__}: {exc}")]
+        if may_wait and any(isinstance(r, Rejected) and r.reason == "unknown_query" for r in results):
+            blocked.add(partition)
+            out.waiting.append(index)
+            continue
+        out.done.append((index, results))
+    return out

@@ -116,7 +116,7 @@ class EpochResult:
 
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
-WITHHELD_CODES = ("conflicting_markers", "participants_unknown", "interrupted", "too_few_participants",
+WITHHELD_CODES = ("conflicting_markers", "late", "participants_unknown", "interrupted", "too_few_participants",
                   "missing_batches", "impossible_counts", "internal")
 IMPOSSIBLE_AT = 1e-9  # false-alarm rate per station of the plausibility check
 
@@ -139,6 +139,9 @@ def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[
     if w.conflicting:
         slots = ", ".join(f"round {r} producer {i} partition {p}" for r, i, p in sorted(w.conflicting)[:5])
         return "conflicting_markers", f"conflicting end-of-epoch markers for the same producer slot ({slots})"
+    if w.born_late and w.closed_by != "markers":
+        return "late", ("late: this epoch's first records arrived after the watermark had passed it, and its "
+                        "end-of-epoch markers never completed it")
     if q.spec.per_sensor and participants is None:
         return "participants_unknown", "participants unknown: no end-of-epoch marker arrived"
     if missing:  # some producers' markers came, others' not: their reports may be missing too

@@ -1,15 +1,19 @@
 """The worker's batching producer, for everything that is not a table's changelog.
 
-The worker's Faust producer sends every record as its own batch: the embedded broker's end
-offsets are wrong, and Faust's changelog recovery is exact only that way (see the README's
-broker notes). So only changelog writes -- one per touched window per stage-2 batch -- and
-the rare dead letters and ticks go through it. Stage records (stage 1 -> stage 2) and
-estimates go through :class:`BatchSink`: its own aiokafka producer that groups records per
-partition into large record batches, and returns only once the broker acknowledged all of
-them. Callers use that to order effects: stage 1 acknowledges its input only after its stage
-records are acknowledged; stage 2 writes a closed window only after its estimates are --
-so a crash in between re-sends (deduplicated by batch id, or identical estimates) rather
-than loses anything.
+Only the rare dead letters and ticks go through the worker's Faust producer. Stage records
+(stage 1 -> stage 2) and estimates go through :class:`BatchSink`: its own aiokafka producer
+that groups records per partition into large record batches, and returns only once the broker
+acknowledged all of them. So do the window table's changelog writes, through a sink that sends
+every record as its own batch (``one_per_batch``): the embedded broker's end offsets are
+wrong, and changelog recovery is exact only that way (docs/operations.md).
+
+Callers use the acknowledgements to order effects: stage 1 acknowledges its input only after
+its stage records are acknowledged; stage 2 writes a closed window only after its estimates
+are, and returns (so that Faust may commit its input offsets) only after its state writes are
+-- so a crash anywhere re-sends (deduplicated by batch id, or identical estimates) rather than
+loses anything. Faust's own ``Table.send_changelog`` is not used for that: it puts the write in
+a buffer that Faust's commit "flushes" with a 0.1 s timeout per message, so under load offsets
+were committed before the state they stand for was written, and a SIGKILL then lost counts.
 """
 
 from __future__ import annotations
@@ -48,10 +52,12 @@ class BatchSink:
     """Batched, acknowledged sends to one topic; a record without a partition goes where
     Kafka's default partitioner (murmur2 of its key) puts it."""
 
-    def __init__(self, settings: KafkaSettings, topic: str, batch_bytes: int = 1 << 20) -> None:
+    def __init__(self, settings: KafkaSettings, topic: str, batch_bytes: int = 1 << 20,
+                 one_per_batch: bool = False) -> None:
         self._settings = settings
         self.topic = topic
         self._batch_bytes = batch_bytes
+        self._one_per_batch = one_per_batch
         self._producer: AIOKafkaProducer | None = None
         self._partitions: list[int] = []
         self._partition_of: dict[bytes, int] = {}
@@ -104,6 +110,9 @@ class BatchSink:
         for part, recs in by_part.items():
             batch = producer.create_batch()
             for key, value in recs:
+                if self._one_per_batch and batch.record_count():
+                    pending.append(await self._submit(batch, part))
+                    batch = producer.create_batch()
                 if batch.append(key=key, value=value, timestamp=None) is None:
                     pending.append(await self._submit(batch, part))
                     batch = producer.create_batch()

@@ -23,6 +23,10 @@ class WorkerSettings(BrokerLossSettings):
     allowed_lateness_epochs: int = Field(default=2, ge=0, description="watermark lateness before an epoch closes")
     wall_clock_grace_s: float = Field(default=60.0, gt=0,
                                       description="live data: close an epoch this long after its end")
+    watermark_idle_s: float = Field(default=20.0, ge=0,
+                                    description="an epoch the watermark passed closes only after receiving nothing "
+                                                "for this long (forged markers far ahead cannot close epochs whose "
+                                                "data is still arriving)")
     live_horizon_s: float = Field(default=3600.0, gt=0,
                                   description="epochs older than this are not closed by the clock")
     tick_interval_s: float = Field(default=5.0, gt=0, description="how often the wall-clock check runs")

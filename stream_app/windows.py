@@ -12,11 +12,26 @@ the ones that closed, with the reason. An epoch closes when
 1. end-of-epoch markers from every producer have arrived from every source partition for
    every round ("markers"), or
 2. the event-time watermark -- the smallest, over source partitions, of the newest epoch
-   seen from it -- has passed the epoch by more than the allowed lateness ("watermark"), or
+   seen from it -- has passed the epoch by more than the allowed lateness, and the window has
+   been idle (no record added) for ``watermark_idle_s`` of the workers' tick clock
+   ("watermark"), or
 3. for live data, a wall-clock grace after the epoch's end has passed ("wall_clock"),
 
 whichever comes first. After closing only a small record stays (to count late records).
 The Faust agent only reads, calls, writes and emits.
+
+**No epoch disappears.** The watermark is made of claims a writer controls: well-formed
+markers far ahead (inside the horizon) on every partition move it at once. Two rules keep that
+from erasing epochs whose genuine data is still arriving:
+
+* a window the watermark has passed closes only once it has been *idle* for
+  ``watermark_idle_s`` (measured by the :class:`~stream_app.records.Tick` records every worker
+  sends, so it is part of the partition's data and survives restarts): genuine data still
+  flowing into it keeps it open until its markers complete it;
+* records of an epoch the watermark passed before any of its data arrived here open a window
+  all the same (``born_late``). It closes by its markers like any other (then it is published
+  as usual), or, idle and incomplete, by the watermark -- and is then withheld as ``late``.
+  Either way the epoch has an outcome; it is never dropped as "late" without one.
 
 >>> import numpy as np
 >>> from stream_app.records import BatchPartial, MarkerPartial
@@ -97,6 +112,7 @@ class WindowState:
     late: int = 0
     duplicates: int = 0
     published: bool = False  # closed and its estimates were published (not withheld)
+    born_late: bool = False  # opened after the watermark had passed its epoch
     retract: bool = False  # transient: a closed epoch's published estimates must be withdrawn
 
     @classmethod
@@ -195,7 +211,7 @@ class WindowState:
         head: dict[str, Any] = {
             "q": self.wid.query_id, "v": self.wid.query_version, "e": self.wid.epoch, "r": self.n_rounds,
             "w": self.width, "closed_by": self.closed_by, "late": self.late, "dup": self.duplicates,
-            "published": self.published}
+            "published": self.published, "born_late": self.born_late}
         blob = b""
         # a closed window keeps only what late records need: the markers (to spot a conflicting
         # late one) and the report counts, not the batch ids or the count arrays
@@ -220,6 +236,7 @@ class WindowState:
         st = cls.new(WindowId(h["q"], h["v"], h["e"]), r, w)
         st.closed_by, st.late, st.duplicates = h["closed_by"], h["late"], h["dup"]
         st.published = bool(h.get("published", False))
+        st.born_late = bool(h.get("born_late", False))
         st.reports = np.asarray(h["reports"], dtype=np.int64)
         st.tallied = np.asarray(h["tallied"], dtype=np.int64)
         st.markers = {(int(a), int(b), int(c)): _decoded_marker(rest) for a, b, c, *rest in h["markers"]}
@@ -232,13 +249,32 @@ class WindowState:
 
 @dataclass
 class Watermarks:
-    """Per stage-2 partition: the newest epoch seen from each source partition, and the
-    windows still open here. ``dirty`` says it changed since it was loaded (then it must be
-    written back: restarts depend on it)."""
+    """Per stage-2 partition: the newest epoch seen from each source partition, the windows
+    still open here, the tick clock (the newest wall-clock time a :class:`Tick` brought) and
+    when each open window last received a record, by that clock. ``dirty`` says it changed
+    since it was loaded (then it must be written back: restarts depend on it)."""
 
     newest: dict[int, int] = field(default_factory=dict)  # source partition -> epoch
     open: dict[WindowId, int] = field(default_factory=dict)  # open window -> epoch (insertion order)
+    clock_s: float | None = None  # newest tick time seen on this partition
+    active: dict[WindowId, float] = field(default_factory=dict)  # open window -> last record, tick clock
     dirty: bool = False
+
+    def tick(self, now_s: float) -> None:
+        """Advance the tick clock; open windows without an activity time get this one."""
+        if self.clock_s is None or now_s > self.clock_s:
+            self.clock_s = now_s
+            self.dirty = True
+        for w in self.open:
+            if w not in self.active:
+                self.active[w] = self.clock_s
+                self.dirty = True
+
+    def touch(self, wid: WindowId) -> None:
+        """``wid`` just received a record (its idle time starts again)."""
+        if self.clock_s is not None and self.active.get(wid) != self.clock_s:
+            self.active[wid] = self.clock_s
+            self.dirty = True
 
     def see(self, source_partition: int, epoch: int) -> None:
         if epoch > self.newest.get(source_partition, -1):
@@ -259,23 +295,33 @@ class Watermarks:
     def untrack(self, wid: WindowId) -> None:
         if self.open.pop(wid, None) is not None:
             self.dirty = True
+        self.active.pop(wid, None)
 
     def too_old(self, epoch: int, n_partitions: int, lateness: int) -> bool:
-        """An epoch the watermark passed before any of its data arrived here: a new window for
-        it would close at once on one straggler, so its records are late instead."""
+        """An epoch the watermark passed before any of its data arrived here (its window is
+        ``born_late``)."""
         wm = self.watermark(n_partitions)
         return wm is not None and epoch < wm - lateness
 
-    def due(self, n_partitions: int, lateness: int) -> list[WindowId]:
-        """Open windows the watermark has passed by more than ``lateness`` epochs."""
+    def due(self, n_partitions: int, lateness: int, idle_s: float = 0.0) -> list[WindowId]:
+        """Open windows the watermark has passed by more than ``lateness`` epochs and that have
+        received nothing for ``idle_s`` of the tick clock (0: at once)."""
         wm = self.watermark(n_partitions)
         if wm is None:
             return []
-        return [w for w, e in self.open.items() if e < wm - lateness]
+        passed = [w for w, e in self.open.items() if e < wm - lateness]
+        if idle_s <= 0 or not passed:
+            return passed
+        clock = self.clock_s
+        if clock is None:  # no tick yet: idleness cannot be told
+            return []
+        return [w for w in passed if clock - self.active.get(w, clock) >= idle_s]
 
     def encode(self) -> bytes:
         return json.dumps({"newest": sorted(self.newest.items()),
-                           "open": [[w.query_id, w.query_version, w.epoch] for w in self.open]},
+                           "open": [[w.query_id, w.query_version, w.epoch] for w in self.open],
+                           "clock": self.clock_s,
+                           "active": [[w.query_id, w.query_version, w.epoch, t] for w, t in self.active.items()]},
                           separators=(",", ":")).encode()
 
     @classmethod
@@ -283,8 +329,11 @@ class Watermarks:
         if not data:
             return cls()
         d = json.loads(data)
+        clock = d.get("clock")
         return cls(newest={int(p): int(e) for p, e in d["newest"]},
-                   open={WindowId(q, int(v), int(e)): int(e) for q, v, e in d["open"]})
+                   open={WindowId(q, int(v), int(e)): int(e) for q, v, e in d["open"]},
+                   clock_s=None if clock is None else float(clock),
+                   active={WindowId(q, int(v), int(e)): float(t) for q, v, e, t in d.get("active", [])})
 
 
 @dataclass
@@ -314,6 +363,7 @@ class WindowPolicy:
     wall_clock_grace_s: float = 60.0
     live_horizon_s: float = 3600.0
     horizon_epochs: int = 720
+    watermark_idle_s: float = 0.0
     epoch_s: int = EPOCH_S
 
     @property
@@ -347,13 +397,23 @@ class WindowPolicy:
             out.touched[st.wid] = st
             out.closed.append((st, reason))
 
+        def close_due() -> None:
+            for due in wm.due(self.n_source_partitions, self.allowed_lateness_epochs, self.watermark_idle_s):
+                other = get(due)
+                if other is None or other.closed:
+                    wm.untrack(due)
+                    continue
+                close(other, "watermark")
+
         for index, item in enumerate(items):
             if isinstance(item, Tick):
+                wm.tick(item.now_s)
                 for wid, epoch in list(wm.open.items()):
                     age = item.now_s - (epoch + 1) * self.epoch_s
                     st = get(wid)
                     if st is not None and not st.closed and self.wall_clock_grace_s < age < self.live_horizon_s:
                         close(st, "wall_clock")
+                close_due()
                 continue
             wid = item.window
             qid = wid.query_id
@@ -370,10 +430,9 @@ class WindowPolicy:
                     out.rejected.append((index, "unknown_query", f"query {qid!r} version {wid.query_version} "
                                                                  f"is not known to this worker"))
                     continue
-                if wm.too_old(wid.epoch, self.n_source_partitions, self.allowed_lateness_epochs):
-                    out.late[qid] += 1
-                    continue
                 st = WindowState.new(wid, *dims)
+                # its epoch was passed before any of its data came: it still gets an outcome
+                st.born_late = wm.too_old(wid.epoch, self.n_source_partitions, self.allowed_lateness_epochs)
                 out.touched[wid] = st
             result = st.add(item)
             if st.retract:
@@ -388,14 +447,10 @@ class WindowPolicy:
                     out.reports[qid] += item.reports
                 if not st.closed:
                     wm.track(wid)
+                    wm.touch(wid)
             wm.see(item.source_partition, wid.epoch)
             out.newest[qid] = max(out.newest.get(qid, wid.epoch), wid.epoch)
             if not st.closed and st.markers_complete(self.n_source_partitions):
                 close(st, "markers")
-            for due in wm.due(self.n_source_partitions, self.allowed_lateness_epochs):
-                other = get(due)
-                if other is None or other.closed:
-                    wm.untrack(due)
-                    continue
-                close(other, "watermark")
+            close_due()
         return out

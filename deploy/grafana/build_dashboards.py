@@ -222,7 +222,8 @@ def overview() -> dict[str, Any]:
     p.append(timeseries(lay, "Suppressed estimates/s", "Estimates withheld, per query.",
                         targets((per_second("ptt_suppressed_estimates_total", "query"), "{{query}}"))))
     p.append(timeseries(lay, "Withheld epochs by reason", "Epochs closed without estimates in the last 5 minutes, "
-                        "per query and reason: conflicting_markers, participants_unknown, interrupted, "
+                        "per query and reason: conflicting_markers, late (its data came after the watermark "
+                        "passed it and its markers never completed it), participants_unknown, interrupted, "
                         "too_few_participants, impossible_counts (counts no population could produce: forged or "
                         "corrupt reports), missing_batches, internal. Anything but too_few_participants deserves a "
                         "look; impossible_counts or conflicting_markers can mean a writer is forging records.",

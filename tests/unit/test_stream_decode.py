@@ -50,7 +50,7 @@ from schemas import (
     new_batch_id,
 )
 from schemas.estimates import DeadLetter
-from stream_app.decode import REASONS, Rejected, to_partial, to_partials
+from stream_app.decode import REASONS, Rejected, UnknownQueryWait, stage1_pass, to_partial, to_partials
 from stream_app.records import BatchPartial, MarkerPartial, WindowId
 from stream_app.windows import WindowState
 
@@ -686,3 +686,48 @@ def test_a_marker_set_is_bounded() -> None:
     many = [{**one, "query_id": f"q{i}"} for i in range(MAX_MARKERS_PER_SET + 1)]
     raw = json.dumps({"kind": "end_of_epoch_set", "markers": many}).encode()
     assert to_partials(raw, 2, lookup)[0].reason == "bad_json_record"  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------
+# stage 1's pass over a batch: order per source partition, and when records may wait
+# ---------------------------------------------------------------------------------------
+
+def _epoch_batch(epoch: int, partition: int) -> tuple[bytes, int]:
+    return values_record(QUERIES["sp"], np.array([1, 2]), epoch=epoch), partition
+
+
+def test_stage1_pass_holds_everything_behind_a_waiting_record_of_its_partition() -> None:
+    """The start-up race that lost epochs 0-4: the query cache filled (in its reader thread)
+    while a batch was being decided, so the epoch-0 record waited and the epoch-5..11 records
+    behind it were forwarded first. Now nothing of a partition overtakes its waiting record."""
+    calls = {"n": 0}
+
+    def filling(query_id: str, version: int) -> Query | None:  # unknown on the first call only
+        calls["n"] += 1
+        return None if calls["n"] == 1 else lookup(query_id, version)
+
+    records = [_epoch_batch(E0, 0), _epoch_batch(E0 + 5, 0), _epoch_batch(E0 + 1, 1), _epoch_batch(E0 + 6, 0)]
+    step = stage1_pass(records, filling, may_wait=True)
+    assert step.waiting == [0, 1, 3]  # partition 0 waits whole
+    assert [i for i, _ in step.done] == [2]  # partition 1 goes on
+    again = stage1_pass([records[i] for i in step.waiting], filling, may_wait=True)
+    assert again.waiting == []
+    epochs = [[r.window.epoch for r in rs if isinstance(r, BatchPartial)] for _, rs in again.done]
+    assert epochs == [[E0], [E0 + 5], [E0 + 6]]  # in order
+
+
+def test_stage1_pass_dead_letters_unknown_queries_when_it_may_not_wait() -> None:
+    records = [_epoch_batch(E0, 0), (b"junk", 0)]
+    step = stage1_pass(records, lambda q, v: None, may_wait=False)
+    assert step.waiting == []
+    assert [[r.reason for r in rs if isinstance(r, Rejected)] for _, rs in step.done] == [
+        ["unknown_query"], ["bad_encoding"]]
+
+
+def test_unknown_query_wait_policy() -> None:
+    w = UnknownQueryWait(started_s=10.0, grace_s=5.0, patience_s=60.0)
+    assert w.may_wait(14.9) and w.may_wait(69.9) and not w.may_wait(70.0)  # not caught up: patience
+    done = UnknownQueryWait(10.0, 5.0, 60.0, caught_up=True)
+    assert done.may_wait(14.9) and not done.may_wait(15.0)  # caught up: the grace only
+    assert done.pause_s(14.8) == pytest.approx(0.2) and w.pause_s(14.8) == 0.5
+    assert UnknownQueryWait(10.0, 0.0, 60.0, caught_up=True).may_wait(10.0) is False  # no budget left

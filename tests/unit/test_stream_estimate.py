@@ -895,3 +895,24 @@ def E_results(q: Query, windows: list[tuple[WindowState, CloseReason]]) -> list[
     from stream_app.estimate import epoch_results
 
     return epoch_results(QE[q.mechanism], windows, CONF, 1)
+
+
+@pytest.mark.parametrize("mechanism", ["sp", "alp"])
+def test_born_late_epoch_is_withheld_as_late_unless_its_markers_completed_it(mechanism: str) -> None:
+    """A window opened after the watermark had passed its epoch: closed by the watermark
+    (incomplete) it is withheld as ``late``; closed by its complete markers it is published as
+    any other -- the same numbers as the epoch on time."""
+    q = QUERIES[mechanism]
+    sink = MemorySink(N_PARTITIONS)
+    produce(q, TRUTH[:1], ("per-vehicle",), sink)
+    on_time = result(q, window_from(q, sink.records))
+    late = window_from(q, sink.records)
+    late.born_late = True
+    complete = result(q, late)
+    assert complete.withheld is None and [e.model_dump() for e in rendered(complete)] == [
+        e.model_dump() for e in rendered(on_time)]
+    partial = window_from(q, sink.records)
+    partial.born_late = True
+    res = result(q, partial, "watermark")
+    assert res.withheld_code == "late" and "after the watermark" in (res.withheld or "")
+    assert all(e.estimate is None for e in rendered(res))

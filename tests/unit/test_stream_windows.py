@@ -26,7 +26,10 @@ Checked:
   encode/decode in the middle, give the same state; partials split across two states sum
   to the counts of one;
 * ``WindowPolicy.apply``: closes by "markers", "watermark" and "wall_clock" (within the
-  grace and the live horizon only); too-old epochs are late; unknown queries are skipped;
+  grace and the live horizon only); an epoch the watermark passed before its data came opens
+  a window all the same (``born_late``); with ``watermark_idle_s`` a passed window closes only
+  once idle by the tick clock, so forged markers far ahead cannot close windows whose data is
+  still arriving (and later genuine epochs close by their markers); unknown queries are skipped;
   ``touched`` holds every window read or created; applying a batch in one call equals
   applying it item by item with the state persisted and reloaded in between.
 
@@ -839,9 +842,11 @@ def test_policy_closes_by_watermark_with_allowed_lateness() -> None:
     assert closed(out) == [(10, "watermark")]  # watermark 12: 10 < 12 - 1
     assert out.closed[0][0].reports.tolist() == [2, 0]
     assert set(Watermarks.decode(store.wm).open) == {wid(11, VERSION), wid(12, VERSION)}
-    # too old for a new window: late, no window created
+    # too old for a new window: it opens all the same ("born late": the epoch gets an outcome,
+    # withheld as late by estimate.py) and, incomplete and with no idle time asked, closes at once
     out = store.apply(policy, [batch(bid(6), [1, 0, 0, 0, 0], partition=0, epoch=9)])
-    assert out.late == Counter({QID: 1}) and out.touched == {} and wid(9, VERSION) not in store.windows
+    assert closed(out) == [(9, "watermark")] and out.late == Counter()
+    assert WindowState.decode(store.windows[wid(9, VERSION)]).born_late
     # the closed one counts late records
     out = store.apply(policy, [batch(bid(7), [1, 0, 0, 0, 0], partition=0, epoch=10)])
     assert out.late == Counter({QID: 1})
@@ -942,3 +947,104 @@ def test_policy_batch_equals_item_by_item_with_reloads(seed: int) -> None:
     assert late[QID] >= 1 and dups[QID] >= 1
     assert whole.windows == single.windows
     assert whole.wm == single.wm
+
+
+# -- the watermark cannot erase epochs whose data is still arriving ---------------------------
+
+def _epoch_items(epoch: int, n_partitions: int, key: int) -> list[Partial]:
+    """One genuine epoch of query q-win (2 rounds): a batch per round on partition 0, then the
+    markers of producer 0 from every partition."""
+    items: list[Partial] = [batch(bid(key * 10 + r), [1, 0, 0, 0, 0], rnd=r, partition=0, epoch=epoch)
+                            for r in range(2)]
+    items += [marker(r, 0, p, batches=int(p == 0), reports=int(p == 0), participants=1, epoch=epoch)
+              for r in range(2) for p in range(n_partitions)]
+    return items
+
+
+def test_idle_rule_keeps_a_passed_window_open_while_records_arrive() -> None:
+    policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=0, watermark_idle_s=20.0,
+                          wall_clock_grace_s=1e9)  # the wall-clock rule out of the way
+    store = Store()
+    store.apply(policy, [Tick(1000.0), batch(bid(1), [1, 0, 0, 0, 0], epoch=10)])
+    out = store.apply(policy, [batch(bid(2), [1, 0, 0, 0, 0], epoch=12)])  # watermark 12 passes 10
+    assert closed(out) == []  # not idle yet
+    assert closed(store.apply(policy, [Tick(1015.0)])) == []
+    store.apply(policy, [batch(bid(3), [0, 1, 0, 0, 0], epoch=10)])  # still arriving: idle again from 1015
+    assert closed(store.apply(policy, [Tick(1030.0)])) == []  # 15 s idle
+    out = store.apply(policy, [Tick(1036.0)])  # 21 s idle
+    assert (10, "watermark") in closed(out)
+    assert out.closed[0][0].reports.tolist() == [2, 0]  # nothing of what arrived was lost
+    # the clock and the activity times survive the table (a restart)
+    wm = Watermarks.decode(store.wm)
+    assert wm.clock_s == 1036.0 and WindowId(QID, VERSION, 10) not in wm.active
+
+
+def test_idle_rule_needs_a_tick_clock() -> None:
+    wm = Watermarks()
+    wm.see(0, 10)
+    wm.track(wid(5))
+    assert wm.due(1, 0, idle_s=0.0) == [wid(5)]
+    assert wm.due(1, 0, idle_s=5.0) == []  # no tick yet: idleness cannot be told
+    wm.tick(100.0)  # the window gets this time as its activity
+    assert wm.due(1, 0, idle_s=5.0) == []
+    wm.tick(104.0)
+    assert wm.due(1, 0, idle_s=5.0) == []
+    wm.tick(105.0)
+    assert wm.due(1, 0, idle_s=5.0) == [wid(5)]
+    back = Watermarks.decode(wm.encode())
+    assert (back.clock_s, back.active) == (105.0, {wid(5): 100.0})
+    assert back.due(1, 0, idle_s=5.0) == [wid(5)]
+
+
+@pytest.mark.parametrize("n_partitions", [1, 3])
+def test_forged_markers_far_ahead_erase_no_epoch(n_partitions: int) -> None:
+    """Genuine epochs 0..29 go out one after the other; after epoch 5's first batch a writer
+    sends well-formed markers for epoch 5 + 190 from every partition (a full marker set: the
+    watermark jumps). Every genuine epoch not covered by the forged claim still closes by its
+    own markers with exactly its own data, none is counted late, and the forged epoch closes
+    on its own (withheld or withdrawn by estimate.py when the genuine markers contradict it).
+    Without the idle rule and with the old "too old: late" rule, epochs 5..192 are erased."""
+    base = 1000
+    forged_epoch = base + 5 + 190
+    policy = WindowPolicy(n_source_partitions=n_partitions, allowed_lateness_epochs=2, watermark_idle_s=20.0)
+    store = Store()
+    closes: dict[int, list[str]] = {}
+    late = 0
+    now = 50_000.0
+
+    def run(items: list[Partial]) -> None:
+        nonlocal late
+        out = store.apply(policy, items)
+        late += sum(out.late.values())
+        for st, reason in out.closed:
+            closes.setdefault(st.wid.epoch, []).append(reason)
+            if st.wid.epoch != forged_epoch:
+                assert reason == "markers", (st.wid.epoch, reason)
+                assert st.reports.tolist() == [1, 1] and st.counts.sum() == 2  # exactly its own data
+
+    for i in range(30):
+        items = _epoch_items(base + i, n_partitions, i)
+        if i == 5:
+            run(items[:1])
+            run([marker(r, 0, p, participants=3, epoch=forged_epoch, producer="intruder")
+                 for r in range(2) for p in range(n_partitions)])
+            items = items[1:]
+        now += 2.0  # a tick between epochs: far less than the idle time
+        run([*items, Tick(now)])
+    assert sorted(e for e in closes if e != forged_epoch) == [base + i for i in range(30)]
+    assert all(len(v) == 1 for v in closes.values()) and late == 0
+    assert closes[forged_epoch] == ["markers"]
+
+
+def test_born_late_window_of_a_straggler_gets_an_outcome() -> None:
+    """A record of an epoch the watermark passed before any of its data came here: a window
+    all the same, closed once idle -- an outcome, not a silent drop."""
+    policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=0, watermark_idle_s=10.0,
+                          wall_clock_grace_s=1e9)
+    store = Store()
+    store.apply(policy, [Tick(0.0), batch(bid(1), [1, 0, 0, 0, 0], epoch=50)])
+    out = store.apply(policy, [batch(bid(2), [1, 0, 0, 0, 0], epoch=40)])
+    assert closed(out) == [] and out.late == Counter()
+    assert WindowState.decode(store.windows[wid(40, VERSION)]).born_late
+    out = store.apply(policy, [Tick(11.0)])
+    assert closed(out) == [(40, "watermark")] and out.closed[0][0].born_late
