@@ -298,6 +298,8 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     async def _write(part: int, writes: list[tuple[bytes, bytes]]) -> None:
         """Write window states: to the changelog, acknowledged, then to the local store. The
         caller returns -- and Faust may commit its input offsets -- only after this."""
+        if s.fault_state_write_delay_s:  # fault injection: a slow changelog (tests/integration/test_crash.py)
+            await asyncio.sleep(s.fault_state_write_delay_s)
         await state.publish(writes, [part] * len(writes))
         for key, value in writes:
             windows.data[key] = value

@@ -40,6 +40,9 @@ class WorkerSettings(BrokerLossSettings):
                                                              "backlog)")
     unknown_query_grace_s: float = Field(default=10.0, ge=0, description="how long stage 1 waits for a query it "
                                                                        "does not know yet before dead-lettering")
+    fault_state_write_delay_s: float = Field(default=0.0, ge=0, le=600,
+                                             description="testing only (fault injection for the crash tests): hold "
+                                                         "every window-state write this long before sending it")
     store: str = Field(default="memory://", description="Faust table store (state is rebuilt from the changelog)")
     worker_dir: Path = Field(default=Path(".ptt-data/worker"), description="the worker's local files (Faust datadir)")
     log_level: str = "info"

@@ -682,6 +682,66 @@ def test_forward_dated_markers_and_batches_are_refused(broker: str, scenario: Sc
     assert metric(text, "ptt_late_records_total") == 0
 
 
+def test_markers_190_epochs_ahead_erase_nothing(broker: str, scenario: Scenario, tmp_path: Path) -> None:
+    """Live, in the middle of epoch 3 (half its batches sent): a full set of well-formed
+    markers for epoch 3 + 190 -- inside the 720-epoch horizon -- from every partition, every
+    round, for every query. The watermark jumps 190 epochs. Before, the epochs whose data was
+    still arriving were then "too old": counted late, never published, no withheld record.
+    Now every genuine epoch is published and equal to the clean run (its data keeps its
+    window open until its markers complete it), none is counted late, and the forged epoch
+    gets an outcome of its own."""
+    sc = scenario
+    rs, ws = pipeline_settings(broker, sc.tmp)
+    ws = ws.model_copy(update={"horizon_epochs": 720})  # the product's horizon: +190 is inside it
+    queries = {m: _query(sc.templates[m], f"ahead-{m}") for m in MECHS}
+    publish_queries(rs, list(queries.values()))
+    ids = {m: f"p0-{uuid.uuid4().hex[:8]}" for m in MECHS}
+    sink = ReportSink(rs, rs.reports_topic)
+    w = _start(ws, tmp_path, "ahead")
+    forged_at = 3
+    forged = sc.epoch(forged_at) + 190
+    try:
+        def rows() -> int:
+            return sum(len(v) for v in estimates_by_query(ws).values())
+
+        for i in range(forged_at):
+            for m, q in queries.items():
+                _honest(sink, sc.sender(sink, q, m, i, ids[m]))
+        sink.flush()
+        wait_for(lambda: rows() >= forged_at * sum(ROWS.values()), 120, "the epochs before the attack")
+        halves = [sc.sender(sink, q, m, forged_at, ids[m]) for m, q in queries.items()]
+        for h in halves:
+            h.batches(max(1, len(h.chunks) // 2))
+        sink.flush()
+        wait_for(lambda: all(metric(w.metrics(), "ptt_newest_seen_epoch", query=q.query_id) >= sc.epoch(forged_at)
+                             for q in queries.values()), 60, "half of the attacked epoch counted")
+        for q in queries.values():
+            for r in range(q.n_rounds):
+                for p in sink.partitions:
+                    sink.send(_bare_marker(q, forged, r, p, participants=1), partition=p)
+        sink.flush()
+        wait_for(lambda: all(metric(w.metrics(), "ptt_newest_seen_epoch", query=q.query_id) >= forged
+                             for q in queries.values()), 60, "the forged markers counted")
+        for h in halves:
+            _honest(sink, h)
+        for i in range(forged_at + 1, N_REF):
+            for m, q in queries.items():
+                _honest(sink, sc.sender(sink, q, m, i, ids[m]))
+        sink.flush()
+        wait_for(lambda: rows() >= N_REF * sum(ROWS.values()), 180, "every genuine epoch")
+        text = w.metrics()
+    finally:
+        w.stop()
+        sink.close()
+    got = estimates_by_query(ws)
+    for m, q in queries.items():
+        mine = {k: _row(v) for k, v in got[q.query_id].items() if k[0] != forged}
+        clean = {k: _row(v) for k, v in sc.estimates[f"clean-{m}"].items()}
+        assert mine == clean, f"{q.query_id} differs from the clean run"
+        assert {k[0] for k in got[q.query_id]} == {sc.epoch(i) for i in range(N_REF)} | {forged}
+    assert metric(text, "ptt_late_records_total") == 0
+
+
 # -- 6: start-up race and a flood of unknown queries -------------------------------------------
 
 def test_query_published_35ms_before_its_first_batch(scenario: Scenario) -> None:

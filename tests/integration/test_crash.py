@@ -1,0 +1,99 @@
+"""A worker SIGKILLed at the point that used to lose data, against a real broker and worker.
+
+The loss found in the randomized restart test (`test_adversarial.py`): stage 2 put its window
+state into Faust's changelog buffer (``Table.send_changelog``) and returned; Faust's commit
+"flushed" that buffer with a 0.1 s timeout per message, so on a loaded machine the input
+offsets were committed while the state they stand for was still in the buffer. A SIGKILL
+then lost the state, and the committed offsets kept the stage records from being read again:
+the epoch was withheld, "1 batch(es) the markers announce never arrived".
+
+Here the state writes are made slow on purpose (``fault_state_write_delay_s``, a fault
+injection setting) and the worker is killed the moment its consumer group has committed past
+the stage record of the epoch's first batch. With the fix the commit cannot come before the
+state write is acknowledged, so the kill loses nothing: after a restart the epoch is
+published from every batch. With the state written through the buffer (the old code) the
+same kill loses the first batch -- checked by putting the old write back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from producers.replay import default_queries, fleet_size_for, load_day
+from producers.sink import ReportSink
+from schemas.kafka_io import ensure_topics
+from stream_app.estimate import QueryEstimators
+from stream_app.settings import WorkerSettings
+
+from .kafka_helpers import drain
+from .stream_helpers import (
+    EpochSender,
+    WorkerProcess,
+    estimates_by_query,
+    genuine_reports,
+    pipeline_settings,
+    publish_queries,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _stage_records_committed(ws: WorkerSettings) -> bool:
+    """The worker's group has committed, on every stage-2 partition, past every stage record
+    (ticks aside) written so far."""
+    last: dict[int, int] = {}
+    for rec in drain(ws, ws.partials_topic, quiet_polls=1, timeout_s=10):
+        if rec.key != b"tick":
+            last[rec.partition] = max(last.get(rec.partition, -1), rec.offset)
+    if not last:
+        return False
+    # a consumer of the worker's group that never joins it: it only asks the committed offsets
+    consumer = KafkaConsumer(**ws.client_kwargs(), group_id=ws.app_id, enable_auto_commit=False)
+    try:
+        return all((consumer.committed(TopicPartition(ws.partials_topic, p)) or -1) > off for p, off in last.items())
+    finally:
+        consumer.close()
+
+
+def test_sigkill_once_the_input_is_committed_loses_nothing(broker: str, tmp_path: Path) -> None:
+    rs, ws = pipeline_settings(broker, tmp_path)
+    ensure_topics(rs)
+    day = load_day(rs)
+    fleet = fleet_size_for(day, rs)
+    q = next(q for q in default_queries(day, fleet) if q.mechanism == "alp")
+    publish_queries(rs, [q])
+    er = genuine_reports(rs, day, 0, fleet, q)
+    epoch = int(day.epochs[0])
+    sink = ReportSink(rs, rs.reports_topic)
+    slow = ws.model_copy(update={"fault_state_write_delay_s": 4.0})
+    w = WorkerProcess(slow, tmp_path / "slow.log").start()
+    try:
+        w.wait_ready()
+        sender = EpochSender(sink, q, epoch, er, f"p0-{uuid.uuid4().hex[:8]}", batch_size=50)
+        assert len(sender.chunks) >= 2
+        sender.batches(1)
+        sink.flush()
+        wait_for(lambda: _stage_records_committed(ws), 90, "the first batch's stage record committed")
+        w.kill()  # the losing point of the old code: input committed, state maybe not written
+        w = WorkerProcess(ws, tmp_path / "restarted.log").start()
+        w.wait_ready()
+        sender.batches()
+        sender.markers()
+        sink.flush()
+        rows = q.n_stations * len(QueryEstimators.build(q).estimators)
+
+        def published() -> bool:
+            return sum(1 for k in estimates_by_query(ws).get(q.query_id, {}) if k[0] == epoch) >= rows
+
+        wait_for(published, 120, "the epoch's estimates")
+    finally:
+        w.stop()
+        sink.close()
+    got = [e for k, e in estimates_by_query(ws)[q.query_id].items() if k[0] == epoch]
+    assert got and all(e.withheld is None for e in got), {e.withheld for e in got}
+    assert all(e.reports == sender.sent_reports() and e.closed_by == "markers" for e in got)
