@@ -778,6 +778,44 @@ def test_query_published_35ms_before_its_first_batch(scenario: Scenario) -> None
     assert metric(sc.worker.metrics(), "ptt_dead_letters_total", reason="unknown_query") == before
 
 
+def test_backlog_before_its_query_loses_no_epoch(broker: str, scenario: Scenario, tmp_path: Path) -> None:
+    """The start-up race: a backlog of every reference epoch waits on the reports topic for
+    queries that are published only once a fresh worker is serving. Stage 1 holds the records
+    while the query cache fills (in its reader thread, possibly in the middle of a batch); no
+    later epoch may overtake an earlier one of its partition, so no epoch is lost: all are
+    published, equal to the clean run, with no late record and no dead letter."""
+    sc = scenario
+    rs, ws = pipeline_settings(broker, sc.tmp)
+    queries = {m: _query(sc.templates[m], f"backlog-{m}") for m in MECHS}
+    ids = {m: f"p0-{uuid.uuid4().hex[:8]}" for m in MECHS}
+    ensure_topics(rs)
+    sink = ReportSink(rs, rs.reports_topic)
+    try:
+        for i in range(N_REF):
+            for m, q in queries.items():
+                _honest(sink, sc.sender(sink, q, m, i, ids[m]))
+        sink.flush()
+    finally:
+        sink.close()
+    w = _start(ws, tmp_path, "backlog")
+    try:
+        publish_queries(rs, list(queries.values()))
+
+        def rows() -> int:
+            return sum(len(v) for v in estimates_by_query(ws).values())
+
+        wait_for(lambda: rows() >= N_REF * sum(ROWS.values()), 180, "every epoch of the backlog")
+        text = w.metrics()
+    finally:
+        w.stop()
+    got = estimates_by_query(ws)
+    for m, q in queries.items():
+        clean = {k: _row(v) for k, v in sc.estimates[f"clean-{m}"].items()}
+        assert {k: _row(v) for k, v in got[q.query_id].items()} == clean, f"{q.query_id} differs from the clean run"
+    assert metric(text, "ptt_late_records_total") == 0
+    assert metric(text, "ptt_dead_letters_total") == 0
+
+
 def test_flood_of_300_unknown_queries(scenario: Scenario) -> None:
     """300 records naming 300 queries nobody published, then a genuine epoch: the 300 are
     dead-lettered as unknown_query within 60 s, and the genuine epoch is published (equal to
