@@ -80,12 +80,14 @@ class WorkerProcess:
 
 
 def pipeline_settings(broker: str, tmp: Path, **replay_kw: object) -> tuple[ReplaySettings, WorkerSettings]:
-    """Replay and worker settings sharing fresh topics (3 partitions) and a fresh app id."""
+    """Replay and worker settings sharing fresh topics (3 partitions) and a fresh app id; the
+    fleet's seed is 11, or ``PTT_TEST_SEED``."""
     u = uuid.uuid4().hex[:8]
     kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
                           truth_topic=f"truth-{u}", partitions=3)
     replay_kw = {"synthetic_stations": 6, **replay_kw}
-    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", seed=11, batch_size=200,
+    seed = int(os.environ.get("PTT_TEST_SEED", "11"))  # vary it to loop a test over seeds
+    rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", seed=seed, batch_size=200,
                         **replay_kw)  # type: ignore[arg-type]
     ws = WorkerSettings(**kafka.model_dump(), app_id=f"ptt-{u}", estimates_topic=f"estimates-{u}",
                         dead_letter_topic=f"dead-{u}", internal_partitions=3, web_port=free_port(),
