@@ -125,19 +125,26 @@ class ReportSink:
     def _check_topics(self, force: bool = False) -> None:
         """Ask the broker whether the topics in use still exist, unchanged: at most every few
         seconds, at once if records failed since the last acknowledgement, or if ``force``. A
-        broker that does not answer is judged by the acknowledgements (:meth:`flush`)."""
+        topic it showed and now does not is asked about again until that is confirmed (gone)
+        or contradicted, at most :attr:`~schemas.kafka_io.BrokerHealth.confirm_s` (one answer
+        is not a verdict). A broker that does not answer is judged by the acknowledgements
+        (:meth:`flush`)."""
         now = time.monotonic()
         if not (force or self._failed_since_ack or now - self._last_watch >= self._watch_every_s):
             return
-        self._last_watch = now
         self._watch.topics = sorted(self._topics)
-        try:
-            ids = self._watch.topic_ids()
-        except (KafkaError, OSError, BrokerUnavailable):
-            return
-        verdict = self._health.seen(ids)
-        if verdict is not None:
-            self._declare(verdict)
+        while True:
+            self._last_watch = time.monotonic()
+            try:
+                ids = self._watch.topic_ids()
+            except (KafkaError, OSError, BrokerUnavailable):
+                return
+            verdict = self._health.seen(ids, time.monotonic())
+            if verdict is not None:
+                self._declare(verdict)
+            if not self._health.pending:
+                return
+            time.sleep(self._health.confirm_s / 4)  # ends: confirmed or contradicted within confirm_s
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Until every record sent is acknowledged or failed. :class:`~schemas.kafka_io.BrokerLost`

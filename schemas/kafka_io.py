@@ -15,7 +15,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -26,8 +26,8 @@ from .query import Query
 from .settings import KafkaSettings
 
 __all__ = ["BrokerHealth", "BrokerLost", "BrokerUnavailable", "BrokerWatch", "KafkaSettings", "QueryReader",
-           "assign_all", "at_end", "broker_lost", "connect", "ensure_topics", "probe", "publish_query", "read_queries",
-           "read_to_end"]
+           "assign_all", "at_end", "broker_lost", "confirm_period_s", "connect", "ensure_topics", "probe",
+           "publish_query", "read_queries", "read_to_end"]
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,38 @@ def broker_lost(settings: KafkaSettings, reason: str) -> BrokerLost:
     return BrokerLost(f"lost the Kafka broker at {settings.bootstrap_servers} mid-run ({reason}); {LOST_HINT}")
 
 
+def confirm_period_s(timeout_s: float) -> float:
+    """How long a topic the broker showed must stay absent from its metadata answers before it
+    counts as gone: a third of the loss timeout, within [1 s, 10 s].
+
+    >>> confirm_period_s(30.0), confirm_period_s(3.0), confirm_period_s(600.0)
+    (10.0, 1.0, 10.0)
+    """
+    return min(10.0, max(1.0, timeout_s / 3))
+
+
 class BrokerHealth:
-    """When is a broker lost, rather than slow? Decided from what a process saw of it (pure).
+    """When is a broker lost, rather than slow? Decided from what a process saw of it (pure;
+    the clock is the caller's ``now``).
 
     Lost: no sign of life (an acknowledgement, an answer to a metadata request) for longer
-    than ``timeout_s`` while something waited on the broker, or -- at once -- a topic in use
-    gone, or recreated under the same name (its topic id changed). The latter is what a
-    restart of a memory-only broker looks like: waiting does not bring back what it held. The
-    first verdict sticks (:attr:`lost`).
+    than ``timeout_s`` while something waited on the broker; or a topic in use gone; or one
+    recreated under the same name (its topic id changed). The latter two are what a restart of
+    a memory-only broker looks like: waiting does not bring back what it held. The first
+    verdict sticks (:attr:`lost`).
+
+    *Gone* is confirmed, not read off one answer: a topic counts only once the broker has
+    shown it (a topic about to be created is not gone), and it is gone once it was absent from
+    every successful metadata answer for ``confirm_s`` (:func:`confirm_period_s`) -- at least
+    two answers; an answer that shows it again starts over. One answer can lag behind the
+    broker's state (a metadata cache, a busy broker); two answers ``confirm_s`` apart that
+    agree do not. A failed request is no answer: it neither confirms nor clears (the silence
+    clock judges it).
+
+    *Recreated* is immediate: a topic id is assigned once, when a topic is created, and never
+    reused. An answer that lags shows an earlier state of the same topic (absent, or its id),
+    never an id the topic did not have; an answer with another id means the name now belongs to
+    a new, empty topic, and what the old one held is gone.
 
     >>> h = BrokerHealth(timeout_s=30.0, now=0.0)
     >>> h.alive(1.0)                                     # an answer, an acknowledgement
@@ -71,22 +95,38 @@ class BrokerHealth:
     True
     >>> h.silent(31.5, "connection refused")
     'no answer from the broker for 30.5s: connection refused'
-    >>> h = BrokerHealth(timeout_s=30.0, now=0.0)
-    >>> h.seen({"ptt.reports": "id-1", "ptt.truth": "id-2"}) is None   # the first answer names the ids
+    >>> h = BrokerHealth(timeout_s=30.0, now=0.0)        # confirm_s = 10 s
+    >>> h.seen({"ptt.reports": None}, 0.0) is None       # not shown yet: about to be created
     True
-    >>> h.seen({"ptt.reports": "id-9", "ptt.truth": "id-2"})
+    >>> h.seen({"ptt.reports": "id-1", "ptt.truth": "id-2"}, 1.0) is None   # the ids to compare with
+    True
+    >>> h.seen({"ptt.reports": "id-1", "ptt.truth": None}, 2.0) is None     # absent once: not yet gone
+    True
+    >>> h.pending
+    True
+    >>> h.seen({"ptt.reports": "id-1", "ptt.truth": None}, 12.5)            # still absent 10.5 s later
+    'topic ptt.truth is gone (absent from 2 metadata answers over 10.5s): deleted, or the broker restarted'
+    >>> h = BrokerHealth(30.0, 0.0)
+    >>> _ = h.seen({"ptt.reports": "id-1"}, 0.0)
+    >>> h.seen({"ptt.reports": "id-9"}, 5.0)             # another id: at once
     'topic ptt.reports was deleted and recreated: the broker restarted?'
-    >>> h.seen({"ptt.reports": "id-1", "ptt.truth": None})  # the first verdict sticks
+    >>> h.seen({"ptt.reports": "id-1"}, 6.0)             # the first verdict sticks
     'topic ptt.reports was deleted and recreated: the broker restarted?'
-    >>> BrokerHealth(30.0, 0.0).seen({"ptt.truth": None})
-    'topic ptt.truth is gone: deleted, or the broker restarted'
     """
 
-    def __init__(self, timeout_s: float, now: float) -> None:
+    def __init__(self, timeout_s: float, now: float, confirm_s: float | None = None) -> None:
         self.timeout_s = timeout_s
+        self.confirm_s = confirm_period_s(timeout_s) if confirm_s is None else confirm_s
         self.last_alive = now
-        self.topic_ids: dict[str, str] = {}
+        self.topic_ids: dict[str, str] = {}  # the id each topic was first shown with (if it has one)
+        self.shown: set[str] = set()  # topics the broker has shown at least once
+        self.absent: dict[str, tuple[float, int]] = {}  # shown, then absent: (first absent at, answers since)
         self.lost: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        """A topic the broker showed is absent, not yet for long enough to count as gone."""
+        return self.lost is None and bool(self.absent)
 
     def alive(self, now: float) -> None:
         """A sign of life (or, :meth:`waiting`, the start of a new wait): the silence clock restarts."""
@@ -94,15 +134,25 @@ class BrokerHealth:
 
     waiting = alive
 
-    def seen(self, topic_ids: dict[str, str | None]) -> str | None:
-        """The broker named each topic in use with its id (None: the topic does not exist).
-        Returns the verdict if the broker counts as lost."""
+    def seen(self, topic_ids: dict[str, str | None], now: float) -> str | None:
+        """One successful metadata answer at ``now``: the broker named each topic in use with its
+        id ("" or all zeros: it has no ids; None: the topic does not exist). Returns the verdict
+        if the broker counts as lost."""
         if self.lost is not None:
             return self.lost
         for topic, tid in sorted(topic_ids.items()):
             if tid is None:
-                self.lost = f"topic {topic} is gone: deleted, or the broker restarted"
-                return self.lost
+                if topic not in self.shown:  # not created yet, or not visible yet: nothing to lose
+                    continue
+                since, answers = self.absent.get(topic, (now, 0))
+                self.absent[topic] = (since, answers + 1)
+                if answers + 1 >= 2 and now - since >= self.confirm_s:
+                    self.lost = (f"topic {topic} is gone (absent from {answers + 1} metadata answers over "
+                                 f"{now - since:.1f}s): deleted, or the broker restarted")
+                    return self.lost
+                continue
+            self.shown.add(topic)
+            self.absent.pop(topic, None)
             if not tid.strip("0-"):  # a broker without topic ids (an all-zero id) cannot tell
                 continue
             if self.topic_ids.setdefault(topic, tid) != tid:
@@ -122,10 +172,12 @@ class BrokerWatch:
     """Asks the broker about the ``topics`` in use (one metadata request per :meth:`check`) and
     feeds the answers, or their absence, to a :class:`BrokerHealth`. One thread at a time."""
 
-    def __init__(self, settings: KafkaSettings, topics: set[str] | list[str], timeout_s: float) -> None:
+    def __init__(self, settings: KafkaSettings, topics: set[str] | list[str], timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
         self.topics = sorted(set(topics))
-        self.health = BrokerHealth(timeout_s, time.monotonic())
+        self.clock = clock
+        self.health = BrokerHealth(timeout_s, clock())
         self._admin: Any = None
         # one metadata request must not outlast the loss timeout
         self._request_timeout_ms = int(min(settings.request_timeout_ms, max(1000.0, 1000 * timeout_s / 3)))
@@ -153,9 +205,10 @@ class BrokerWatch:
             ids = self.topic_ids()
         except (KafkaError, OSError, BrokerUnavailable) as exc:
             why = probe(self._settings.bootstrap_servers, timeout_s=1.0) or _why(exc)  # "refused" says more
-            return self.health.silent(time.monotonic(), why)
-        self.health.alive(time.monotonic())
-        return self.health.seen(ids)
+            return self.health.silent(self.clock(), why)
+        now = self.clock()
+        self.health.alive(now)
+        return self.health.seen(ids, now)
 
     def close(self) -> None:
         if self._admin is not None:
@@ -228,9 +281,11 @@ def connect(what: str, settings: KafkaSettings, factory: Any, **kw: Any) -> Any:
 
 
 def ensure_topics(settings: KafkaSettings, partitions: dict[str, int] | None = None,
-                  compacted: set[str] | None = None) -> None:
+                  compacted: set[str] | None = None) -> dict[str, str]:
     """Create topics with explicit partition counts if they do not exist; ``compacted`` ones
-    (default: the queries topic) get ``cleanup.policy=compact``."""
+    (default: the queries topic) get ``cleanup.policy=compact``. Returns once the broker's
+    metadata shows every one of them (within the request timeout): each topic's id ("" if the
+    broker has none), the ids a :class:`BrokerHealth` compares later answers with."""
     wanted = partitions or {settings.reports_topic: settings.partitions, settings.queries_topic: 1,
                             settings.truth_topic: 1}
     compact = compacted if compacted is not None else {settings.queries_topic}
@@ -245,8 +300,26 @@ def ensure_topics(settings: KafkaSettings, partitions: dict[str, int] | None = N
                 admin.create_topics(new)
             except TopicAlreadyExistsError:
                 pass
+        return _shown_ids(admin, sorted(wanted), settings.request_timeout_ms / 1000)
     finally:
         admin.close()
+
+
+def _shown_ids(admin: Any, topics: list[str], timeout_s: float) -> dict[str, str]:
+    """Each topic's id once the broker's metadata shows them all: a created topic may take a
+    moment to appear there. A topic refused for another reason (not authorized to describe it)
+    is left out, not waited for."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = {str(t["name"]): t for t in admin.describe_topics(topics)}
+        unknown = [name for name in topics if int(answer.get(name, {}).get("error_code", 3)) == 3]
+        if not unknown:
+            return {name: str(t.get("topic_id") or "") for name, t in answer.items()
+                    if name in topics and int(t.get("error_code", 0)) == 0}
+        if time.monotonic() > deadline:
+            raise BrokerUnavailable(f"the broker does not show the topics {', '.join(unknown)} {timeout_s:g}s after "
+                                    "creating them; is it overloaded?")
+        time.sleep(0.2)
 
 
 def publish_query(settings: KafkaSettings, query: Query) -> None:

@@ -75,5 +75,6 @@ class BrokerLossSettings(KafkaSettings):
     broker_loss_timeout_s: float = Field(
         default=30.0, gt=0, le=3600,
         description="stop with exit code 7 when the broker has acknowledged nothing (or answered no "
-                    "metadata request) for this long, or at once when a topic in use is gone or was "
-                    "recreated (an embedded broker's restart)")
+                    "metadata request) for this long, when a topic in use has been absent from its "
+                    "metadata for a third of this (1-10 s), or at once when one was recreated (an "
+                    "embedded broker's restart)")

@@ -432,12 +432,13 @@ def watched_topics(s: WorkerSettings) -> list[str]:
                    s.estimates_topic, s.dead_letter_topic})
 
 
-def ensure_stream_topics(s: WorkerSettings) -> None:
+def ensure_stream_topics(s: WorkerSettings) -> dict[str, str]:
     """Create every topic the worker uses, with explicit partition counts, before it starts
-    (auto-created topics would get the broker's default and Faust would refuse them)."""
+    (auto-created topics would get the broker's default and Faust would refuse them). Returns
+    their ids once the broker shows them all (the guard's baseline)."""
     from schemas.kafka_io import ensure_topics
 
-    ensure_topics(s, {
+    return ensure_topics(s, {
         s.reports_topic: s.partitions, s.queries_topic: 1, s.truth_topic: 1,
         s.partials_topic: s.internal_partitions, s.changelog_topic: s.internal_partitions,
         s.estimates_topic: s.internal_partitions, s.dead_letter_topic: 1,
@@ -454,9 +455,10 @@ def run_worker(s: WorkerSettings) -> int:
     from faust.worker import Worker
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    ensure_stream_topics(s)
+    topic_ids = ensure_stream_topics(s)
     app = create_app(s)
     guard: BrokerGuard = app.broker_guard  # type: ignore[attr-defined]
+    guard.know(topic_ids)  # the baseline: the topics as they are once ensured, never before they exist
     worker = Worker(app, loglevel=s.log_level, quiet=True, redirect_stdouts=False)
 
     def deadline_exit() -> None:

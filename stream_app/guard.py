@@ -4,13 +4,16 @@ Faust and aiokafka retry a broker that is gone forever, logging errors (or, afte
 embedded broker's restart, ``UnknownTopicOrPartition``) without ever giving up. The guard
 asks the broker about the worker's topics every few seconds, in a thread of its own (so it
 sees a loss even while Faust is still starting or recovering), and feeds the answers to
-:class:`~schemas.kafka_io.BrokerHealth`: silent for ``broker_loss_timeout_s``, or a topic
-gone or recreated, and the broker is lost. The worker's own publishes report failures that
-outlast the same bound (:meth:`BrokerGuard.failing`). Then ``on_lost`` runs once: the worker
-is asked to stop (Faust's own SIGTERM path) and the command exits with one line and exit code
-7 (see :func:`stream_app.app.run_worker`). Faust flushes its producer before it stops, which
-never ends while the broker is gone; so the stop gets :func:`stop_grace_s`, then the process
-ends anyway: nothing it still holds could reach the broker.
+:class:`~schemas.kafka_io.BrokerHealth`: silent for ``broker_loss_timeout_s``, a topic gone
+(absent from the answers for :func:`~schemas.kafka_io.confirm_period_s`) or recreated, and the
+broker is lost. Its baseline (:meth:`BrokerGuard.know`) is what the broker showed once the
+worker had ensured its topics: a topic about to be created is never gone. The worker's own
+publishes report failures that outlast the same bound (:meth:`BrokerGuard.failing`). Then
+``on_lost`` runs once: the worker is asked to stop (Faust's own SIGTERM path) and the command
+exits with one line and exit code 7 (see :func:`stream_app.app.run_worker`). Faust flushes its
+producer before it stops, which never ends while the broker is gone; so the stop gets
+:func:`stop_grace_s`, then the process ends anyway: nothing it still holds could reach the
+broker.
 """
 
 from __future__ import annotations
@@ -66,6 +69,13 @@ class BrokerGuard:
         self._settled = False
         self.lost: str | None = None
 
+    def know(self, topic_ids: dict[str, str]) -> None:
+        """The watched topics' ids as the broker showed them once they were ensured
+        (:func:`~schemas.kafka_io.ensure_topics`): later answers are compared with these.
+        Before :meth:`start`."""
+        shown: dict[str, str | None] = {t: topic_ids[t] for t in self._watch.topics if t in topic_ids}
+        self._watch.health.seen(shown, self._watch.clock())
+
     def start(self, on_lost: Callable[[str], None]) -> None:
         self._on_lost = on_lost
         self._thread = threading.Thread(target=self._run, name="ptt-broker-guard", daemon=True)
@@ -73,7 +83,7 @@ class BrokerGuard:
 
     def _run(self) -> None:
         try:
-            while self.lost is None:  # the first check at once: the topic ids to compare with later
+            while self.lost is None:  # the first check at once
                 verdict = self._watch.check()
                 if verdict is not None:
                     self.declare(verdict)

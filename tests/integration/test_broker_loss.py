@@ -1,10 +1,12 @@
 """Issue 9, case 7: the embedded broker keeps everything in memory, and it dies (SIGKILL) or
 restarts empty under a running replay or worker. Each of them must end within a bound with
 one line on stderr (what happened, what to do), exit code 7 and no traceback; the replay's
-summary counts what the broker acknowledged, not what was handed to the producer.
+summary counts what the broker acknowledged, not what was handed to the producer. And the
+converse: a worker whose broker stays up never declares it lost, even when it started
+before its topics existed, on a loaded machine.
 
-Every test runs its own broker (the session's broker is not touched) with a loss timeout
-of a few seconds, and waits for conditions, never for a fixed time."""
+The loss tests run their own broker (the session's broker is not touched) with a loss
+timeout of a few seconds; every test waits for conditions, never for a fixed time."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 
 from producers import replay as replay_mod
-from producers.local_broker import LocalBroker
+from producers.local_broker import LocalBroker, child_options, terminate_all
 from producers.replay import ReplayLost, replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
@@ -28,7 +30,7 @@ from stream_app.cli import EXIT_BROKER_LOST
 from stream_app.guard import check_interval_s, stop_grace_s
 
 from .kafka_helpers import wait_for_marker
-from .stream_helpers import WorkerProcess, env_for, pipeline_settings
+from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +222,30 @@ def test_worker_ends_with_one_line_when_the_broker_is_lost(own_broker: OwnBroker
     assert "start the broker again" in errors[0]
     bound = LOSS_TIMEOUT_S + check_interval_s(LOSS_TIMEOUT_S) + stop_grace_s(LOSS_TIMEOUT_S)
     assert took < bound + 20, took
+
+
+def test_worker_started_before_its_topics_exist_on_a_loaded_machine_is_not_lost(
+        broker: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A worker started on the session's broker (up all along) before any of its topics exist,
+    while two busy loops keep both cores loaded: it creates its topics, comes up, estimates an
+    epoch and is still running -- its guard never declared the broker lost (exit 7). The guard
+    asks every check_interval_s(6) = 1 s, from before Faust started; a topic it had not seen
+    yet must not count as gone, nor a single "unknown topic" answer from a busy broker."""
+    rs, ws = pipeline_settings(broker, tmp_path)
+    rs = rs.model_copy(update={"data_dir": tmp_path_factory.getbasetemp() / "ptt-data", "max_epochs": 3})
+    ws = ws.model_copy(update={"broker_loss_timeout_s": 6.0, "worker_dir": tmp_path / "worker"})
+    busy: list[subprocess.Popen[bytes] | None] = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], **child_options())  # noqa: S603
+        for _ in range(2)]
+    worker = WorkerProcess(ws, tmp_path / "worker.log", err=tmp_path / "worker.err")
+    try:
+        worker.start().wait_ready(timeout_s=180)
+        replay(rs, progress=False)
+        wait_for(lambda: bool(read_estimates(ws)), 180, "an estimated epoch")
+        assert worker.proc is not None and worker.proc.poll() is None, (tmp_path / "worker.err").read_text()[-3000:]
+    finally:
+        worker.stop()
+        terminate_all(busy)
+    err = (tmp_path / "worker.err").read_text()
+    assert worker.proc is not None and worker.proc.returncode != EXIT_BROKER_LOST, err[-3000:]
+    assert "lost the Kafka broker" not in err, err[-3000:]

@@ -406,6 +406,9 @@ class _FakeAdmin:
         for t in new:
             self.created[t.name] = (t.num_partitions, dict(t.topic_configs or {}))
 
+    def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:  # ensure_topics waits until shown
+        return [{"name": n, "error_code": 0 if n in self.created else 3, "topic_id": f"id-{n}"} for n in names]
+
     def close(self) -> None:
         pass
 
