@@ -13,14 +13,14 @@ mean, variance and range under "Yes" and "No" follow exactly from the mechanism'
 
 with the rounds' correlation (Sampling Privacy's one die per epoch) taken into account.
 
-Confidence bounds (``shared/reference/MECHANISMS.md`` §7):
+Confidence bounds (docs/statistics.md, "Estimators"):
 
 * **score** (Wilson-type): ``{Y in [0, N] : (est - Y)^2 <= z^2 Var(Y)}``, a quadratic in Y;
   valid at zero and small counts, where the variance depends strongly on Y. Estimates that
   live on a lattice (a scaled binomial) get a continuity correction of half a step.
 * **plug-in**: ``est +- z sqrt(Var(max(est, 0)))``; shown for contrast, under-covers at
   small counts.
-* **hoeffding** (distribution-free, seed 001): each vehicle's ``X`` lies in a range ``R``;
+* **hoeffding** (distribution-free, Gaboardi's lecture notes): each vehicle's ``X`` lies in a range ``R``;
   ``P(|est - Y| >= t) <= 2 exp(-2 t^2 / sum R_i^2)``, solved for Y the same way.
 """
 
@@ -336,7 +336,7 @@ class LinearEstimator:
 
     def hoeffding_interval(self, est: FloatArray, n: float | FloatArray,
                            confidence: float) -> tuple[FloatArray, FloatArray]:
-        """Distribution-free bound (seed 001's Chernoff/Hoeffding argument, generalized)."""
+        """Distribution-free bound (Gaboardi's lecture notes Chernoff/Hoeffding argument, generalized)."""
         nn = np.asarray(n, dtype=np.float64)
         r2 = self.range**2
         k = np.log(2.0 / (1.0 - confidence)) / 2.0
@@ -401,7 +401,7 @@ def _per_station(name: str, mech: Mechanism, stations: Sequence[int] | IntArray 
 
 
 def sp_difference(mech: Mechanism, stations: Sequence[int] | IntArray | None = None) -> LinearEstimator:
-    """Sampling Privacy difference estimator (seed 000 eqs. 11, 16):
+    """Sampling Privacy difference estimator (Differential Privacy by Sampling eqs. 11, 16):
     ``(C_v,round2 - C_v,round1) / pis``."""
     if mech.n_rounds != 2 or not mech.station_valued:
         raise ValueError("sp_difference needs a two-round Sampling Privacy mechanism")
@@ -421,7 +421,7 @@ def rr_estimator(mech: Mechanism, stations: Sequence[int] | IntArray | None = No
 
 
 def fresh_difference(mech: Mechanism) -> LinearEstimator:
-    """Fresh-sample estimator (seed 002): ``(C_round1 - C_round2 - N (pisNo1 - pisNo2)) /
+    """Fresh-sample estimator (Towards Scaling Privacy Strength): ``(C_round1 - C_round2 - N (pisNo1 - pisNo2)) /
     (pisYes1 - pisYes2 - (pisNo1 - pisNo2))`` -- the poster's formula when pisNo1 = pisNo2."""
     raw = np.zeros((1, 2, 2))
     raw[0, 0, 1], raw[0, 1, 1] = 1.0, -1.0
@@ -429,7 +429,7 @@ def fresh_difference(mech: Mechanism) -> LinearEstimator:
 
 
 def alp_estimators(mech: Mechanism, design_yes: float = 0.0, design_n: float = 1.0) -> dict[str, LinearEstimator]:
-    """Anonymized Local Privacy estimators (seed 004 §V-E).
+    """Anonymized Local Privacy estimators (Anonymized Local Privacy §V-E).
 
     * ``alp_yhat``: Lemma 1, from the count of "Yes" reports;
     * ``alp_bottom``: Lemma 2, from the count of ⊥ reports;

@@ -23,9 +23,10 @@ the monitored stations" and ``1..V`` the monitored stations. Binary mechanisms u
 ``0 = No`` and ``1 = Yes`` (a station-valued mechanism with ``V = 1``); the Anonymized Local
 Privacy family reports ``0`` ("No"), ``1`` ("Yes") or ``2`` (bottom, "not participating").
 
-References (see ``shared/reference/MECHANISMS.md``): seed 000 §1/App. A and seed 001
-(randomized response), seed 000 §4.1/§4.2 (Sampling Privacy), seed 002 (fresh-sample
-variant), seed 004 §V (Anonymized Local Privacy).
+References (docs/references.md; the formulas in docs/statistics.md): randomized response from
+Differential Privacy by Sampling §1/App. A and Gaboardi's lecture notes; Sampling Privacy from
+Differential Privacy by Sampling §4.1/§4.2; the fresh-sample variant from Towards Scaling
+Privacy Strength; the Yes/No/⊥ family from Anonymized Local Privacy §V.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ class _TruthOrFixed(Mechanism):
 
 
 def two_coin_rr(pi1: float = 0.8, pi2: float = 0.2) -> Mechanism:
-    """Two-coin randomized response (seed 000 §1, App. A): truthful w.p. ``pi1``, else
+    """Two-coin randomized response (Differential Privacy by Sampling §1, App. A): truthful w.p. ``pi1``, else
     "Yes" w.p. ``pi2``. The papers' evaluation uses ``pi1=0.8, pi2=0.2``."""
     pi1, pi2 = _check_prob("pi1", pi1), _check_prob("pi2", pi2)
     latent = np.array([[pi1, (1 - pi1) * pi2, (1 - pi1) * (1 - pi2)]])
@@ -325,7 +326,7 @@ def two_coin_rr(pi1: float = 0.8, pi2: float = 0.2) -> Mechanism:
 
 
 def epsilon_rr(epsilon: float) -> Mechanism:
-    """epsilon-randomized response (seed 001): keep the truth w.p. e^eps / (1 + e^eps).
+    """epsilon-randomized response (Gaboardi's lecture notes): keep the truth w.p. e^eps / (1 + e^eps).
 
     Written as two-coin RR with ``pi1 = (e^eps - 1)/(e^eps + 1)`` and ``pi2 = 1/2``.
     """
@@ -364,7 +365,7 @@ def kary_rr(k: int, epsilon: float, labels: Sequence[str] | None = None) -> Mech
 
 class _SamplingPrivacy(Mechanism):
     """Faces ``0..V`` report themselves in both rounds; face ``S = V+1`` reports 0 in
-    round 1 and the truth in round 2 (seed 000 §4.1, §4.2)."""
+    round 1 and the truth in round 2 (Differential Privacy by Sampling §4.1, §4.2)."""
 
     def emit(self, r: int, faces: IntArray, truths: IntArray) -> IntArray:
         sampled = faces == self.n_faces - 1
@@ -376,7 +377,7 @@ class _SamplingPrivacy(Mechanism):
 def sampling_privacy(
     n_stations: int, pis: float = 0.45, pi: Sequence[float] | None = None
 ) -> Mechanism:
-    """Sampling Privacy over ``V = n_stations`` stations (seed 000 §4.2).
+    """Sampling Privacy over ``V = n_stations`` stations (Differential Privacy by Sampling §4.2).
 
     One die per vehicle per epoch with faces ``v`` (prob ``pi[v]``, v = 0..V) and ``S``
     (prob ``pis``); ``sum(pi) + pis = 1``; default ``pi[v] = (1 - pis)/(V + 1)``.
@@ -411,7 +412,7 @@ def sampling_privacy(
 
 
 def sp_binary(pi0: float = 0.275, pis: float = 0.45) -> Mechanism:
-    """Binary Sampling Privacy (seed 000 §4.1): faces 0 (``pi0``), S (``pis``),
+    """Binary Sampling Privacy (Differential Privacy by Sampling §4.1): faces 0 (``pi0``), S (``pis``),
     1 (``1 - pi0 - pis``). Defaults: the paper's ``pis = 0.45`` and ``pi0`` splitting the
     rest evenly (the paper gives no ``pi0``)."""
     pi0 = _check_prob("pi0", pi0)
@@ -437,7 +438,7 @@ def fresh_sample(
     pisYes2: float = 0.05,  # noqa: N803
     pisNo2: float = 0.05,  # noqa: N803
 ) -> Mechanism:
-    """Two-round fresh-sample variant (seed 002): round r reports 1 w.p. ``pisYes_r``
+    """Two-round fresh-sample variant (Towards Scaling Privacy Strength): round r reports 1 w.p. ``pisYes_r``
     (Yes owner) or ``pisNo_r`` (No owner), with fresh coins each round.
 
     The poster gives no evaluation values; the defaults are this project's choice.
@@ -488,7 +489,7 @@ def table_mechanism(
 
 
 def alp_sampling_noise(pisYes: float = 0.05, pisNo: float = 0.05) -> Mechanism:  # noqa: N803
-    """ALP toy "sampling and noise" (seed 004 eq. 2): report the truth w.p. ``pi_s``, else ⊥."""
+    """ALP toy "sampling and noise" (Anonymized Local Privacy eq. 2): report the truth w.p. ``pi_s``, else ⊥."""
     y, n = _check_prob("pisYes", pisYes), _check_prob("pisNo", pisNo)
     table = np.array([[n, 0.0, 1 - n], [0.0, y, 1 - y]])
     return table_mechanism("alp_sampling_noise", table, {"pisYes": y, "pisNo": n})
@@ -497,7 +498,8 @@ def alp_sampling_noise(pisYes: float = 0.05, pisNo: float = 0.05) -> Mechanism: 
 def alp_plausible_deniability(
     pisYes: float = 0.1, pisNo: float = 0.05, pi1: float = 0.95, pi2: float = 0.98  # noqa: N803
 ) -> Mechanism:
-    """ALP toy "sampling and plausible deniability" (seed 004 eqs. 3-4 = seed 000 §3.3)."""
+    """ALP toy "sampling and plausible deniability" (Anonymized Local Privacy eqs. 3-4, the same as
+    Differential Privacy by Sampling §3.3)."""
     y, n = _check_prob("pisYes", pisYes), _check_prob("pisNo", pisNo)
     p1, p2 = _check_prob("pi1", pi1), _check_prob("pi2", pi2)
     yes1 = y * (p1 + (1 - p1) * p2)
@@ -514,7 +516,7 @@ def alp_optimal(
     pisNo: float = 0.05,  # noqa: N803
     pi3: float = 0.98,
 ) -> Mechanism:
-    """The optimal Anonymized Local Privacy mechanism (seed 004 eqs. 6-7).
+    """The optimal Anonymized Local Privacy mechanism (Anonymized Local Privacy eqs. 6-7).
 
     Yes owner: 1 w.p. ``a = pisYes1*pi1 + pisYes2*pi2``, 0 w.p.
     ``pisYes1*(1-pi1) + pisYes2*(1-pi2)``, ⊥ otherwise. No owner: 1 w.p. ``b = pisNo*pi3``,

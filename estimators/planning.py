@@ -23,7 +23,8 @@ __all__ = ["DEFAULTS", "EPOCHS_PER_DAY", "MECHANISMS", "PlanError", "build_mecha
 
 EPOCHS_PER_DAY = 2880  # 30-second epochs
 
-# The papers' evaluation values (seed 000 §6 and App. A, seed 004 §VII-A), from the registry.
+# The papers' evaluation values (Differential Privacy by Sampling §6 and App. A, Anonymized Local
+# Privacy §VII-A), from the registry.
 DEFAULTS: dict[str, dict[str, float]] = {name: dict(spec.defaults) for name, spec in REGISTRY.items()}
 MECHANISMS = mechanism_names()
 USEFUL_RELATIVE_HALFWIDTH = 1.0  # warn when the 95% half-width exceeds the count itself

@@ -364,13 +364,13 @@ class CrowdSize:
 
 
 def crowd_size(no_count: int, pisNo: float, pi3: float) -> CrowdSize:  # noqa: N803
-    """Haystack crowd size (seed 004 §VI-B): "No" owners answering "Yes" for a station,
+    """Haystack crowd size (Anonymized Local Privacy §VI-B): "No" owners answering "Yes" for a station,
     ``Binomial(No, pisNo * pi3)``: mean and lower 1% quantile."""
     p = pisNo * pi3
     return CrowdSize(mean=no_count * p, p01=float(binom.ppf(0.01, no_count, p)))
 
 
-# -- query audit (seed 004 §IV-B) --------------------------------------------------------
+# -- query audit (Anonymized Local Privacy §IV-B) --------------------------------------------------------
 @dataclass(frozen=True)
 class AuditResult:
     accepted: bool

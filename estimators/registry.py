@@ -288,7 +288,7 @@ _SPECS = (
         defaults={"pis": 0.45}, optional=frozenset({"pi0"}), n_rounds=2, per_sensor=False,
         estimator_names=("sp_difference",), headline="sp_difference",
         build_fn=_build_sp, estimators_fn=lambda m, st, d: {"sp_difference": sp_difference(m, st)},
-        closed_form_fn=_sp_closed, references="seed 000 §4.2, eqs. 16 and 29"),
+        closed_form_fn=_sp_closed, references="Differential Privacy by Sampling §4.2, eqs. 16 and 29"),
     MechanismSpec(
         name="sp-binary", summary="binary Sampling Privacy (one sensor): faces 0, S, 1",
         defaults={"pi0": 0.275, "pis": 0.45}, n_rounds=2, per_sensor=False, max_stations=1,
@@ -296,7 +296,7 @@ _SPECS = (
         build_fn=lambda p, v: mechanisms.sp_binary(p["pi0"], p["pis"]),
         estimators_fn=lambda m, st, d: {"sp_difference": sp_difference(m, st)},
         closed_form_fn=lambda m: privacy.sp_binary_epsilon_closed_form(m.params["pi0"], m.params["pis"]),
-        references="seed 000 §4.1, eqs. 11, 21 and 25"),
+        references="Differential Privacy by Sampling §4.1, eqs. 11, 21 and 25"),
     MechanismSpec(
         name="alp", summary="Anonymized Local Privacy (optimal Yes/No/⊥) asked about each sensor",
         defaults={"pisYes1": 0.05, "pisYes2": 0.05, "pi1": 0.95, "pi2": 0.98, "pisNo": 0.05, "pi3": 0.98},
@@ -306,7 +306,7 @@ _SPECS = (
                                                      p["pi3"]),
         estimators_fn=lambda m, st, d: alp_estimators(m, design_yes=d[0], design_n=d[1]),
         closed_form_fn=lambda m: privacy.alp_epsilon_closed_form(**m.params),
-        extra_fn=_alp_crowd, extra_names=("mean", "p01"), references="seed 004 §V, eqs. 6-11"),
+        extra_fn=_alp_crowd, extra_names=("mean", "p01"), references="Anonymized Local Privacy §V, eqs. 6-11"),
     MechanismSpec(
         name="rr", summary="two-coin randomized response asked about each sensor (the baseline)",
         defaults={"pi1": 0.8, "pi2": 0.2}, n_rounds=1, per_sensor=True,
@@ -314,7 +314,7 @@ _SPECS = (
         build_fn=lambda p, v: mechanisms.two_coin_rr(p["pi1"], p["pi2"]),
         estimators_fn=lambda m, st, d: {"rr": rr_estimator(m)},
         closed_form_fn=lambda m: privacy.rr_epsilon_closed_form(m.params["pi1"], m.params["pi2"]),
-        references="seed 000 §1 and App. A, eq. 30; seed 001"),
+        references="Differential Privacy by Sampling §1 and App. A, eq. 30; Gaboardi's lecture notes"),
     MechanismSpec(
         name="fresh", summary="two-round fresh-sample variant asked about each sensor (a baseline)",
         defaults={"pisYes1": 0.5, "pisNo1": 0.05, "pisYes2": 0.05, "pisNo2": 0.05}, n_rounds=2, per_sensor=True,
@@ -322,7 +322,7 @@ _SPECS = (
         build_fn=lambda p, v: mechanisms.fresh_sample(p["pisYes1"], p["pisNo1"], p["pisYes2"], p["pisNo2"]),
         estimators_fn=lambda m, st, d: {"fresh_difference": fresh_difference(m)},
         closed_form_fn=lambda m: float("nan"),  # the poster gives none
-        references="seed 002"),
+        references="Towards Scaling Privacy Strength"),
 )
 
 REGISTRY: Mapping[str, MechanismSpec] = MappingProxyType({s.name: s for s in _SPECS})

@@ -75,7 +75,7 @@ def epoch_rng(seed: int, query: Query, epoch: int, producer_index: int) -> np.ra
 
 @dataclass(frozen=True)
 class Device:
-    """What every simulated device is configured to accept (seed 004 §IV-B query audit)."""
+    """What every simulated device is configured to accept (Anonymized Local Privacy §IV-B query audit)."""
 
     epsilon_limit: float = 10.0
     blacklist: frozenset[int] = frozenset()

@@ -1,6 +1,6 @@
 """Readers for Caltrans PeMS Station Raw (30 s), Station 5-Minute and station metadata files.
 
-Real files are messy (``shared/reference/PEMS_FORMAT.md``): timestamps off the :00/:30 marks,
+Real files are messy (docs/wire.md, "Input data, fleet and queries"): timestamps off the :00/:30 marks,
 empty lanes and rows, stuck detectors, impossible spikes, dead detectors, missing rows, files
 spanning more than one day, stations missing from metadata. Readers never crash on a bad row:
 they skip or flag it and count why in a :class:`QualityReport`.

@@ -1,4 +1,4 @@
-"""The analyst's query (seed 004 §IV-B): what is asked, of whom, with which mechanism, when.
+"""The analyst's query (Anonymized Local Privacy §IV-B): what is asked, of whom, with which mechanism, when.
 
 Published on the compacted queries topic, one record per (query id, version). Devices audit
 it before answering (epsilon limit, sensor blacklist).

@@ -4,7 +4,7 @@ Inputs are the stream app's estimates (``schemas.estimates.Estimate``) and the r
 truth (``schemas.wire.GroundTruth``), read from their topics or from saved JSON lines (as
 written by ``ptt subscribe --json``). Outputs, in ``--out``:
 
-* one PNG per (query, station, estimator) in the style of seed 004 Figure 1: the ground
+* one PNG per (query, station, estimator) in the style of Anonymized Local Privacy Figure 1: the ground
   truth and the privatized estimate over the time of day, the 99% and 95% bounds as bands;
   only the busiest stations (by total truth) unless ``--station`` names them;
 * ``summary.txt`` (also printed) and ``summary.json``: per (query, estimator) the number of

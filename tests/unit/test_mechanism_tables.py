@@ -2,17 +2,17 @@
 
 The mechanisms in ``estimators.mechanisms`` are data (a latent die plus an emit map) and
 their output tables are *derived*. These tests hold the derived tables against the
-formulas of the source papers (``shared/reference/MECHANISMS.md``), typed in again below
+formulas of the source papers (docs/references.md, docs/statistics.md), typed in again below
 independently of the implementation:
 
-* two-coin randomized response (seed 000 §1, App. A): ``P(1|Yes) = pi1 + (1-pi1) pi2``,
+* two-coin randomized response (Differential Privacy by Sampling §1, App. A): ``P(1|Yes) = pi1 + (1-pi1) pi2``,
   ``P(1|No) = (1-pi1) pi2``;
-* epsilon-RR (seed 001): keep the truth w.p. ``e^eps / (1 + e^eps)``; k-ary RR: the truth
+* epsilon-RR (Gaboardi's lecture notes): keep the truth w.p. ``e^eps / (1 + e^eps)``; k-ary RR: the truth
   w.p. ``e^eps / (e^eps + k - 1)``, every other value w.p. ``1 / (e^eps + k - 1)``;
-* binary Sampling Privacy (seed 000 eqs. 6-8) and multi-valued Sampling Privacy
+* binary Sampling Privacy (Differential Privacy by Sampling eqs. 6-8) and multi-valued Sampling Privacy
   (eqs. 12-13): round 1 ``P(v|t) = pi_v + pis [v == 0]``, round 2 ``P(v|t) = pi_v + pis [v == t]``;
-* the fresh-sample variant (seed 002): round r reports 1 w.p. ``pisYes_r`` / ``pisNo_r``;
-* Anonymized Local Privacy toys (seed 004 eqs. 2-4) and the optimal mechanism (eqs. 6-7).
+* the fresh-sample variant (Towards Scaling Privacy Strength): round r reports 1 w.p. ``pisYes_r`` / ``pisNo_r``;
+* Anonymized Local Privacy toys (Anonymized Local Privacy eqs. 2-4) and the optimal mechanism (eqs. 6-7).
 
 Also: rows sum to 1, joint (linked-rounds) tables, invalid parameters raise ``ValueError``
 with a message naming the problem, ``truth_dependent_faces`` agrees with ``emit``, and the
@@ -199,7 +199,7 @@ def test_joint_tables_match_the_papers(case: Case) -> None:
 
 
 def test_epsilon_rr_is_two_coin_rr_with_pi2_one_half() -> None:
-    # seed 001's epsilon-RR written as two-coin RR: pi1 = (e^eps - 1)/(e^eps + 1), pi2 = 1/2
+    # Gaboardi's lecture notes epsilon-RR written as two-coin RR: pi1 = (e^eps - 1)/(e^eps + 1), pi2 = 1/2
     for eps in [0.1, 1.0, 3.0]:
         pi1 = (math.exp(eps) - 1) / (math.exp(eps) + 1)
         np.testing.assert_allclose(E.epsilon_rr(eps).output_table(), E.two_coin_rr(pi1, 0.5).output_table(),

@@ -9,24 +9,24 @@ tables themselves are checked against the papers in ``test_mechanism_tables.py``
 Documented differences between the papers' closed forms and the brute force (asserted
 below, with numbers):
 
-* seed 000 eq. 30 (randomized response) takes only the "Yes" report. For ``pi2 <= 1/2``
+* Differential Privacy by Sampling eq. 30 (randomized response) takes only the "Yes" report. For ``pi2 <= 1/2``
   that is the maximum (pi1=0.8, pi2=0.2: both ln 21 = 3.0445); for ``pi2 > 1/2`` the "No"
   report leaks more: pi1=0.8, pi2=0.8 prints ln 6 = 1.7918, the brute force is
   ln 21 = 3.0445.
-* seed 004 eqs. 8-11 (Anonymized Local Privacy) take the "Yes" report in the Yes/No
+* Anonymized Local Privacy eqs. 8-11 (Anonymized Local Privacy) take the "Yes" report in the Yes/No
   direction and the "No" report in the No/Yes direction only. With the paper's parameters
   the printed value is ln(0.0965/0.049) = 0.6777 while the "No" report in the Yes/No
   direction gives ln(0.0035/0.001) = ln 3.5 = 1.2528 (the brute force). At the smaller
   ``pisNo`` of the paper's Table II: 5.9760 vs ln 700 = 6.5511 (pisNo = 0.00025) and
   8.2786 vs ln 7000 = 8.8537 (pisNo = 0.000025).
-* seed 000 eq. 29 must be maximized over ALL truths including 0 ("at no monitored
+* Differential Privacy by Sampling eq. 29 must be maximized over ALL truths including 0 ("at no monitored
   station"); the paper's "V' in 1..V" misses the leak of output 0 when pi_0 is the
   smallest face.
-* seed 003 Theorem 1 (amplification by sampling) is about add/remove-one neighbouring
-  datasets where a record that is not sampled leaves no trace. For a local report where
-  the non-sampled owner is *visible* (it sends ⊥) and neighbours differ in one owner's
-  value (replace-one, the local-DP question), the sampling coin cancels and the epsilon is
-  NOT amplified.
+* On Sampling, Anonymization, and Differential Privacy, Theorem 1 (amplification by
+  sampling), is about add/remove-one neighbouring datasets where a record that is not
+  sampled leaves no trace. For a local report where the non-sampled owner is *visible* (it
+  sends ⊥) and neighbours differ in one owner's value (replace-one, the local-DP question),
+  the sampling coin cancels and the epsilon is NOT amplified.
 
 Monte Carlo: only the crowd-size frequency check (fixed seed; per-assertion false-failure
 rate 5.7e-7 for a correct implementation, 5-sigma two-sided; < 1e-5 for the module).
@@ -207,7 +207,7 @@ def test_known_epsilons() -> None:
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["sp_binary-default", "sp_binary-0.1-0.6", "sp-uniform-V5", "sp-nonuniform-V4"])
 def test_sampling_privacy_linked_rounds_are_infinite(name: str) -> None:
-    """PRIVACY INVARIANT (seed 000 §4.2): a (round 1, round 2) pair 0 -> V' happens only for
+    """PRIVACY INVARIANT (Differential Privacy by Sampling §4.2): a (round 1, round 2) pair 0 -> V' happens only for
     the sampled face, so linked rounds reveal the truth. Rounds must never be linkable."""
     m = MECHANISMS[name]()
     me = E.mechanism_epsilon(m)
@@ -300,7 +300,7 @@ def sp_3220() -> E.Mechanism:
 
 
 def test_sp_closed_form_paper_scale_3220_stations(sp_3220: E.Mechanism) -> None:
-    """3,220 PeMS stations (seed 004 §VII-A), pis = 0.45, uniform pi_v = 0.55/3221:
+    """3,220 PeMS stations (Anonymized Local Privacy §VII-A), pis = 0.45, uniform pi_v = 0.55/3221:
     epsilon = ln(1 + 0.45 * 3221 / 0.55) = 7.877 ("about 7.9" in the reference)."""
     pi_v = 0.55 / 3221
     expected = math.log((pi_v + 0.45) / pi_v)
@@ -435,7 +435,7 @@ def test_closed_forms_return_infinity_at_the_boundary(what: str, closed: Callabl
 
 
 # ---------------------------------------------------------------------------------------
-# Amplification by sampling (seed 003 Theorem 1)
+# Amplification by sampling (On Sampling, Anonymization, and Differential Privacy Theorem 1)
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("eps", [0.0, 0.1, 1.0, math.log(21), 7.9])
 @pytest.mark.parametrize("beta", [0.0, 0.01, 0.05, 0.5, 1.0])
@@ -573,7 +573,7 @@ def test_advanced_composition_edges() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Haystack crowd sizes (seed 004 §VI-B)
+# Haystack crowd sizes (Anonymized Local Privacy §VI-B)
 # ---------------------------------------------------------------------------------------
 def _lower_quantile_by_hand(n: int, p: float, q: float = 0.01) -> int:
     """Smallest k with P(Binomial(n, p) <= k) >= q, from the log pmf summed in order."""
@@ -648,7 +648,7 @@ def test_crowd_size_degenerate() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Query audit (seed 004 §IV-B)
+# Query audit (Anonymized Local Privacy §IV-B)
 # ---------------------------------------------------------------------------------------
 def test_audit_accepts_a_query_within_the_limit() -> None:
     res = E.audit_query(1.0, [400_001, 400_002], epsilon_limit=2.0, blacklist=[400_003])
