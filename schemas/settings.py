@@ -47,25 +47,10 @@ class KafkaSettings(BaseSettings):
         return env
 
     def client_kwargs(self) -> dict[str, Any]:
-        """Connection and security options for any kafka-python client."""
-        kw: dict[str, Any] = {
-            "bootstrap_servers": self.bootstrap_servers.split(","),
-            "security_protocol": self.security_protocol,
-            "request_timeout_ms": self.request_timeout_ms,
-            "bootstrap_timeout_ms": self.bootstrap_timeout_ms,
-        }
-        if self.sasl_mechanism:
-            kw["sasl_mechanism"] = self.sasl_mechanism
-            kw["sasl_plain_username"] = self.sasl_plain_username
-            password = self.sasl_plain_password
-            kw["sasl_plain_password"] = password.get_secret_value() if password else None
-        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-            value = getattr(self, name)
-            if value is not None:
-                kw[name] = str(value)
-        if self.ssl_password is not None:
-            kw["ssl_password"] = self.ssl_password.get_secret_value()
-        return kw
+        """Connection and security options for any kafka-python client (schemas.connection)."""
+        from .connection import kafka_python_options
+
+        return kafka_python_options(self)
 
 
 class BrokerLossSettings(KafkaSettings):

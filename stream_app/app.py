@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import signal
-import ssl
 import sys
 import threading
 import time
@@ -50,6 +49,7 @@ from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 
 from schemas import GroundTruth, Query, decode_record
+from schemas.connection import faust_options
 from schemas.kafka_io import QueryReader, broker_lost
 
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
@@ -160,29 +160,13 @@ def _faust_sensors(app: faust.App, registry: CollectorRegistry) -> None:
         return Response(body=generate_latest(source), headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
 
 
-def _credentials(s: WorkerSettings) -> Any:
-    if s.security_protocol == "PLAINTEXT":
-        return None
-    ssl_context = None
-    if s.security_protocol in ("SSL", "SASL_SSL"):
-        ssl_context = ssl.create_default_context(cafile=str(s.ssl_cafile) if s.ssl_cafile else None)
-        if s.ssl_certfile:
-            ssl_context.load_cert_chain(str(s.ssl_certfile), str(s.ssl_keyfile) if s.ssl_keyfile else None)
-    if s.security_protocol.startswith("SASL"):
-        password = s.sasl_plain_password.get_secret_value() if s.sasl_plain_password else ""
-        return faust.SASLCredentials(username=s.sasl_plain_username or "", password=password,
-                                     mechanism=s.sasl_mechanism or "PLAIN", ssl_context=ssl_context)
-    return faust.SSLCredentials(ssl_context)
-
-
 def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = None) -> faust.App:
     s = settings
     registry = registry or CollectorRegistry()
     s.worker_dir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         s.app_id,
-        broker=[f"kafka://{hp}" for hp in s.bootstrap_servers.split(",")],
-        broker_credentials=_credentials(s),
+        **faust_options(s),
         store=s.store,
         datadir=str(s.worker_dir / "{conf.name}"),
         topic_partitions=s.internal_partitions,

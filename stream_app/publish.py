@@ -24,28 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.helpers import create_ssl_context
 from kafka.partitioner.default import murmur2
 
+from schemas.connection import aiokafka_options
 from schemas.settings import KafkaSettings
 
-__all__ = ["BatchSink", "aiokafka_security"]
-
-
-def aiokafka_security(s: KafkaSettings) -> dict[str, Any]:
-    """The connection's security options for an aiokafka client."""
-    kw: dict[str, Any] = {"security_protocol": s.security_protocol}
-    if s.security_protocol in ("SSL", "SASL_SSL"):
-        ctx = create_ssl_context(cafile=str(s.ssl_cafile) if s.ssl_cafile else None,
-                                 certfile=str(s.ssl_certfile) if s.ssl_certfile else None,
-                                 keyfile=str(s.ssl_keyfile) if s.ssl_keyfile else None,
-                                 password=s.ssl_password.get_secret_value() if s.ssl_password else None)
-        kw["ssl_context"] = ctx
-    if s.security_protocol.startswith("SASL"):
-        kw["sasl_mechanism"] = s.sasl_mechanism or "PLAIN"
-        kw["sasl_plain_username"] = s.sasl_plain_username
-        kw["sasl_plain_password"] = s.sasl_plain_password.get_secret_value() if s.sasl_plain_password else None
-    return kw
+__all__ = ["BatchSink"]
 
 
 class BatchSink:
@@ -72,10 +56,8 @@ class BatchSink:
                 await self._start()
 
     async def _start(self) -> None:
-        producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.bootstrap_servers.split(","), acks="all", linger_ms=5,
-            max_batch_size=self._batch_bytes, max_request_size=8 * self._batch_bytes,
-            request_timeout_ms=self._settings.request_timeout_ms, **aiokafka_security(self._settings))
+        producer = AIOKafkaProducer(acks="all", linger_ms=5, max_batch_size=self._batch_bytes,
+                                    max_request_size=8 * self._batch_bytes, **aiokafka_options(self._settings))
         await producer.start()
         parts = await producer.partitions_for(self.topic)
         self._partitions = sorted(parts)

@@ -1,0 +1,95 @@
+"""One translation of the project's Kafka connection settings into each client's options, in
+the style of quix-streams' ``ConnectionConfig``: kafka-python (producers, the analyst,
+``subscribe``, admin), aiokafka (the worker's acknowledged producers) and Faust (the worker's
+app). Nothing else maps security settings to a client.
+
+No Kafka client is imported at module level (reading settings and building the command line
+stay light); Faust's credential classes are imported when they are asked for.
+
+>>> from schemas.settings import KafkaSettings
+>>> s = KafkaSettings(bootstrap_servers="a:9092,b:9092")
+>>> kafka_python_options(s)["bootstrap_servers"], aiokafka_options(s)["bootstrap_servers"]
+(['a:9092', 'b:9092'], ['a:9092', 'b:9092'])
+>>> faust_options(s)
+{'broker': ['kafka://a:9092', 'kafka://b:9092'], 'broker_credentials': None}
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .settings import KafkaSettings
+
+__all__ = ["aiokafka_options", "faust_options", "kafka_python_options", "ssl_context"]
+
+
+def _servers(s: KafkaSettings) -> list[str]:
+    return s.bootstrap_servers.split(",")
+
+
+def _password(s: KafkaSettings) -> str | None:
+    return s.sasl_plain_password.get_secret_value() if s.sasl_plain_password else None
+
+
+def kafka_python_options(s: KafkaSettings) -> dict[str, Any]:
+    """Connection and security options for any kafka-python client (it builds its own TLS
+    context from the file paths, when it connects)."""
+    kw: dict[str, Any] = {
+        "bootstrap_servers": _servers(s),
+        "security_protocol": s.security_protocol,
+        "request_timeout_ms": s.request_timeout_ms,
+        "bootstrap_timeout_ms": s.bootstrap_timeout_ms,
+    }
+    if s.sasl_mechanism:
+        kw["sasl_mechanism"] = s.sasl_mechanism
+        kw["sasl_plain_username"] = s.sasl_plain_username
+        kw["sasl_plain_password"] = _password(s)
+    for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+        value = getattr(s, name)
+        if value is not None:
+            kw[name] = str(value)
+    if s.ssl_password is not None:
+        kw["ssl_password"] = s.ssl_password.get_secret_value()
+    return kw
+
+
+def ssl_context(s: KafkaSettings) -> ssl.SSLContext | None:
+    """The TLS context of an SSL or SASL_SSL connection (None otherwise), for the asyncio clients."""
+    if s.security_protocol not in ("SSL", "SASL_SSL"):
+        return None
+    ctx = ssl.create_default_context(cafile=str(s.ssl_cafile) if s.ssl_cafile else None)
+    if s.ssl_certfile:
+        ctx.load_cert_chain(str(s.ssl_certfile), str(s.ssl_keyfile) if s.ssl_keyfile else None,
+                            s.ssl_password.get_secret_value() if s.ssl_password else None)
+    return ctx
+
+
+def aiokafka_options(s: KafkaSettings) -> dict[str, Any]:
+    """Connection and security options for an aiokafka client."""
+    kw: dict[str, Any] = {"bootstrap_servers": _servers(s), "request_timeout_ms": s.request_timeout_ms,
+                          "security_protocol": s.security_protocol}
+    ctx = ssl_context(s)
+    if ctx is not None:
+        kw["ssl_context"] = ctx
+    if s.security_protocol.startswith("SASL"):
+        kw["sasl_mechanism"] = s.sasl_mechanism or "PLAIN"
+        kw["sasl_plain_username"] = s.sasl_plain_username
+        kw["sasl_plain_password"] = _password(s)
+    return kw
+
+
+def faust_options(s: KafkaSettings) -> dict[str, Any]:
+    """The ``broker`` and ``broker_credentials`` options of a Faust app."""
+    credentials: Any = None
+    if s.security_protocol != "PLAINTEXT":
+        import faust
+
+        ctx = ssl_context(s)
+        if s.security_protocol.startswith("SASL"):
+            credentials = faust.SASLCredentials(username=s.sasl_plain_username or "", password=_password(s) or "",
+                                                mechanism=s.sasl_mechanism or "PLAIN", ssl_context=ctx)
+        else:
+            credentials = faust.SSLCredentials(ctx)
+    return {"broker": [f"kafka://{hp}" for hp in _servers(s)], "broker_credentials": credentials}
