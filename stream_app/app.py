@@ -36,7 +36,6 @@ import signal
 import sys
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -53,13 +52,14 @@ from schemas.connection import faust_options
 from schemas.kafka_io import QueryReader, broker_lost
 
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
-from .estimate import QueryEstimators, epoch_results, retraction
+from .estimate import QueryEstimators
 from .guard import BrokerGuard, stop_grace_s
 from .metrics import StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
 from .settings import WorkerSettings
-from .windows import CloseReason, Watermarks, WindowPolicy, WindowState
+from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks
+from .windows import Watermarks, WindowPolicy, WindowState
 
 __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
@@ -160,21 +160,18 @@ def _faust_sensors(app: faust.App, registry: CollectorRegistry) -> None:
         return Response(body=generate_latest(source), headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
 
 
-def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = None) -> faust.App:
-    s = settings
-    registry = registry or CollectorRegistry()
+def _faust_app(s: WorkerSettings) -> faust.App:
     s.worker_dir.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
+    return faust.App(
         s.app_id,
         **faust_options(s),
         store=s.store,
         datadir=str(s.worker_dir / "{conf.name}"),
         topic_partitions=s.internal_partitions,
         topic_replication_factor=1,
-        # With the embedded broker, changelog recovery is exact only if every record is its own
-        # batch (its end offsets are wrong). Only changelog writes (one per touched window per
-        # batch), stage records and dead letters go through this producer; estimates have
-        # their own batching producer (stream_app.publish).
+        # Every record its own batch: the embedded broker's end offsets are wrong. Only dead
+        # letters and ticks go through Faust's producer; stage records, estimates and the
+        # window table's changelog have their own acknowledged producers (stream_app.publish).
         producer_max_batch_size=1,
         broker_session_timeout=6,
         broker_heartbeat_interval=1,
@@ -185,20 +182,44 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         web_bind=s.web_host,
         web_transport="tcp://",
     )
-    monitor = StreamMonitor(registry)
-    monitor.know_reasons(REASONS)
-    _faust_sensors(app, registry)
-    queries = QueryCache(s)
-    policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
-                          wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
-                          horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s)
-    sink = BatchSink(s, s.estimates_topic)
-    # the window table's changelog: acknowledged writes, one record per batch (publish.py)
-    state = BatchSink(s, s.changelog_topic, one_per_batch=True)
-    forward = BatchSink(s, s.partials_topic)
-    guard = BrokerGuard(s, watched_topics(s))
 
-    async def _publishing(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+
+class StreamWorker:
+    """The worker's runtime: what each Faust callback does, as read -> call the pure parts
+    (:mod:`stream_app.decode`, :class:`~stream_app.windows.WindowPolicy`,
+    :mod:`stream_app.stage2`) -> write -> emit. Effects are ordered so that a crash loses and
+    duplicates nothing (docs/operations.md, "A crash loses and duplicates nothing")."""
+
+    def __init__(self, s: WorkerSettings, app: faust.App, registry: CollectorRegistry) -> None:
+        self.s = s
+        self.monitor = StreamMonitor(registry)
+        self.monitor.know_reasons(REASONS)
+        self.queries = QueryCache(s)
+        self.policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
+                                   wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
+                                   horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s)
+        self.output = OutputSettings(s.confidences, s.min_participants, s.partitions)
+        self.sink = BatchSink(s, s.estimates_topic)
+        self.state = BatchSink(s, s.changelog_topic, one_per_batch=True)  # changelog: one record per batch
+        self.forward = BatchSink(s, s.partials_topic)
+        self.guard = BrokerGuard(s, watched_topics(s))
+        self.grace_budget = GraceBudget(s.unknown_query_grace_s)
+        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+        self.reports = app.topic(s.reports_topic, partitions=s.partitions, **raw)
+        self.partials = app.topic(s.partials_topic, partitions=s.internal_partitions, **raw)
+        self.dead = app.topic(s.dead_letter_topic, **raw)
+        self.truth = app.topic(s.truth_topic, **raw)
+        # changelog topic "<app id>-windows-changelog" (settings.changelog_topic); bytes both ways
+        self.windows = app.Table("windows", default=None, partitions=s.internal_partitions, key_type=bytes,
+                                 value_type=bytes)
+
+    async def start(self) -> None:
+        await self.queries.refresh()
+        await self.sink.start()
+        await self.forward.start()
+        await self.state.start()
+
+    async def publishing(self, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """Run ``attempt`` until it succeeds; broker errors are retried (a re-send is harmless:
         stage records are deduplicated by batch id, estimates are identical; a retried stage-2
         batch may count its metrics and send its dead letters twice). Failing past the loss
@@ -210,191 +231,172 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
                 return
             except BROKER_ERRORS as exc:
                 since = since if since is not None else time.monotonic()
-                if guard.failing(what, since, f"{type(exc).__name__}: {exc}") is None:
+                if self.guard.failing(what, since, f"{type(exc).__name__}: {exc}") is None:
                     log.warning("%s failed (%s: %s); retrying", what, type(exc).__name__, exc)
-                await asyncio.sleep(min(1.0, guard.interval_s))
+                await asyncio.sleep(min(1.0, self.guard.interval_s))
 
-    reports = app.topic(s.reports_topic, key_serializer="raw", value_serializer="raw", partitions=s.partitions)
-    partials = app.topic(s.partials_topic, key_serializer="raw", value_serializer="raw",
-                         partitions=s.internal_partitions)
-    dead = app.topic(s.dead_letter_topic, key_serializer="raw", value_serializer="raw")
-    truth = app.topic(s.truth_topic, key_serializer="raw", value_serializer="raw")
-    # changelog topic: "<app id>-windows-changelog" (settings.changelog_topic); binary values
-    windows = app.Table("windows", default=None, partitions=s.internal_partitions, key_type=bytes,
-                        value_type=bytes)  # bytes: the raw codec both ways
-
-    async def _dead(rej: Rejected, topic: str, partition: int, offset: int, value: bytes | None) -> None:
-        monitor.on_dead_letter(rej.reason)
+    async def dead_letter(self, rej: Rejected, topic: str, partition: int, offset: int, value: bytes | None) -> None:
+        self.monitor.on_dead_letter(rej.reason)
         letter = rej.letter(topic, partition, offset, value)
-        await dead.send(key=rej.reason.encode(), value=letter.model_dump_json().encode())
+        await self.dead.send(key=rej.reason.encode(), value=letter.model_dump_json().encode())
 
-    grace_budget = GraceBudget(s.unknown_query_grace_s)
+    # -- stage 1 -----------------------------------------------------------------------------
+    async def stage1(self, events: Sequence[Any]) -> None:
+        """Decode a batch and forward its stage records -- one bundle per stage-2 partition --
+        acknowledged before the batch's input offsets can be committed."""
+        out = await self.decide(events)
+        await self.publishing("publishing stage records", partial(self.forward.start))
+        bundles = bundle((self.forward.partition_for(key), key, value) for key, value in out)
+        await self.publishing("publishing stage records", partial(
+            self.forward.publish, [(key, value) for _, key, value in bundles], [p for p, _, _ in bundles]))
 
-    async def _stage1(events: Sequence[Any]) -> list[tuple[bytes, bytes]]:
-        """Decode a batch in order (:func:`~stream_app.decode.stage1_pass`); records naming a
-        query not known yet wait (bounded, without blocking the event loop) for the queries
-        topic to catch up -- and the later records of their source partition wait with them."""
+    async def decide(self, events: Sequence[Any]) -> list[tuple[bytes, bytes]]:
+        """Decide a batch in order (:func:`~stream_app.decode.stage1_pass`); records naming a
+        query not known yet wait (bounded, off the event loop) for the queries topic to catch
+        up -- and the later records of their source partition wait with them."""
         out: list[tuple[bytes, bytes]] = []
         records = [(e.value, e.message.partition) for e in events]
         pending = list(range(len(events)))
         started = time.monotonic()
-        grace = grace_budget.available(started)  # bounded per minute, not only per batch
+        grace = self.grace_budget.available(started)  # bounded per minute, not only per batch
         wait = UnknownQueryWait(started, grace, QUERY_PATIENCE_S)
         first = True
         while pending:
-            step = stage1_pass([records[i] for i in pending], queries.known, wait.may_wait(time.monotonic()),
-                               s.max_producers)
+            step = stage1_pass([records[i] for i in pending], self.queries.known, wait.may_wait(time.monotonic()),
+                               self.s.max_producers)
             for j, results in step.done:
-                event = events[pending[j]]
-                msg = event.message
-                for res in results:  # a marker set: one result per marker
-                    if isinstance(res, Rejected):
-                        await _dead(res, msg.topic, msg.partition, msg.offset, event.value)
-                    else:
-                        monitor.on_record("batch" if isinstance(res, BatchPartial) else "marker")
-                        out.append((res.window.key, encode_partial(res)))
+                await self.emit_stage1(events[pending[j]], results, out)
             pending = [pending[j] for j in step.waiting]
             if pending:
                 if not first:
                     await asyncio.sleep(wait.pause_s(time.monotonic()))
-                if await queries.refresh() and not wait.caught_up:
+                if await self.queries.refresh() and not wait.caught_up:
                     wait = replace(wait, caught_up=True)
                 first = False
         if not first:  # some record waited for its query
-            grace_budget.spend(time.monotonic(), min(grace, time.monotonic() - started))
+            self.grace_budget.spend(time.monotonic(), min(grace, time.monotonic() - started))
         return out
 
-    @app.agent(reports)
-    async def stage1(stream: Any) -> Any:
-        async for events in stream.take_events(s.batch_records, within=s.stage1_batch_wait_s):
-            # acknowledged before this batch's input offsets can be committed; the records for
-            # one stage-2 partition travel as one bundle (one Kafka record, not one per marker)
-            out = await _stage1(events)
-            await _publishing("publishing stage records", partial(forward.start))
-            bundles = bundle((forward.partition_for(key), key, value) for key, value in out)
-            await _publishing("publishing stage records", partial(
-                forward.publish, [(key, value) for _, key, value in bundles], [p for p, _, _ in bundles]))
+    async def emit_stage1(self, event: Any, results: Sequence[Any], out: list[tuple[bytes, bytes]]) -> None:
+        msg = event.message
+        for res in results:  # a marker set: one result per marker
+            if isinstance(res, Rejected):
+                await self.dead_letter(res, msg.topic, msg.partition, msg.offset, event.value)
+            else:
+                self.monitor.on_record("batch" if isinstance(res, BatchPartial) else "marker")
+                out.append((res.window.key, encode_partial(res)))
 
-    def _load(wid: WindowId) -> WindowState | None:
-        raw = windows.data.get(wid.key)
+    # -- stage 2 -----------------------------------------------------------------------------
+    async def stage2(self, events: Sequence[Any]) -> None:
+        started = time.monotonic()
+        plan = by_partition(((e.message.partition, e.value) for e in events), split_bundle)
+        for part, entries in plan:
+            pairs = [(events[i], raw) for i, raw in entries]
+            try:
+                await self.publishing("publishing estimates", partial(self.apply, part, pairs, started))
+            except Exception:  # find the record(s) at fault one by one; the rest still count
+                log.exception("stage 2 failed on a batch of partition %s; retrying record by record", part)
+                for e, raw in pairs:
+                    try:
+                        await self.publishing("publishing estimates", partial(self.apply, part, [(e, raw)], started))
+                    except Exception as exc:
+                        log.exception("stage 2 failed on partition %s offset %s", part, e.message.offset)
+                        await self.dead_letter(Rejected("internal_error", f"{type(exc).__name__}: {exc}"),
+                                               e.message.topic, part, e.message.offset, raw)
+
+    def load(self, wid: WindowId) -> WindowState | None:
+        raw = self.windows.data.get(wid.key)
         return None if raw is None else WindowState.decode(raw)
 
-    async def _write(part: int, writes: list[tuple[bytes, bytes]]) -> None:
-        """Write window states: to the changelog, acknowledged, then to the local store. The
-        caller returns -- and Faust may commit its input offsets -- only after this."""
-        if s.fault_state_write_delay_s:  # fault injection: a slow changelog (tests/integration/test_crash.py)
-            await asyncio.sleep(s.fault_state_write_delay_s)
-        await state.publish(writes, [part] * len(writes))
-        for key, value in writes:
-            windows.data[key] = value
-
-    def _published(results: Sequence[Any], started: float) -> None:
-        for res in results:
-            monitor.on_epoch_closed(res)
-            monitor.on_epochs_published(time.monotonic() - started)
-
-    async def _apply(part: int, entries: Sequence[tuple[Any, bytes]], started: float) -> None:
+    async def apply(self, part: int, entries: Sequence[tuple[Any, bytes]], started: float) -> None:
         """One stage-2 partition's share of a batch -- (event, stage record) pairs, several per
-        event when it is a bundle: policy, estimates, then state writes."""
+        event when it is a bundle: the policy, the closed epochs' estimates (acknowledged), then
+        the state writes (acknowledged)."""
         wm_key = WM_PREFIX + str(part).encode()
-        wm = Watermarks.decode(windows.data.get(wm_key))
+        wm = Watermarks.decode(self.windows.data.get(wm_key))
         items = [decode_partial(raw) for _, raw in entries]
-        await queries.ensure({(i.query_id, i.query_version) for i in items if not isinstance(i, Tick)},
-                             QUERY_PATIENCE_S)
-        outcome = policy.apply(wm, _load, queries.shape, items)
+        await self.queries.ensure({(i.query_id, i.query_version) for i in items if not isinstance(i, Tick)},
+                                  QUERY_PATIENCE_S)
+        outcome = self.policy.apply(wm, self.load, self.queries.shape, items)
         for index, reason, detail in outcome.rejected:
             e, raw = entries[index]
-            await _dead(Rejected(reason, detail), e.message.topic, part, e.message.offset, raw)
-        monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
-        # Closed epochs' estimates are gathered and sent together (one record batch per
-        # partition, not one per epoch), acknowledged every PUBLISH_CHUNK records (bounded
-        # memory) and all of them before any closed window is written.
-        batch: list[tuple[bytes, bytes]] = []
-        done: list[Any] = []
-        by_query: dict[tuple[str, int], list[tuple[WindowState, CloseReason]]] = defaultdict(list)
-        for st, reason in outcome.closed:  # one query's closed epochs are estimated together
-            by_query[(st.wid.query_id, st.wid.query_version)].append((st, reason))
-        for (query_id, version), closed in by_query.items():
-            q = queries.known(query_id, version)
-            if q is None:
-                continue
-            for st, res in zip((st for st, _ in closed), epoch_results(
-                    queries.estimators(q), closed, s.confidences, s.min_participants, s.partitions), strict=True):
-                st.published = res.withheld is None
-                batch += res.render()
-                done.append(res)
-                if len(batch) >= PUBLISH_CHUNK:
-                    await sink.publish(batch)
-                    _published(done, started)
-                    batch, done = [], []
-        for st in outcome.retracted:
-            q = queries.known(st.wid.query_id, st.wid.query_version)
-            if q is not None:
-                st.published = False
-                res = retraction(q, st, s.confidences)
-                batch += res.render()
-                done.append(res)
-        await sink.publish(batch)
-        _published(done, started)
+            await self.dead_letter(Rejected(reason, detail), e.message.topic, part, e.message.offset, raw)
+        self.monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
+        results = epoch_outputs(outcome, self.queries.known, self.queries.estimators, self.output)
+        for records, done in publish_chunks(results, PUBLISH_CHUNK):
+            await self.sink.publish(records)
+            for res in done:
+                self.monitor.on_epoch_closed(res)
+                self.monitor.on_epochs_published(time.monotonic() - started)
         writes = [(wid.key, st.encode()) for wid, st in outcome.touched.items()]
         if wm.dirty:
             writes.append((wm_key, wm.encode()))
-        await _write(part, writes)
+        await self.write(part, writes)
 
-    @app.agent(partials)
-    async def stage2(stream: Any) -> Any:
-        async for events in stream.take_events(s.batch_records, within=s.stage2_batch_wait_s):
-            started = time.monotonic()
-            by_part: dict[int, list[tuple[Any, bytes]]] = defaultdict(list)
-            for event in events:
-                try:
-                    records = split_bundle(event.value)
-                except ValueError:
-                    records = [event.value]  # kept whole: decoding it fails below, and it is dead-lettered
-                by_part[event.message.partition] += [(event, raw) for raw in records]
-            for part, entries in by_part.items():
-                try:
-                    await _publishing("publishing estimates", partial(_apply, part, entries, started))
-                except Exception:  # find the record(s) at fault one by one; the rest still count
-                    log.exception("stage 2 failed on a batch of partition %s; retrying record by record", part)
-                    for e, raw in entries:
-                        try:
-                            await _publishing("publishing estimates", partial(_apply, part, [(e, raw)], started))
-                        except Exception as exc:
-                            log.exception("stage 2 failed on partition %s offset %s", part, e.message.offset)
-                            await _dead(Rejected("internal_error", f"{type(exc).__name__}: {exc}"),
-                                        e.message.topic, part, e.message.offset, raw)
+    async def write(self, part: int, writes: list[tuple[bytes, bytes]]) -> None:
+        """Write window states: to the changelog, acknowledged, then to the local store. The
+        caller returns -- and Faust may commit its input offsets -- only after this."""
+        if self.s.fault_state_write_delay_s:  # fault injection: a slow changelog (tests/integration/test_crash.py)
+            await asyncio.sleep(self.s.fault_state_write_delay_s)
+        await self.state.publish(writes, [part] * len(writes))
+        for key, value in writes:
+            self.windows.data[key] = value
 
-    @app.agent(truth)
-    async def ground_truth(stream: Any) -> Any:
-        async for value in stream:
-            try:
-                t = decode_record(value)
-            except ValueError:
-                continue
-            if isinstance(t, GroundTruth):
-                missing = frozenset(t.no_truth)
-                flows = [math.nan if station in missing else float(flow)
-                         for station, flow in zip(t.stations, t.flows, strict=True)]
-                monitor.on_truth(t.epoch, t.stations, flows)
+    # -- ground truth and the clock ------------------------------------------------------------
+    def ground_truth(self, value: bytes) -> None:
+        try:
+            t = decode_record(value)
+        except ValueError:
+            return
+        if isinstance(t, GroundTruth):
+            missing = frozenset(t.no_truth)
+            flows = [math.nan if station in missing else float(flow)
+                     for station, flow in zip(t.stations, t.flows, strict=True)]
+            self.monitor.on_truth(t.epoch, t.stations, flows)
 
-    @app.timer(interval=s.tick_interval_s)
-    async def tick() -> None:
-        await queries.refresh()
+    async def tick(self) -> None:
+        await self.queries.refresh()
         value = encode_partial(Tick(time.time()))
         try:
-            for p in range(s.internal_partitions):
-                await partials.send(key=b"tick", value=value, partition=p)
+            for p in range(self.s.internal_partitions):
+                await self.partials.send(key=b"tick", value=value, partition=p)
         except BROKER_ERRORS as exc:  # the next tick tries again; a lost broker is the guard's verdict
             log.warning("could not send the wall-clock tick (%s: %s)", type(exc).__name__, exc)
 
-    @app.task
-    async def start_sinks() -> None:
-        await queries.refresh()
-        await sink.start()
-        await forward.start()
-        await state.start()
 
+def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = None) -> faust.App:
+    """The Faust app: each callback hands its input to :class:`StreamWorker`."""
+    s = settings
+    registry = registry or CollectorRegistry()
+    app = _faust_app(s)
+    _faust_sensors(app, registry)
+    w = StreamWorker(s, app, registry)
+
+    @app.agent(w.reports)
+    async def stage1(stream: Any) -> Any:
+        async for events in stream.take_events(s.batch_records, within=s.stage1_batch_wait_s):
+            await w.stage1(events)
+
+    @app.agent(w.partials)
+    async def stage2(stream: Any) -> Any:
+        async for events in stream.take_events(s.batch_records, within=s.stage2_batch_wait_s):
+            await w.stage2(events)
+
+    @app.agent(w.truth)
+    async def ground_truth(stream: Any) -> Any:
+        async for value in stream:
+            w.ground_truth(value)
+
+    app.timer(interval=s.tick_interval_s)(w.tick)
+    app.task(w.start)
+    _ready_page(app)
+    app.metrics_registry = registry  # type: ignore[attr-defined]
+    app.estimates_sink = w.sink  # type: ignore[attr-defined]
+    app.broker_guard = w.guard  # type: ignore[attr-defined]
+    return app
+
+
+def _ready_page(app: faust.App) -> None:
     @app.page("/ready")
     async def ready_page(self: Any, request: Any) -> Any:
         """200 once this worker has partitions and its tables are recovered, else 503."""
@@ -403,11 +405,6 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
         recovered = app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
         ok = recovered and not app.rebalancing and bool(app.consumer.assignment())
         return Response(text="ready\n" if ok else "not ready\n", status=200 if ok else 503)
-
-    app.metrics_registry = registry  # type: ignore[attr-defined]
-    app.estimates_sink = sink  # type: ignore[attr-defined]
-    app.broker_guard = guard  # type: ignore[attr-defined]
-    return app
 
 
 def watched_topics(s: WorkerSettings) -> list[str]:

@@ -1,0 +1,91 @@
+"""Stage 2's batch plan, pure: how a batch of stage records is grouped and what it publishes,
+in which order. The Faust agent (:mod:`stream_app.app`) reads, calls these, writes and emits.
+
+* :func:`by_partition` -- a batch's records per stage-2 partition, bundles split, in order;
+* :func:`epoch_outputs` -- what the closed and the withdrawn epochs of one partition's outcome
+  publish, in order: one query's closed epochs estimated together (one ``(windows, stations)``
+  stack), then the withdrawals; each closed window learns whether it was published;
+* :func:`publish_chunks` -- those results rendered chunk by chunk, each chunk at least
+  ``limit`` records (the last one the rest), so memory stays bounded and the broker's
+  acknowledgement of a chunk is awaited before the next is rendered.
+
+>>> list(by_partition([(0, b"a"), (1, b"b"), (0, b"c")], split=lambda raw: [raw]))
+[(0, [(0, b'a'), (2, b'c')]), (1, [(1, b'b')])]
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from schemas import Query
+
+from .estimate import EpochResult, QueryEstimators, epoch_results, retraction
+from .windows import CloseReason, Outcome, WindowState
+
+__all__ = ["OutputSettings", "by_partition", "epoch_outputs", "publish_chunks"]
+
+
+def by_partition(records: Iterable[tuple[int, bytes]], split: Callable[[bytes], list[bytes]]
+                 ) -> list[tuple[int, list[tuple[int, bytes]]]]:
+    """``(partition, value)`` of a batch's events -> per partition (first seen first), the
+    ``(event index, stage record)`` pairs in order. A value ``split`` cannot read (a malformed
+    bundle) is kept whole: decoding it fails later and it is dead-lettered."""
+    out: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+    for index, (partition, value) in enumerate(records):
+        try:
+            parts = split(value)
+        except ValueError:
+            parts = [value]
+        out[partition] += [(index, raw) for raw in parts]
+    return list(out.items())
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """What estimates depend on besides the windows."""
+
+    confidences: tuple[float, ...]
+    min_participants: int
+    n_source_partitions: int
+
+
+def epoch_outputs(outcome: Outcome, known: Callable[[str, int], Query | None],
+                  estimators: Callable[[Query], QueryEstimators], out: OutputSettings) -> Iterator[EpochResult]:
+    """The results one partition's outcome publishes, in order (closed epochs grouped by query,
+    then withdrawals); windows of a query no longer known are skipped. Sets each closed
+    window's ``published``, which its stored state keeps."""
+    by_query: dict[tuple[str, int], list[tuple[WindowState, CloseReason]]] = defaultdict(list)
+    for st, reason in outcome.closed:
+        by_query[(st.wid.query_id, st.wid.query_version)].append((st, reason))
+    for (query_id, version), closed in by_query.items():
+        q = known(query_id, version)
+        if q is None:
+            continue
+        results = epoch_results(estimators(q), closed, out.confidences, out.min_participants, out.n_source_partitions)
+        for (st, _), res in zip(closed, results, strict=True):
+            st.published = res.withheld is None
+            yield res
+    for st in outcome.retracted:
+        q = known(st.wid.query_id, st.wid.query_version)
+        if q is not None:
+            st.published = False
+            yield retraction(q, st, out.confidences)
+
+
+def publish_chunks(results: Iterable[EpochResult], limit: int
+                   ) -> Iterator[tuple[list[tuple[bytes, bytes]], list[EpochResult]]]:
+    """``(records, results)`` chunks of at least ``limit`` records (the last: what is left,
+    possibly nothing -- it is always yielded, so a caller acknowledges at the end)."""
+    records: list[tuple[bytes, bytes]] = []
+    done: list[EpochResult] = []
+    for res in results:
+        records += res.render()
+        done.append(res)
+        if len(records) >= limit:
+            yield records, done
+            records, done = [], []
+    yield records, done
+
+
