@@ -4,6 +4,7 @@ and summing them reproduces the statistics core's counts from the same seed."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -240,3 +241,44 @@ def test_ctrl_c_flushes_and_marks(replay_settings: ReplaySettings, producers: in
                     if p == m.partition and b.header.producer_id == m.producer_id]
             assert m.reports_to_partition == sum(b.header.reports for b in on_p)
             assert m.batches_to_partition == len(on_p)
+
+
+def _replay_env(s: ReplaySettings) -> dict[str, str]:
+    """The environment of a ``ptt replay`` subprocess on ``s``'s broker, topics and data."""
+    return {**os.environ, "PTT_BOOTSTRAP_SERVERS": s.bootstrap_servers, "PTT_REPORTS_TOPIC": s.reports_topic,
+            "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
+            "PTT_SYNTHETIC_STATIONS": str(s.synthetic_stations), "PTT_PARTITIONS": str(s.partitions)}
+
+
+def test_sigterm_mid_epoch_flushes_and_marks(replay_settings: ReplaySettings) -> None:
+    """SIGTERM (what a service manager sends) while one producer sends as fast as it can, so it
+    lands inside an epoch: exit 130; the broker acknowledged everything sent (the summary counts
+    no less than was sent, and exactly what is on the topic); every report record on the topic
+    is counted by its producer's marker for its partition and every marker counts exactly what
+    is there; only the last epoch can be marked interrupted."""
+    s = replay_settings
+    proc = _cli("replay", "--speed", "0", "--max-epochs", "2880", "--quiet", env=_replay_env(s))
+    wait_for_marker(s, s.reports_topic, proc, timeout_s=90)  # mid-replay: the first epoch is on the topic
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: sent data flushed and marked" in err and "Traceback" not in err
+    done = re.search(r"replayed (\d+) epochs, ([\d,]+) reports in ([\d,]+) records in", out)
+    assert done is not None, out  # not "the broker acknowledged X of Y reports sent"
+    completed, reports, records = (int(g.replace(",", "")) for g in done.groups())
+    assert 1 <= completed < 2880, out
+    wire = Decoded(drain(s, s.reports_topic))
+    batches = [(p, b) for bs in wire.batches.values() for p, b in bs]
+    assert (sum(b.header.reports for _, b in batches), len(batches)) == (reports, records)
+    for key, bs in wire.batches.items():  # everything sent is marked ...
+        for p, b in bs:
+            assert any(m.partition == p and m.producer_id == b.header.producer_id for m in wire.markers[key]), key
+    for ms in wire.markers.values():  # ... with exactly what is there
+        for m in ms:
+            on_p = [b for p, b in wire.batches[(m.query_id, 1, m.epoch, m.round)]
+                    if p == m.partition and b.header.producer_id == m.producer_id]
+            assert (m.reports_to_partition, m.batches_to_partition) == (sum(b.header.reports for b in on_p),
+                                                                        len(on_p))
+    epochs = sorted({k[2] for k in wire.markers})
+    assert len(epochs) in (completed, completed + 1)  # the epoch under way when the signal came, if any
+    assert {m.epoch for ms in wire.markers.values() for m in ms if m.interrupted} <= {epochs[-1]}
