@@ -330,7 +330,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from .demo import ptt_command
 
     ptt = ptt_command()
-    with LocalBroker(port=args.port, log_path=args.log, own_group=True) as broker, StopFlag() as stop:
+    with LocalBroker(port=args.port, log_path=args.log, own_group=True) as broker, \
+            StopFlag(notice=False) as stop:  # it stops at once
         flag = f"--bootstrap-servers {broker.bootstrap}"
         print(f"broker    {broker.bootstrap} (embedded, memory only; Ctrl-C stops it)")
         print(f"replay    {ptt} replay {flag}")

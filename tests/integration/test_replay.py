@@ -282,3 +282,47 @@ def test_sigterm_mid_epoch_flushes_and_marks(replay_settings: ReplaySettings) ->
     epochs = sorted({k[2] for k in wire.markers})
     assert len(epochs) in (completed, completed + 1)  # the epoch under way when the signal came, if any
     assert {m.epoch for ms in wire.markers.values() for m in ms if m.interrupted} <= {epochs[-1]}
+
+
+def test_a_second_ctrl_c_forces_quit(replay_settings: ReplaySettings, tmp_path: Path) -> None:
+    """The first Ctrl-C starts a clean stop, which waits for the broker to acknowledge what was
+    sent; with the broker frozen (SIGSTOP) that wait would last the loss timeout (120 s here).
+    The first Ctrl-C says a second one quits at once; the second one ends the process with exit
+    code 130 within FORCE_QUIT_GRACE_S (+ 3 s of slack), without a traceback. A broker of its
+    own: the session's broker must not be frozen."""
+    from producers.local_broker import LocalBroker
+    from producers.replay import FORCE_QUIT_GRACE_S
+
+    with LocalBroker(log_path=tmp_path / "tansu.log") as broker:
+        assert broker.pid is not None
+        s = replay_settings.model_copy(update={"bootstrap_servers": broker.bootstrap})
+        err_path = tmp_path / "replay.err"
+        with err_path.open("w") as err_file:
+            proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "0",  # noqa: S603
+                                     "--max-epochs", "2880", "--quiet", "--broker-loss-timeout-s", "120"],
+                                    env=_replay_env(s), stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+        frozen = False
+        try:
+            wait_for_marker(s, s.reports_topic, proc, timeout_s=90)
+            os.kill(broker.pid, signal.SIGSTOP)
+            frozen = True
+            proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + 30
+            while "Ctrl-C again to quit at once" not in err_path.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, err_path.read_text()
+                time.sleep(0.05)
+            assert "Ctrl-C again to quit at once" in err_path.read_text()
+            assert proc.poll() is None  # the clean stop is still waiting for the frozen broker
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=FORCE_QUIT_GRACE_S + 3)
+            assert time.monotonic() - t0 <= FORCE_QUIT_GRACE_S + 3
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            if frozen:
+                os.kill(broker.pid, signal.SIGCONT)
+    err = err_path.read_text()
+    assert code == 130, err
+    assert "Traceback" not in err
