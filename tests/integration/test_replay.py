@@ -3,6 +3,7 @@ and summing them reproduces the statistics core's counts from the same seed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -326,3 +327,31 @@ def test_a_second_ctrl_c_forces_quit(replay_settings: ReplaySettings, tmp_path: 
     err = err_path.read_text()
     assert code == 130, err
     assert "Traceback" not in err
+
+
+def test_records_the_broker_refuses_are_delivery_failures_exit_1(replay_settings: ReplaySettings, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records the broker refuses are delivery failures (README's exit codes, docs/wire.md):
+    the replay prints its summary, then one line saying how many and why, and exits with 1. The
+    broker refuses them for real: Tansu's schema registry (``SCHEMA_REGISTRY``, relative to its
+    working directory) rejects every ground-truth record with INVALID_RECORD through a JSON schema
+    no ``GroundTruth`` satisfies. A broker of its own (the registry is fixed at its start)."""
+    from producers.local_broker import LocalBroker
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    schema = {"type": "object", "properties": {"value": {"type": "object", "required": ["never_sent"]}}}
+    (registry / f"{replay_settings.truth_topic}.json").write_text(json.dumps(schema))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCHEMA_REGISTRY", "file://./registry")
+    with LocalBroker(log_path=tmp_path / "tansu.log") as broker:
+        s = replay_settings.model_copy(update={"bootstrap_servers": broker.bootstrap})
+        proc = _cli("replay", "--max-epochs", "3", "--quiet", env=_replay_env(s))
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    assert "replayed 3 epochs" in out, out  # the summary first
+    (line,) = err.strip().splitlines()  # then one line, no traceback
+    failed = re.fullmatch(r"ptt replay: error: (\d+) records could not be delivered \((.+)\); check the broker's "
+                          r"health and replay into fresh topics", line)
+    assert failed is not None, line
+    assert int(failed.group(1)) >= 3 and "InvalidRecordError" in failed.group(2)  # >= the 3 ground-truth records
