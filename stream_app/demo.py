@@ -294,6 +294,10 @@ def _run_demo(demo: DemoSettings) -> int:
         print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
               f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"
               + (" (interrupted)" if summary.interrupted else ""), flush=True)
+        if summary.delivery_failures:  # exit code 1 (unless interrupted), said here, not only by the code
+            from .cli import delivery_failures_message, error_line
+
+            print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)
         code = EXIT_INTERRUPTED if summary.interrupted else (1 if summary.delivery_failures else 0)
         with StopFlag() as stop:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit

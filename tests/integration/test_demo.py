@@ -233,3 +233,39 @@ def test_broker_command_serves_until_ctrl_c(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
     assert not _listening(port)
+
+
+
+def test_demo_says_which_records_the_broker_refused(tmp_path: Path) -> None:
+    """Delivery failures in the demo are said in one line as soon as the replay ends (not only
+    by an exit code), and a Ctrl-C then still saves what there is. The broker refuses for real:
+    the demo's embedded Tansu, started with a schema registry (``SCHEMA_REGISTRY``, relative to
+    its working directory), rejects every ground-truth record (INVALID_RECORD). Ctrl-C rather
+    than ``--exit-when-done``: with the refused records the worker never closes the epochs, and
+    the demo would wait 60 s for it."""
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    schema = {"type": "object", "properties": {"value": {"type": "object", "required": ["never_sent"]}}}
+    (registry / "ptt.truth.json").write_text(json.dumps(schema))
+    out = tmp_path / "out"
+    err_path, out_path = tmp_path / "demo.err", tmp_path / "demo.out"
+    with err_path.open("w") as err, out_path.open("w") as printed:
+        proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0",  # noqa: S603
+                                 "--max-epochs", "2", "--stations", "4", "--out", str(out),
+                                 "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
+                                stdout=printed, stderr=err, cwd=tmp_path, start_new_session=True,
+                                env={**os.environ, "SCHEMA_REGISTRY": "file://./registry"})
+    try:
+        _wait(lambda: "ptt demo: error:" in err_path.read_text() or proc.poll() is not None, 120,
+              "the delivery failures' line", err_path)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    errors = err_path.read_text()
+    assert "Traceback" not in errors
+    (line,) = [line for line in errors.splitlines() if line.startswith("ptt demo: error:")]
+    assert "records could not be delivered (" in line and "InvalidRecordError" in line, line
+    assert "saved " in out_path.read_text() and (out / "estimates.jsonl").exists() and (out / "truth.jsonl").exists()
