@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
@@ -149,12 +150,41 @@ _EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED, _SENT_REPORTS, _SENT_RECO
 _REASON_BYTES = 400  # a producer process's loss reason, shared with the parent
 
 
+FORCE_QUIT_GRACE_S = 2.0  # after a second Ctrl-C: time left for cleanup before the process ends regardless
+_EXIT_INTERRUPTED = 130  # as the ``ptt`` command line's (README: exit codes)
+
+
+def _say(text: str) -> None:
+    """A line on stderr from a signal handler: unbuffered (no reentrant write into a buffered
+    stream the interrupted code may be using), and never an error (stderr may be a closed pipe)."""
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
+
+
+def _quit_after(seconds: float) -> None:
+    """End the process with exit code 130 in ``seconds`` if it has not ended by then."""
+    def quit_now() -> None:
+        _say("ptt: forced quit (second Ctrl-C): what was not yet acknowledged or marked may be lost\n")
+        os._exit(_EXIT_INTERRUPTED)
+
+    timer = threading.Timer(seconds, quit_now)
+    timer.daemon = True
+    timer.start()
+
+
 class StopFlag:
     """Ctrl-C (SIGINT) or SIGTERM asks the loop to stop at its next safe point instead of
-    raising wherever it lands (possibly inside the Kafka client). A second Ctrl-C forces quit."""
+    raising wherever it lands (possibly inside the Kafka client); the first one says so on
+    stderr (not in a replay's producer processes: their parent does). A second Ctrl-C forces
+    quit: KeyboardInterrupt at once, and the process ends with exit code 130 at the latest
+    :data:`FORCE_QUIT_GRACE_S` later, even when the graceful stop is still waiting (e.g. for a
+    broker that does not answer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, notice: bool = True) -> None:
         self.event = threading.Event()
+        self.notice = notice and mp.parent_process() is None
         self._previous: Any = None
 
     def __enter__(self) -> StopFlag:
@@ -164,7 +194,10 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.event.is_set():
+            _quit_after(FORCE_QUIT_GRACE_S)
             raise KeyboardInterrupt
+        if self.notice and not self.event.is_set():
+            _say("ptt: stopping cleanly; Ctrl-C again to quit at once\n")
         self.event.set()
 
     def __exit__(self, *exc: object) -> None:

@@ -26,7 +26,7 @@ __all__ = ["EXIT_CODES", "CliError", "build_parser", "error_line", "main"]
 
 # The exit codes of every command (documented in the README).
 EXIT_OK = 0
-EXIT_FAILURE = 1  # something unexpected (traceback in the error log) or a helper process failed
+EXIT_FAILURE = 1  # something unexpected (traceback in the error log), delivery failures, or a helper process failed
 EXIT_USAGE = 2  # a bad flag or value
 EXIT_BROKER = 3  # the Kafka broker cannot be reached
 EXIT_PORT = 4  # a port to listen on is taken
@@ -36,7 +36,8 @@ EXIT_BROKER_LOST = 7  # the broker was lost mid-run (silent past --broker-loss-t
 EXIT_INTERRUPTED = 130  # Ctrl-C (or SIGTERM): what was sent is flushed and marked
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
-    EXIT_FAILURE: "unexpected failure (details in the error log named on stderr) or a helper process failed",
+    EXIT_FAILURE: "unexpected failure (details in the error log named on stderr), records the broker refused, or a "
+                  "helper process failed",
     EXIT_USAGE: "bad usage or a bad value",
     EXIT_BROKER: "the Kafka broker cannot be reached",
     EXIT_PORT: "a port to listen on is in use",
@@ -330,7 +331,8 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from .demo import ptt_command
 
     ptt = ptt_command()
-    with LocalBroker(port=args.port, log_path=args.log, own_group=True) as broker, StopFlag() as stop:
+    with LocalBroker(port=args.port, log_path=args.log, own_group=True) as broker, \
+            StopFlag(notice=False) as stop:  # it stops at once
         flag = f"--bootstrap-servers {broker.bootstrap}"
         print(f"broker    {broker.bootstrap} (embedded, memory only; Ctrl-C stops it)")
         print(f"replay    {ptt} replay {flag}")
@@ -385,6 +387,13 @@ def replay_summary_lines(summary: Any) -> list[str]:
     return lines
 
 
+def delivery_failures_message(summary: Any) -> str:
+    """What ``ptt replay`` (and ``ptt demo``) say when records could not be delivered (exit 1)."""
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.failure_reasons.items()))
+    return (f"{summary.delivery_failures} records could not be delivered{f' ({reasons})' if reasons else ''}; "
+            "check the broker's health and replay into fresh topics")
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from producers.replay import ReplayLost, replay
     from producers.settings import ReplaySettings
@@ -400,10 +409,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise
     print("\n".join(replay_summary_lines(summary)))
     if summary.delivery_failures:
-        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary.failure_reasons.items()))
-        raise CliError(f"{summary.delivery_failures} records could not be delivered"
-                       f"{f' ({reasons})' if reasons else ''}; check the broker's health and replay into fresh "
-                       "topics", EXIT_FAILURE)
+        raise CliError(delivery_failures_message(summary), EXIT_FAILURE)
     if summary.interrupted:
         print("interrupted: sent data flushed and marked", file=sys.stderr)
         return EXIT_INTERRUPTED

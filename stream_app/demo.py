@@ -23,8 +23,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TextIO, cast
 
 from producers.local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
 from producers.replay import ReplayLost, StopFlag, load_day, replay
@@ -171,8 +172,64 @@ def _replay_settings(demo: DemoSettings, bootstrap: str) -> ReplaySettings:
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day)
 
 
+class _DropWhenClosed:
+    """A text stream whose reader may go away: ``make run | tee run.log`` and Ctrl-C, which ends
+    ``tee`` too. The first write that meets the closed pipe (EPIPE) points the descriptor at
+    /dev/null and every later write is dropped, so the demo goes on stopping cleanly and saving
+    its results instead of dying of BrokenPipeError (or of it again when Python flushes at exit)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_pipe:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._to_devnull()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_pipe:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        self.closed_pipe = True
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _output_may_close() -> Iterator[None]:
+    """stdout and stderr as :class:`_DropWhenClosed` while the demo runs."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = cast(TextIO, _DropWhenClosed(sys.stdout)), cast(TextIO, _DropWhenClosed(sys.stderr))
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def run_demo(demo: DemoSettings) -> int:
-    """Run the demo; the exit code of ``ptt demo``. Expected failures raise (the CLI maps them)."""
+    """Run the demo; the exit code of ``ptt demo``. Expected failures raise (the CLI maps them).
+    A closed stdout or stderr (its reader gone) only ends the printing: the demo still stops
+    everything it started and saves its results."""
+    with _output_may_close():
+        return _run_demo(demo)
+
+
+def _run_demo(demo: DemoSettings) -> int:
     out = demo.out
     for path in (demo.pems_raw, demo.pems_5min, demo.meta):
         if path is not None and not path.is_file():
@@ -237,8 +294,14 @@ def run_demo(demo: DemoSettings) -> int:
         print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
               f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"
               + (" (interrupted)" if summary.interrupted else ""), flush=True)
+        if summary.delivery_failures:  # exit code 1 (unless interrupted), said here, not only by the code
+            from .cli import delivery_failures_message, error_line
+
+            print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)
         code = EXIT_INTERRUPTED if summary.interrupted else (1 if summary.delivery_failures else 0)
         with StopFlag() as stop:
+            if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
+                stop.event.set()
             if not summary.interrupted and summary.epochs:
                 last = int(day.epochs[min(summary.epochs, day.epochs.size) - 1])
                 _wait_closed(metrics_url, last, stop)

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -54,9 +56,22 @@ class WorkerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.settings.web_port}/metrics"
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(self.url, timeout=5) as r:  # noqa: S310 - loopback
+    def metrics(self, *names: str) -> str:
+        """The /metrics page; with ``names``, only those series (``/metrics?name[]=...``)."""
+        query = "?" + urllib.parse.urlencode([("name[]", n) for n in names]) if names else ""
+        with urllib.request.urlopen(self.url + query, timeout=5) as r:  # noqa: S310 - loopback
             return str(r.read().decode())
+
+    def ready_status(self) -> int | None:
+        """The HTTP status of /ready (None while the worker does not answer)."""
+        url = f"http://127.0.0.1:{self.settings.web_port}/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - loopback
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return None
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         deadline = time.time() + timeout_s

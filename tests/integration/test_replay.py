@@ -3,7 +3,9 @@ and summing them reproduces the statistics core's counts from the same seed."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -240,3 +242,116 @@ def test_ctrl_c_flushes_and_marks(replay_settings: ReplaySettings, producers: in
                     if p == m.partition and b.header.producer_id == m.producer_id]
             assert m.reports_to_partition == sum(b.header.reports for b in on_p)
             assert m.batches_to_partition == len(on_p)
+
+
+def _replay_env(s: ReplaySettings) -> dict[str, str]:
+    """The environment of a ``ptt replay`` subprocess on ``s``'s broker, topics and data."""
+    return {**os.environ, "PTT_BOOTSTRAP_SERVERS": s.bootstrap_servers, "PTT_REPORTS_TOPIC": s.reports_topic,
+            "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
+            "PTT_SYNTHETIC_STATIONS": str(s.synthetic_stations), "PTT_PARTITIONS": str(s.partitions)}
+
+
+def test_sigterm_mid_epoch_flushes_and_marks(replay_settings: ReplaySettings) -> None:
+    """SIGTERM (what a service manager sends) while one producer sends as fast as it can, so it
+    lands inside an epoch: exit 130; the broker acknowledged everything sent (the summary counts
+    no less than was sent, and exactly what is on the topic); every report record on the topic
+    is counted by its producer's marker for its partition and every marker counts exactly what
+    is there; only the last epoch can be marked interrupted."""
+    s = replay_settings
+    proc = _cli("replay", "--speed", "0", "--max-epochs", "2880", "--quiet", env=_replay_env(s))
+    wait_for_marker(s, s.reports_topic, proc, timeout_s=90)  # mid-replay: the first epoch is on the topic
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: sent data flushed and marked" in err and "Traceback" not in err
+    done = re.search(r"replayed (\d+) epochs, ([\d,]+) reports in ([\d,]+) records in", out)
+    assert done is not None, out  # not "the broker acknowledged X of Y reports sent"
+    completed, reports, records = (int(g.replace(",", "")) for g in done.groups())
+    assert 1 <= completed < 2880, out
+    wire = Decoded(drain(s, s.reports_topic))
+    batches = [(p, b) for bs in wire.batches.values() for p, b in bs]
+    assert (sum(b.header.reports for _, b in batches), len(batches)) == (reports, records)
+    for key, bs in wire.batches.items():  # everything sent is marked ...
+        for p, b in bs:
+            assert any(m.partition == p and m.producer_id == b.header.producer_id for m in wire.markers[key]), key
+    for ms in wire.markers.values():  # ... with exactly what is there
+        for m in ms:
+            on_p = [b for p, b in wire.batches[(m.query_id, 1, m.epoch, m.round)]
+                    if p == m.partition and b.header.producer_id == m.producer_id]
+            assert (m.reports_to_partition, m.batches_to_partition) == (sum(b.header.reports for b in on_p),
+                                                                        len(on_p))
+    epochs = sorted({k[2] for k in wire.markers})
+    assert len(epochs) in (completed, completed + 1)  # the epoch under way when the signal came, if any
+    assert {m.epoch for ms in wire.markers.values() for m in ms if m.interrupted} <= {epochs[-1]}
+
+
+def test_a_second_ctrl_c_forces_quit(replay_settings: ReplaySettings, tmp_path: Path) -> None:
+    """The first Ctrl-C starts a clean stop, which waits for the broker to acknowledge what was
+    sent; with the broker frozen (SIGSTOP) that wait would last the loss timeout (120 s here).
+    The first Ctrl-C says a second one quits at once; the second one ends the process with exit
+    code 130 within FORCE_QUIT_GRACE_S (+ 3 s of slack), without a traceback. A broker of its
+    own: the session's broker must not be frozen."""
+    from producers.local_broker import LocalBroker
+    from producers.replay import FORCE_QUIT_GRACE_S
+
+    with LocalBroker(log_path=tmp_path / "tansu.log") as broker:
+        assert broker.pid is not None
+        s = replay_settings.model_copy(update={"bootstrap_servers": broker.bootstrap})
+        err_path = tmp_path / "replay.err"
+        with err_path.open("w") as err_file:
+            proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "0",  # noqa: S603
+                                     "--max-epochs", "2880", "--quiet", "--broker-loss-timeout-s", "120"],
+                                    env=_replay_env(s), stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+        frozen = False
+        try:
+            wait_for_marker(s, s.reports_topic, proc, timeout_s=90)
+            os.kill(broker.pid, signal.SIGSTOP)
+            frozen = True
+            proc.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + 30
+            while "Ctrl-C again to quit at once" not in err_path.read_text() and time.monotonic() < deadline:
+                assert proc.poll() is None, err_path.read_text()
+                time.sleep(0.05)
+            assert "Ctrl-C again to quit at once" in err_path.read_text()
+            assert proc.poll() is None  # the clean stop is still waiting for the frozen broker
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=FORCE_QUIT_GRACE_S + 3)
+            assert time.monotonic() - t0 <= FORCE_QUIT_GRACE_S + 3
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            if frozen:
+                os.kill(broker.pid, signal.SIGCONT)
+    err = err_path.read_text()
+    assert code == 130, err
+    assert "Traceback" not in err
+
+
+def test_records_the_broker_refuses_are_delivery_failures_exit_1(replay_settings: ReplaySettings, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records the broker refuses are delivery failures (README's exit codes, docs/wire.md):
+    the replay prints its summary, then one line saying how many and why, and exits with 1. The
+    broker refuses them for real: Tansu's schema registry (``SCHEMA_REGISTRY``, relative to its
+    working directory) rejects every ground-truth record with INVALID_RECORD through a JSON schema
+    no ``GroundTruth`` satisfies. A broker of its own (the registry is fixed at its start)."""
+    from producers.local_broker import LocalBroker
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    schema = {"type": "object", "properties": {"value": {"type": "object", "required": ["never_sent"]}}}
+    (registry / f"{replay_settings.truth_topic}.json").write_text(json.dumps(schema))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCHEMA_REGISTRY", "file://./registry")
+    with LocalBroker(log_path=tmp_path / "tansu.log") as broker:
+        s = replay_settings.model_copy(update={"bootstrap_servers": broker.bootstrap})
+        proc = _cli("replay", "--max-epochs", "3", "--quiet", env=_replay_env(s))
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    assert "replayed 3 epochs" in out, out  # the summary first
+    (line,) = err.strip().splitlines()  # then one line, no traceback
+    failed = re.fullmatch(r"ptt replay: error: (\d+) records could not be delivered \((.+)\); check the broker's "
+                          r"health and replay into fresh topics", line)
+    assert failed is not None, line
+    assert int(failed.group(1)) >= 3 and "InvalidRecordError" in failed.group(2)  # >= the 3 ground-truth records

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -62,11 +62,29 @@ def _wait_estimates(ws: WorkerSettings, n: int, timeout_s: float = 120.0) -> Non
     wait_for(lambda: len(read_estimates(ws)) >= n, timeout_s, f"{n} estimates")
 
 
+def _ready_statuses(w: WorkerProcess, timeout_s: float = 90.0) -> list[int]:
+    """The distinct answers of /ready, in order, from the worker's start until it answers 200."""
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert w.proc is not None and w.proc.poll() is None, w.log.read_text()[-3000:]
+        status = w.ready_status()
+        if status is not None and (not seen or seen[-1] != status):
+            seen.append(status)
+        if status == 200:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"/ready never answered 200 within {timeout_s}s (answers: {seen})")
+
+
 def test_end_to_end_matches_the_statistics_core(broker: str, tmp_path: Path) -> None:
+    """Also the worker's pages: /ready answers 503 until the worker has its partitions and
+    recovered tables, then 200; /metrics?name[]=... renders only the named series."""
     rs, ws = _settings(broker, tmp_path, max_epochs=6)
     replay(rs, progress=False)
-    w = _run(ws, tmp_path)
+    w = WorkerProcess(ws, tmp_path / "w.log").start()
     try:
+        assert _ready_statuses(w) == [503, 200]  # the web server answers before the partitions are assigned
         n = _expected_records(rs, 6)
         _wait_estimates(ws, n)
         _assert_matches_core(rs, ws, 6)
@@ -75,6 +93,15 @@ def test_end_to_end_matches_the_statistics_core(broker: str, tmp_path: Path) -> 
         assert metric(text, "ptt_dead_letters_total") == 0
         day = load_day(rs)
         assert metric(text, "ptt_ground_truth_epoch") == int(day.epochs[5])
+        assert w.ready_status() == 200
+        only = w.metrics("ptt_epochs_closed_total", "ptt_ground_truth_epoch")
+        samples = [line.split("{")[0].split(" ")[0] for line in only.splitlines() if not line.startswith("#")]
+        assert set(samples) == {"ptt_epochs_closed_total", "ptt_ground_truth_epoch"}, only
+        assert metric(only, "ptt_epochs_closed_total", closed_by="markers") == 6 * 3
+        assert metric(only, "ptt_ground_truth_epoch") == int(day.epochs[5])
+        everything = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+        assert {"ptt_estimate_vehicles", "ptt_records_total"} <= everything  # unrestricted: every family
+        assert any(name.startswith("faust_") for name in everything)
     finally:
         w.stop()
     assert len(read_estimates(ws)) == n  # nothing else was published
@@ -248,8 +275,7 @@ def test_interval_coverage_over_a_replayed_day(broker: str, tmp_path: Path) -> N
             assert abs(cov.mean() - np.mean(expected)) <= 0.02, (lvl, cov.mean(), np.mean(expected))
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
-def test_metrics_pass_promtool_and_labels_are_bounded(broker: str, tmp_path: Path) -> None:
+def test_metrics_pass_promtool_and_labels_are_bounded(broker: str, tmp_path: Path, promtool: str) -> None:
     rs, ws = _settings(broker, tmp_path, max_epochs=2)
     replay(rs, progress=False)
     w = _run(ws, tmp_path)
@@ -258,7 +284,7 @@ def test_metrics_pass_promtool_and_labels_are_bounded(broker: str, tmp_path: Pat
         text = w.metrics()
     finally:
         w.stop()
-    done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     allowed = {"query", "mechanism", "estimator", "station", "confidence", "round", "reason", "closed_by", "kind",
                "statistic", "topic", "partition", "le", "quantile"}

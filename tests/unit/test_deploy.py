@@ -808,9 +808,8 @@ def test_prometheus_scrapes_every_worker_replica(services: dict[str, dict[str, A
     assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
-def test_promtool_accepts_the_prometheus_config() -> None:
-    done = subprocess.run(["promtool", "check", "config", str(PROMETHEUS)], capture_output=True, text=True,
+def test_promtool_accepts_the_prometheus_config(promtool: str) -> None:
+    done = subprocess.run([promtool, "check", "config", str(PROMETHEUS)], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 

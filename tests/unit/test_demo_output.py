@@ -1,0 +1,39 @@
+"""``ptt demo`` outlives a closed stdout or stderr (``make run | tee run.log``, then Ctrl-C,
+which ends tee too): a write into the closed pipe points the descriptor at /dev/null instead of
+raising BrokenPipeError, so the demo goes on saving its results (tests/integration/test_demo.py
+runs the whole case)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import pytest
+
+from stream_app.demo import _DropWhenClosed, _output_may_close
+
+
+def test_a_closed_pipe_is_dropped_not_raised() -> None:
+    r, w = os.pipe()
+    with os.fdopen(w, "w") as stream:
+        safe = _DropWhenClosed(stream)
+        safe.write("seen\n")
+        safe.flush()
+        assert os.read(r, 100) == b"seen\n" and not safe.closed_pipe
+        os.close(r)  # the reader is gone
+        with pytest.raises(BrokenPipeError):  # what the demo met before
+            print("lost", file=stream, flush=True)
+        print("lost", file=safe, flush=True)
+        assert safe.closed_pipe
+        assert stat.S_ISCHR(os.fstat(stream.fileno()).st_mode)  # now /dev/null: the exit's flush cannot fail
+        safe.write("dropped\n")
+        safe.flush()
+        assert safe.fileno() == stream.fileno()  # everything else is the stream's
+
+
+def test_the_demo_wraps_stdout_and_stderr_while_it_runs() -> None:
+    before = sys.stdout, sys.stderr
+    with _output_may_close():
+        assert isinstance(sys.stdout, _DropWhenClosed) and isinstance(sys.stderr, _DropWhenClosed)
+    assert (sys.stdout, sys.stderr) == before
