@@ -1,8 +1,9 @@
 """deploy/: the compose file, Dockerfile, topic script, Prometheus and Grafana configuration and
 the dashboards agree with each other and with the code (settings, CLI, metrics). No network,
 no Docker: everything is parsed, the topic, user and ACL scripts run against fake
-kafka-topics.sh / kafka-configs.sh / kafka-acls.sh, and promtool checks the Prometheus
-configuration when it is installed."""
+kafka-topics.sh / kafka-configs.sh / kafka-acls.sh, the ACLs are held against what each
+principal's code asks of the broker (its Kafka clients run against a recorder, the worker's
+Faust app is read), and promtool checks the Prometheus configuration when it is installed."""
 
 from __future__ import annotations
 
