@@ -307,8 +307,14 @@ class _TruthOrFixed(Mechanism):
 
 
 def two_coin_rr(pi1: float = 0.8, pi2: float = 0.2) -> Mechanism:
-    """Two-coin randomized response (Differential Privacy by Sampling §1, App. A): truthful w.p. ``pi1``, else
-    "Yes" w.p. ``pi2``. The papers' evaluation uses ``pi1=0.8, pi2=0.2``."""
+    """Two-coin randomized response (Differential Privacy by Sampling §1, App. A):
+    truthful w.p. ``pi1``, else "Yes" w.p. ``pi2``. The papers' evaluation uses ``pi1=0.8, pi2=0.2``.
+
+    A Yes owner says "Yes" w.p. ``pi1 + (1 - pi1) pi2``, a No owner w.p. ``(1 - pi1) pi2``:
+
+    >>> two_coin_rr(0.8, 0.2).output_table().round(2).tolist()  # rows: truth No, Yes
+    [[0.96, 0.04], [0.16, 0.84]]
+    """
     pi1, pi2 = _check_prob("pi1", pi1), _check_prob("pi2", pi2)
     latent = np.array([[pi1, (1 - pi1) * pi2, (1 - pi1) * (1 - pi2)]])
     return _TruthOrFixed(
@@ -414,7 +420,17 @@ def sampling_privacy(
 def sp_binary(pi0: float = 0.275, pis: float = 0.45) -> Mechanism:
     """Binary Sampling Privacy (Differential Privacy by Sampling §4.1): faces 0 (``pi0``), S (``pis``),
     1 (``1 - pi0 - pis``). Defaults: the paper's ``pis = 0.45`` and ``pi0`` splitting the
-    rest evenly (the paper gives no ``pi0``)."""
+    rest evenly (the paper gives no ``pi0``).
+
+    Round 1 says nothing about the truth; in round 2 a Yes owner says "Yes" ``pis`` more
+    often than a No owner, so the rounds' difference counts Yes owners, scaled by ``pis``:
+
+    >>> m = sp_binary()  # pi0 = 0.275, pis = 0.45
+    >>> m.output_table(0).round(3).tolist()  # round 1, rows: truth No, Yes
+    [[0.725, 0.275], [0.725, 0.275]]
+    >>> m.output_table(1).round(3).tolist()  # round 2
+    [[0.725, 0.275], [0.275, 0.725]]
+    """
     pi0 = _check_prob("pi0", pi0)
     pis = _check_prob("pis", pis)
     if pi0 + pis >= 1.0:
@@ -522,6 +538,9 @@ def alp_optimal(
     ``pisYes1*(1-pi1) + pisYes2*(1-pi2)``, ⊥ otherwise. No owner: 1 w.p. ``b = pisNo*pi3``,
     0 w.p. ``pisNo*(1-pi3)``, ⊥ otherwise. Defaults: the paper's evaluation values (§VII-A);
     the paper varies ``pisNo`` from 0.05 down to 0.000025 as the population grows.
+
+    >>> alp_optimal().output_table().round(4).tolist()  # rows: truth No, Yes; columns: 0, 1, ⊥
+    [[0.001, 0.049, 0.95], [0.0035, 0.0965, 0.9]]
     """
     p = {k: _check_prob(k, v) for k, v in {"pisYes1": pisYes1, "pisYes2": pisYes2, "pi1": pi1,
                                            "pi2": pi2, "pisNo": pisNo, "pi3": pi3}.items()}

@@ -13,19 +13,21 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 
 from producers import replay as replay_mod
 from producers.local_broker import LocalBroker, child_options, terminate_all
-from producers.replay import ReplayLost, replay
+from producers.replay import KIND_HEADER, ReplayLost, replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
+from schemas import DecodedBatch, decode_record
+from schemas.settings import KafkaSettings
 from stream_app.cli import EXIT_BROKER_LOST
 from stream_app.guard import check_interval_s, stop_grace_s
 
@@ -126,69 +128,77 @@ def test_replay_ends_with_one_line_when_the_broker_is_lost(own_broker: OwnBroker
     assert 0 < acked < sent and 0 < acked_records < sent_records, out
 
 
-class SpySink(ReportSink):
-    """A ReportSink that also adds up, itself, the reports its acknowledgement callbacks saw."""
+def _held_by_the_broker(settings: KafkaSettings, topic: str, timeout_s: float = 30.0) -> tuple[int, int]:
+    """(reports, report records) on ``topic`` as the broker holds them: every partition read
+    from the beginning up to its high-water mark (its log end offset), by a consumer of its own."""
+    consumer = KafkaConsumer(**settings.client_kwargs(), group_id=None, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
+        assert tps, f"no partitions of {topic}"
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, "could not read the reports topic to its end"
+            for batch in consumer.poll(timeout_ms=300).values():
+                records += batch
+    finally:
+        consumer.close()
+    batches = [item for item in (decode_record(r.value) for r in records) if isinstance(item, DecodedBatch)]
+    return sum(b.header.reports for b in batches), len(batches)
 
-    seen_reports = 0
-    seen_records = 0
-    marker_acked = threading.Event()
-    instance: ReportSink | None = None
+
+class KillingSink(ReportSink):
+    """A ReportSink that, at the first record of the second epoch -- the first one after a
+    marker set, which the replay flushed: nothing is in flight -- counts what the broker holds
+    on the reports topic (a consumer of its own, :func:`_held_by_the_broker`), then kills the
+    broker, and sends on. What the broker held when it died is what it acknowledged."""
+
+    own: OwnBroker | None = None
+    held: tuple[int, int] | None = None
+    killed_at: float | None = None
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        SpySink.instance = self
+        self._after_markers = False
 
-    def _ok(self, reports: int | None, metadata: Any) -> None:
-        super()._ok(reports, metadata)
-        if reports is None:
-            SpySink.marker_acked.set()
-        else:
-            SpySink.seen_reports += reports
-            SpySink.seen_records += 1
-
-    @staticmethod
-    def between_epochs() -> bool:
-        """A marker was acknowledged and nothing is in flight: an epoch is done, the next not begun."""
-        sink = SpySink.instance
-        return (SpySink.marker_acked.is_set() and sink is not None
-                and sink.sent == sink.delivered + sink.failed)
+    def send(self, value: bytes, key: bytes | None = None, partition: int | None = None,
+             headers: Iterable[tuple[str, bytes]] = (), topic: str | None = None, reports: int | None = None) -> None:
+        headers = list(headers)
+        marker = (KIND_HEADER, b"end_of_epoch") in headers
+        if self._after_markers and not marker and KillingSink.killed_at is None:
+            assert self.sent == self.delivered + self.failed, "records in flight at the epoch boundary"
+            assert KillingSink.own is not None
+            KillingSink.held = _held_by_the_broker(self._settings, self.topic)
+            KillingSink.own.kill()
+            KillingSink.killed_at = time.monotonic()
+        self._after_markers = marker
+        super().send(value, key=key, partition=partition, headers=headers, topic=topic, reports=reports)
 
 
-def test_replay_summary_is_what_the_callbacks_acknowledged(own_broker: OwnBroker, tmp_path: Path,
-                                                           tmp_path_factory: pytest.TempPathFactory,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """In process: the broker is killed between two epochs; the summary that
-    comes with ReplayLost counts exactly the reports (and report records) the sink's
-    acknowledgement callbacks saw, fewer than it sent."""
-    SpySink.seen_reports = SpySink.seen_records = 0
-    SpySink.marker_acked = threading.Event()
-    SpySink.instance = None
-    monkeypatch.setattr(replay_mod, "ReportSink", SpySink)
-    s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp(), speed=5.0, max_epochs=100)
-    killed_at: list[float] = []
-
-    def killer() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if SpySink.between_epochs():
-                own_broker.kill()
-                killed_at.append(time.monotonic())
-                return
-            time.sleep(0.01)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+def test_replay_summary_is_what_the_broker_acknowledged(own_broker: OwnBroker, tmp_path: Path,
+                                                        tmp_path_factory: pytest.TempPathFactory,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process: the broker is killed between the first two epochs (nothing in flight),
+    right after a separate consumer counted the reports and report records the broker held
+    on the reports topic. The summary that comes with ReplayLost counts exactly those --
+    counted apart from the sink's own callbacks -- and fewer than were sent (the second
+    epoch's records went to a dead broker)."""
+    KillingSink.own, KillingSink.held, KillingSink.killed_at = own_broker, None, None
+    monkeypatch.setattr(replay_mod, "ReportSink", KillingSink)
+    s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp(), max_epochs=100)
     with pytest.raises(ReplayLost) as info:
         replay(s, progress=False)
-    t.join(timeout=10)
-    assert killed_at, "the broker was never killed"
-    assert time.monotonic() - killed_at[0] < 6 + LOSS_TIMEOUT_S + 30
+    assert KillingSink.killed_at is not None and KillingSink.held is not None, "the broker was never killed"
+    assert time.monotonic() - KillingSink.killed_at < LOSS_TIMEOUT_S + 30
     summary = info.value.summary
     assert "no answer from the broker" in str(info.value)
-    assert summary.reports == SpySink.seen_reports and summary.records == SpySink.seen_records
+    assert (summary.reports, summary.records) == KillingSink.held
     assert 0 < summary.reports < summary.reports_sent
     assert 0 < summary.records < summary.records_sent
-    assert summary.epochs >= 1 and not summary.interrupted
+    assert summary.epochs == 1 and not summary.interrupted
 
 
 @pytest.mark.parametrize("how", ["kill", "restart"])

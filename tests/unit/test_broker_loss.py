@@ -233,7 +233,7 @@ def test_worker_that_lost_the_broker_is_one_line(capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert code == EXIT_BROKER_LOST
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and isinstance(broker_lost(WorkerSettings(), "x"), BrokerLost)
+    assert len(lines) == 1
     assert lines[0].startswith(f"ptt worker: error: lost the Kafka broker at 127.0.0.1:{held_port} mid-run (topic")
 
 

@@ -5,20 +5,32 @@ Every estimator of ``_mc.CASE_KEYS`` is run through ``_mc.TRIALS`` = 20,000 simu
 
 Requirements checked
 --------------------
-* score intervals, Yes in {50, 500}: coverage within nominal +- 1.5 points (95% and 99%);
+* score intervals, Yes in {50, 500}: coverage within [nominal - 1.5, nominal + UP] points,
+  ``UP`` = 1.5 at 95% and 0.85 at 99% (at 99% a +1.5 tolerance would allow 100.5%, so it
+  could never fail: an interval too wide by any factor would pass);
+* score intervals, Yes in {50, 500}: not too wide -- the interval with its half-width
+  scaled by 0.8 must cover LESS than nominal (a correct interval so scaled covers about
+  88% / 96%; one 1.25 times too wide, scaled, covers the nominal level or more);
 * score intervals, Yes in {0, 1, 5}: coverage >= nominal - 1.5 points (over-coverage is
   allowed);
-* Hoeffding intervals: coverage >= nominal (a theorem, so over-coverage is expected);
+* Hoeffding intervals: coverage >= nominal (a theorem, so over-coverage is expected), and
+  no wider than Hoeffding's inequality makes them (checked exactly, end point by end point);
 * plug-in intervals: shown to under-cover badly at small counts (Sampling Privacy and the
   sampling-noise toy at Yes = 1).
 
 Monte Carlo error and false-failure rates (under a correct implementation)
 -------------------------------------------------------------------------
 With T = 20,000 epochs the binomial SE of a coverage estimate is 0.154 points at 95% and
-0.070 points at 99%. The +-1.5-point tolerance is therefore 9.7 SE (95%) and 21 SE (99%):
-if the true coverage equals nominal the false-failure rate is < 1e-21 per check, and a true
-coverage up to 0.73 points (95%) / 1.15 points (99%) off nominal still leaves >= 5 SE,
-i.e. < 5.7e-7 per check (about 900 Monte Carlo checks here: < 6e-4 for the module).
+0.070 points at 99%. The lower tolerance, 1.5 points, is 9.7 SE (95%) and 21 SE (99%); the
+upper one is 9.7 SE (95%) and 12 SE (99%): if the true coverage equals nominal the
+false-failure rate is < 1e-21 per check. The true coverages at moderate counts (exact for
+the two-point estimators, else the simulation's) lie >= 7.9 SE above the lower limit and,
+but for one, >= 5.5 SE below the upper one (exact binomial false-failure <= 3.9e-9 per
+check; SP's 99.60% at 99%, Yes = 50: 4e-11). The one: the plausible-deniability toy's Yes
+count, 96.05% at 95%, Yes = 50, N = 1e4, 3.3 SE below 96.5% (4.2e-4).
+The scaled-interval check: the highest scaled coverage measured is 91.5% (95%, SP at
+Yes = 50) and 98.0% (99%, the same), >= 10 SE below nominal: false-failure < 1e-20 per
+check.
 Hoeffding: true coverage >= nominal, checked as ``MC >= nominal - 5 SE`` (one-sided
 2.9e-7 per check). MC-versus-exact agreement: ``|MC - exact| <= 5 SE(exact)`` (5.7e-7).
 
@@ -85,7 +97,9 @@ from . import _mc
 LEVELS = (0.95, 0.99)
 SMALL = (0, 1, 5)
 MODERATE = (50, 500)
-TOL = 0.015  # 1.5 percentage points
+TOL = 0.015  # 1.5 percentage points below nominal
+UP = {0.95: 0.015, 0.99: 0.0085}  # above nominal: at 99%, 0.85 points (a 0.15% miss rate at least)
+SHRINK = 0.8  # the not-too-wide check: the half-width scaled by this
 
 # The sampling-and-noise toy's Yes count is Bin(Yes, 0.05)/0.05: a lattice of step 20 and
 # no "No" noise, so coverage jumps with every outcome (at Yes = 50 the outcomes 0..5 hold
@@ -94,7 +108,9 @@ TOL = 0.015  # 1.5 percentage points
 # 90.25% at Yes = 2 -- at the price of over-covering at moderate counts (exact: 98.8% at
 # Yes = 50, 97.0% at Yes = 500, 95% level). Honest-but-wide is the project's choice for a
 # lattice this coarse, so this one estimator is held to the one-sided bound at moderate
-# counts too. Every estimator the issue lists is held to the two-sided +-1.5 points.
+# counts too; the scaled-interval check holds it to not being too wide at Yes = 500 (at
+# Yes = 50 its correct interval, scaled by 0.8, still covers 96.1% at 95%: the outcomes
+# 0..5 of Bin(50, 0.05)). Every estimator the issue lists is held to the two-sided band.
 COARSE_LATTICE = {("alp_sampling_noise", "yes_count")}
 
 
@@ -102,7 +118,23 @@ def _off(key: str, name: str, yes: int, c: float, lvl: float) -> bool:
     """True if coverage ``c`` breaks the requirement at this count."""
     if yes in SMALL or (key, name) in COARSE_LATTICE:
         return c < lvl - TOL
-    return abs(c - lvl) > TOL
+    return not lvl - TOL <= c <= lvl + UP[lvl]
+
+
+def shrunk_coverage(est: E.LinearEstimator, estimates: np.ndarray, yes_values: tuple[int, ...], n: float,
+                    confidence: float, factor: float = SHRINK) -> np.ndarray:
+    """Per column, the coverage of the interval with its half-width scaled by ``factor``.
+
+    The score interval is ``{Y : |est - Y| <= h(Y)}``; scaled, ``{Y : |est - Y| <= factor *
+    h(Y)}``. The true Y lies in the scaled interval of ``est`` exactly when it lies in the
+    interval itself of the estimate whose deviation is stretched by ``1 / factor``, ``Y +
+    (est - Y) / factor`` -- so this asks the implementation, at its own level, whatever its
+    clipping to [0, n] or its asymmetry."""
+    yes = np.asarray(yes_values, dtype=np.float64)[None, :]
+    stretched = yes + (estimates - yes) / factor
+    lo, hi = est.score_interval(stretched, n, confidence)
+    out: np.ndarray = np.mean((lo <= yes) & (yes <= hi), axis=0)
+    return out
 
 
 def _se(p: float, t: int = _mc.TRIALS) -> float:
@@ -128,8 +160,8 @@ def _col(yes: int) -> int:
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("key", "n"), _mc.case_params())
 def test_score_coverage_moderate_counts(key: str, n: int) -> None:
-    """Yes in {50, 500}: |coverage - nominal| <= 1.5 points at 95% and 99% (>= 9.7 SE;
-    false-failure < 1e-21 per check at true coverage = nominal); one-sided for
+    """Yes in {50, 500}: coverage in [nominal - 1.5, nominal + UP] points at 95% and 99%
+    (UP = 1.5 / 0.85: both sides can fail; rates in the module docstring); one-sided for
     ``COARSE_LATTICE``."""
     bad = []
     for name, cov in _cov(key, n, "score").items():
@@ -138,7 +170,31 @@ def test_score_coverage_moderate_counts(key: str, n: int) -> None:
                 c = cov[i, _col(yes)]
                 if _off(key, name, yes, c, lvl):
                     bad.append(f"{key}/{name} N={n} Yes={yes} {lvl:.0%}: {c:.2%}")
-    assert not bad, "score coverage off nominal by more than 1.5 points:\n" + "\n".join(bad)
+    assert not bad, "score coverage outside [nominal - 1.5, nominal + UP] points:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(("key", "n"), _mc.case_params())
+def test_score_intervals_are_not_too_wide(key: str, n: int) -> None:
+    """Yes in {50, 500}: the score interval with its half-width scaled by 0.8 covers less
+    than nominal, at 95% and 99%, every estimator (``COARSE_LATTICE`` at Yes = 500 only).
+
+    A correct normal-approximation interval so scaled covers about P(|Z| <= 0.8 z): 88.3% /
+    96.1% (measured: at most 91.5% / 98.0%, Sampling Privacy's lattice at Yes = 50); an
+    interval f times too wide covers P(|Z| <= 0.8 f z) scaled, which reaches nominal at
+    f = 1.25 (1.5 times too wide: 98.1% / 99.8%; measured >= 97.9% / 99.6%).
+    False-failure < 1e-20 per check (>= 10 SE below nominal)."""
+    bad = []
+    sims = _mc.battery(key, n)
+    for name, est in _mc.case(key).estimators.items():
+        for lvl in LEVELS:
+            cov = shrunk_coverage(est, sims[name], _mc.YES_GRID, n, lvl)
+            for yes in MODERATE:
+                if (key, name) in COARSE_LATTICE and yes == 50:
+                    continue
+                c = cov[_col(yes)]
+                if c >= lvl:
+                    bad.append(f"{key}/{name} N={n} Yes={yes} {lvl:.0%}: scaled by {SHRINK} it covers {c:.2%}")
+    assert not bad, "score interval too wide:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize(("key", "n"), _mc.case_params())
@@ -185,8 +241,8 @@ def _row(est: E.LinearEstimator, yes: int) -> int:
 @pytest.mark.parametrize(("key", "name"), TWO_POINT)
 def test_score_coverage_exact_two_point(key: str, name: str) -> None:
     """Exact coverage, both N, 95% and 99%: >= nominal - 1.5 points at Yes in {0, 1, 5} and
-    within +- 1.5 points at Yes in {50, 500} (one-sided for ``COARSE_LATTICE``).
-    Deterministic (no false failures).
+    within [nominal - 1.5, nominal + UP] points at Yes in {50, 500} (one-sided for
+    ``COARSE_LATTICE``). Deterministic (no false failures).
 
     Regression test of a core bug: when the estimate is a scaled binomial with no
     No-population noise -- ``sp_difference`` = Bin(Yes, pis)/pis and the sampling-noise
@@ -296,7 +352,10 @@ def test_plugin_undercovers_at_small_counts() -> None:
 def test_hoeffding_coverage_at_least_nominal(key: str, n: int) -> None:
     """Distribution-free bound: coverage >= nominal for every estimator (rr, ALP and the
     rest), every Yes, both N, 95% and 99%. Checked as ``MC >= nominal - 5 SE(nominal)``;
-    the guarantee makes the false-failure rate <= 2.9e-7 per check. (Observed: >= 99.3%.)"""
+    the guarantee makes the false-failure rate <= 2.9e-7 per check. (Observed: >= 99.3%.)
+
+    Over-coverage is the nature of this bound, so coverage cannot show an interval too wide:
+    :func:`test_hoeffding_intervals_are_no_wider_than_the_inequality` does."""
     bad = []
     for name, cov in _cov(key, n, "hoeffding").items():
         for i, lvl in enumerate(LEVELS):
@@ -304,3 +363,46 @@ def test_hoeffding_coverage_at_least_nominal(key: str, n: int) -> None:
                 if cov[i, j] < lvl - 5 * _se(lvl):
                     bad.append(f"{key}/{name} N={n} Yes={yes} {lvl:.0%}: {cov[i, j]:.2%}")
     assert not bad, "Hoeffding interval under-covers:\n" + "\n".join(bad)
+
+
+def _hoeffding_halfwidth(est: E.LinearEstimator, yes: np.ndarray, n: float, confidence: float) -> np.ndarray:
+    """Hoeffding's inequality, typed in from the estimator's definition: the estimate is a sum
+    of independent per-vehicle contributions, vehicle i's within a range r_i (max - min of
+    its contributions over the faces it can roll: r_No for the n - Y No owners, r_Yes for
+    the Y Yes owners), so P(|est - Y| >= t) <= 2 exp(-2 t^2 / sum r_i^2) = 1 - confidence at
+    t = sqrt(ln(2 / (1 - confidence)) / 2 * ((n - Y) r_No^2 + Y r_Yes^2)).
+
+    ``yes``: ``(T, J)`` candidate counts, column j at the station of the simulation's column j."""
+    x = est.contributions  # (station, truth, face)
+    support = np.broadcast_to(est.view.latent, x.shape) > 0
+    r = np.where(support, x, -np.inf).max(axis=2) - np.where(support, x, np.inf).min(axis=2)  # (station, truth)
+    rows = _mc.station_rows(est, yes.shape[1])
+    r_no, r_yes = r[rows, 0][None, :], r[rows, 1][None, :]
+    k = math.log(2.0 / (1.0 - confidence)) / 2.0
+    out: np.ndarray = np.sqrt(k * ((n - yes) * r_no**2 + yes * r_yes**2))
+    return out
+
+
+@pytest.mark.parametrize(("key", "n"), _mc.case_params())
+def test_hoeffding_intervals_are_no_wider_than_the_inequality(key: str, n: int) -> None:
+    """Each end point of the Hoeffding interval of every simulated estimate (every
+    estimator, every Yes, 95% and 99%) is where Hoeffding's inequality puts it: an upper end
+    ``hi`` below n satisfies ``hi - est = t(hi)``, a lower end ``lo`` above 0 ``est - lo =
+    t(lo)`` (the interval is ``{Y : |est - Y| <= t(Y)}``), to 1e-6 relative. Deterministic;
+    an interval too wide (or too narrow) by any factor fails."""
+    bad = []
+    sims = _mc.battery(key, n)
+    for name, est in _mc.case(key).estimators.items():
+        e = sims[name]
+        for lvl in LEVELS:
+            lo, hi = est.hoeffding_interval(e, n, lvl)
+            errors = []
+            for end, inner, dist in ((hi, hi < n, hi - e), (lo, lo > 0, e - lo)):
+                ok = inner & (dist > 0)
+                want = _hoeffding_halfwidth(est, end, n, lvl)
+                errors.append(np.abs(dist[ok] - want[ok]) / np.maximum(want[ok], 1e-12))
+            rel = np.concatenate(errors)
+            if rel.size < e.size or float(rel.max()) > 1e-6:  # at least one end point per estimate on average
+                bad.append(f"{key}/{name} N={n} {lvl:.0%}: {rel.size} end points checked of {2 * e.size}, "
+                           f"worst relative error {float(rel.max()) if rel.size else math.nan:.3g}")
+    assert not bad, "Hoeffding interval off the inequality:\n" + "\n".join(bad)
