@@ -395,6 +395,21 @@ def _withheld_by_code(text: str, qid: str) -> dict[str, float]:
     return {c: n for c, n in counts.items() if n}
 
 
+def _rows(ws: WorkerSettings) -> int:
+    """Estimate records on the estimates topic (the latest per key)."""
+    return sum(len(v) for v in estimates_by_query(ws).values())
+
+
+def _assert_clean(sc: Scenario, ws: WorkerSettings, queries: dict[str, Query], last: int = N_REF - 1,
+                  skip: frozenset[int] = frozenset()) -> None:
+    """Every query's estimates (epochs in ``skip`` aside) equal the clean run's up to epoch index ``last``."""
+    got = estimates_by_query(ws)
+    for m, q in queries.items():
+        mine = {k: _row(v) for k, v in got[q.query_id].items() if k[0] not in skip}
+        clean = {k: _row(v) for k, v in sc.estimates[f"clean-{m}"].items() if k[0] <= sc.epoch(last)}
+        assert mine == clean, f"{q.query_id} differs from the clean run"
+
+
 def _withheld_count(text: str, qid: str) -> float:
     return sum(_withheld_by_code(text, qid).values())
 
@@ -635,13 +650,10 @@ def test_forward_dated_markers_and_batches_are_refused(broker: str, scenario: Sc
             for m, q in queries.items():
                 _honest(sink, sc.sender(sink, q, m, i, ids[m]))
 
-        def rows() -> int:
-            return sum(len(v) for v in estimates_by_query(ws).values())
-
         for i in range(3):
             send(i)
         sink.flush()
-        wait_for(lambda: rows() >= 3 * sum(ROWS.values()), 120, "three genuine epochs")
+        wait_for(lambda: _rows(ws) >= 3 * sum(ROWS.values()), 120, "three genuine epochs")
         now = sc.epoch(2)
         refused = 0
         for q in queries.values():
@@ -661,19 +673,15 @@ def test_forward_dated_markers_and_batches_are_refused(broker: str, scenario: Sc
         for i in range(3, n_epochs):
             send(i)
         sink.flush()
-        wait_for(lambda: rows() >= n_epochs * sum(ROWS.values()), 120, "the genuine epochs")
+        wait_for(lambda: _rows(ws) >= n_epochs * sum(ROWS.values()), 120, "the genuine epochs")
         wait_for(lambda: metric(w.metrics(), "ptt_dead_letters_total", reason="too_far_ahead") >= refused, 60,
                  "too_far_ahead dead letters")
         text = w.metrics()
     finally:
         w.stop()
         sink.close()
-    got = estimates_by_query(ws)
-    for m, q in queries.items():
-        mine = {k: _row(v) for k, v in got[q.query_id].items()}
-        clean = {k: _row(v) for k, v in sc.estimates[f"clean-{m}"].items() if k[0] <= sc.epoch(n_epochs - 1)}
-        assert mine == clean, f"{q.query_id} differs from the clean run"
-        assert _withheld_count(text, q.query_id) == 0
+    _assert_clean(sc, ws, queries, last=n_epochs - 1)
+    assert all(_withheld_count(text, q.query_id) == 0 for q in queries.values())
     assert metric(text, "ptt_dead_letters_total", reason="too_far_ahead") == refused
     assert metric(text, "ptt_dead_letters_total") == refused
     letters = Counter(dead_letter_origins(ws))
@@ -701,14 +709,11 @@ def test_markers_190_epochs_ahead_erase_nothing(broker: str, scenario: Scenario,
     forged_at = 3
     forged = sc.epoch(forged_at) + 190
     try:
-        def rows() -> int:
-            return sum(len(v) for v in estimates_by_query(ws).values())
-
         for i in range(forged_at):
             for m, q in queries.items():
                 _honest(sink, sc.sender(sink, q, m, i, ids[m]))
         sink.flush()
-        wait_for(lambda: rows() >= forged_at * sum(ROWS.values()), 120, "the epochs before the attack")
+        wait_for(lambda: _rows(ws) >= forged_at * sum(ROWS.values()), 120, "the epochs before the attack")
         halves = [sc.sender(sink, q, m, forged_at, ids[m]) for m, q in queries.items()]
         for h in halves:
             h.batches(max(1, len(h.chunks) // 2))
@@ -728,17 +733,15 @@ def test_markers_190_epochs_ahead_erase_nothing(broker: str, scenario: Scenario,
             for m, q in queries.items():
                 _honest(sink, sc.sender(sink, q, m, i, ids[m]))
         sink.flush()
-        wait_for(lambda: rows() >= N_REF * sum(ROWS.values()), 180, "every genuine epoch")
+        wait_for(lambda: _rows(ws) >= N_REF * sum(ROWS.values()), 180, "every genuine epoch")
         text = w.metrics()
     finally:
         w.stop()
         sink.close()
+    _assert_clean(sc, ws, queries, skip=frozenset({forged}))
     got = estimates_by_query(ws)
-    for m, q in queries.items():
-        mine = {k: _row(v) for k, v in got[q.query_id].items() if k[0] != forged}
-        clean = {k: _row(v) for k, v in sc.estimates[f"clean-{m}"].items()}
-        assert mine == clean, f"{q.query_id} differs from the clean run"
-        assert {k[0] for k in got[q.query_id]} == {sc.epoch(i) for i in range(N_REF)} | {forged}
+    assert all({k[0] for k in got[q.query_id]} == {sc.epoch(i) for i in range(N_REF)} | {forged}
+               for q in queries.values())
     assert metric(text, "ptt_late_records_total") == 0
 
 
@@ -801,17 +804,11 @@ def test_backlog_before_its_query_loses_no_epoch(broker: str, scenario: Scenario
     try:
         publish_queries(rs, list(queries.values()))
 
-        def rows() -> int:
-            return sum(len(v) for v in estimates_by_query(ws).values())
-
-        wait_for(lambda: rows() >= N_REF * sum(ROWS.values()), 180, "every epoch of the backlog")
+        wait_for(lambda: _rows(ws) >= N_REF * sum(ROWS.values()), 180, "every epoch of the backlog")
         text = w.metrics()
     finally:
         w.stop()
-    got = estimates_by_query(ws)
-    for m, q in queries.items():
-        clean = {k: _row(v) for k, v in sc.estimates[f"clean-{m}"].items()}
-        assert {k: _row(v) for k, v in got[q.query_id].items()} == clean, f"{q.query_id} differs from the clean run"
+    _assert_clean(sc, ws, queries)
     assert metric(text, "ptt_late_records_total") == 0
     assert metric(text, "ptt_dead_letters_total") == 0
 
