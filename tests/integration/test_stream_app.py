@@ -194,8 +194,10 @@ def test_malformed_flood_goes_to_dead_letters_and_changes_nothing(broker: str, t
 
 
 def test_late_records_are_counted_and_kept_out(broker: str, tmp_path: Path) -> None:
-    """A straggler for a closed epoch, and one for an epoch the watermark passed before any of
-    its data came: both counted late, neither changes or creates an estimate."""
+    """A straggler for a closed epoch is counted late and changes nothing. A straggler for an
+    epoch the watermark passed before any of its data came opens that epoch's window all the
+    same ("born late"): once idle it closes by the watermark and is withheld as ``late`` -- an
+    outcome, never a silent drop -- and nothing else is republished or changed."""
     rs, ws = _settings(broker, tmp_path, start_epoch=10, max_epochs=6)
     replay(rs, progress=False)
     w = _run(ws, tmp_path)
@@ -216,15 +218,19 @@ def test_late_records_are_counted_and_kept_out(broker: str, tmp_path: Path) -> N
             sink.send(late, key=batch_id.encode(), partition=sink.partition_for(batch_id.encode()))
             sink.flush()
 
-        for index in (10, 2):  # closed / never seen (inside the query's window, below the watermark)
-            straggle(index)
-        wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 2, 60, "late records")
-        # one more, after those were counted: stage 2 handles batches in turn, so once it is
-        # counted too, whatever the first two could have published has been published
-        straggle(10)
-        wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 3, 60, "a later batch")
+        straggle(10)  # a closed epoch
+        wait_for(lambda: metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 1, 60, "a late record")
+        straggle(2)  # never seen: inside the query's window, below the watermark
+        wait_for(lambda: metric(w.metrics(), "ptt_withheld_epochs_total", query=q.query_id, reason="late") == 1,
+                 120, "the born-late epoch withheld as late")
         sink.close()
-        assert read_estimates(ws) == before  # nothing republished, nothing changed or created
+        after = read_estimates(ws)
+        born_late = int(day.epochs[2])
+        assert {k: v for k, v in after.items() if k[2] != born_late} == before  # nothing else changed
+        mine = [e for k, e in after.items() if k[2] == born_late]
+        assert len(mine) == q.n_stations and all(e.withheld and e.withheld.startswith("late:") for e in mine)
+        assert all(e.closed_by == "watermark" and e.estimate is None for e in mine)
+        assert metric(w.metrics(), "ptt_late_records_total", query=q.query_id) == 1
     finally:
         w.stop()
 
