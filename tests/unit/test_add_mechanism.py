@@ -18,6 +18,7 @@ from stream_app.decode import to_partial
 from stream_app.estimate import QueryEstimators, epoch_result
 from stream_app.records import BatchPartial, MarkerPartial
 from stream_app.windows import Watermarks, WindowPolicy
+from tests.station_counts import pair_counts
 
 
 def my_rr(p_yes: float = 0.7, p_no: float = 0.2) -> mechanisms.Mechanism:
@@ -63,8 +64,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     assert res.withheld is None
     est = res.values["my_rr"].estimate
     # the core's own count estimator on the core's own tally of the same pairs
-    ps = q.per_station[0]  # type: ignore[index]
     pairs = mechanisms.SparseReports(np.zeros_like(arrays["station"]), arrays["station"], arrays["output"])
-    counts = ps.counts_from_sparse(pairs, n)[:, None, :]
+    counts = pair_counts(q.spec, q.build(), v, [pairs], n)
     want = linear.count_estimator("my_rr", linear.station_view(q.build()), 1).estimate(counts, n)
     np.testing.assert_allclose(est, want)

@@ -49,8 +49,10 @@ def test_unknown_parameter_names_the_allowed_ones() -> None:
 
 @pytest.mark.parametrize("name", [n for n in mechanism_names() if get_spec(n).per_sensor])
 def test_per_sensor_accumulate_and_complete_equal_the_core(name: str) -> None:
-    """Per-vehicle pairs summed by accumulate() and completed with the participants equal the
-    core's own per-station tally of the same reports (PerStation.counts_from_sparse)."""
+    """Per-vehicle pairs summed by accumulate() and completed with the participants equal a
+    per-pair tally written out here: one count per (station, report) pair the devices sent,
+    and every vehicle that sent no pair for a station counted at that round's default report
+    (the product has this one path; nothing else in the code turns pairs into counts)."""
     spec = get_spec(name)
     v, n = 5, 400
     mech = spec.build({}, v)
@@ -62,7 +64,11 @@ def test_per_sensor_accumulate_and_complete_equal_the_core(name: str) -> None:
         pairs = ps.sample_sparse(rng, truths)
         counts[r] = spec.accumulate(mech, v, "pairs", {"station": pairs.station, "output": pairs.output},
                                     int(pairs.station.size))
-        want[:, r, :] = ps.counts_from_sparse(pairs, n)
+        for station, output in zip(pairs.station.tolist(), pairs.output.tolist(), strict=True):
+            want[station - 1, r, output] += 1
+        silent = n - want[:, r, :].sum(axis=1)  # vehicles that sent no pair for the station
+        want[:, r, int(np.argmax(ps.mechanism.output_table(0)[0]))] += silent
+    assert counts.sum() > 0 and np.all(want.sum(axis=2) == n)
     np.testing.assert_array_equal(spec.complete(mech, v, counts, n), want)
 
 
