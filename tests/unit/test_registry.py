@@ -7,6 +7,7 @@ mechanism name is compared nowhere outside the registry.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -128,6 +129,20 @@ def test_no_layer_compares_a_mechanism_name() -> None:
             for i, line in enumerate(path.read_text().splitlines(), 1):
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert offenders == []
+
+
+def test_no_layer_names_a_mechanism() -> None:
+    """Outside the statistics core, no code holds a registered mechanism's name as a string
+    (a hard-coded list of mechanisms, a comparison, a dashboard selector): every layer asks the
+    registry. Docstrings name them freely (a string constant that is a whole name is code)."""
+    names = set(mechanism_names())
+    offenders = []
+    for pkg in ("producers", "stream_app", "schemas", "deploy"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     assert offenders == []
 
 
