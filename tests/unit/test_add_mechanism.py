@@ -14,7 +14,7 @@ import schemas.query as query_module
 from estimators import linear, mechanisms
 from producers.fleet import Device, privatize
 from schemas import Query, encode_batch, new_batch_id
-from stream_app.decode import to_partial
+from stream_app.decode import to_partials
 from stream_app.estimate import QueryEstimators, epoch_result
 from stream_app.records import BatchPartial, MarkerPartial
 from stream_app.windows import Watermarks, WindowPolicy
@@ -55,7 +55,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     value = encode_batch({"kind": "reports", "query_id": "q-new", "query_version": 1, "epoch": epoch, "round": 0,
                           "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[0],
                           "layout": "pairs", "n_stations": v, "n_outputs": 2}, arrays)
-    part = to_partial(value, 0, lambda qid, ver: q)
+    (part,) = to_partials(value, 0, lambda qid, ver: q)
     assert isinstance(part, BatchPartial)
     marker = MarkerPartial("q-new", 1, epoch, 0, 0, "p0", 0, 1, er.reports[0], 1, n, 0, False)
     out = WindowPolicy(1).apply(Watermarks(), lambda w: None, lambda w: (q.n_rounds, q.width), [part, marker])
