@@ -1,8 +1,8 @@
 """The mechanism registry: every layer asks it, so it must hold every mechanism completely.
 
-Deterministic checks (no statistics): layouts, widths, accumulate/complete against a direct
-per-vehicle tally of the statistics core, clear errors for unknown names, and that the
-mechanism name is compared nowhere outside the registry.
+Deterministic checks (no statistics): layouts, widths, accumulate/complete against a per-pair
+tally written out in the test, clear errors for unknown names, and that no layer outside the
+registry compares or holds a mechanism's name.
 """
 
 from __future__ import annotations
