@@ -68,6 +68,7 @@ from .registry import (
     SpecError,
     UnknownMechanism,
     all_estimator_names,
+    default_query_mechanisms,
     get_spec,
     mechanism_names,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "count_estimator",
     "crowd_size",
     "day_epsilon",
+    "default_query_mechanisms",
     "epochs_within_budget",
     "epsilon_rr",
     "fresh_difference",

@@ -236,10 +236,6 @@ class Mechanism:
             out[r] = self.emit(r, faces, truths)
         return out
 
-    def tally_reports(self, reports: IntArray) -> IntArray:
-        """Per-round counts ``(R, O)`` of per-vehicle reports ``(R, n)``."""
-        return np.stack([np.bincount(row, minlength=self.n_outputs) for row in reports]).astype(np.int64)
-
     # -- path 2: exact tally --------------------------------------------------------------
     def tally(self, rng: np.random.Generator, truth_counts: IntArray) -> IntArray:
         """Draw the per-round report counts ``(R, O)`` from their exact joint distribution.
@@ -629,14 +625,6 @@ class PerStation:
             station=np.concatenate([st, truths[yes_veh[nd]]]),
             output=np.concatenate([out_no, yes_out[nd]]),
         )
-
-    def counts_from_sparse(self, reports: SparseReports, n_vehicles: int) -> IntArray:
-        """Per-station report counts ``(V, O)``; the default column is ``N - rest``."""
-        o_n = self.mechanism.n_outputs
-        flat = (reports.station - 1) * o_n + reports.output
-        counts = np.bincount(flat, minlength=self.n_stations * o_n).reshape(self.n_stations, o_n)
-        counts[:, self.default] = n_vehicles - (counts.sum(axis=1) - counts[:, self.default])
-        return counts.astype(np.int64)
 
     def tally(self, rng: np.random.Generator, yes_counts: IntArray, n_vehicles: int) -> IntArray:
         """Exact-tally path: per-station counts ``(V, O)`` given each station's Yes count."""

@@ -5,9 +5,11 @@ Modelled on PipelineDP's combiners: a :class:`MechanismSpec` owns everything tha
 ``V`` stations, its rounds, its wire layout and count width, how reports become count
 arrays (:meth:`MechanismSpec.accumulate`, merged by addition), how the implied default
 reports are filled in (:meth:`MechanismSpec.complete`), its estimators and headline, its
-epsilon (of a device's whole report in an epoch) and its extra statistics. Query
-validation, the fleet, the stream app, the CLI, the report and the dashboards ask the
-registry; none of them compares a mechanism name.
+epsilon (of a device's whole report in an epoch), its extra statistics, and how it is
+shown (its title, an estimator drawn next to the headline) and whether the demo runs it
+(:func:`default_query_mechanisms`). Query validation, the fleet, the replay, the stream app,
+the CLI, the report and the dashboards ask the registry; none of them compares or lists a
+mechanism name.
 
 Two shapes exist:
 
@@ -49,8 +51,8 @@ from ._types import IntArray
 from .linear import LinearEstimator, alp_estimators, fresh_difference, rr_estimator, sp_difference, station_counts
 from .mechanisms import Mechanism, PerStation
 
-__all__ = ["REGISTRY", "MechanismSpec", "PlanError", "SpecError", "UnknownMechanism", "all_estimator_names", "get_spec",
-           "mechanism_names"]
+__all__ = ["REGISTRY", "MechanismSpec", "PlanError", "SpecError", "UnknownMechanism", "all_estimator_names",
+           "default_query_mechanisms", "get_spec", "mechanism_names"]
 
 Layout = Literal["values", "pairs", "counts"]
 
@@ -84,7 +86,14 @@ def _no_extra(mech: Mechanism, participants: int) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class MechanismSpec:
-    """Everything that depends on which mechanism a query runs (see the module doc)."""
+    """Everything that depends on which mechanism a query runs (see the module doc).
+
+    ``title``: what people read (dashboard panels; the name when empty). ``overlay``: an
+    estimator drawn dotted next to the headline and its short label, e.g. ALP's
+    ``("alp_gls", "GLS")``. ``default_query``: the demo and the deployment publish one query of
+    it over every station (``producers.replay.default_queries``), and the station dashboard
+    has a panel for it.
+    """
 
     name: str
     summary: str
@@ -102,11 +111,16 @@ class MechanismSpec:
     max_stations: int | None = None
     queryable: bool = True
     references: str = ""
+    title: str = ""
+    overlay: tuple[str, str] | None = None
+    default_query: bool = False
     defaults_frozen: Mapping[str, float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.headline not in self.estimator_names:
             raise ValueError(f"{self.name}: headline {self.headline!r} is not one of its estimators")
+        if self.overlay is not None and self.overlay[0] not in self.estimator_names:
+            raise ValueError(f"{self.name}: overlay {self.overlay[0]!r} is not one of its estimators")
         object.__setattr__(self, "defaults_frozen", MappingProxyType(dict(self.defaults)))
 
     # -- parameters and construction -----------------------------------------------------
@@ -288,7 +302,8 @@ _SPECS = (
         defaults={"pis": 0.45}, optional=frozenset({"pi0"}), n_rounds=2, per_sensor=False,
         estimator_names=("sp_difference",), headline="sp_difference",
         build_fn=_build_sp, estimators_fn=lambda m, st, d: {"sp_difference": sp_difference(m, st)},
-        closed_form_fn=_sp_closed, references="Differential Privacy by Sampling §4.2, eqs. 16 and 29"),
+        closed_form_fn=_sp_closed, references="Differential Privacy by Sampling §4.2, eqs. 16 and 29",
+        title="Sampling Privacy", default_query=True),
     MechanismSpec(
         name="sp-binary", summary="binary Sampling Privacy (one sensor): faces 0, S, 1",
         defaults={"pi0": 0.275, "pis": 0.45}, n_rounds=2, per_sensor=False, max_stations=1,
@@ -296,7 +311,7 @@ _SPECS = (
         build_fn=lambda p, v: mechanisms.sp_binary(p["pi0"], p["pis"]),
         estimators_fn=lambda m, st, d: {"sp_difference": sp_difference(m, st)},
         closed_form_fn=lambda m: privacy.sp_binary_epsilon_closed_form(m.params["pi0"], m.params["pis"]),
-        references="Differential Privacy by Sampling §4.1, eqs. 11, 21 and 25"),
+        references="Differential Privacy by Sampling §4.1, eqs. 11, 21 and 25", title="binary Sampling Privacy"),
     MechanismSpec(
         name="alp", summary="Anonymized Local Privacy (optimal Yes/No/⊥) asked about each sensor",
         defaults={"pisYes1": 0.05, "pisYes2": 0.05, "pi1": 0.95, "pi2": 0.98, "pisNo": 0.05, "pi3": 0.98},
@@ -306,7 +321,8 @@ _SPECS = (
                                                      p["pi3"]),
         estimators_fn=lambda m, st, d: alp_estimators(m, design_yes=d[0], design_n=d[1]),
         closed_form_fn=lambda m: privacy.alp_epsilon_closed_form(**m.params),
-        extra_fn=_alp_crowd, extra_names=("mean", "p01"), references="Anonymized Local Privacy §V, eqs. 6-11"),
+        extra_fn=_alp_crowd, extra_names=("mean", "p01"), references="Anonymized Local Privacy §V, eqs. 6-11",
+        title="ALP", overlay=("alp_gls", "GLS"), default_query=True),
     MechanismSpec(
         name="rr", summary="two-coin randomized response asked about each sensor (the baseline)",
         defaults={"pi1": 0.8, "pi2": 0.2}, n_rounds=1, per_sensor=True,
@@ -314,7 +330,8 @@ _SPECS = (
         build_fn=lambda p, v: mechanisms.two_coin_rr(p["pi1"], p["pi2"]),
         estimators_fn=lambda m, st, d: {"rr": rr_estimator(m)},
         closed_form_fn=lambda m: privacy.rr_epsilon_closed_form(m.params["pi1"], m.params["pi2"]),
-        references="Differential Privacy by Sampling §1 and App. A, eq. 30; Gaboardi's lecture notes"),
+        references="Differential Privacy by Sampling §1 and App. A, eq. 30; Gaboardi's lecture notes",
+        title="Randomized response", default_query=True),
     MechanismSpec(
         name="fresh", summary="two-round fresh-sample variant asked about each sensor (a baseline)",
         defaults={"pisYes1": 0.5, "pisNo1": 0.05, "pisYes2": 0.05, "pisNo2": 0.05}, n_rounds=2, per_sensor=True,
@@ -322,7 +339,7 @@ _SPECS = (
         build_fn=lambda p, v: mechanisms.fresh_sample(p["pisYes1"], p["pisNo1"], p["pisYes2"], p["pisNo2"]),
         estimators_fn=lambda m, st, d: {"fresh_difference": fresh_difference(m)},
         closed_form_fn=lambda m: float("nan"),  # the poster gives none
-        references="Towards Scaling Privacy Strength"),
+        references="Towards Scaling Privacy Strength", title="Fresh-sample variant"),
 )
 
 REGISTRY: Mapping[str, MechanismSpec] = MappingProxyType({s.name: s for s in _SPECS})
@@ -331,6 +348,15 @@ REGISTRY: Mapping[str, MechanismSpec] = MappingProxyType({s.name: s for s in _SP
 def mechanism_names(queryable_only: bool = False) -> tuple[str, ...]:
     """Registered mechanism names, in registry order."""
     return tuple(n for n, s in REGISTRY.items() if s.queryable or not queryable_only)
+
+
+def default_query_mechanisms() -> tuple[str, ...]:
+    """The mechanisms the demo's default queries run, in registry order.
+
+    >>> default_query_mechanisms()
+    ('sp', 'alp', 'rr')
+    """
+    return tuple(n for n, s in REGISTRY.items() if s.default_query)
 
 
 def get_spec(name: str) -> MechanismSpec:

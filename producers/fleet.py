@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from estimators import DayLedger, audit_query
+from estimators.registry import Layout
 from schemas import Query
 
 __all__ = ["Device", "EpochReports", "FleetTooSmall", "epoch_rng", "fleet_share", "privatize", "query_truth_counts",
@@ -89,15 +90,17 @@ class Device:
 class EpochReports:
     """What one producer sends for one query and epoch.
 
-    ``rounds[r]`` holds the arrays of round r: ``{"value": ...}`` (Sampling Privacy,
-    per-vehicle), ``{"station": ..., "output": ...}`` (per-sensor, per-vehicle) or
-    ``{"counts": ...}`` (tally). ``reports[r]`` is how many reports (tally: vehicles) the
-    round stands for.
+    ``rounds[r]`` holds the arrays of round r in the wire ``layout`` (``schemas.wire``): the
+    query's per-vehicle layout (``MechanismSpec.layout``: ``{"value": ...}`` for a
+    station-valued mechanism, ``{"station": ..., "output": ...}`` for a per-sensor one) or
+    ``counts`` (tally mode: ``{"counts": ...}``). ``reports[r]`` is how many reports (tally:
+    vehicles) the round stands for.
     """
 
     participants: int
     refused: int
     refusal_reason: str | None
+    layout: Layout
     rounds: list[dict[str, IntArray]] = field(default_factory=list)
     reports: list[int] = field(default_factory=list)
 
@@ -115,14 +118,15 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     ``day``'s composed epsilon over the budget is refused, like an audit refusal.
     """
     n = int(truth_counts.sum())
+    layout: Layout = "counts" if mode == "tally" else query.spec.layout
     ok, reason = device.accepts(query)
     if ok and ledger is not None and not ledger.spend(day, query.epsilon):
         ok, reason = False, (f"daily privacy budget: answering would take the day's epsilon over "
                              f"{ledger.budget:g} (spent {ledger.total(day):.4g})")
     if not ok:
-        return EpochReports(participants=0, refused=n, refusal_reason=reason,
+        return EpochReports(participants=0, refused=n, refusal_reason=reason, layout=layout,
                             rounds=[{} for _ in range(query.n_rounds)], reports=[0] * query.n_rounds)
-    out = EpochReports(participants=n, refused=0, refusal_reason=None)
+    out = EpochReports(participants=n, refused=0, refusal_reason=None, layout=layout)
     samplers = query.per_station  # per-sensor mechanisms: one sampler per round
     if mode == "tally":
         if samplers is None:

@@ -63,7 +63,6 @@ __all__ = [
     "StationMeta",
     "TrafficDay",
     "day_epochs",
-    "days_in",
     "epoch_of",
     "epoch_start",
     "load_cached",
@@ -216,12 +215,6 @@ class TrafficDay:
     def attach_metadata(self, meta: dict[int, StationMeta]) -> None:
         self.meta = meta
         self.quality.stations_without_metadata = int(sum(1 for s in self.stations if int(s) not in meta))
-
-
-def days_in(day: TrafficDay) -> list[date]:
-    """The local calendar days the source file holds used rows for (all of them, also when a
-    reader was asked for one ``day``): tell the user which days to ask for."""
-    return [date.fromisoformat(s) for s in day.quality.days_in_file]
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from estimators import DayLedger
+from estimators import DayLedger, default_query_mechanisms
+from estimators.registry import Layout
 from schemas import (
     MAX_MARKERS_PER_SET,
     EndOfEpoch,
@@ -96,13 +97,14 @@ def fleet_size_for(day: TrafficDay, settings: ReplaySettings) -> int:
 
 
 def default_queries(day: TrafficDay, population: int) -> list[Query]:
-    """The demo's queries over all the day's stations: Sampling Privacy, ALP and the RR baseline
-    (the papers' parameters), valid for the whole day."""
+    """The demo's queries over all the day's stations, one per mechanism the registry marks as a
+    default query (Sampling Privacy, ALP and the RR baseline, at the papers' parameters), valid
+    for the whole day."""
     sensors = tuple(int(s) for s in day.stations)
     t0, t1 = epoch_start(int(day.epochs[0])), epoch_start(int(day.epochs[-1]) + 1)
     common: dict[str, Any] = {"analyst_id": "demo", "version": 1, "sensors": sensors, "population": population,
                               "t_start": t0, "t_end": t1}
-    return [Query(query_id=f"{m}-day", mechanism=m, **common) for m in ("sp", "alp", "rr")]
+    return [Query(query_id=f"{m}-day", mechanism=m, **common) for m in default_query_mechanisms()]
 
 
 def active_queries(queries: Iterable[Query], when: datetime) -> list[Query]:
@@ -284,8 +286,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 for r in range(q.n_rounds):
                     per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
                     if er.participants:
-                        _send_round(sink, settings, producer_id, q, epoch, r, er.rounds[r], er.reports[r],
-                                    per_part, stop)
+                        _send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
+                                    er.reports[r], per_part, stop)
             sink.flush()
             # an interrupted epoch is marked with exactly what was sent of it
             _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
@@ -330,19 +332,19 @@ def _share(counters: Any, summary: ReplaySummary, sink: ReportSink) -> None:
 
 
 def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
-                arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
+                layout: Layout, arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
                 stop: StopFlag) -> None:
     base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "round": r,
             "producer_id": producer_id, "n_stations": q.n_stations, "n_outputs": q.build().n_outputs}
-    if "counts" in arrays:
+    if layout == "counts":  # a tally: one record (the wire's kind "tally" carries layout "counts")
         chunks = [(reports, arrays)]
-        kind, layout = "tally", "counts"
-    else:
+        kind = "tally"
+    else:  # per-vehicle reports, cut into batches of at most batch_size
         first = next(iter(arrays.values()))
         size = settings.batch_size
         chunks = [(min(size, first.size - s), {k: v[s:s + size] for k, v in arrays.items()})
                   for s in range(0, first.size, size)]
-        kind, layout = "reports", ("values" if "value" in arrays else "pairs")
+        kind = "reports"
     for n, chunk in chunks:
         if stop.requested:
             return

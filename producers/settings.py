@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from estimators import default_query_mechanisms
 from schemas.settings import BrokerLossSettings, KafkaSettings
 
 __all__ = ["KafkaSettings", "ReplaySettings"]
@@ -46,7 +47,8 @@ class ReplaySettings(BrokerLossSettings):
     device_blacklist: tuple[int, ...] = ()
     max_epochs: int | None = Field(default=None, ge=1, description="stop after this many epochs")
     start_epoch: int = Field(default=0, ge=0, description="skip this many epochs of the day")
-    default_queries: bool = Field(default=True, description="publish SP, ALP and RR queries if none exist")
+    default_queries: bool = Field(default=True, description=f"publish a query over every station for each of "
+                                  f"{', '.join(default_query_mechanisms())} if none exist")
 
     @model_validator(mode="after")
     def _one_source(self) -> ReplaySettings:

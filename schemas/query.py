@@ -7,7 +7,6 @@ it before answering (epsilon limit, sensor blacklist).
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from functools import cached_property
 from typing import Annotated, Literal
 
@@ -141,9 +140,6 @@ class Query(BaseModel):
     @cached_property
     def _epoch_range(self) -> tuple[int, int]:  # asked once per record by stage 1
         return int(self.t_start.timestamp()) // EPOCH_S, -(-int(self.t_end.timestamp()) // EPOCH_S)
-
-    def active_at(self, when: datetime) -> bool:
-        return self.t_start <= when < self.t_end
 
     def station_index(self) -> dict[int, int]:
         """PeMS station id -> station index on the wire (1-based)."""

@@ -40,6 +40,7 @@ __all__ = [
     "MAGIC",
     "ArraySpec",
     "BatchHeader",
+    "FRAME_LENGTH",
     "DecodedBatch",
     "MAX_MARKERS_PER_SET",
     "EndOfEpoch",
@@ -56,7 +57,9 @@ __all__ = [
 ]
 
 MAGIC = b"PTT1"
-_LEN = struct.Struct(">I")
+# every binary frame of the project (these batches, the stream app's stage records, bundles and
+# window states) prefixes a length as 4 bytes, big-endian, unsigned
+FRAME_LENGTH = struct.Struct(">I")
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _DTYPES = {"u1": np.uint8, "u2": np.uint16, "u4": np.uint32, "i8": np.int64}
 DTypeName = Literal["u1", "u2", "u4", "i8"]
@@ -253,7 +256,7 @@ def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[An
         blobs.append(np.ascontiguousarray(a.ravel(), dtype=np.dtype(_DTYPES[dt]).newbyteorder("<")).tobytes())
     header = BatchHeader(**header_fields, arrays=tuple(specs))
     head = header.model_dump_json().encode()
-    return b"".join([MAGIC, _LEN.pack(len(head)), head, *blobs])
+    return b"".join([MAGIC, FRAME_LENGTH.pack(len(head)), head, *blobs])
 
 
 def encode_json(record: SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth) -> bytes:
@@ -277,7 +280,7 @@ def decode_record(value: bytes | None) -> DecodedBatch | SingleReport | EndOfEpo
 def _decode_binary(value: bytes) -> DecodedBatch:
     if len(value) < 8:
         raise WireError("truncated", "binary record shorter than its frame header")
-    (hlen,) = _LEN.unpack_from(value, 4)
+    (hlen,) = FRAME_LENGTH.unpack_from(value, 4)
     if 8 + hlen > len(value):
         raise WireError("truncated", f"header length {hlen} exceeds the record")
     try:

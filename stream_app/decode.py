@@ -33,7 +33,7 @@ from schemas.estimates import DeadLetter
 from .records import BatchPartial, MarkerPartial
 
 __all__ = ["REASONS", "GraceBudget", "Rejected", "Stage1Pass", "Stage1Result", "UnknownQueryWait", "stage1_pass",
-           "to_partial", "to_partials"]
+           "to_partials"]
 
 log = logging.getLogger(__name__)
 
@@ -177,16 +177,6 @@ def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> Mark
 
 
 Stage1Result = BatchPartial | MarkerPartial | Rejected
-
-
-def to_partial(value: bytes | None, partition: int, lookup: QueryLookup,
-               max_producers: int = DEFAULT_MAX_PRODUCERS) -> Stage1Result:
-    """What stage 1 forwards for one record of the reports topic that holds one report batch,
-    report or marker, or why it cannot (a marker set: use :func:`to_partials`)."""
-    out = to_partials(value, partition, lookup, max_producers)
-    if len(out) != 1:
-        return Rejected("unexpected_record", f"a marker set of {len(out)} markers where one record was expected")
-    return out[0]
 
 
 def to_partials(value: bytes | None, partition: int, lookup: QueryLookup,

@@ -27,7 +27,6 @@ ids are still deduplicated one by one).
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -35,12 +34,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from schemas.wire import FRAME_LENGTH
+
 __all__ = ["BUNDLE_BYTES", "BatchPartial", "MarkerPartial", "Partial", "Tick", "WindowId", "bundle",
            "decode_partial", "decode_partials", "encode_bundle", "encode_partial", "split_bundle"]
 
 IntArray = npt.NDArray[np.int64]
 MAGIC = b"PTS1"
-_LEN = struct.Struct(">I")
 _KINDS = {b"B": "batch", b"M": "marker", b"T": "tick"}
 _DTYPES = ("<u1", "<u2", "<u4", "<i8")
 _BUNDLE = MAGIC + b"L"
@@ -148,14 +148,14 @@ def encode_partial(p: Partial) -> bytes:
         blob = b""
         kind = b"M" if isinstance(p, MarkerPartial) else b"T"
     h = json.dumps(head, separators=(",", ":")).encode()
-    return b"".join([MAGIC, kind, _LEN.pack(len(h)), h, blob])
+    return b"".join([MAGIC, kind, FRAME_LENGTH.pack(len(h)), h, blob])
 
 
 def decode_partial(data: bytes) -> Partial:
     """Inverse of :func:`encode_partial`; ``ValueError`` on anything else."""
     if data[:4] != MAGIC or len(data) < 9 or data[4:5] not in _KINDS:
         raise ValueError("not a stage record")
-    (hlen,) = _LEN.unpack_from(data, 5)
+    (hlen,) = FRAME_LENGTH.unpack_from(data, 5)
     head: dict[str, Any] = json.loads(data[9:9 + hlen])
     kind = _KINDS[data[4:5]]
     try:  # a well-framed record with the wrong fields is garbage too: ValueError, not TypeError
@@ -176,9 +176,9 @@ def decode_partial(data: bytes) -> Partial:
 
 def encode_bundle(records: Sequence[bytes]) -> bytes:
     """Several encoded stage records as one (see the module's docstring)."""
-    out = [_BUNDLE, _LEN.pack(len(records))]
+    out = [_BUNDLE, FRAME_LENGTH.pack(len(records))]
     for r in records:
-        out += [_LEN.pack(len(r)), r]
+        out += [FRAME_LENGTH.pack(len(r)), r]
     return b"".join(out)
 
 
@@ -188,13 +188,13 @@ def split_bundle(data: bytes) -> list[bytes]:
         return [data]
     if len(data) < 9:
         raise ValueError("truncated stage bundle")
-    (n,) = _LEN.unpack_from(data, 5)
+    (n,) = FRAME_LENGTH.unpack_from(data, 5)
     out: list[bytes] = []
     pos = 9
     for _ in range(n):
         if pos + 4 > len(data):
             raise ValueError("truncated stage bundle")
-        (size,) = _LEN.unpack_from(data, pos)
+        (size,) = FRAME_LENGTH.unpack_from(data, pos)
         pos += 4
         if pos + size > len(data):
             raise ValueError("truncated stage bundle")

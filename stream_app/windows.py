@@ -49,7 +49,6 @@ from erasing epochs whose genuine data is still arriving:
 from __future__ import annotations
 
 import json
-import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field
@@ -59,6 +58,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas.epochs import EPOCH_S
+from schemas.wire import FRAME_LENGTH
 
 from .records import BatchPartial, MarkerPartial, Partial, Tick, WindowId
 
@@ -66,7 +66,6 @@ __all__ = ["CloseReason", "Marker", "Outcome", "Watermarks", "WindowPolicy", "Wi
 
 IntArray = npt.NDArray[np.int64]
 CloseReason = Literal["markers", "watermark", "wall_clock"]
-_LEN = struct.Struct(">I")
 _STATE_MAGIC = b"PTW1"
 
 
@@ -224,13 +223,13 @@ class WindowState:
             head["seen"] = [[b, *v] for b, v in self.seen.items()]
             blob = np.ascontiguousarray(self.counts, dtype="<i8").tobytes()
         h = json.dumps(head, separators=(",", ":")).encode()
-        return b"".join([_STATE_MAGIC, _LEN.pack(len(h)), h, blob])
+        return b"".join([_STATE_MAGIC, FRAME_LENGTH.pack(len(h)), h, blob])
 
     @classmethod
     def decode(cls, data: bytes) -> WindowState:
         if data[:4] != _STATE_MAGIC:
             raise ValueError("not a window state")
-        (hlen,) = _LEN.unpack_from(data, 4)
+        (hlen,) = FRAME_LENGTH.unpack_from(data, 4)
         h = json.loads(data[8:8 + hlen])
         r, w = int(h["r"]), int(h["w"])
         st = cls.new(WindowId(h["q"], h["v"], h["e"]), r, w)

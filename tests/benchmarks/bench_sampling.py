@@ -36,6 +36,12 @@ def _median_pair(work: Callable[[], object], base: Callable[[], object], repeats
     return statistics.median(w), statistics.median(b)
 
 
+def _tally_rounds(m: E.Mechanism, reports: np.ndarray) -> np.ndarray:
+    """Per-round counts ``(R, O)`` of per-vehicle reports ``(R, n)`` (what stage 1's
+    ``accumulate`` does to a round's values)."""
+    return np.stack([np.bincount(row, minlength=m.n_outputs) for row in reports])
+
+
 def run(vehicles: int, stations: int, repeats: int, alp_vehicles: int,
         seed: int = 0) -> list[dict[str, float | str | int]]:
     rng = np.random.default_rng(seed)
@@ -48,7 +54,7 @@ def run(vehicles: int, stations: int, repeats: int, alp_vehicles: int,
         flat = reports.ravel().copy()
 
         def work(m: E.Mechanism = mech) -> object:
-            return m.tally_reports(m.sample(rng, truths))
+            return _tally_rounds(m, m.sample(rng, truths))
 
         def base(f: np.ndarray = flat, k: int = mech.n_outputs) -> object:
             return np.bincount(f, minlength=k)
@@ -61,15 +67,20 @@ def run(vehicles: int, stations: int, repeats: int, alp_vehicles: int,
 
     # ALP: every vehicle answers every station; with the paper's fleet (47,719 vehicles,
     # pisNo = 0.05) that is ~7.7M non-⊥ (station, bit) reports per epoch.
-    ps = E.PerStation(E.alp_optimal(), stations)
+    spec = E.get_spec("alp")
+    alp = spec.build({}, stations)
+    (ps,) = spec.per_station(alp, stations)
     vehicles = alp_vehicles
     truths = rng.integers(0, stations + 1, size=vehicles)
     truth_counts = np.bincount(truths, minlength=stations + 1)
     sample = ps.sample_sparse(rng, truths)
     flat = (sample.station * 3 + sample.output).copy()
 
-    def work_alp() -> object:
-        return ps.counts_from_sparse(ps.sample_sparse(rng, truths), vehicles)
+    def work_alp() -> object:  # the device's pairs, then the stream app's accumulate and complete
+        pairs = ps.sample_sparse(rng, truths)
+        summed = spec.accumulate(alp, stations, "pairs", {"station": pairs.station, "output": pairs.output},
+                                 int(pairs.station.size))
+        return spec.complete(alp, stations, summed[None, :], vehicles)
 
     def base_alp() -> object:
         return np.bincount(flat, minlength=(stations + 1) * 3)

@@ -26,6 +26,7 @@ from schemas import Query
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 from stream_app.settings import WorkerSettings
+from tests.station_counts import pair_counts
 
 from .kafka_helpers import drain
 
@@ -162,7 +163,7 @@ def core_estimates(q: Query, settings: ReplaySettings, day: TrafficDay, epoch_in
                                                       for r in range(2)]))
         else:
             ps = E.PerStation(mech, q.n_stations)
-            counts = ps.counts_from_sparse(ps.sample_sparse(rng, truths), n)[:, None, :]
+            counts = pair_counts(q.spec, mech, q.n_stations, [ps.sample_sparse(rng, truths)], n)
     if q.mechanism == "sp":
         ests = {"sp_difference": E.sp_difference(mech)}
     elif q.mechanism == "alp":

@@ -24,6 +24,7 @@ from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas import DecodedBatch, GroundTruth, Query, decode_record
 from schemas.kafka_io import publish_query, read_queries
+from tests.station_counts import pair_counts
 
 from .kafka_helpers import Decoded, drain, wait_for_marker
 
@@ -48,7 +49,7 @@ def _core_counts(q: Query, settings: ReplaySettings, epoch: int, flows: np.ndarr
         reports = q.build().sample(rng, truths)
         return [np.bincount(reports[r], minlength=q.n_stations + 1) for r in range(2)]
     ps = E.PerStation(q.build(), q.n_stations)
-    return [ps.counts_from_sparse(ps.sample_sparse(rng, truths), int(tc.sum())).ravel()]
+    return [pair_counts(q.spec, q.build(), q.n_stations, [ps.sample_sparse(rng, truths)], int(tc.sum())).ravel()]
 
 
 def _wire_counts(q: Query, batches: list[tuple[int, DecodedBatch]], participants: int) -> np.ndarray:
@@ -59,10 +60,10 @@ def _wire_counts(q: Query, batches: list[tuple[int, DecodedBatch]], participants
         return np.bincount(values, minlength=q.n_stations + 1)
     if batches and batches[0][1].header.layout == "counts":
         return sum(b.arrays["counts"] for _, b in batches)  # type: ignore[return-value]
-    ps = E.PerStation(q.build(), q.n_stations)
     st = np.concatenate([b.arrays["station"] for _, b in batches]) if batches else np.zeros(0, np.int64)
     out = np.concatenate([b.arrays["output"] for _, b in batches]) if batches else np.zeros(0, np.int64)
-    return ps.counts_from_sparse(E.SparseReports(np.zeros_like(st), st, out), participants).ravel()
+    pairs = E.SparseReports(np.zeros_like(st), st, out)
+    return pair_counts(q.spec, q.build(), q.n_stations, [pairs], participants).ravel()
 
 
 @pytest.mark.parametrize("mode", ["per-vehicle", "tally"])

@@ -14,10 +14,11 @@ import schemas.query as query_module
 from estimators import linear, mechanisms
 from producers.fleet import Device, privatize
 from schemas import Query, encode_batch, new_batch_id
-from stream_app.decode import to_partial
+from stream_app.decode import to_partials
 from stream_app.estimate import QueryEstimators, epoch_result
 from stream_app.records import BatchPartial, MarkerPartial
 from stream_app.windows import Watermarks, WindowPolicy
+from tests.station_counts import pair_counts
 
 
 def my_rr(p_yes: float = 0.7, p_no: float = 0.2) -> mechanisms.Mechanism:
@@ -54,7 +55,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     value = encode_batch({"kind": "reports", "query_id": "q-new", "query_version": 1, "epoch": epoch, "round": 0,
                           "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[0],
                           "layout": "pairs", "n_stations": v, "n_outputs": 2}, arrays)
-    part = to_partial(value, 0, lambda qid, ver: q)
+    (part,) = to_partials(value, 0, lambda qid, ver: q)
     assert isinstance(part, BatchPartial)
     marker = MarkerPartial("q-new", 1, epoch, 0, 0, "p0", 0, 1, er.reports[0], 1, n, 0, False)
     out = WindowPolicy(1).apply(Watermarks(), lambda w: None, lambda w: (q.n_rounds, q.width), [part, marker])
@@ -63,8 +64,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     assert res.withheld is None
     est = res.values["my_rr"].estimate
     # the core's own count estimator on the core's own tally of the same pairs
-    ps = q.per_station[0]  # type: ignore[index]
     pairs = mechanisms.SparseReports(np.zeros_like(arrays["station"]), arrays["station"], arrays["output"])
-    counts = ps.counts_from_sparse(pairs, n)[:, None, :]
+    counts = pair_counts(q.spec, q.build(), v, [pairs], n)
     want = linear.count_estimator("my_rr", linear.station_view(q.build()), 1).estimate(counts, n)
     np.testing.assert_allclose(est, want)

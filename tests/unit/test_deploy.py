@@ -1269,6 +1269,33 @@ def test_station_dashboard_has_a_panel_per_mechanism_with_bands_and_truth(
     assert 'statistic="mean"' in stat_exprs and 'statistic="p01"' in stat_exprs
 
 
+def test_station_dashboard_follows_the_registry(dashboards: dict[str, dict[str, Any]]) -> None:
+    """One estimate panel per mechanism the registry runs as a default query (and none for
+    another), titled with the spec's title and headline, plotting the headline's bands and the
+    spec's overlay estimator; the crowd-size panel plots each spec's extra statistics."""
+    panels = list(_panels(dashboards["station.json"]))
+    selected: dict[str, list[dict[str, Any]]] = {}
+    for p in panels:
+        names = {m for t in p["targets"] for m in re.findall(r'mechanism="([^"]+)"', t["expr"])}
+        assert len(names) <= 1, p["title"]
+        for name in names:
+            selected.setdefault(name, []).append(p)
+    assert list(selected) == list(E.default_query_mechanisms())
+    for name, (panel,) in selected.items():
+        spec = E.get_spec(name)
+        assert panel["title"].startswith(f"{spec.title} ({spec.headline}"), panel["title"]
+        estimators = {m for t in panel["targets"] for m in re.findall(r'estimator="([^"]+)"', t["expr"])}
+        assert estimators == {spec.headline} | ({spec.overlay[0]} if spec.overlay else set()), (name, estimators)
+        if spec.overlay:
+            assert f"{spec.overlay[1]} dotted" in panel["title"]
+    crowds = [p for p in panels if any("ptt_query_crowd_size_vehicles" in t["expr"] for t in p["targets"])]
+    with_extras = [E.get_spec(n) for n in E.default_query_mechanisms() if E.get_spec(n).extra_names]
+    assert [p["title"] for p in crowds] == [f"{spec.title} crowd size" for spec in with_extras] != []
+    for panel, spec in zip(crowds, with_extras, strict=True):
+        stats = [m for t in panel["targets"] for m in re.findall(r'statistic="([^"]+)"', t["expr"])]
+        assert stats == list(spec.extra_names)
+
+
 def test_template_variables_are_defined(dashboards: dict[str, dict[str, Any]]) -> None:
     exposed = _exposed()
     for name, board in dashboards.items():

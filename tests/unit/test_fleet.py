@@ -33,7 +33,8 @@ from producers.fleet import (
     query_truth_counts,
     split_fleet,
 )
-from schemas import Query
+from schemas import DecodedBatch, Query, decode_record, encode_batch, new_batch_id
+from tests.station_counts import pair_counts
 
 SEED = 20261118
 T0 = datetime(2026, 11, 18, 8, 0, tzinfo=UTC)
@@ -208,7 +209,7 @@ def test_per_sensor_per_vehicle_reports_are_pairs(mechanism: str) -> None:
     var = yes * p_yes * (1 - p_yes) + (n * v - yes) * p_no * (1 - p_no)
     assert abs(st.size - mean) < 6 * np.sqrt(var)
     # the consumer's view: per-station counts, the default column filled in from N
-    counts = ps.counts_from_sparse(E.SparseReports(np.zeros(0, np.int64), st, out), n)
+    counts = pair_counts(q.spec, q.build(), v, [E.SparseReports(np.zeros(0, np.int64), st, out)], n)[:, 0, :]
     assert counts.shape == (v, q.build().n_outputs) and np.all(counts.sum(axis=1) == n)
 
 
@@ -249,6 +250,29 @@ def test_tally_mode_equals_the_core_exact_tally(mechanism: str) -> None:
     else:
         expected = E.PerStation(mech, v).tally(np.random.default_rng(99), tc[1:], n).ravel()
         assert np.array_equal(er.rounds[0]["counts"], expected)
+
+
+@pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
+@pytest.mark.parametrize("mechanism", E.mechanism_names(queryable_only=True))
+def test_reports_are_in_the_layout_the_registry_names(mechanism: str, mode: str) -> None:
+    """What the replay sends is labelled with the layout ``privatize`` states (the registry's
+    per-vehicle layout, or ``counts`` for a tally), never guessed from the arrays: every round
+    encodes and decodes under it (the wire checks the arrays a layout needs) and stage 1's
+    ``accumulate`` takes it."""
+    spec = E.get_spec(mechanism)
+    v = spec.max_stations or 4
+    q = make_query(mechanism, sensors(v))
+    er = privatize(q, truth_for(v, 300, 30), np.random.default_rng(SEED), mode, Device())
+    assert er.layout == ("counts" if mode == "tally" else spec.layout)
+    for r, arrays in enumerate(er.rounds):
+        value = encode_batch({"kind": "tally" if er.layout == "counts" else "reports", "query_id": q.query_id,
+                              "query_version": q.version, "epoch": q.epoch_range()[0], "round": r,
+                              "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[r],
+                              "layout": er.layout, "n_stations": v, "n_outputs": q.n_outputs}, arrays)
+        batch = decode_record(value)
+        assert isinstance(batch, DecodedBatch) and batch.header.layout == er.layout
+        counts = spec.accumulate(q.build(), v, er.layout, batch.arrays, er.reports[r])
+        assert counts.shape == (q.width,) and counts.sum() > 0
 
 
 @pytest.mark.parametrize("mode", ["per-vehicle", "tally"])

@@ -35,7 +35,6 @@ from producers.pems import (
     QualityReport,
     TrafficDay,
     day_epochs,
-    days_in,
     epoch_of,
     epoch_start,
     load_cached,
@@ -727,7 +726,7 @@ def _two_day_lines() -> list[str]:
 def test_day_selection_on_a_multi_day_file_with_a_dst_day(tmp_path: Path) -> None:
     path = write_text(tmp_path / "raw.txt", _two_day_lines(), gz=True)
     whole = read_station_raw(path)
-    assert days_in(whole) == [date(2012, 11, 3), date(2012, 11, 4), date(2012, 11, 5)]
+    assert whole.quality.days_in_file == ["2012-11-03", "2012-11-04", "2012-11-05"]
     assert "the file holds 2012-11-03, 2012-11-04, 2012-11-05" in whole.quality.summary()
     # gaps between the hourly readings are missing, never zero-filled truth
     assert int(whole.has_truth.sum()) == 4 + 24 + 4
@@ -739,7 +738,7 @@ def test_day_selection_on_a_multi_day_file_with_a_dst_day(tmp_path: Path) -> Non
     assert int(dst.has_truth.sum()) == 24 and int(dst.flows.sum()) == 48
     assert dst.quality.skipped == Counter({"other_day": 8}) and dst.quality.rows_used == 24
     accounted(dst.quality)
-    assert days_in(dst) == days_in(whole)
+    assert dst.quality.days_in_file == whole.quality.days_in_file
     spring = day_epochs(date(2012, 3, 11))
     assert spring[1] - spring[0] == 2760  # 23 hours
 

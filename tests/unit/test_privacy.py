@@ -43,6 +43,7 @@ import pytest
 from scipy import special, stats
 
 import estimators as E
+from tests.station_counts import pair_counts
 
 REL = 1e-12
 
@@ -629,7 +630,8 @@ def test_crowd_size_describes_the_crowd_alp_devices_make(no: int, pis_no: float,
     if path == "tally":
         counts = sampler.tally(rng, np.zeros(CROWD_EPOCHS, dtype=np.int64), no)
     else:
-        counts = sampler.counts_from_sparse(sampler.sample_sparse(rng, np.zeros(no, dtype=np.int64)), no)
+        pairs = sampler.sample_sparse(rng, np.zeros(no, dtype=np.int64))
+        counts = pair_counts(spec, mech, CROWD_EPOCHS, [pairs], no)[:, 0, :]
     crowds = counts[:, E.ALP_YES].astype(np.float64)
     se_mean = float(crowds.std(ddof=1)) / math.sqrt(crowds.size)
     assert abs(float(crowds.mean()) - crowd["mean"]) < 5 * se_mean, (crowds.mean(), crowd["mean"], se_mean)

@@ -1,12 +1,13 @@
 """The mechanism registry: every layer asks it, so it must hold every mechanism completely.
 
-Deterministic checks (no statistics): layouts, widths, accumulate/complete against a direct
-per-vehicle tally of the statistics core, clear errors for unknown names, and that the
-mechanism name is compared nowhere outside the registry.
+Deterministic checks (no statistics): layouts, widths, accumulate/complete against a per-pair
+tally written out in the test, clear errors for unknown names, and that no layer outside the
+registry compares or holds a mechanism's name.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -49,8 +50,10 @@ def test_unknown_parameter_names_the_allowed_ones() -> None:
 
 @pytest.mark.parametrize("name", [n for n in mechanism_names() if get_spec(n).per_sensor])
 def test_per_sensor_accumulate_and_complete_equal_the_core(name: str) -> None:
-    """Per-vehicle pairs summed by accumulate() and completed with the participants equal the
-    core's own per-station tally of the same reports (PerStation.counts_from_sparse)."""
+    """Per-vehicle pairs summed by accumulate() and completed with the participants equal a
+    per-pair tally written out here: one count per (station, report) pair the devices sent,
+    and every vehicle that sent no pair for a station counted at that round's default report
+    (the product has this one path; nothing else in the code turns pairs into counts)."""
     spec = get_spec(name)
     v, n = 5, 400
     mech = spec.build({}, v)
@@ -62,7 +65,11 @@ def test_per_sensor_accumulate_and_complete_equal_the_core(name: str) -> None:
         pairs = ps.sample_sparse(rng, truths)
         counts[r] = spec.accumulate(mech, v, "pairs", {"station": pairs.station, "output": pairs.output},
                                     int(pairs.station.size))
-        want[:, r, :] = ps.counts_from_sparse(pairs, n)
+        for station, output in zip(pairs.station.tolist(), pairs.output.tolist(), strict=True):
+            want[station - 1, r, output] += 1
+        silent = n - want[:, r, :].sum(axis=1)  # vehicles that sent no pair for the station
+        want[:, r, int(np.argmax(ps.mechanism.output_table(0)[0]))] += silent
+    assert counts.sum() > 0 and np.all(want.sum(axis=2) == n)
     np.testing.assert_array_equal(spec.complete(mech, v, counts, n), want)
 
 
@@ -122,6 +129,20 @@ def test_no_layer_compares_a_mechanism_name() -> None:
             for i, line in enumerate(path.read_text().splitlines(), 1):
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert offenders == []
+
+
+def test_no_layer_names_a_mechanism() -> None:
+    """Outside the statistics core, no code holds a registered mechanism's name as a string
+    (a hard-coded list of mechanisms, a comparison, a dashboard selector): every layer asks the
+    registry. Docstrings name them freely (a string constant that is a whole name is code)."""
+    names = set(mechanism_names())
+    offenders = []
+    for pkg in ("producers", "stream_app", "schemas", "deploy"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     assert offenders == []
 
 

@@ -1,6 +1,6 @@
-"""Stage 1 (``stream_app.decode.to_partial``): one record of the reports topic -> a
-:class:`BatchPartial`, a :class:`MarkerPartial` or a :class:`Rejected` reason. No Faust,
-no broker.
+"""Stage 1 (``stream_app.decode.to_partials``, what ``stage1_pass`` runs per record): one
+record of the reports topic -> a :class:`BatchPartial`, a :class:`MarkerPartial` or a
+:class:`Rejected` reason (one per marker for a marker set). No Faust, no broker.
 
 Records are built with the real encoders (``schemas.encode_batch``, ``encode_json``) for
 queries built with ``schemas.Query`` (``sp``, ``alp``, ``rr`` over four sensors, valid for
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,7 +51,15 @@ from schemas import (
     new_batch_id,
 )
 from schemas.estimates import DeadLetter
-from stream_app.decode import REASONS, Rejected, UnknownQueryWait, stage1_pass, to_partial, to_partials
+from stream_app.decode import (
+    DEFAULT_MAX_PRODUCERS,
+    REASONS,
+    Rejected,
+    Stage1Result,
+    UnknownQueryWait,
+    stage1_pass,
+    to_partials,
+)
 from stream_app.records import BatchPartial, MarkerPartial, WindowId
 from stream_app.windows import WindowState
 
@@ -121,8 +130,16 @@ def single(q: Query, **over: Any) -> SingleReport:
     return SingleReport(**f)
 
 
+def one_result(value: bytes | None, partition: int, lk: Callable[[str, int], Query | None],
+               max_producers: int = DEFAULT_MAX_PRODUCERS) -> Stage1Result:
+    """Stage 1's one result for a record that is not a marker set."""
+    out = to_partials(value, partition, lk, max_producers)
+    assert len(out) == 1, out
+    return out[0]
+
+
 def accepted(value: bytes | None, partition: int = 0) -> BatchPartial | MarkerPartial:
-    out = to_partial(value, partition, lookup)
+    out = one_result(value, partition, lookup)
     assert isinstance(out, BatchPartial | MarkerPartial), out
     return out
 
@@ -140,7 +157,7 @@ def accepted_marker(value: bytes | None, partition: int = 0) -> MarkerPartial:
 
 
 def rejected(value: bytes | None, partition: int = 0) -> Rejected:
-    out = to_partial(value, partition, lookup)
+    out = one_result(value, partition, lookup)
     assert isinstance(out, Rejected), out
     return out
 
@@ -223,7 +240,7 @@ def test_sp_tally_must_sum_to_the_vehicles() -> None:
     """A Sampling Privacy tally whose counts do not sum to its ``reports`` (used for N without
     markers and for round_count_mismatch) is refused, as per-sensor tallies are."""
     q = QUERIES["sp"]
-    out = to_partial(tally_record(q, np.array([50, 3, 0, 7, 12]), reports=10), 0, lookup)
+    out = one_result(tally_record(q, np.array([50, 3, 0, 7, 12]), reports=10), 0, lookup)
     assert isinstance(out, Rejected) and out.reason == "mismatched_sizes", out
 
 
@@ -235,8 +252,8 @@ def test_pairs_with_the_default_report_are_rejected(mechanism: str) -> None:
     q = QUERIES[mechanism]
     d = q.default_report
     assert d is not None
-    batch_out = to_partial(pairs_record(q, np.array([1, 2]), np.array([d, d])), 0, lookup)
-    single_out = to_partial(encode_json(single(q, pairs=((1, d),))), 0, lookup)
+    batch_out = one_result(pairs_record(q, np.array([1, 2]), np.array([d, d])), 0, lookup)
+    single_out = one_result(encode_json(single(q, pairs=((1, d),))), 0, lookup)
     assert isinstance(batch_out, Rejected) and batch_out.reason == "out_of_range", batch_out
     assert isinstance(single_out, Rejected) and single_out.reason == "out_of_range", single_out
 
@@ -350,7 +367,7 @@ def test_query_window_not_on_epoch_boundaries() -> None:
               t_start=T0 + timedelta(seconds=10), t_end=T0 + timedelta(seconds=70))
     local = {("q-odd", 1): q}
     for epoch, inside in [(E0 - 1, False), (E0, True), (E0 + 1, True), (E0 + 2, True), (E0 + 3, False)]:
-        out = to_partial(values_record(q, np.array([1]), epoch=epoch), 0, lambda i, v: local.get((i, v)))
+        out = one_result(values_record(q, np.array([1]), epoch=epoch), 0, lambda i, v: local.get((i, v)))
         assert isinstance(out, BatchPartial) == inside, (epoch, out)
 
 
@@ -504,8 +521,8 @@ def test_marker_producer_count_above_the_configured_maximum() -> None:
     at = encode_json(eoe(q, producer_count=8, producer_index=7, partition=0))
     above = encode_json(eoe(q, producer_count=9, producer_index=0, partition=0))
     assert accepted_marker(at).producer_count == 8
-    assert isinstance(to_partial(at, 0, lookup, max_producers=8), MarkerPartial)
-    out = to_partial(above, 0, lookup, max_producers=8)
+    assert isinstance(one_result(at, 0, lookup, max_producers=8), MarkerPartial)
+    out = one_result(above, 0, lookup, max_producers=8)
     assert isinstance(out, Rejected) and out.reason == "bad_marker" and "maximum" in out.detail
     big = encode_json(eoe(q, producer_count=65, producer_index=0, partition=0))
     assert rejected(big).reason == "bad_marker"  # the default maximum is 64
@@ -548,11 +565,11 @@ def test_batch_reports_above_the_population_are_out_of_bounds() -> None:
     def lk(i: str, v: int) -> Query | None:
         return tiny.get((i, v))
 
-    ok = to_partial(values_record(small, np.array([0, 1, 2, 3, 4])), 0, lk)
+    ok = one_result(values_record(small, np.array([0, 1, 2, 3, 4])), 0, lk)
     assert isinstance(ok, BatchPartial) and ok.reports == 5
-    out = to_partial(values_record(small, np.array([0, 1, 2, 3, 4, 4])), 0, lk)
+    out = one_result(values_record(small, np.array([0, 1, 2, 3, 4, 4])), 0, lk)
     assert isinstance(out, Rejected) and out.reason == "out_of_bounds", out
-    single_too_many = to_partial(tally_record(small, np.array([6, 0, 0, 0, 0]), reports=6), 0, lk)
+    single_too_many = one_result(tally_record(small, np.array([6, 0, 0, 0, 0]), reports=6), 0, lk)
     assert isinstance(single_too_many, Rejected) and single_too_many.reason == "out_of_bounds"
 
 
@@ -564,10 +581,10 @@ def test_pairs_batch_may_hold_population_times_stations_reports() -> None:
         return local.get((i, v))
 
     station = np.repeat(np.arange(1, V + 1), 2)  # every vehicle says "1" about every sensor
-    ok = to_partial(pairs_record(q, station, np.ones_like(station)), 0, lk)
+    ok = one_result(pairs_record(q, station, np.ones_like(station)), 0, lk)
     assert isinstance(ok, BatchPartial) and ok.reports == 2 * V
     more = np.append(station, 1)
-    out = to_partial(pairs_record(q, more, np.ones_like(more)), 0, lk)
+    out = one_result(pairs_record(q, more, np.ones_like(more)), 0, lk)
     assert isinstance(out, Rejected) and out.reason == "out_of_bounds", out
 
 
@@ -598,7 +615,7 @@ def _bad_layout_record() -> bytes:
 
 
 def test_every_reason_but_internal_error_is_produced() -> None:
-    """Each reason of ``decode.REASONS`` comes out of ``to_partial`` for some record (only
+    """Each reason of ``decode.REASONS`` comes out of ``to_partials`` for some record (only
     ``internal_error`` is the app's, for an exception, and ``too_far_ahead`` the window
     policy's, which knows the partitions' epochs)."""
     sp, alp = QUERIES["sp"], QUERIES["alp"]
@@ -628,7 +645,7 @@ def test_every_reason_but_internal_error_is_produced() -> None:
     }
     got = {}
     for reason, raw in samples.items():
-        out = to_partial(raw, 0, lk)
+        out = one_result(raw, 0, lk)
         assert isinstance(out, Rejected), (reason, out)
         got[reason] = out.reason
     assert got == {r: r for r in samples}
@@ -653,7 +670,7 @@ def test_a_marker_set_gives_one_result_per_marker_each_bounded_on_its_own() -> N
     out = to_partials(encode_json(EndOfEpochSet(markers=tuple(good))), 2, lookup)
     assert [(m.query_id, m.round) for m in out if isinstance(m, MarkerPartial)] == \
         [(sp.query_id, 0), (sp.query_id, 1), (rr.query_id, 0)]
-    assert out == [to_partial(encode_json(m), 2, lookup) for m in good]  # the same as one record each
+    assert out == [one_result(encode_json(m), 2, lookup) for m in good]  # the same as one record each
     # one marker out of bounds: only it is refused, and the reason says which
     bad = [good[0], eoe(rr, round=0, participants=10_000), good[1]]
     out = to_partials(encode_json(EndOfEpochSet(markers=tuple(bad))), 2, lookup)
@@ -663,9 +680,6 @@ def test_a_marker_set_gives_one_result_per_marker_each_bounded_on_its_own() -> N
     ghost = eoe(make_query("rr", query_id="q-ghost"), round=0)
     out = to_partials(encode_json(EndOfEpochSet(markers=(good[0], ghost))), 2, lookup)
     assert isinstance(out[1], Rejected) and out[1].reason == "unknown_query"
-    # where exactly one result is expected, a set of several is refused
-    many = to_partial(encode_json(EndOfEpochSet(markers=tuple(good))), 2, lookup)
-    assert isinstance(many, Rejected) and many.reason == "unexpected_record"
 
 
 @pytest.mark.parametrize("over", [{"epoch": E0 + 3}, {"partition": 1}, {"producer_id": "p9-other"},

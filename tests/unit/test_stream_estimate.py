@@ -11,8 +11,8 @@ added to a ``WindowState`` in a seeded random order (or through ``WindowPolicy``
 ``EpochResult`` arrays and its rendered records are compared with what the statistics core
 computes directly from the privatized arrays: ``estimate``, ``score_interval`` at 0.95 and
 0.99, and the sd at ``max(estimate, 0)`` (for per-sensor per-vehicle pairs the default
-report is implied: ``participants - non-default`` per station and round, as
-``PerStation.counts_from_sparse`` does; ``MechanismSpec.complete`` does it in the app).
+report is implied: ``participants - non-default`` per station and round, completed per
+producer here (``tests/station_counts.py``), over all producers' summed counts in the app).
 
 Also checked: ``QueryEstimators.build`` and the query's ``width`` per mechanism; ``render()``: one record
 per station and estimator, each valid for ``schemas.estimates.Estimate`` (pydantic) AND for
@@ -57,6 +57,7 @@ from stream_app.estimate import WITHHELD_CODES, EpochResult, QueryEstimators, ep
 from stream_app.metrics import StreamMonitor
 from stream_app.records import BatchPartial, MarkerPartial, WindowId, decode_partial, encode_partial
 from stream_app.windows import CloseReason, Watermarks, WindowPolicy, WindowState
+from tests.station_counts import pair_counts
 
 T0 = datetime(2026, 11, 18, 16, 0, tzinfo=UTC)  # 08:00 Pacific
 E0 = int(T0.timestamp()) // 30
@@ -147,8 +148,8 @@ def produce(q: Query, truths: Iterable[np.ndarray], modes: Iterable[str], sink: 
         for r in range(q.n_rounds):
             per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
             if er.participants:
-                _send_round(sink, settings, producer_id, q, EPOCH, r, er.rounds[r], er.reports[r],  # type: ignore[arg-type]
-                            per_part, st)  # type: ignore[arg-type]
+                _send_round(sink, settings, producer_id, q, EPOCH, r, er.layout, er.rounds[r],  # type: ignore[arg-type]
+                            er.reports[r], per_part, st)  # type: ignore[arg-type]
         _send_markers(sink, producer_id, index, k, EPOCH, sent, {q.record_key: q},
                       {q.query_id: (er.participants, er.refused)}, mode, st.requested)
         out.append(er)
@@ -231,14 +232,14 @@ def direct_counts(q: Query, reports: list[EpochReports]) -> np.ndarray:
     for er in reports:
         if not er.participants:
             continue
-        for r, ps in enumerate(q.per_station):
+        for r in range(q.n_rounds):
             arrays = er.rounds[r]
             if "counts" in arrays:
                 counts[:, r] += arrays["counts"].reshape(q.n_stations, mech.n_outputs)
-            else:
-                sparse = E.SparseReports(vehicle=np.zeros_like(arrays["station"]), station=arrays["station"],
-                                         output=arrays["output"])
-                counts[:, r] += ps.counts_from_sparse(sparse, er.participants)
+        if er.layout == "pairs":  # the default report is implied by the producer's participants
+            pairs = [E.SparseReports(vehicle=np.zeros_like(a["station"]), station=a["station"], output=a["output"])
+                     for a in er.rounds]
+            counts += pair_counts(q.spec, mech, q.n_stations, pairs, er.participants)
     return counts
 
 

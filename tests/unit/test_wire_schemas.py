@@ -34,6 +34,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 import estimators as E
+from producers.replay import active_queries
 from schemas import (
     MAGIC,
     ArraySpec,
@@ -406,7 +407,9 @@ def test_query_derived_fields() -> None:
     assert q.record_key == "q-wire:v3"
     assert q.station_index() == {500001: 1, 500004: 2, 500010: 3}
     assert q.n_stations == 3
-    assert q.active_at(T0) and not q.active_at(T0 + timedelta(hours=2)) and not q.active_at(T0 - timedelta(seconds=1))
+    # the devices answer it from T_start (inclusive) to T_end (exclusive): the replay's rule
+    assert active_queries([q], T0) == [q]
+    assert active_queries([q], T0 + timedelta(hours=2)) == [] and active_queries([q], T0 - timedelta(seconds=1)) == []
     assert Query.model_validate_json(q.model_dump_json()) == q
     with pytest.raises(ValidationError):
         q.version = 4  # type: ignore[misc]  # frozen
