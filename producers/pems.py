@@ -1376,7 +1376,9 @@ def load_cached(path: str | Path, cache_dir: str | Path, *, five_minute: bool = 
             pass  # a damaged entry is parsed again and rewritten
     day = read_station_5min(src, **reader_args) if five_minute else read_station_raw(src, **reader_args)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{npz.name}.{os.getpid()}.tmp"
+    # one temporary name per process and thread: two loads of one day at once (a replay thread
+    # and the caller) must not rename each other's file away
+    tmp = folder / f".{npz.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     with tmp.open("wb") as fh:
         np.savez(fh, stations=day.stations, epochs=day.epochs, flows=day.flows, flags=day.flags)
     os.replace(tmp, npz)
