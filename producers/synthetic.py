@@ -10,6 +10,8 @@ with the same reader as real files.
 from __future__ import annotations
 
 import gzip
+import os
+import threading
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -79,6 +81,11 @@ def _assemble_lines(ids: npt.NDArray[np.int64], table: tuple[npt.NDArray[np.uint
     out = buf[idx]
     out[ends.reshape(ids.shape)[:, -1] - 1] = ord("\n")
     return out.tobytes()
+
+
+def _temporary(path: Path) -> Path:
+    """A temporary name beside ``path``, unique per process and thread."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
 def write_synthetic_day(out_dir: str | Path, n_stations: int = 16, seed: int = 2026,
@@ -177,13 +184,17 @@ def write_synthetic_day(out_dir: str | Path, n_stations: int = 16, seed: int = 2
         if absent is not None:
             keep[(ep >= absent[1]) & (ep < absent[1] + 10), absent[0]] = False
         chunks.append(_assemble_lines(ids[keep], table))
+    # written under a temporary name and renamed: a reader (or a second writer of the same day,
+    # e.g. a replay thread and its caller) never sees a half-written file
+    raw_tmp = _temporary(raw_path)
     if gzip_output:
-        with open(raw_path, "wb") as raw_fh, \
+        with open(raw_tmp, "wb") as raw_fh, \
                 gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw_fh, mtime=0) as fh:
             for chunk in chunks:
                 fh.write(chunk)  # mtime 0: the same seed gives the same bytes
     else:
-        raw_path.write_bytes(b"".join(chunks))
+        raw_tmp.write_bytes(b"".join(chunks))
+    os.replace(raw_tmp, raw_path)
 
     meta_path = out / f"d07_text_meta_{day:%Y_%m_%d}.txt"
     header = ["ID", "Fwy", "Dir", "District", "County", "City", "State_PM", "Abs_PM", "Latitude", "Longitude",
@@ -199,5 +210,7 @@ def write_synthetic_day(out_dir: str | Path, n_stations: int = 16, seed: int = 2
             "ML" if mainline[j] else str(rng.choice(["OR", "FR"])), str(lanes[j]),
             f"Synthetic {j + 1}", "", "", "", "",
         ]))
-    meta_path.write_text("\n".join(rows) + "\n")
+    meta_tmp = _temporary(meta_path)
+    meta_tmp.write_text("\n".join(rows) + "\n")
+    os.replace(meta_tmp, meta_path)  # last: a day whose metadata exists is complete
     return SyntheticDay(raw_path, meta_path, tuple(int(s) for s in stations), day)

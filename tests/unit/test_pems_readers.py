@@ -798,3 +798,20 @@ def test_cache_hit_returns_the_same_day_and_a_change_invalidates(tmp_path: Path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     changed = load_cached(path, cache, day=date(2012, 11, 4))
     assert changed.stations.tolist() == [5, 6] and int(changed.flows.sum()) == 48 + 9
+
+
+def test_threads_loading_one_day_at_once_all_get_it(tmp_path: Path) -> None:
+    """A replay thread and its caller load the same synthetic day at once (the flake of the
+    SIGKILL test): writing the day and its parse cache under names per process *and thread*,
+    then renaming, every loader gets the whole day and nothing is left half-written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from producers.replay import load_day
+    from producers.settings import ReplaySettings
+
+    settings = ReplaySettings(data_dir=tmp_path / "data", synthetic_stations=6, max_epochs=4)
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        days = list(pool.map(lambda _: load_day(settings), range(6)))
+    for day in days[1:]:
+        assert np.array_equal(day.flows, days[0].flows) and np.array_equal(day.stations, days[0].stations)
+    assert not list((tmp_path / "data").rglob("*.tmp"))
