@@ -24,8 +24,6 @@ from .mechanisms import (
     ALP_NO,
     ALP_YES,
     Mechanism,
-    PerStation,
-    SparseReports,
     alp_optimal,
     alp_plausible_deniability,
     alp_sampling_noise,
@@ -37,6 +35,7 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
+from .per_station import PerStation, SparseReports, bernoulli_positions
 from .planning import build_mechanism, plan
 from .privacy import (
     AuditResult,
@@ -98,6 +97,7 @@ __all__ = [
     "alp_epsilon_closed_form",
     "alp_estimators",
     "alp_optimal",
+    "bernoulli_positions",
     "alp_plausible_deniability",
     "alp_sampling_noise",
     "amplified_epsilon",

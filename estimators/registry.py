@@ -49,7 +49,8 @@ import numpy as np
 from . import mechanisms, privacy
 from ._types import IntArray
 from .linear import LinearEstimator, alp_estimators, fresh_difference, rr_estimator, sp_difference, station_counts
-from .mechanisms import Mechanism, PerStation
+from .mechanisms import Mechanism
+from .per_station import PerStation
 
 __all__ = ["REGISTRY", "MechanismSpec", "PlanError", "SpecError", "UnknownMechanism", "all_estimator_names",
            "default_query_mechanisms", "get_spec", "mechanism_names"]

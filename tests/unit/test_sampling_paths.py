@@ -217,17 +217,17 @@ def test_sparse_pairs_are_unique_and_in_range() -> None:
         ps.sample_sparse(rng, np.array([51]))
 
 
-def test_bernoulli_positions_count_and_uniformity() -> None:
+def testbernoulli_positions_count_and_uniformity() -> None:
     """Geometric-skip process: count ~ Binomial(size, p); positions uniform (chi-square
     over 20 equal bins). Two assertions at 1e-4 each."""
-    from estimators.mechanisms import _bernoulli_positions
+    from estimators.per_station import bernoulli_positions
 
     rng = np.random.default_rng(5)
     size, p = 1_000_000, 0.003
-    counts = np.array([_bernoulli_positions(rng, size, p).size for _ in range(400)])
+    counts = np.array([bernoulli_positions(rng, size, p).size for _ in range(400)])
     z = (counts.mean() - size * p) / np.sqrt(size * p * (1 - p) / counts.size)
     assert abs(z) < 4
-    pos = np.concatenate([_bernoulli_positions(rng, size, p) for _ in range(50)])
+    pos = np.concatenate([bernoulli_positions(rng, size, p) for _ in range(50)])
     assert np.all(pos < size) and np.all(pos >= 0)
     hist = np.bincount(pos * 20 // size, minlength=20)
     assert stats.chisquare(hist).pvalue > P_MIN
