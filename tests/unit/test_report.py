@@ -299,7 +299,7 @@ def test_cli_needs_an_input_source(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_unreachable_broker_is_one_line_and_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from producers.local_broker import free_port
+    from stream_app.cli.local_broker import free_port
 
     code = main(["report", "--from-topic", "--bootstrap-servers", f"127.0.0.1:{free_port()}",
                  "--bootstrap-timeout-ms", "300", "--connect-attempts", "1", "--out", str(tmp_path / "o")])
