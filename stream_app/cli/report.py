@@ -2,8 +2,8 @@
 
 The command-line half of :mod:`stream_app.report`: the flags, reading saved JSON lines
 (``-``: standard input) and topics (:func:`schemas.kafka_io.read_to_end`), and the exit
-codes: an unreachable broker 3, anything wrong with the inputs, the filters or the output
-directory 2.
+codes every command shares: a missing or unreadable input file is 5, an unreachable broker
+3, anything else wrong with the inputs, the filters or the output directory 2.
 kafka-python is imported only when a topic is read, matplotlib only when plotting.
 """
 
@@ -21,7 +21,7 @@ from schemas.settings import KafkaSettings
 
 from .. import report
 from .base import add_settings_flags, settings_from_args
-from .errors import EXIT_BROKER, EXIT_OK, EXIT_USAGE, CliError
+from .errors import EXIT_BROKER, EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 
 __all__ = ["add_arguments", "add_parser", "read_file", "read_topic", "run"]
 
@@ -40,14 +40,14 @@ def add_parser(sub: Any) -> None:
 
 def read_file(path: str) -> Iterator[bytes]:
     """The lines of a JSON-lines file (``-``: standard input), read as they are consumed. A
-    missing or unreadable file is a :class:`CliError` (exit 2) at once, not when read."""
+    missing or unreadable file is a :class:`CliError` (exit 5) at once, not when read."""
     if path == "-":
         return iter(sys.stdin.buffer)
     try:
         with open(path, "rb"):
             pass
     except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}", EXIT_USAGE) from exc
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}; check the path", EXIT_INPUT) from exc
     return _file_lines(path)
 
 
@@ -56,7 +56,7 @@ def _file_lines(path: str) -> Iterator[bytes]:
         with open(path, "rb") as fh:
             yield from fh
     except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}", EXIT_USAGE) from exc
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}; check the path", EXIT_INPUT) from exc
 
 
 def read_topic(settings: KafkaSettings, topic: str, idle_timeout_s: float = 3.0, hint: str = "") -> Iterator[bytes]:
