@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings  # noqa: E402
 
 from producers.settings import ReplaySettings  # noqa: E402
 from schemas.settings import BrokerLossSettings, KafkaSettings  # noqa: E402
-from stream_app.demo_settings import DemoSettings  # noqa: E402
+from stream_app.cli.demo_settings import DemoSettings  # noqa: E402
 from stream_app.settings import WorkerSettings  # noqa: E402
 
 HEAD = """# Configuration reference

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from . import privacy
+import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
+
 from .mechanisms import Mechanism
 from .registry import REGISTRY, PlanError, get_spec, mechanism_names
 

@@ -46,7 +46,9 @@ from typing import Literal
 
 import numpy as np
 
-from . import mechanisms, privacy
+import estimators.mechanisms as mechanisms  # the submodules, not through the package (no import cycle)
+import estimators.privacy as privacy
+
 from ._types import IntArray
 from .linear import LinearEstimator, alp_estimators, fresh_difference, rr_estimator, sp_difference, station_counts
 from .mechanisms import Mechanism

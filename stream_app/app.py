@@ -33,13 +33,12 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
 from aiokafka.errors import KafkaError as AioKafkaError
@@ -49,7 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 
 from schemas import GroundTruth, Query, decode_record
 from schemas.connection import faust_options
-from schemas.kafka_io import QueryReader, broker_lost
+from schemas.kafka_io import BrokerLost, QueryReader, broker_lost
 
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
 from .estimate import QueryEstimators
@@ -427,12 +426,13 @@ def ensure_stream_topics(s: WorkerSettings) -> dict[str, str]:
     }, compacted={s.queries_topic, s.changelog_topic})
 
 
-def run_worker(s: WorkerSettings) -> int:
+def run_worker(s: WorkerSettings, exit_lost: Callable[[BrokerLost], NoReturn]) -> int:
     """Run one worker until SIGTERM/SIGINT (Faust's worker handles both gracefully), or until
     its broker is lost: then :class:`~schemas.kafka_io.BrokerLost` once the worker has stopped
     -- or, if stopping takes longer than :func:`~stream_app.guard.stop_grace_s` (Faust flushes
-    its producer first, which does not end while the broker is gone), the one-line error and
-    exit code 7 straight from the guard's deadline."""
+    its producer first, which does not end while the broker is gone), ``exit_lost(lost)``
+    straight from the guard's deadline: it must end the process (the command line's is the
+    one-line error and exit code 7, ``stream_app/cli/worker.py``)."""
     from faust.worker import Worker
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -444,10 +444,7 @@ def run_worker(s: WorkerSettings) -> int:
 
     def deadline_exit() -> None:
         if guard.settle():
-            from .cli import EXIT_BROKER_LOST, error_line
-
-            print(error_line("worker", str(broker_lost(s, guard.lost or "unknown"))), file=sys.stderr, flush=True)
-            os._exit(EXIT_BROKER_LOST)
+            exit_lost(broker_lost(s, guard.lost or "unknown"))
 
     def on_lost(reason: str) -> None:
         # What the stop logs (connection errors, cancelled tasks) is noise next to the one line.

@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from producers.local_broker import LocalBroker
 from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas.kafka_io import ensure_topics, publish_query
+from stream_app.cli.local_broker import LocalBroker
 from tests.benchmarks.common import raw_produce
 from tests.integration.kafka_helpers import drain
 

@@ -37,11 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from producers.local_broker import LocalBroker, free_port
 from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas.kafka_io import ensure_topics, publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
+from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from tests.benchmarks.common import raw_produce
 from tests.integration.stream_helpers import WorkerProcess

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
-from producers.local_broker import LocalBroker, free_port
 from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas import EndOfEpoch, SingleReport, encode_json, new_batch_id
 from schemas.kafka_io import ensure_topics, publish_query
+from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from tests.benchmarks.common import raw_produce
 from tests.integration.kafka_helpers import drain

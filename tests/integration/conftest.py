@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from producers.local_broker import LocalBroker
 from producers.settings import ReplaySettings
 from schemas.settings import KafkaSettings
+from stream_app.cli.local_broker import LocalBroker
 
 
 @pytest.fixture(scope="session")

@@ -19,12 +19,12 @@ import numpy as np
 
 import estimators as E
 from producers.fleet import epoch_rng, query_truth_counts, split_fleet
-from producers.local_broker import free_port, terminate
 from producers.pems import TrafficDay
 from producers.settings import ReplaySettings
 from schemas import Query
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
+from stream_app.cli.local_broker import free_port, terminate
 from stream_app.settings import WorkerSettings
 from tests.station_counts import pair_counts
 

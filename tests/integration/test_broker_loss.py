@@ -22,13 +22,13 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from producers import replay as replay_mod
-from producers.local_broker import LocalBroker, child_options, terminate_all
 from producers.replay import KIND_HEADER, ReplayLost, replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas import DecodedBatch, decode_record
 from schemas.settings import KafkaSettings
-from stream_app.cli import EXIT_BROKER_LOST
+from stream_app.cli.errors import EXIT_BROKER_LOST
+from stream_app.cli.local_broker import LocalBroker, child_options, terminate_all
 from stream_app.guard import check_interval_s, stop_grace_s
 
 from .kafka_helpers import wait_for_marker

@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from producers.local_broker import free_port, terminate
 from producers.replay import load_day
 from producers.replay import replay as run_replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas import encode_batch, new_batch_id
 from schemas.kafka_io import read_queries
-from stream_app.demo import prometheus_config
+from stream_app.cli.demo import prometheus_config
+from stream_app.cli.local_broker import free_port, terminate
 from stream_app.settings import WorkerSettings
 
 from .stream_helpers import WorkerProcess, metric, pipeline_settings, wait_for

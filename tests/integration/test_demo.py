@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from producers.local_broker import free_port
+from stream_app.cli.local_broker import free_port
 
 from ..system_tools import require_tool
 

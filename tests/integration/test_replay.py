@@ -292,8 +292,8 @@ def test_a_second_ctrl_c_forces_quit(replay_settings: ReplaySettings, tmp_path: 
     The first Ctrl-C says a second one quits at once; the second one ends the process with exit
     code 130 within FORCE_QUIT_GRACE_S (+ 3 s of slack), without a traceback. A broker of its
     own: the session's broker must not be frozen."""
-    from producers.local_broker import LocalBroker
     from producers.replay import FORCE_QUIT_GRACE_S
+    from stream_app.cli.local_broker import LocalBroker
 
     with LocalBroker(log_path=tmp_path / "tansu.log") as broker:
         assert broker.pid is not None
@@ -337,7 +337,7 @@ def test_records_the_broker_refuses_are_delivery_failures_exit_1(replay_settings
     broker refuses them for real: Tansu's schema registry (``SCHEMA_REGISTRY``, relative to its
     working directory) rejects every ground-truth record with INVALID_RECORD through a JSON schema
     no ``GroundTruth`` satisfies. A broker of its own (the registry is fixed at its start)."""
-    from producers.local_broker import LocalBroker
+    from stream_app.cli.local_broker import LocalBroker
 
     registry = tmp_path / "registry"
     registry.mkdir()

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from producers.local_broker import free_port
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas import encode_batch, new_batch_id
 from schemas.kafka_io import read_queries
+from stream_app.cli.local_broker import free_port
 from stream_app.settings import WorkerSettings
 
 from .kafka_helpers import drain

@@ -17,7 +17,9 @@ from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas.kafka_io import BrokerHealth, BrokerLost, BrokerUnavailable, broker_lost, confirm_period_s
 from stream_app import app as app_mod
-from stream_app.cli import EXIT_BROKER_LOST, EXIT_CODES, main, replay_summary_lines
+from stream_app.cli import main
+from stream_app.cli.errors import EXIT_BROKER_LOST, EXIT_CODES
+from stream_app.cli.replay import replay_summary_lines
 from stream_app.guard import BrokerGuard
 from stream_app.settings import WorkerSettings
 
@@ -223,11 +225,11 @@ def test_replay_that_lost_the_broker_prints_its_summary_then_one_line(
 def test_worker_that_lost_the_broker_is_one_line(capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch, held_port: int,
                                                  tmp_path: Path) -> None:
-    def lost(settings: WorkerSettings) -> int:
+    def lost(settings: WorkerSettings, exit_lost: Any) -> int:
         raise broker_lost(settings, "topic ptt.reports is gone: deleted, or the broker restarted")
 
     monkeypatch.setattr(app_mod, "run_worker", lost)
-    from producers.local_broker import free_port
+    from stream_app.cli.local_broker import free_port
 
     code = main(["worker", "--bootstrap-servers", f"127.0.0.1:{held_port}", "--web-port", str(free_port())])
     err = capsys.readouterr().err

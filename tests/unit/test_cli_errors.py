@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from producers.local_broker import free_port
 from stream_app import cli
-from stream_app.cli import build_parser, main
+from stream_app.cli import build_parser, errors, main, synth
+from stream_app.cli.local_broker import free_port
 
 
 @pytest.fixture
@@ -52,9 +52,9 @@ def test_every_option_of_every_command_has_help() -> None:
 
 
 def test_exit_codes_are_distinct_and_documented() -> None:
-    codes = [cli.EXIT_OK, cli.EXIT_FAILURE, cli.EXIT_USAGE, cli.EXIT_BROKER, cli.EXIT_PORT, cli.EXIT_INPUT,
-             cli.EXIT_EMPTY, cli.EXIT_BROKER_LOST, cli.EXIT_INTERRUPTED]
-    assert len(set(codes)) == len(codes) == len(cli.EXIT_CODES)
+    codes = [errors.EXIT_OK, errors.EXIT_FAILURE, errors.EXIT_USAGE, errors.EXIT_BROKER, errors.EXIT_PORT,
+             errors.EXIT_INPUT, errors.EXIT_EMPTY, errors.EXIT_BROKER_LOST, errors.EXIT_INTERRUPTED]
+    assert len(set(codes)) == len(codes) == len(errors.EXIT_CODES)
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for code in codes:
         assert f"| {code} |" in readme, f"exit code {code} is not in the README's table"
@@ -70,7 +70,7 @@ def test_exit_codes_are_distinct_and_documented() -> None:
 def test_bad_values_are_one_line_naming_the_flag(capsys: pytest.CaptureFixture[str], argv: list[str], command: str,
                                                   flag: str) -> None:
     code, err = _run(capsys, *argv)
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     assert flag in _one_line(err, command)
 
 
@@ -78,7 +78,7 @@ def test_bad_time_is_rejected_by_the_parser(capsys: pytest.CaptureFixture[str], 
     code, err = _run(capsys, "analyst", "publish", "q", "--analyst", "a", "--mechanism", "sp", "--sensors", "1",
                      "--population", "5", "--t-start", "yesterday", "--t-end", "2026-11-18T06:00:00-08:00",
                      "--bootstrap-servers", f"127.0.0.1:{dead_port}")
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     assert "--t-start" in _one_line(err, "analyst publish")
 
 
@@ -87,7 +87,7 @@ def test_publish_validates_the_query_before_the_network(capsys: pytest.CaptureFi
     code, err = _run(capsys, "analyst", "publish", "q", "--analyst", "a", "--mechanism", "alp", "--sensors", "1",
                      "--population", "10", "--t-start", "2026-11-18T06:00:00-08:00",
                      "--t-end", "2026-11-18T05:00:00-08:00", "--bootstrap-servers", f"127.0.0.1:{dead_port}")
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     assert "t_end must be after" in _one_line(err, "analyst publish")
 
 
@@ -102,7 +102,7 @@ def test_refused_broker_fails_at_once(capsys: pytest.CaptureFixture[str], tmp_pa
     t0 = time.monotonic()
     code, err = _run(capsys, *argv, *extra, "--bootstrap-servers", f"127.0.0.1:{dead_port}")
     elapsed = time.monotonic() - t0
-    assert code == cli.EXIT_BROKER, err
+    assert code == errors.EXIT_BROKER, err
     line = _one_line(err, argv[0] if argv[0] != "analyst" else "analyst list")
     assert f"cannot reach the Kafka broker at 127.0.0.1:{dead_port}" in line and "ptt broker" in line
     assert elapsed < 10, f"took {elapsed:.1f}s"
@@ -112,17 +112,17 @@ def test_missing_unreadable_and_empty_inputs(capsys: pytest.CaptureFixture[str],
                                              dead_port: int) -> None:
     broker = ["--bootstrap-servers", f"127.0.0.1:{dead_port}", "--data-dir", str(tmp_path / "d")]
     code, err = _run(capsys, "replay", "--pems-raw", str(tmp_path / "nope.txt.gz"), *broker)
-    assert code == cli.EXIT_INPUT and "nope.txt.gz" in _one_line(err, "replay")
+    assert code == errors.EXIT_INPUT and "nope.txt.gz" in _one_line(err, "replay")
     bad = tmp_path / "bad.txt.gz"
     bad.write_bytes(b"\x1f\x8b" + b"not really gzip" * 10)
     code, err = _run(capsys, "replay", "--pems-raw", str(bad), *broker)
-    assert code == cli.EXIT_INPUT and "unreadable gzip" in _one_line(err, "replay")
+    assert code == errors.EXIT_INPUT and "unreadable gzip" in _one_line(err, "replay")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     code, err = _run(capsys, "replay", "--pems-raw", str(empty), *broker)
-    assert code == cli.EXIT_EMPTY and "no usable rows" in _one_line(err, "replay")
+    assert code == errors.EXIT_EMPTY and "no usable rows" in _one_line(err, "replay")
     code, err = _run(capsys, "demo", "--pems-raw", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "out"))
-    assert code == cli.EXIT_INPUT and "nope.txt" in _one_line(err, "demo")
+    assert code == errors.EXIT_INPUT and "nope.txt" in _one_line(err, "demo")
 
 
 def test_day_selects_a_day_of_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, dead_port: int) -> None:
@@ -134,16 +134,16 @@ def test_day_selects_a_day_of_the_file(capsys: pytest.CaptureFixture[str], tmp_p
     assert load_day(s).epochs.size == 2880
     code, err = _run(capsys, "replay", "--day", "2026-11-19", "--synthetic-stations", "2", "--data-dir",
                      str(tmp_path), "--bootstrap-servers", f"127.0.0.1:{dead_port}")
-    assert code == cli.EXIT_EMPTY and "2026-11-19" in _one_line(err, "replay")
+    assert code == errors.EXIT_EMPTY and "2026-11-19" in _one_line(err, "replay")
 
 
 def test_ports_in_use(capsys: pytest.CaptureFixture[str], held_port: int, dead_port: int) -> None:
     code, err = _run(capsys, "broker", "--port", str(held_port))
-    assert code == cli.EXIT_PORT and str(held_port) in _one_line(err, "broker")
+    assert code == errors.EXIT_PORT and str(held_port) in _one_line(err, "broker")
     code, err = _run(capsys, "worker", "--web-port", str(held_port), "--bootstrap-servers", f"127.0.0.1:{dead_port}")
-    assert code == cli.EXIT_PORT and str(held_port) in _one_line(err, "worker")
+    assert code == errors.EXIT_PORT and str(held_port) in _one_line(err, "worker")
     code, err = _run(capsys, "demo", "--metrics-port", str(held_port), "--out", "/nonexistent/never-created")
-    assert code == cli.EXIT_PORT and str(held_port) in _one_line(err, "demo")
+    assert code == errors.EXIT_PORT and str(held_port) in _one_line(err, "demo")
 
 
 def test_unexpected_failure_is_one_line_and_a_kept_log(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -152,11 +152,11 @@ def test_unexpected_failure_is_one_line_and_a_kept_log(capsys: pytest.CaptureFix
         raise RuntimeError("something nobody expected")
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "_cmd_synth", boom)
+    monkeypatch.setattr(synth, "run", boom)
     code, err = _run(capsys, "synth", str(tmp_path / "day"))
-    assert code == cli.EXIT_FAILURE
+    assert code == errors.EXIT_FAILURE
     line = _one_line(err, "synth")
-    log = tmp_path / cli.ERROR_LOG
+    log = tmp_path / errors.ERROR_LOG
     assert str(log) in line
     text = log.read_text()
     assert "Traceback" in text and "something nobody expected" in text
@@ -176,6 +176,6 @@ def test_kafka_client_noise_is_silenced_unless_verbose(capsys: pytest.CaptureFix
 
 def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _run(capsys, "demo", "--speed", "fast")
-    assert code == cli.EXIT_USAGE
+    assert code == errors.EXIT_USAGE
     _one_line(err, "demo")
     assert "--help" in err

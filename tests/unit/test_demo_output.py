@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from stream_app.demo import _DropWhenClosed, _output_may_close
+from stream_app.cli.demo import _DropWhenClosed, _output_may_close
 
 
 def test_a_closed_pipe_is_dropped_not_raised() -> None:

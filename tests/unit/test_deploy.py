@@ -27,9 +27,9 @@ import estimators as E
 from producers.settings import ReplaySettings
 from schemas.settings import KafkaSettings
 from stream_app.cli import build_parser
+from stream_app.cli.base import settings_from_args
 from stream_app.metrics import StreamMonitor
 from stream_app.settings import WorkerSettings
-from stream_app.settings_cli import settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

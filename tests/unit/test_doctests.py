@@ -29,7 +29,7 @@ WITH_EXAMPLES = {
     "schemas.kafka_io": 11,
     "schemas.wire": 4,
     "producers.pems": 10,
-    "stream_app.cli": 1,
+    "stream_app.cli.errors": 1,
     "stream_app.decode": 5,
     "stream_app.guard": 2,
     "stream_app.records": 8,
@@ -39,11 +39,13 @@ WITH_EXAMPLES = {
 
 
 def _all_modules() -> list[str]:
+    """Every module of the packages, subpackages' included (``__main__`` is not imported: it runs)."""
     out = []
     for pkg in PACKAGES:
         mod = importlib.import_module(pkg)
         out.append(pkg)
-        out += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(mod.__path__)]
+        out += [m.name for m in pkgutil.walk_packages(mod.__path__, prefix=f"{pkg}.")
+                if m.name.rpartition(".")[2] != "__main__"]
     return out
 
 

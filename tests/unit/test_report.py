@@ -1,4 +1,4 @@
-"""``ptt report`` without a broker (``stream_app.report``).
+"""``ptt report`` without a broker (``stream_app.report``, ``stream_app/cli/report.py``).
 
 A small hand-made case (two queries, two stations, three epochs; a duplicate, a withheld
 estimate, a cell without ground truth, lines that are not estimates) is checked number by
@@ -6,7 +6,8 @@ number: cells, coverage per level, mean absolute error, bias, RMSE, mean widths,
 and missing-truth counts, and that deduplication keeps the last record. Then the summary of
 a seeded Sampling Privacy run through the statistics core is compared with numpy applied
 directly to the same arrays; the plots are read back as images of the promised size; the
-filters, the station choice and the command line (exit code 2 on bad inputs) are checked.
+filters, the station choice and the command line (exit code 5 for an input file that cannot
+be read, 2 for other bad inputs) are checked.
 
 Randomness: one seeded tally; every assertion is an exact identity.
 """
@@ -29,6 +30,7 @@ from schemas.estimates import Estimate, EstimateBound
 from schemas.wire import GroundTruth
 from stream_app import report as R
 from stream_app.cli import main
+from stream_app.cli.errors import EXIT_INPUT
 
 PT = timezone(timedelta(hours=-8))
 T0 = datetime(2026, 11, 18, 8, 0, tzinfo=PT)
@@ -272,14 +274,32 @@ def test_cli_writes_plots_and_summaries(tmp_path: Path, capsys: pytest.CaptureFi
     assert doc3["plots"] == [] and doc3["truth"] is None and doc3["groups"][0]["coverage"]["0.95"] is None
 
 
-@pytest.mark.parametrize("case", ["missing estimates", "missing truth", "no match", "empty", "not estimates",
-                                  "truth and no-truth"])
+@pytest.mark.parametrize("case", ["missing estimates", "missing truth", "estimates a directory"])
+def test_cli_missing_input_file_is_exit_5_with_one_line(case: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The exit code of every command for an input file that cannot be read (README), found
+    before anything is read or written."""
+    est = _write(tmp_path / "est.jsonl", ESTIMATES)
+    truth = _write(tmp_path / "truth.jsonl", TRUTH)
+    (tmp_path / "dir.jsonl").mkdir()
+    argv, named = {
+        "missing estimates": (["--estimates", str(tmp_path / "nope.jsonl"), "--truth", str(truth)], "nope.jsonl"),
+        "missing truth": (["--estimates", str(est), "--truth", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
+        "estimates a directory": (["--estimates", str(tmp_path / "dir.jsonl"), "--no-truth"], "dir.jsonl"),
+    }[case]
+    out = tmp_path / "out"
+    assert main(["report", *argv, "--out", str(out)]) == EXIT_INPUT == 5
+    err = capsys.readouterr().err
+    assert err.startswith("ptt report: error: cannot read ") and err.count("\n") == 1, err
+    assert named in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["no match", "empty", "not estimates", "truth and no-truth"])
 def test_cli_exit_code_2_with_one_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     est = _write(tmp_path / "est.jsonl", ESTIMATES)
     truth = _write(tmp_path / "truth.jsonl", TRUTH)
     argv = {
-        "missing estimates": ["--estimates", str(tmp_path / "nope.jsonl"), "--truth", str(truth)],
-        "missing truth": ["--estimates", str(est), "--truth", str(tmp_path / "nope.jsonl")],
         "no match": ["--estimates", str(est), "--truth", str(truth), "--query", "nope"],
         "empty": ["--estimates", str(_write(tmp_path / "empty.jsonl", [])), "--no-truth"],
         "not estimates": ["--estimates", str(truth), "--no-truth"],
@@ -299,7 +319,7 @@ def test_cli_needs_an_input_source(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_unreachable_broker_is_one_line_and_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from producers.local_broker import free_port
+    from stream_app.cli.local_broker import free_port
 
     code = main(["report", "--from-topic", "--bootstrap-servers", f"127.0.0.1:{free_port()}",
                  "--bootstrap-timeout-ms", "300", "--connect-attempts", "1", "--out", str(tmp_path / "o")])

@@ -7,7 +7,7 @@ import pytest
 from producers.settings import ReplaySettings
 from schemas.settings import KafkaSettings
 from stream_app.cli import build_parser
-from stream_app.settings_cli import settings_from_args
+from stream_app.cli.base import settings_from_args
 
 
 def _replay(argv: list[str]) -> ReplaySettings:
@@ -59,7 +59,7 @@ def test_configuration_doc_lists_every_setting() -> None:
     import importlib.util
     from pathlib import Path
 
-    from stream_app.demo_settings import DemoSettings
+    from stream_app.cli.demo_settings import DemoSettings
     from stream_app.settings import WorkerSettings
 
     root = Path(__file__).parents[2]

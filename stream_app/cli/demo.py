@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -25,21 +24,36 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from producers.local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
-from producers.replay import ReplayLost, StopFlag, load_day, replay
 from producers.settings import ReplaySettings
-from schemas.kafka_io import read_to_end
 from schemas.settings import KafkaSettings
 
+from ..settings import WorkerSettings
+from .base import add_settings_flags, ptt_command, settings_from_args
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings
-from .settings import WorkerSettings
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, CliError, error_line
+from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
+from .replay import delivery_failures_message, replay_summary_lines
 
-__all__ = ["DemoError", "choose_port", "ptt_command", "prometheus_config", "run_demo", "save_topics",
+if TYPE_CHECKING:
+    from producers.replay import StopFlag
+
+__all__ = ["DemoError", "add_parser", "choose_port", "prometheus_config", "run", "run_demo", "save_topics",
            "write_report"]
 
-EXIT_INTERRUPTED = 130
+
+def add_parser(sub: Any) -> None:
+    d = sub.add_parser("demo", help="embedded broker + worker + Prometheus + a replayed day, nothing to configure",
+                       description="Start the embedded broker, a stream-app worker and Prometheus, replay the "
+                                   "synthetic day (or a PeMS file), and save the estimates, ground truth and a "
+                                   "report into --out when it ends (done, --exit-when-done, or Ctrl-C).")
+    add_settings_flags(d, DemoSettings)
+    d.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_demo(settings_from_args(DemoSettings, args))
 
 
 class DemoError(RuntimeError):
@@ -65,18 +79,6 @@ def choose_port(explicit: int | None, default: int, what: str) -> tuple[int, str
         return default, ""
     port = free_port()
     return port, f" (port {default} is taken, using {port})"
-
-
-def ptt_command() -> str:
-    """How to run ``ptt`` from the current directory, as the user can type it."""
-    exe = Path(sys.executable).parent / "ptt"
-    found = shutil.which("ptt")
-    if found and exe.exists() and Path(found).resolve() == exe.resolve():
-        return "ptt"
-    if exe.exists():
-        rel = os.path.relpath(exe)
-        return rel if not rel.startswith("..") else str(exe)
-    return f"{sys.executable} -m stream_app.cli"
 
 
 def _get(url: str) -> bytes | None:
@@ -134,6 +136,8 @@ def _wait_closed(metrics_url: str, last_epoch: int, stop: StopFlag, timeout_s: f
 
 def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s: float = 1.0) -> dict[str, int]:
     """Read each topic to its end and write its values as lines; returns the lines written."""
+    from schemas.kafka_io import read_to_end
+
     counts: dict[str, int] = {}
     for topic, path in topics.items():
         n = 0
@@ -150,19 +154,16 @@ def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s
 
 
 def write_report(estimates: Path, truth: Path, out: Path) -> str:
-    """``ptt report`` on the saved files, in process; returns one line saying what it wrote."""
-    from . import report
+    """The report of the saved files (``ptt report``'s defaults), in process; returns one line
+    saying what it wrote, or why there is none."""
+    from .. import report
+    from .report import read_file
 
-    parser = argparse.ArgumentParser(prog="ptt report")
-    report.add_arguments(parser)
-    argv = ["--estimates", str(estimates), "--out", str(out)]
-    argv += ["--truth", str(truth)] if truth.exists() and truth.stat().st_size else ["--no-truth"]
-    args = parser.parse_args(argv)
-    buf_out, buf_err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(buf_out), contextlib.redirect_stderr(buf_err):
-        code = report.run(args)
-    if code != 0:
-        return f"no report: {buf_err.getvalue().strip() or f'ptt report exited {code}'}"
+    try:
+        truth_lines = read_file(str(truth)) if truth.exists() and truth.stat().st_size else None
+        report.write_report(read_file(str(estimates)), truth_lines, out, where=str(estimates))
+    except (CliError, report.ReportError) as exc:
+        return f"no report: {error_line('report', str(exc))}"
     return f"{out / 'summary.txt'} and the plots in {out}"
 
 
@@ -230,6 +231,8 @@ def run_demo(demo: DemoSettings) -> int:
 
 
 def _run_demo(demo: DemoSettings) -> int:
+    from producers.replay import ReplayLost, StopFlag, load_day, replay
+
     out = demo.out
     for path in (demo.pems_raw, demo.pems_5min, demo.meta):
         if path is not None and not path.is_file():
@@ -286,8 +289,6 @@ def _run_demo(demo: DemoSettings) -> int:
         try:
             summary = replay(rs, progress=True)
         except ReplayLost as exc:  # what the broker acknowledged, then the CLI's one-line error
-            from .cli import replay_summary_lines
-
             print("\n".join(replay_summary_lines(exc.summary)), flush=True)
             raise
         print(f"data: {summary.data_quality}")
@@ -295,10 +296,8 @@ def _run_demo(demo: DemoSettings) -> int:
               f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"
               + (" (interrupted)" if summary.interrupted else ""), flush=True)
         if summary.delivery_failures:  # exit code 1 (unless interrupted), said here, not only by the code
-            from .cli import delivery_failures_message, error_line
-
             print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)
-        code = EXIT_INTERRUPTED if summary.interrupted else (1 if summary.delivery_failures else 0)
+        code = EXIT_INTERRUPTED if summary.interrupted else (EXIT_FAILURE if summary.delivery_failures else EXIT_OK)
         with StopFlag() as stop:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()

@@ -1,6 +1,6 @@
 """Configuration of ``ptt demo`` (flags, or ``PTT_DEMO_*`` environment variables; flags win).
 
-Kept apart from :mod:`stream_app.demo` so that building the command line stays light."""
+Kept apart from :mod:`stream_app.cli.demo` so that docs/gen_configuration.py reads the settings alone."""
 
 from __future__ import annotations
 

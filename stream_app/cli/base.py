@@ -1,21 +1,57 @@
-"""Command-line flags generated from a pydantic-settings class: every ``PTT_X`` environment
-variable has a ``--x`` flag, flags default to "not given", and given flags win."""
+"""What the commands share: the parser class, argument types used by several commands, how
+to call ``ptt``, and flags generated from a pydantic-settings class: every ``PTT_X``
+environment variable has a ``--x`` flag, flags default to "not given", and given flags win."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 import types
 import typing
 from datetime import date
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
-__all__ = ["add_settings_flags", "settings_from_args"]
+from .errors import EXIT_USAGE
+
+__all__ = ["Parser", "add_settings_flags", "param", "ptt_command", "settings_from_args"]
 
 S = TypeVar("S", bound=BaseSettings)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what is wrong; how to get help), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def param(text: str) -> tuple[str, float]:
+    """A ``NAME=VALUE`` mechanism parameter (``--param``)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name.strip(), float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: {value!r} is not a number") from exc
+
+
+def ptt_command() -> str:
+    """How to run ``ptt`` from the current directory, as the user can type it."""
+    exe = Path(sys.executable).parent / "ptt"
+    found = shutil.which("ptt")
+    if found and exe.exists() and Path(found).resolve() == exe.resolve():
+        return "ptt"
+    if exe.exists():
+        rel = os.path.relpath(exe)
+        return rel if not rel.startswith("..") else str(exe)
+    return f"{sys.executable} -m stream_app.cli"
 
 
 def _base(annotation: Any) -> tuple[Any, bool]:

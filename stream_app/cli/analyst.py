@@ -1,0 +1,106 @@
+"""``ptt analyst publish/update/list``: manage queries on the compacted queries topic."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from typing import Any
+
+from estimators.registry import REGISTRY
+from schemas.query import MECHANISM_NAMES
+from schemas.settings import KafkaSettings
+
+from .base import add_settings_flags, param, settings_from_args
+from .errors import CliError
+
+__all__ = ["add_parser", "run"]
+
+
+def _when(text: str) -> datetime:
+    """An ISO-8601 time with a zone, e.g. 2026-11-18T06:00:00-08:00."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an ISO-8601 time with a zone such as 2026-11-18T06:00:00-08:00, "
+                                         f"got {text!r}") from exc
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no zone: add one, e.g. {text}-08:00 or {text}Z")
+    return value
+
+
+def _sensors(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated PeMS station ids, got {text!r}") from exc
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("analyst", help="publish, update and list queries on the compacted queries topic")
+    asub = p.add_subparsers(dest="analyst_command", required=True, metavar="ACTION")
+    for name, helptext in (("publish", "publish a new query (version 1 unless --version)"),
+                           ("update", "publish the next version of an existing query, changing what is given")):
+        q = asub.add_parser(name, help=helptext)
+        q.add_argument("query_id", help="the query's id (letters, digits, - and _)")
+        q.add_argument("--analyst", dest="analyst_id", required=(name == "publish"), help="who asks (analyst id)")
+        q.add_argument("--mechanism", choices=list(MECHANISM_NAMES), required=(name == "publish"),
+                       help="; ".join(f"{n}: {REGISTRY[n].summary}" for n in MECHANISM_NAMES))
+        q.add_argument("--sensors", type=_sensors, required=(name == "publish"),
+                       help="comma-separated PeMS station ids")
+        q.add_argument("--param", type=param, action="append", default=[], metavar="NAME=VALUE",
+                       help="mechanism parameter, e.g. pis=0.3 (repeatable)")
+        q.add_argument("--population", type=int, required=(name == "publish"),
+                       help="N: vehicles asked per epoch (the fleet size)")
+        q.add_argument("--t-start", type=_when, required=(name == "publish"),
+                       help="when the query starts: ISO-8601 with zone, e.g. 2026-11-18T06:00:00-08:00")
+        q.add_argument("--t-end", type=_when, required=(name == "publish"),
+                       help="when the query ends: ISO-8601 with zone")
+        q.add_argument("--version", type=int, default=None,
+                       help="version to publish (default: 1 for publish, the next one for update)")
+        add_settings_flags(q, KafkaSettings)
+        q.set_defaults(func=run)
+    ls = asub.add_parser("list", help="list every version of every query")
+    ls.add_argument("--json", action="store_true", help="one JSON query per line")
+    add_settings_flags(ls, KafkaSettings)
+    ls.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from schemas import Query
+    from schemas.kafka_io import publish_query, read_queries
+
+    settings = settings_from_args(KafkaSettings, args)
+    if args.analyst_command == "list":
+        existing = read_queries(settings)
+        for q in existing:
+            if args.json:
+                print(q.model_dump_json())
+            else:
+                print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
+                      f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
+                      f"epsilon={q.epsilon:.4g}  by {q.analyst_id}")
+        return 0
+    fields: dict[str, Any] = {k: getattr(args, k) for k in
+                              ("analyst_id", "mechanism", "sensors", "population", "t_start", "t_end")
+                              if getattr(args, k) is not None}
+    if args.param:
+        fields["params"] = dict(args.param)
+    if args.analyst_command == "publish":  # built and validated before anything is read or sent
+        query = Query.model_validate({**fields, "query_id": args.query_id, "version": args.version or 1})
+        existing = read_queries(settings)
+        same = [q for q in existing if q.query_id == args.query_id]
+    else:
+        existing = read_queries(settings)
+        same = [q for q in existing if q.query_id == args.query_id]
+        if not same:
+            raise CliError(f"no query {args.query_id!r} to update; publish it first (ptt analyst publish)")
+        latest = max(same, key=lambda q: q.version)
+        merged = {**latest.model_dump(), **fields, "version": args.version or latest.version + 1}
+        if "params" in fields:
+            merged["params"] = {**latest.params, **fields["params"]}
+        query = Query.model_validate(merged)
+    if any(q.version == query.version for q in same):
+        raise CliError(f"{query.record_key} exists; versions are immutable: publish a new one (ptt analyst update)")
+    publish_query(settings, query)
+    print(f"published {query.record_key} (epsilon {query.epsilon:.4g} per epoch)")
+    return 0

@@ -1,0 +1,103 @@
+"""``ptt plan``: what a query costs (epsilon per epoch and per day) and how accurate it can be;
+``ptt plan compare`` sets the mechanisms side by side at one epsilon."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from estimators import planning
+from schemas.wire import json_safe
+
+from .base import param
+from .errors import EXIT_USAGE
+
+__all__ = ["COMPARE", "add_parser", "run"]
+
+COMPARE = "compare"  # `ptt plan compare`: every mechanism at one epsilon, not a mechanism
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else ("n/a" if math.isnan(v) else f"{v:.6g}")
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_fmt(x)}" for k, x in v.items())
+    return str(v)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="what a query will cost (epsilon) and how good its answers can be",
+                       description="Per-epoch and per-day epsilon and the accuracy of the headline estimator.")
+    p.add_argument("mechanism", choices=[*planning.MECHANISMS, COMPARE],
+                   help="the mechanism to plan, or `compare`: SP, ALP, k-ary RR, OUE and OLH side by side at "
+                        "the same --epsilon (--json: a list with one object per mechanism)")
+    p.add_argument("--epsilon", type=float, default=None, help="compare only: the per-device epsilon per epoch")
+    p.add_argument("--daily-budget", type=float, default=None,
+                   help="a device's daily budget: print how many epochs of the query it allows")
+    p.add_argument("--population", type=int, required=True, help="vehicles reporting per epoch (N)")
+    p.add_argument("--expected-yes", type=float, required=True, help="expected true count at the station")
+    p.add_argument("--stations", type=int, default=1, help="monitored stations V (sp only)")
+    p.add_argument("--param", type=param, action="append", default=[], metavar="NAME=VALUE",
+                   help="mechanism parameter, names as in the math reference (repeatable)")
+    p.add_argument("--epochs", type=int, default=planning.EPOCHS_PER_DAY, help="epochs composed (default: a day)")
+    p.add_argument("--delta", type=float, default=1e-6, help="delta of advanced and optimal composition")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.mechanism == COMPARE:
+        return _run_compare(args)
+    if args.epsilon is not None:
+        print("ptt plan: error: --epsilon is for `ptt plan compare`; a mechanism's epsilon follows from its "
+              "parameters (--param)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
+                               dict(args.param), epochs=args.epochs, delta=args.delta,
+                               daily_budget=args.daily_budget)
+    except planning.PlanError as exc:
+        print(f"ptt plan: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(json_safe(result), sort_keys=True))
+        return 0
+    rows = [(k, _fmt(v)) for k, v in result.items() if k != "warnings"]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    for w in result["warnings"]:
+        print(f"WARNING: {w}")
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from estimators.compare import compare
+
+    if args.epsilon is None:
+        print("ptt plan compare: error: --epsilon is required (the per-device epsilon to compare at)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        rows = compare(args.epsilon, args.population, args.expected_yes, args.stations)
+    except ValueError as exc:
+        print(f"ptt plan compare: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(json_safe(rows), sort_keys=True))
+        return 0
+    print(f"at epsilon {args.epsilon:g} per device and epoch, N={args.population:,}, expected count "
+          f"{args.expected_yes:g}, {args.stations} stations:")
+    print(f"{'mechanism':<10} {'epsilon':>8} {'sd':>10} {'95% half-width':>15} {'lattice step':>13}")
+    for r in rows:
+        cells = [_fmt(r[k]) if r[k] is not None else "n/a" for k in ("epsilon", "sd", "halfwidth_95", "lattice_step")]
+        print(f"{r['mechanism']:<10} {cells[0]:>8} {cells[1]:>10} {cells[2]:>15} {cells[3]:>13}  {r['note']}")
+    for r in rows:
+        for w in r["warnings"]:
+            print(f"WARNING: {r['mechanism']}: {w}")
+    return 0

@@ -1,0 +1,113 @@
+"""How good were the published estimates? Plots and a summary of a replay (``ptt report``).
+
+Inputs are the stream app's estimates (``schemas.estimates.Estimate``) and the replay's ground
+truth (``schemas.wire.GroundTruth``), read from their topics or from saved JSON lines (as
+written by ``ptt subscribe --json``). Outputs, in ``--out``:
+
+* one PNG per (query, station, estimator) in the style of Anonymized Local Privacy Figure 1: the ground
+  truth and the privatized estimate over the time of day, the 99% and 95% bounds as bands;
+  only the busiest stations (by total truth) unless ``--station`` names them;
+* ``summary.txt`` (also printed) and ``summary.json``: per (query, estimator) the number of
+  (station, epoch) cells, how often each confidence level's bounds cover the truth, the mean
+  absolute error, the mean band width per level, epsilon, and what was withheld or had no
+  ground truth.
+
+Loading (from any iterable of JSON lines), joining with the truth and the summary
+(:mod:`.summary`) and the plots (:mod:`.plots`, which write the files they are given) are
+functions of their arguments, testable without a broker; :func:`write_report` puts them
+together. Reading files and topics and the command line are ``stream_app/cli/report.py``.
+Matplotlib is imported only when plotting and draws on the non-interactive Agg canvas (no
+pyplot, never a window).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from .plots import (
+    DEFAULT_ESTIMATORS,
+    FIG_HEIGHT_PX,
+    FIG_WIDTH_PX,
+    MAX_POINTS,
+    Series,
+    busiest_stations,
+    plot_series,
+    plot_stations,
+    series_for,
+    write_plots,
+)
+from .summary import (
+    Cell,
+    GroupSummary,
+    LoadedEstimates,
+    LoadedTruth,
+    ReportError,
+    Row,
+    Selection,
+    format_summary,
+    join,
+    load_estimates,
+    load_truth,
+    summarize,
+    summary_json,
+)
+
+__all__ = [
+    "DEFAULT_ESTIMATORS",
+    "FIG_HEIGHT_PX",
+    "FIG_WIDTH_PX",
+    "MAX_POINTS",
+    "Cell",
+    "GroupSummary",
+    "LoadedEstimates",
+    "LoadedTruth",
+    "ReportError",
+    "Row",
+    "Selection",
+    "Series",
+    "busiest_stations",
+    "format_summary",
+    "join",
+    "load_estimates",
+    "load_truth",
+    "plot_series",
+    "plot_stations",
+    "series_for",
+    "summarize",
+    "summary_json",
+    "write_plots",
+    "write_report",
+]
+
+
+def write_report(estimates: Iterable[bytes | str], truth: Iterable[bytes | str] | None, out: Path, *,
+                 selection: Selection | None = None, where: str = "the estimates", stations: int = 6,
+                 every: int | None = None, with_gls: bool = False) -> tuple[str, list[Path]]:
+    """Read the estimates (JSON lines; ``where`` names them in errors), then the ground truth
+    of their stations (``None``: none), and write ``summary.txt``, ``summary.json`` and the
+    plots of the ``stations`` busiest stations (all of ``selection.stations`` if it names
+    some) into ``out``. Returns the summary text and the plots written. :class:`ReportError`
+    when no estimate matches or ``out`` cannot be written."""
+    selection = selection or Selection()
+    loaded = load_estimates(estimates, selection)
+    if not loaded.rows:
+        why = (f"{loaded.read:,} records read, {loaded.invalid:,} unreadable, "
+               f"{loaded.filtered_out:,} filtered out (filters: {selection.describe()})")
+        raise ReportError(f"no matching estimates in {where} ({why})")
+    needed = {r.station for r in loaded.rows}
+    loaded_truth = load_truth(truth, needed) if truth is not None else None
+    cells = join(loaded.rows, loaded_truth.truth if loaded_truth else {})
+    groups = summarize(cells)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        chosen = plot_stations(cells, selection.stations, stations)
+        plots = write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every)
+        text = format_summary(groups, loaded, loaded_truth, plots)
+        (out / "summary.txt").write_text(text)
+        doc = summary_json(groups, loaded, loaded_truth, plots)
+        (out / "summary.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    except OSError as exc:
+        raise ReportError(f"cannot write to {out}: {exc.strerror or exc}") from exc
+    return text, plots

@@ -1,0 +1,301 @@
+"""The plots of ``ptt report``: one PNG per (query, station, estimator) in the style of
+Anonymized Local Privacy Figure 1: the ground truth and the privatized estimate over the time
+of day, the 99% and 95% bounds as bands; only the busiest stations (by total truth) unless
+stations are named.
+
+Matplotlib is imported only when plotting and draws on the non-interactive Agg canvas (no
+pyplot, never a window); the functions write the files they are given.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from estimators.registry import REGISTRY
+
+from .summary import Cell, Row, _level, _mean
+
+__all__ = [
+    "DEFAULT_ESTIMATORS",
+    "FIG_HEIGHT_PX",
+    "FIG_WIDTH_PX",
+    "MAX_POINTS",
+    "Series",
+    "busiest_stations",
+    "plot_series",
+    "plot_stations",
+    "series_for",
+    "write_plots",
+]
+
+#: the estimator plotted for each mechanism unless ``--estimator`` says otherwise
+DEFAULT_ESTIMATORS: Mapping[str, str] = {name: spec.headline for name, spec in REGISTRY.items()}
+OVERLAY_ESTIMATOR = "alp_gls"  # --with-gls: dashed on the plots of queries that publish it (ALP)
+
+FIG_WIDTH_PX = 1200
+FIG_HEIGHT_PX = 500
+FIG_DPI = 100
+MAX_POINTS = 480  # auto thinning: at most this many epochs per plot (a day at 3-minute resolution)
+PLOT_LEVELS = (0.99, 0.95)  # bands drawn, widest first
+
+
+def busiest_stations(cells: Sequence[Cell], n: int) -> list[int]:
+    """The ``n`` stations with the most vehicles over the cells' epochs: by total truth, or by
+    total (non-negative) estimate where there is no truth at all; ties by station id."""
+    truth_seen: dict[tuple[int, int], int] = {}
+    est_total: dict[int, float] = defaultdict(float)
+    for c in cells:
+        if c.truth is not None:
+            truth_seen[(c.row.epoch, c.row.station)] = c.truth  # once per epoch, whatever the estimators
+        if c.row.estimate is not None:
+            est_total[c.row.station] += max(c.row.estimate, 0.0)
+    truth_total: dict[int, int] = defaultdict(int)
+    for (_, s), y in truth_seen.items():
+        truth_total[s] += y
+    stations = {c.row.station for c in cells}
+    if truth_total:
+        return sorted(stations, key=lambda s: (-truth_total.get(s, 0), s))[:n]
+    return sorted(stations, key=lambda s: (-est_total.get(s, 0.0), s))[:n]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One station's time series of one estimator of one query, ready to draw.
+
+    ``times`` are the epochs' local wall-clock starts (as published, tz dropped); missing
+    values are NaN: a withheld estimate, an epoch without truth, a gap in the epochs."""
+
+    query_id: str
+    mechanism: str
+    estimator: str
+    station: int
+    times: list[datetime]
+    truth: list[float]
+    estimate: list[float]
+    bands: dict[float, tuple[list[float], list[float]]]
+    epsilons: tuple[float, ...]
+    utc_offsets: tuple[str, ...]
+    epoch_s: int
+    every: int
+    cells: int
+    withheld: int
+    covered: dict[float, tuple[int, int]]  # level -> (hits, cells with truth), over all epochs
+    mae: float | None
+
+
+def _offset(dt: datetime) -> str:
+    off = dt.utcoffset() or timedelta(0)
+    minutes = int(off.total_seconds() // 60)
+    sign = "+" if minutes >= 0 else "\u2212"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def _epoch_seconds(rows: Sequence[Row]) -> int:
+    for r in rows:
+        if r.epoch > 0:
+            return max(1, round(r.epoch_start.timestamp() / r.epoch))
+    return 30
+
+
+def series_for(cells: Iterable[Cell], query_id: str, station: int, estimator: str, every: int | None = None,
+               levels: Sequence[float] = PLOT_LEVELS) -> Series | None:
+    """The series of one (query, station, estimator); ``None`` if there are no cells.
+    ``every``: draw every k-th epoch (``None``: thin automatically to at most ``MAX_POINTS``);
+    the coverage and error printed on the plot are over every epoch."""
+    by_epoch: dict[int, Cell] = {}
+    for c in cells:
+        r = c.row
+        if r.query_id == query_id and r.station == station and r.estimator == estimator:
+            old = by_epoch.get(r.epoch)
+            if old is None or old.row.query_version < r.query_version:  # overlapping versions: the newest
+                by_epoch[r.epoch] = c
+    if not by_epoch:
+        return None
+    ordered = [by_epoch[e] for e in sorted(by_epoch)]
+    rows = [c.row for c in ordered]
+    span = rows[-1].epoch - rows[0].epoch + 1
+    step = every if every and every > 0 else max(1, math.ceil(span / MAX_POINTS))
+    nan = float("nan")
+    times: list[datetime] = []
+    truth: list[float] = []
+    est: list[float] = []
+    bands: dict[float, tuple[list[float], list[float]]] = {lvl: ([], []) for lvl in levels}
+    prev: int | None = None
+    for c in ordered:
+        r = c.row
+        if (r.epoch - rows[0].epoch) % step:
+            continue
+        if prev is not None and r.epoch - prev > step:  # a gap: break the lines
+            times.append(times[-1])
+            truth.append(nan)
+            est.append(nan)
+            for lo, hi in bands.values():
+                lo.append(nan)
+                hi.append(nan)
+        prev = r.epoch
+        times.append(r.epoch_start.replace(tzinfo=None))
+        truth.append(nan if c.truth is None else float(c.truth))
+        est.append(float(r.estimate) if r.published and r.estimate is not None else nan)
+        for lvl, (lo, hi) in bands.items():
+            b = r.bound(lvl) if r.published else None
+            lo.append(nan if b is None else b[0])
+            hi.append(nan if b is None else b[1])
+    covered: dict[float, tuple[int, int]] = {}
+    for lvl in sorted({lvl for r in rows for lvl, _, _ in r.bounds}):
+        pairs = [(b, c.truth) for c in ordered if c.row.published and c.truth is not None
+                 and (b := c.row.bound(lvl)) is not None]
+        covered[lvl] = (sum(1 for b, y in pairs if b[0] <= y <= b[1]), len(pairs))
+    errors = [abs(float(c.row.estimate) - c.truth) for c in ordered
+              if c.row.published and c.row.estimate is not None and c.truth is not None]
+    return Series(
+        query_id=query_id, mechanism=rows[0].mechanism, estimator=estimator, station=station, times=times,
+        truth=truth, estimate=est, bands={k: v for k, v in bands.items() if any(not math.isnan(x) for x in v[0])},
+        epsilons=tuple(sorted({r.epsilon for r in rows})), utc_offsets=tuple(sorted({_offset(r.epoch_start)
+                                                                                   for r in rows})),
+        epoch_s=_epoch_seconds(rows), every=step, cells=len(rows), withheld=sum(1 for r in rows if not r.published),
+        covered=covered, mae=_mean(errors),
+    )
+
+
+def _eps_text(eps: Sequence[float]) -> str:
+    return f"{eps[0]:.3g}" if len(eps) == 1 else f"{eps[0]:.3g}\u2013{eps[-1]:.3g}"
+
+
+def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Path:
+    """Draw one Figure-1 style plot (1,200 x 500 px PNG) and return its path."""
+    from matplotlib import dates
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    mdates: Any = dates  # matplotlib.dates has no annotations
+
+    fig = Figure(figsize=(FIG_WIDTH_PX / FIG_DPI, FIG_HEIGHT_PX / FIG_DPI), dpi=FIG_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    x = mdates.date2num(series.times)
+    color = "#1f5fa8"
+    alpha = {0.99: 0.18, 0.95: 0.30}  # the 95% band is drawn over the 99% one: darker where both
+    few = len(series.times) <= 60  # a short replay: bounds as boxes per epoch, points marked
+    width_days = 0.6 * series.epoch_s * series.every / 86_400
+    for lvl in sorted(series.bands, reverse=True):
+        lo, hi = series.bands[lvl]
+        style: dict[str, Any] = {"color": color, "alpha": alpha.get(lvl, 0.12), "linewidth": 0, "zorder": 1,
+                                 "label": f"{_level(lvl)} bounds"}
+        if few:
+            keep = [i for i in range(len(lo)) if not (math.isnan(lo[i]) or math.isnan(hi[i]))]
+            ax.bar([float(x[i]) for i in keep], [hi[i] - lo[i] for i in keep], bottom=[lo[i] for i in keep],
+                   width=width_days, **style)
+        else:
+            ax.fill_between(x, lo, hi, **style)
+    marker: dict[str, Any] = {"marker": "o", "markersize": 3.5} if few else {}
+    ax.plot(x, series.estimate, color=color, linewidth=0.9, label=f"estimate ({series.estimator})", zorder=3,
+            **marker)
+    if overlay is not None:
+        ax.plot(mdates.date2num(overlay.times), overlay.estimate, color="#d9822b", linewidth=0.9, linestyle="--",
+                label=f"estimate ({overlay.estimator})", zorder=3, **marker)
+    ax.plot(x, series.truth, color="black", linewidth=1.3, label="ground truth", zorder=4, **marker)
+
+    locator = mdates.AutoDateLocator(minticks=5, maxticks=14)
+    ax.xaxis.set_major_locator(locator)
+    zone = series.utc_offsets[0] if len(series.utc_offsets) == 1 else "local time"
+    days = sorted({t.date() for t in series.times})
+    if len(days) == 1:
+        short = (series.times[-1] - series.times[0]).total_seconds() < 1200  # ticks may fall within a minute
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if short else "%H:%M"))
+        ax.set_xlabel(f"time of day, {days[0].isoformat()} ({zone})")
+    else:
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=False))
+        ax.set_xlabel(f"time ({days[0].isoformat()} .. {days[-1].isoformat()}, {zone})")
+    half_days = series.epoch_s * series.every / 2 / 86_400
+    ax.set_xlim(float(x[0]) - half_days, float(x[-1]) + half_days)
+    ax.set_ylabel(f"vehicles per {series.epoch_s} s epoch")
+    ax.grid(True, color="#e3e3e3", linewidth=0.6, zorder=0)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.margins(y=0.04)
+    handles, labels = ax.get_legend_handles_labels()
+    rank = {"ground truth": 0, f"estimate ({series.estimator})": 1}  # then the overlay, then the bounds
+    order = sorted(range(len(labels)), key=lambda i: (rank.get(labels[i], 2 if labels[i].startswith("est") else 3),
+                                                      labels[i]))
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncols=5,
+               frameon=False, fontsize=10)
+
+    fig.suptitle(f"Station {series.station} \u2014 query {series.query_id} ({series.mechanism}), "
+                 f"estimator {series.estimator}, \u03b5 = {_eps_text(series.epsilons)} per epoch",
+                 fontsize=13, fontweight="bold")
+    ax.set_title(_facts(series), fontsize=10, color="#444444")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=FIG_DPI, format="png")
+    return path
+
+
+def _facts(series: Series) -> str:
+    """The subtitle: coverage over every epoch (not only those drawn), error, what is missing."""
+    facts = []
+    shown = [(lvl, *series.covered[lvl]) for lvl in sorted(series.covered, reverse=True) if series.covered[lvl][1]]
+    if shown:
+        cov = ", ".join(f"{_level(lvl)} bounds {hits / n:.1%}" for lvl, hits, n in shown)
+        facts.append(f"truth covered by {cov} of {shown[0][2]:,} epochs")
+    if series.mae is not None:
+        facts.append(f"MAE {series.mae:.1f}")
+    if series.withheld:
+        facts.append(f"{series.withheld:,} withheld")
+    if series.every > 1:
+        facts.append(f"one epoch in {series.every} drawn")
+    return " \u00b7 ".join(facts) if facts else "no ground truth"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "_"
+
+
+def plot_stations(cells: Sequence[Cell], chosen: Iterable[int] | None, n: int) -> list[int]:
+    """The stations to plot: those chosen (if any, in the data), else the ``n`` busiest."""
+    present = {c.row.station for c in cells}
+    if chosen:
+        return sorted(set(chosen) & present)
+    return busiest_stations(cells, n)
+
+
+def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *,
+                estimators: Iterable[str] = (), with_gls: bool = False, every: int | None = None) -> list[Path]:
+    """One PNG per (query, station, estimator drawn): ``estimators`` if given, else the
+    mechanism's headline estimator (:data:`DEFAULT_ESTIMATORS`, or every estimator of a query
+    that has none of those). ``with_gls`` overlays ``alp_gls`` (dashed) on ALP plots."""
+    chosen = set(estimators)
+    present: dict[str, set[str]] = defaultdict(set)
+    mechanism: dict[str, str] = {}
+    for c in cells:
+        present[c.row.query_id].add(c.row.estimator)
+        mechanism[c.row.query_id] = c.row.mechanism
+    wanted = set(stations)
+    by_station: dict[tuple[str, int], list[Cell]] = defaultdict(list)
+    for c in cells:
+        if c.row.station in wanted:
+            by_station[(c.row.query_id, c.row.station)].append(c)
+    written: list[Path] = []
+    for qid in sorted(present):
+        if chosen:
+            names = sorted(present[qid] & chosen)
+        else:
+            default = DEFAULT_ESTIMATORS.get(mechanism[qid])
+            names = [default] if default in present[qid] else sorted(present[qid])
+        for station in stations:
+            group = by_station.get((qid, station), [])
+            for name in names:
+                s = series_for(group, qid, station, name, every)
+                if s is None or all(math.isnan(x) for x in s.truth + s.estimate):
+                    continue
+                overlay = None
+                if with_gls and name != OVERLAY_ESTIMATOR and OVERLAY_ESTIMATOR in present[qid]:
+                    overlay = series_for(group, qid, station, OVERLAY_ESTIMATOR, s.every)
+                path = out_dir / f"{_safe(qid)}_{station}_{name}.png"
+                written.append(plot_series(s, path, overlay))
+    return written
+

@@ -1,0 +1,363 @@
+"""Loading, joining and summarizing for ``ptt report``: how good were the published estimates?
+
+Inputs are the stream app's estimates (:class:`schemas.estimates.Estimate`) and the replay's
+ground truth (:class:`schemas.wire.GroundTruth`) as any iterable of JSON lines. Outputs are
+per (query, estimator) the number of (station, epoch) cells, how often each confidence
+level's bounds cover the truth, the mean absolute error, the mean band width per level,
+epsilon, and what was withheld or had no ground truth (:func:`summarize`), as text
+(:func:`format_summary`, ``summary.txt``) and JSON (:func:`summary_json`, ``summary.json``).
+Every function here is a function of its arguments, testable without a broker.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.estimates import Estimate
+from schemas.wire import GroundTruth, json_safe
+
+__all__ = [
+    "Cell",
+    "GroupSummary",
+    "LoadedEstimates",
+    "LoadedTruth",
+    "ReportError",
+    "Row",
+    "Selection",
+    "format_summary",
+    "join",
+    "load_estimates",
+    "load_truth",
+    "summarize",
+    "summary_json",
+]
+
+Truth = Mapping[tuple[int, int], int]  # (epoch, station) -> vehicles
+
+
+class ReportError(Exception):
+    """An input or output problem of a report (nothing matching, an unwritable directory): one line."""
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """What the report needs of one :class:`Estimate` (far smaller than the model)."""
+
+    query_id: str
+    query_version: int
+    mechanism: str
+    estimator: str
+    epoch: int
+    epoch_start: datetime
+    station: int
+    estimate: float | None
+    bounds: tuple[tuple[float, float, float], ...]  # (confidence, lower, upper)
+    epsilon: float
+    participants: int
+    withheld: str | None
+
+    @classmethod
+    def of(cls, e: Estimate, starts: dict[tuple[datetime, timedelta | None], datetime] | None = None) -> Row:
+        """``starts``: a cache shared by the rows of a load, so that the many rows of an epoch
+        share one datetime (and the repeated names are interned): a day is ~300k rows."""
+        start = e.epoch_start
+        if starts is not None:
+            start = starts.setdefault((start, start.utcoffset()), start)
+        return cls(sys.intern(e.query_id), e.query_version, sys.intern(e.mechanism), sys.intern(e.estimator),
+                   e.epoch, start, e.station, e.estimate, tuple((b.confidence, b.lower, b.upper) for b in e.bounds),
+                   math.inf if e.epsilon is None else e.epsilon,  # null on the wire = infinite
+                   e.participants, None if e.withheld is None else sys.intern(e.withheld))
+
+    @property
+    def key(self) -> tuple[str, int, int, int, str]:
+        return (self.query_id, self.query_version, self.epoch, self.station, self.estimator)
+
+    @property
+    def published(self) -> bool:
+        return self.withheld is None and self.estimate is not None
+
+    def bound(self, confidence: float) -> tuple[float, float] | None:
+        for c, lo, hi in self.bounds:
+            if _same_level(c, confidence):
+                return lo, hi
+        return None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The ``--query``, ``--station`` and ``--estimator`` filters (empty: everything)."""
+
+    queries: frozenset[str] = frozenset()
+    stations: frozenset[int] = frozenset()
+    estimators: frozenset[str] = frozenset()
+
+    def __contains__(self, e: object) -> bool:
+        if not isinstance(e, Estimate | Row):
+            return False
+        return ((not self.queries or e.query_id in self.queries)
+                and (not self.stations or e.station in self.stations)
+                and (not self.estimators or e.estimator in self.estimators))
+
+    def describe(self) -> str:
+        parts = [f"--query {','.join(sorted(self.queries))}" if self.queries else "",
+                 f"--station {','.join(str(s) for s in sorted(self.stations))}" if self.stations else "",
+                 f"--estimator {','.join(sorted(self.estimators))}" if self.estimators else ""]
+        return " ".join(p for p in parts if p) or "none"
+
+
+@dataclass(frozen=True)
+class LoadedEstimates:
+    rows: list[Row]  # deduplicated, sorted by key
+    read: int  # records (non-empty lines) read
+    invalid: int  # not an Estimate
+    duplicates: int  # dropped: an earlier record of the same key
+    filtered_out: int  # valid but not selected
+
+
+@dataclass(frozen=True)
+class LoadedTruth:
+    truth: dict[tuple[int, int], int]
+    epochs: int  # distinct epochs with a ground-truth record
+    read: int
+    invalid: int
+
+
+def _lines(values: Iterable[bytes | str]) -> Iterator[bytes]:
+    for v in values:
+        b = v.encode() if isinstance(v, str) else v
+        b = b.strip()
+        if b:
+            yield b
+
+
+def load_estimates(values: Iterable[bytes | str], selection: Selection | None = None) -> LoadedEstimates:
+    """Parse estimate records (JSON, one per item), keep the selected ones, and deduplicate by
+    (query, version, epoch, station, estimator), the last record winning (a worker that
+    restarts may publish an epoch again). Items that are not estimates are counted, not fatal."""
+    sel = selection or Selection()
+    latest: dict[tuple[str, int, int, int, str], Row] = {}
+    starts: dict[tuple[datetime, timedelta | None], datetime] = {}
+    read = invalid = duplicates = filtered = 0
+    for line in _lines(values):
+        read += 1
+        try:
+            e = Estimate.model_validate_json(line)
+        except ValidationError:
+            invalid += 1
+            continue
+        if e not in sel:
+            filtered += 1
+            continue
+        row = Row.of(e, starts)
+        if row.key in latest:
+            duplicates += 1
+        latest[row.key] = row
+    return LoadedEstimates([latest[k] for k in sorted(latest)], read, invalid, duplicates, filtered)
+
+
+def load_truth(values: Iterable[bytes | str], stations: Iterable[int] | None = None) -> LoadedTruth:
+    """Parse :class:`GroundTruth` records into ``{(epoch, station): vehicles}`` -- only cells that
+    have a truth (a missing reading or a dead detector is no truth, never 0) and only for
+    ``stations`` if given (a 3,220-station day is 9 million cells); a later record of the same
+    epoch replaces an earlier one."""
+    keep = None if stations is None else frozenset(stations)
+    by_epoch: dict[int, dict[int, int]] = {}
+    read = invalid = 0
+    for line in _lines(values):
+        read += 1
+        try:
+            t = GroundTruth.model_validate_json(line)
+        except ValidationError:
+            invalid += 1
+            continue
+        by_epoch[t.epoch] = {s: f for s, f in t.truth().items() if keep is None or s in keep}
+    truth = {(epoch, s): f for epoch, flows in by_epoch.items() for s, f in flows.items()}
+    return LoadedTruth(truth, len(by_epoch), read, invalid)
+
+
+# --------------------------------------------------------------------------- joining and summary
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One (query, version, station, epoch, estimator) estimate and the truth it estimates."""
+
+    row: Row
+    truth: int | None
+
+
+def join(rows: Iterable[Row], truth: Truth) -> list[Cell]:
+    return [Cell(r, truth.get((r.epoch, r.station))) for r in rows]
+
+
+def _same_level(a: float, b: float) -> bool:
+    return abs(a - b) < 1e-9
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """How one estimator of one query did over all its (station, epoch) cells.
+
+    ``coverage[c]``: fraction of the published cells with truth whose level-``c`` bounds hold
+    the truth (``lower <= truth <= upper``); ``mean_width[c]``: mean ``upper - lower`` over the
+    published cells; ``mae``/``bias``/``rmse``: of ``estimate - truth`` over the published
+    cells with truth. ``None`` where there is nothing to average.
+    """
+
+    query_id: str
+    estimator: str
+    mechanism: str
+    versions: tuple[int, ...]
+    epsilon_by_version: dict[int, float]
+    cells: int  # all (station, epoch) cells, withheld included
+    withheld: int
+    without_truth: int  # published cells with no ground truth
+    with_truth: int  # published cells with ground truth: what coverage and error are over
+    stations: int
+    epochs: int
+    first_epoch_start: datetime
+    last_epoch_start: datetime
+    coverage: dict[float, float | None]
+    mean_width: dict[float, float | None]
+    mae: float | None
+    bias: float | None
+    rmse: float | None
+    withheld_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def epsilon(self) -> float:
+        """The largest per-epoch epsilon over the query's versions."""
+        return max(self.epsilon_by_version.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "query_id": self.query_id, "estimator": self.estimator, "mechanism": self.mechanism,
+            "versions": list(self.versions), "epsilon": self.epsilon,
+            "epsilon_by_version": {str(v): e for v, e in self.epsilon_by_version.items()},
+            "cells": self.cells, "withheld": self.withheld, "without_truth": self.without_truth,
+            "with_truth": self.with_truth, "stations": self.stations, "epochs": self.epochs,
+            "first_epoch_start": self.first_epoch_start.isoformat(),
+            "last_epoch_start": self.last_epoch_start.isoformat(),
+            "coverage": {f"{c:g}": v for c, v in self.coverage.items()},
+            "mean_width": {f"{c:g}": v for c, v in self.mean_width.items()},
+            "mae": self.mae, "bias": self.bias, "rmse": self.rmse,
+            "withheld_reasons": dict(self.withheld_reasons),
+        }
+
+
+def summarize(cells: Iterable[Cell]) -> list[GroupSummary]:
+    """One :class:`GroupSummary` per (query, estimator), sorted by both."""
+    groups: dict[tuple[str, str], list[Cell]] = defaultdict(list)
+    for c in cells:
+        groups[(c.row.query_id, c.row.estimator)].append(c)
+    return [_summarize_group(qid, name, group) for (qid, name), group in sorted(groups.items())]
+
+
+def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupSummary:
+    published = [c for c in cells if c.row.published]
+    scored = [c for c in published if c.truth is not None]
+    levels = sorted({lvl for c in published for lvl, _, _ in c.row.bounds})
+    coverage: dict[float, float | None] = {}
+    width: dict[float, float | None] = {}
+    for lvl in levels:
+        hits = []
+        for c in scored:
+            b = c.row.bound(lvl)
+            if b is not None and c.truth is not None:
+                hits.append(1.0 if b[0] <= c.truth <= b[1] else 0.0)
+        coverage[lvl] = _mean(hits)
+        width[lvl] = _mean([b[1] - b[0] for c in published if (b := c.row.bound(lvl)) is not None])
+    errors = [float(c.row.estimate) - float(c.truth) for c in scored
+              if c.row.estimate is not None and c.truth is not None]
+    mse = _mean([e * e for e in errors])
+    reasons: dict[str, int] = defaultdict(int)
+    for c in cells:
+        if not c.row.published:
+            reasons[c.row.withheld or "no estimate"] += 1
+    starts = [c.row.epoch_start for c in cells]
+    return GroupSummary(
+        query_id=query_id, estimator=estimator, mechanism=cells[0].row.mechanism,
+        versions=tuple(sorted({c.row.query_version for c in cells})),
+        epsilon_by_version={c.row.query_version: c.row.epsilon for c in sorted(cells, key=lambda c: c.row.epoch)},
+        cells=len(cells), withheld=len(cells) - len(published), without_truth=len(published) - len(scored),
+        with_truth=len(scored), stations=len({c.row.station for c in cells}), epochs=len({c.row.epoch for c in cells}),
+        first_epoch_start=min(starts), last_epoch_start=max(starts), coverage=coverage, mean_width=width,
+        mae=_mean([abs(e) for e in errors]), bias=_mean(errors), rmse=None if mse is None else math.sqrt(mse),
+        withheld_reasons=dict(sorted(reasons.items())),
+    )
+
+
+def _f(v: float | None, spec: str = ".2f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _level(confidence: float) -> str:
+    return f"{100 * confidence:.10g}%"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
+                   truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> str:
+    """The plain-text summary: what was read, then one block per (query, estimator)."""
+    lines = []
+    if estimates is not None:
+        lines.append(f"estimates: {estimates.read:,} records read, {len(estimates.rows):,} kept; "
+                     f"{estimates.duplicates:,} duplicates dropped, {estimates.filtered_out:,} filtered out, "
+                     f"{estimates.invalid:,} unreadable")
+    if truth is not None:
+        lines.append(f"ground truth: {truth.epochs:,} epochs ({truth.read:,} records, {truth.invalid:,} unreadable)")
+    else:
+        lines.append("ground truth: none given (coverage and error not computed)")
+    for g in groups:
+        eps = ", ".join(f"v{v}: {e:.4g}" for v, e in g.epsilon_by_version.items())
+        lines += [
+            "",
+            f"{g.query_id} / {g.estimator} ({g.mechanism}; epsilon per epoch {eps})",
+            f"  cells (station x epoch)  {g.cells:,}  ({g.stations:,} stations x {g.epochs:,} epochs, "
+            f"{g.first_epoch_start.isoformat()} .. {g.last_epoch_start.isoformat()})",
+            f"  withheld                 {g.withheld:,}",
+        ]
+        lines += [f"    {n:,}  {reason}" for reason, n in g.withheld_reasons.items()]
+        lines.append(f"  without ground truth     {g.without_truth:,}")
+        lines.append(f"  compared with the truth  {g.with_truth:,}")
+        for lvl in sorted(g.coverage, reverse=True):
+            lines.append(f"  {_level(lvl) + ' bounds':<23}  coverage {_pct(g.coverage[lvl]):>6}   "
+                         f"mean width {_f(g.mean_width[lvl])}")
+        lines.append(f"  error                    MAE {_f(g.mae)}   bias {_f(g.bias, '+.2f')}   RMSE {_f(g.rmse)}")
+    if plots:
+        lines += ["", f"plots: {len(plots)} PNG files"]
+    return "\n".join(lines) + "\n"
+
+
+def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
+                 truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> dict[str, Any]:
+    """The summary as a JSON-ready object (``summary.json``): ``groups`` (as
+    :meth:`GroupSummary.to_json`; levels are keys like ``"0.95"``), ``plots`` (file names),
+    ``estimates`` and ``truth`` (what was read; ``truth`` is null without ground truth)."""
+    out: dict[str, Any] = {"groups": [g.to_json() for g in groups], "plots": [p.name for p in plots]}
+    if estimates is not None:
+        out["estimates"] = {"read": estimates.read, "kept": len(estimates.rows), "duplicates": estimates.duplicates,
+                            "filtered_out": estimates.filtered_out, "invalid": estimates.invalid}
+    out["truth"] = None if truth is None else {"epochs": truth.epochs, "read": truth.read, "invalid": truth.invalid}
+    result: dict[str, Any] = json_safe(out)
+    return result
+

@@ -1,0 +1,139 @@
+"""The project's module import graph, read from the source with ``ast``: no import cycle among
+the modules of ``estimators``, ``schemas``, ``producers`` and ``stream_app``, and only the
+command line (``stream_app/cli/``, the composition root) imports ``producers``.
+
+Edges are the import statements a module executes, lazy ones inside functions included
+(a cycle through them still bites when the function runs); imports under ``if
+TYPE_CHECKING:`` never run and are left out. ``import a.b`` and ``from a.b import x`` are an
+edge to ``a.b``; ``from a import b`` is an edge to ``a`` (the name is read from the package's
+namespace, its ``__init__``) and, when ``a.b`` is a module, to ``a.b``. The implicit import
+of a parent package that Python does before any submodule is not an edge (else every
+``__init__`` that re-exports its submodules would be a cycle).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("estimators", "schemas", "producers", "stream_app")
+COMPOSITION_ROOT = "stream_app.cli"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if name == "TYPE_CHECKING":
+                skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skipped
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """The project modules ``module`` imports (see the module docstring for what counts)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    skipped = _type_checking_only(tree)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in MODULES}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if target in MODULES:
+                found.add(target)
+            found |= {f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in MODULES}
+    found.discard(module)
+    return found
+
+
+GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[v] = min(low[v], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_the_graph_is_read() -> None:
+    """The graph holds edges it must hold: a reader that found nothing would pass the rest."""
+    assert {"stream_app.app", "stream_app.cli", "stream_app.cli.errors", "producers.replay"} <= set(MODULES)
+    assert "stream_app.guard" in GRAPH["stream_app.app"]  # from .guard import ...
+    assert "producers.replay" in GRAPH["stream_app.cli.replay"]  # lazy, inside run()
+    assert "stream_app.app" in GRAPH["stream_app.cli.worker"]  # from ..app import run_worker
+    assert {"stream_app.cli.worker", "stream_app.cli.demo"} <= GRAPH["stream_app.cli"]  # from . import ...
+    assert "estimators.registry" in GRAPH["schemas.query"]
+    assert "schemas.settings" not in GRAPH["schemas.connection"]  # only under TYPE_CHECKING
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles(GRAPH) == []
+
+
+def test_only_the_command_line_imports_producers() -> None:
+    outside = {module: sorted(d for d in deps if d.split(".")[0] == "producers")
+               for module, deps in GRAPH.items()
+               if module.split(".")[0] != "producers"
+               and module != COMPOSITION_ROOT and not module.startswith(COMPOSITION_ROOT + ".")}
+    assert {m: deps for m, deps in outside.items() if deps} == {}
