@@ -53,8 +53,10 @@ def _values(consumer: KafkaConsumer, topic: str, from_beginning: bool) -> Iterat
 
 def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, from_beginning: bool = False,
               query: str | None = None, station: int | None = None, estimator: str | None = None,
-              idle_timeout_s: float | None = None, out: TextIO = sys.stdout) -> int:
-    """Print estimates as they arrive; returns how many were printed."""
+              idle_timeout_s: float | None = None, out: TextIO | None = None) -> int:
+    """Print estimates as they arrive (to ``out``, standard output by default, read when called:
+    not the one that was current at import); returns how many were printed."""
+    out = out or sys.stdout
     n = 0
     records = _records(settings, topic, from_beginning, idle_timeout_s)
     if not json_lines:
