@@ -11,7 +11,7 @@ import pytest
 
 import estimators.registry as registry
 import schemas.query as query_module
-from estimators import linear, mechanisms
+from estimators import SparseReports, linear, mechanisms
 from producers.fleet import Device, privatize
 from schemas import Query, encode_batch, new_batch_id
 from stream_app.decode import to_partials
@@ -64,7 +64,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     assert res.withheld is None
     est = res.values["my_rr"].estimate
     # the core's own count estimator on the core's own tally of the same pairs
-    pairs = mechanisms.SparseReports(np.zeros_like(arrays["station"]), arrays["station"], arrays["output"])
+    pairs = SparseReports(np.zeros_like(arrays["station"]), arrays["station"], arrays["output"])
     counts = pair_counts(q.spec, q.build(), v, [pairs], n)
     want = linear.count_estimator("my_rr", linear.station_view(q.build()), 1).estimate(counts, n)
     np.testing.assert_allclose(est, want)
