@@ -469,3 +469,32 @@ def test_producers_move_in_lockstep() -> None:
     assert released.is_set() and time.monotonic() - t0 >= 0.15
     stop.event.set()
     _wait_for_peers(peers, 99, stop)  # a stop request ends the wait
+
+
+def test_stop_plan_one_stop_epoch_for_all() -> None:
+    """`StopPlan` (docs/wire.md, "Ctrl-C"): the stop epoch is the newest any producer had
+    begun; a producer behind completes the epochs before it and marks the stop epoch
+    interrupted with nothing sent; the one in the stop epoch cuts it; nobody begins a later one."""
+    from producers.replay import StopPlan
+
+    plan = StopPlan.local(2)
+    assert [plan.begin(0, i) for i in range(3)] == [StopPlan.RUN] * 3  # producer 0 is in epoch 2
+    assert [plan.begin(1, i) for i in range(2)] == [StopPlan.RUN] * 2  # producer 1 still in epoch 1
+    assert not plan.requested and not plan.cuts(2)
+    assert plan.request() == 3 and plan.requested
+    assert plan.cuts(2) and not plan.cuts(1)  # producer 0 cuts epoch 2; producer 1 finishes epoch 1
+    assert plan.begin(1, 2) == StopPlan.EMPTY  # ... then marks epoch 2 interrupted, nothing sent
+    assert plan.begin(0, 3) == StopPlan.STOP and plan.begin(1, 3) == StopPlan.STOP
+    assert plan.request() == 3  # decided once
+    # a producer two epochs behind (never with lockstep, but the rule holds) completes both
+    behind = StopPlan.local(2)
+    for i in range(4):
+        behind.begin(0, i)
+    behind.begin(1, 0)
+    behind.request()
+    assert behind.begin(1, 1) == behind.begin(1, 2) == StopPlan.RUN and not behind.cuts(2)
+    assert behind.begin(1, 3) == StopPlan.EMPTY
+    # a stop before anything began: nothing is sent, not even an interrupted marker
+    early = StopPlan.local(2)
+    early.request()
+    assert early.begin(0, 0) == early.begin(1, 0) == StopPlan.STOP
