@@ -13,6 +13,7 @@ what was handed to the producer. A broker lost mid-run ends the replay within
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import signal
@@ -21,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -261,12 +262,37 @@ def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                            plan or StopPlan.local(count))
 
 
-def _wait_for_peers(peers: list[Any], i: int, stop: StopFlag) -> None:
+def _wait_for_peers(peers: list[Any], i: int, stop: StopFlag, plan: StopPlan | None = None) -> None:
     """Lockstep: start epoch i only once every producer has finished epoch i - 2, so producers
     never drift apart by more than one epoch -- less than the stream app's allowed lateness,
     whose watermark would otherwise close an epoch before a slower producer's data arrives."""
-    while peers and min(c[_EPOCHS] for c in peers) < i - 1 and not stop.wait(0.002):
+    while (peers and min(c[_EPOCHS] for c in peers) < i - 1 and not stop.wait(0.002)
+           and not (plan is not None and plan.requested)):
         pass
+
+
+def _pause(until: float, stop: StopFlag, plan: StopPlan) -> None:
+    """Pacing: wait until ``until`` (time.time()), or a stop -- this process's signal, or the
+    plan a peer or the parent fixed (a producer still starting up ignores signals)."""
+    while not (stop.requested or plan.requested) and (left := until - time.time()) > 0:
+        stop.wait(min(left, 0.05))
+
+
+@contextlib.contextmanager
+def _children_ignore_stop_signals() -> Iterator[None]:
+    """Start producer processes ignoring SIGINT and SIGTERM (an ignored signal stays ignored
+    across exec; a handler does not) until they install their own handlers, so a Ctrl-C or
+    the parent's SIGTERM during their start-up cannot kill one before it can follow the
+    StopPlan. A signal to this process while the children are being started is lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any | None,
@@ -295,9 +321,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     try:
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
             if settings.speed > 0:  # a stop ends the wait; what follows the stop is not paced
-                stop.wait(t0 + i * 30.0 / settings.speed - time.time())
+                _pause(t0 + i * 30.0 / settings.speed, stop, plan)
             if not (stop.requested or plan.requested):
-                _wait_for_peers(peers, i, stop)
+                _wait_for_peers(peers, i, stop, plan)
             if stop.requested:
                 plan.request()
             begun = plan.begin(index, i)
@@ -517,10 +543,11 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k], shared, reasons[k],
                                               kafka_level, plan), daemon=False)
              for k in range(settings.producers)]
-    for p in procs:
-        p.start()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
     with StopFlag() as stop:
+        with _children_ignore_stop_signals():
+            for p in procs:
+                p.start()
         try:
             while any(p.is_alive() for p in procs):
                 bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),

@@ -17,6 +17,7 @@ Family-wise (all of them together) false-failure < 5e-3 for a random seed.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pytest
@@ -498,3 +499,39 @@ def test_stop_plan_one_stop_epoch_for_all() -> None:
     early = StopPlan.local(2)
     early.request()
     assert early.begin(0, 0) == early.begin(1, 0) == StopPlan.STOP
+
+
+def _report_stop_signals(out: Any) -> None:
+    """In a spawned producer-like child: 1 where SIGINT and SIGTERM are ignored."""
+    import signal
+
+    out[0] = int(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+    out[1] = int(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+
+
+def test_producer_processes_start_ignoring_stop_signals() -> None:
+    """Producer processes start ignoring SIGINT and SIGTERM (until their own handlers are in):
+    a Ctrl-C or the parent's SIGTERM during their start-up must not kill one before it can
+    follow the StopPlan (it would leave its epochs without markers). The parent's handlers
+    are back afterwards; the stop is seen through the plan while waiting."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    from producers.replay import StopFlag, StopPlan, _children_ignore_stop_signals, _pause
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Array("q", 2, lock=False)
+    with StopFlag() as stop:
+        handler = signal.getsignal(signal.SIGTERM)
+        with _children_ignore_stop_signals():
+            child = ctx.Process(target=_report_stop_signals, args=(out,))
+            child.start()
+        assert signal.getsignal(signal.SIGTERM) is handler and callable(handler)
+        child.join(timeout=60)
+        assert child.exitcode == 0 and list(out) == [1, 1]
+        plan = StopPlan.local(1)
+        plan.request()  # fixed elsewhere: no signal reached this process
+        t0 = time.monotonic()
+        _pause(time.time() + 30, stop, plan)
+        assert time.monotonic() - t0 < 5 and not stop.requested
