@@ -95,6 +95,11 @@ class EpochReports:
     station-valued mechanism, ``{"station": ..., "output": ...}`` for a per-sensor one) or
     ``counts`` (tally mode: ``{"counts": ...}``). ``reports[r]`` is how many reports (tally:
     vehicles) the round stands for.
+
+    ``vehicles[r]`` (per-vehicle mode): the simulated vehicle behind each report of round r,
+    in sending order -- its index in this producer's shuffled truths of the epoch. Device side
+    only, like ``SparseReports.vehicle``: it never leaves the simulator; tests follow a vehicle
+    onto the wire with it.
     """
 
     participants: int
@@ -103,6 +108,7 @@ class EpochReports:
     layout: Layout
     rounds: list[dict[str, IntArray]] = field(default_factory=list)
     reports: list[int] = field(default_factory=list)
+    vehicles: list[IntArray] = field(default_factory=list)
 
 
 def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
@@ -142,12 +148,14 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     rng.shuffle(truths)  # virtual identities: a vehicle is a position, re-drawn every epoch
     if samplers is None:
         reports = query.build().sample(rng, truths)
-        out.rounds = [{"value": reports[r][rng.permutation(n)]} for r in range(query.n_rounds)]
+        out.vehicles = [rng.permutation(n) for _ in range(query.n_rounds)]  # one shuffle per round
+        out.rounds = [{"value": reports[r][out.vehicles[r]]} for r in range(query.n_rounds)]
         out.reports = [n] * query.n_rounds
         return out
     for ps in samplers:  # fresh coins per round: each round sampled, shuffled and sent on its own
         pairs = ps.sample_sparse(rng, truths)
         order = rng.permutation(pairs.station.size)
         out.rounds.append({"station": pairs.station[order], "output": pairs.output[order]})
+        out.vehicles.append(pairs.vehicle[order])
         out.reports.append(int(pairs.station.size))
     return out

@@ -78,13 +78,14 @@ DEFAULT_DEAD_RUN_EPOCHS = 120  # one hour of 0/0 on every lane while the rest of
 MAX_SPAN_EPOCHS = 31 * 2880  # a grid longer than a month is a garbage timestamp, not a file
 
 CELL_MISSING = 1  # no usable reading at all (no row, an empty row, a skipped row)
-CELL_DEAD = 2  # dead detector: 0/0 on every lane for >= dead_run_epochs while others have traffic
+CELL_DEAD = 2  # dead detector: 0/0 on every lane for >= dead_run_epochs while others have traffic,
+#                or in every reading of a local day on which others had traffic (the night too)
 CELL_STUCK_LANE = 4  # some lane was stuck (flow 0, occupancy >= .99, speed 0) and left out
 CELL_SPIKE_LANE = 8  # some lane had an impossible flow and was left out
 CELL_OUT_OF_RANGE_LANE = 16  # some lane had a negative flow or occupancy outside 0..1, left out
 NO_TRUTH = CELL_MISSING | CELL_DEAD
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: a station dead all day is dead at night too
 
 
 def day_epochs(day: date) -> tuple[int, int]:
@@ -1175,7 +1176,9 @@ def _grid(parts: list[_Rows], epochs_of: list[npt.NDArray[np.int64]], quality: Q
         flows.reshape(-1)[cell] = p.total
         flags.reshape(-1)[cell] = p.bits
         zero.reshape(-1)[cell] = p.zero
-    flags[_dead_cells(flows, zero, dead_run_epochs)] |= CELL_DEAD
+    dead = _dead_cells(flows, zero, dead_run_epochs)
+    dead |= _dead_days(flows, zero, (flags & CELL_MISSING) == 0, epochs)
+    flags[dead] |= CELL_DEAD
     _count_cells(flags, quality)
     return TrafficDay(stations.astype(np.int64), epochs, flows, flags, quality)
 
@@ -1206,6 +1209,36 @@ def _dead_cells(flows: npt.NDArray[np.int64], zero: npt.NDArray[np.bool_], run_e
     return dead
 
 
+def _dead_days(flows: npt.NDArray[np.int64], zero: npt.NDArray[np.bool_], read: npt.NDArray[np.bool_],
+               epochs: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Cells of stations that read 0/0 on every lane in every reading they have on a local day
+    on which other stations carried traffic: dead for that whole day, its night included.
+
+    :func:`_dead_cells` alone starts a dead run only where others have traffic, so on a small
+    file whose stations all read 0 at night a detector dead all day would be a true 0 until the
+    first vehicle elsewhere (and scored as one). A working station's quiet night is kept: it has
+    traffic in some reading of the day. ``read``: the cells holding a reading.
+
+    >>> f = np.array([[0, 0, 0], [0, 0, 0], [0, 4, 0]]); r = np.ones((3, 3), bool)
+    >>> z = np.array([[1, 1, 1], [1, 1, 1], [1, 0, 1]], bool); r[1, 2] = z[1, 2] = False
+    >>> _dead_days(f, z, r, np.arange(3) + 44_000_000).astype(int).tolist()
+    [[1, 0, 1], [1, 0, 0], [1, 0, 1]]
+    """
+    dead = np.zeros(zero.shape, bool)
+    if not epochs.size:
+        return dead
+    starts = np.array([day_epochs(d)[0] for d in _local_days([epochs])], np.int64)
+    bounds = [*np.searchsorted(epochs, starts).tolist()[1:], int(epochs.size)]
+    a = 0
+    for b in bounds:
+        if b > a and bool(flows[a:b].any()):  # some station carried traffic that day
+            z, r = zero[a:b], read[a:b]
+            whole = r.any(axis=0) & ~(r & ~z).any(axis=0)  # read, and 0/0 wherever read
+            dead[a:b] = z & whole
+        a = b
+    return dead
+
+
 def _count_cells(flags: npt.NDArray[np.uint8], quality: QualityReport) -> None:
     quality.missing_cells = int(np.count_nonzero(flags & CELL_MISSING))
     dead = (flags & CELL_DEAD) != 0
@@ -1229,8 +1262,10 @@ def read_station_raw(path: str | Path, spike_per_lane: int = DEFAULT_SPIKE_PER_L
 
     The grid spans the first to the last reading (or the whole local ``day`` if given: rows
     of other days are skipped as ``other_day``); cells without a reading are
-    ``CELL_MISSING``, runs of >= ``dead_run_epochs`` 0/0 readings while the others have
-    traffic ``CELL_DEAD`` -- flows there are 0 but not truth (:attr:`TrafficDay.has_truth`).
+    ``CELL_MISSING``; runs of >= ``dead_run_epochs`` 0/0 readings while the others have
+    traffic, and every reading of a station that read 0/0 all local day while others had
+    traffic that day (its night too), are ``CELL_DEAD`` -- flows there are 0 but not truth
+    (:attr:`TrafficDay.has_truth`). A working station's 0 at night stays a true 0.
     """
     quality = QualityReport(source=str(path))
     chunks = _ahead(_line_chunks(_pieces(path)))

@@ -13,6 +13,7 @@ what was handed to the producer. A broker lost mid-run ends the replay within
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -22,10 +23,10 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -216,24 +217,121 @@ class StopFlag:
         return self.event.is_set()
 
 
+class StopPlan:
+    """Where every producer of one replay stops (docs/wire.md, "Ctrl-C"): at one epoch for all.
+
+    A stop (Ctrl-C or SIGTERM, to the parent or to any producer process) fixes, once, the
+    stop epoch: the newest epoch any producer had begun. Every producer completes every epoch
+    before it -- one a producer is still in is finished, not cut -- then marks the stop epoch
+    interrupted with exactly what it sent of it (nothing, if it had not begun it); a producer
+    that had finished the stop epoch leaves it complete. No epoch after it is begun. So every
+    epoch on the wire has every producer's markers and is either complete or flagged
+    interrupted, and only the last one can be flagged.
+
+    ``state`` = [stop epoch count (-1: no stop yet), epochs begun by producer 0, 1, ...]:
+    shared memory with a process lock across producer processes, a list and a thread lock in
+    one process. The lock is never taken in a signal handler (the handler only sets a flag).
+    """
+
+    RUN, EMPTY, STOP = range(3)  # what :meth:`begin` says about an epoch
+
+    def __init__(self, state: Any, lock: Any) -> None:
+        self.state = state
+        self.lock = lock
+
+    @classmethod
+    def local(cls, producers: int = 1) -> StopPlan:
+        return cls([-1] + [0] * producers, threading.Lock())
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.state[0] >= 0)
+
+    def request(self) -> int:
+        """Fix the stop (the first call decides): epochs ``0 .. n - 1`` are sent, ``n - 1``
+        possibly interrupted; returns ``n``."""
+        with self.lock:
+            if self.state[0] < 0:
+                self.state[0] = max(self.state[1:])
+            return int(self.state[0])
+
+    def begin(self, index: int, i: int) -> int:
+        """May producer ``index`` begin its epoch ``i`` (counted from the replay's start)?
+        ``RUN`` (recorded as begun), ``EMPTY`` (the stop epoch, not begun before the stop:
+        mark it interrupted with nothing sent) or ``STOP``."""
+        with self.lock:
+            n = int(self.state[0])
+            if n < 0 or i < n - 1:
+                self.state[1 + index] = i + 1
+                return self.RUN
+            return self.EMPTY if i == n - 1 else self.STOP
+
+    def cuts(self, i: int) -> bool:
+        """Is epoch ``i`` (one this producer has begun) the stop epoch? Set once, never changed."""
+        n = int(self.state[0])
+        return n >= 0 and i >= n - 1
+
+
+class _Stops(Protocol):
+    @property
+    def requested(self) -> bool: ...
+
+
+class _Halt:
+    """``requested`` for :func:`_send_round`: this epoch is to be cut short now."""
+
+    def __init__(self, cut: Callable[[int], bool], i: int) -> None:
+        self.cut, self.i = cut, i
+
+    @property
+    def requested(self) -> bool:
+        return self.cut(self.i)
+
+
 def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                    counters: Any | None = None, day: TrafficDay | None = None,
-                   peers: list[Any] | None = None) -> ReplaySummary:
+                   peers: list[Any] | None = None, plan: StopPlan | None = None) -> ReplaySummary:
     """One producer's share of the replay; :class:`ReplayLost` if the broker is lost."""
     with StopFlag() as stop:
-        return _run_epochs(settings, index, count, t0, counters, stop, day or load_day(settings), peers or [])
+        return _run_epochs(settings, index, count, t0, counters, stop, day or load_day(settings), peers or [],
+                           plan or StopPlan.local(count))
 
 
-def _wait_for_peers(peers: list[Any], i: int, stop: StopFlag) -> None:
+def _wait_for_peers(peers: list[Any], i: int, stop: StopFlag, plan: StopPlan | None = None) -> None:
     """Lockstep: start epoch i only once every producer has finished epoch i - 2, so producers
     never drift apart by more than one epoch -- less than the stream app's allowed lateness,
     whose watermark would otherwise close an epoch before a slower producer's data arrives."""
-    while peers and min(c[_EPOCHS] for c in peers) < i - 1 and not stop.wait(0.002):
+    while (peers and min(c[_EPOCHS] for c in peers) < i - 1 and not stop.wait(0.002)
+           and not (plan is not None and plan.requested)):
         pass
 
 
+def _pause(until: float, stop: StopFlag, plan: StopPlan) -> None:
+    """Pacing: wait until ``until`` (time.time()), or a stop -- this process's signal, or the
+    plan a peer or the parent fixed (a producer still starting up ignores signals)."""
+    while not (stop.requested or plan.requested) and (left := until - time.time()) > 0:
+        stop.wait(min(left, 0.05))
+
+
+@contextlib.contextmanager
+def _children_ignore_stop_signals() -> Iterator[None]:
+    """Start producer processes ignoring SIGINT and SIGTERM (an ignored signal stays ignored
+    across exec; a handler does not) until they install their own handlers, so a Ctrl-C or
+    the parent's SIGTERM during their start-up cannot kill one before it can follow the
+    StopPlan. A signal to this process while the children are being started is lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any | None,
-                stop: StopFlag, day: TrafficDay, peers: list[Any]) -> ReplaySummary:
+                stop: StopFlag, day: TrafficDay, peers: list[Any], plan: StopPlan) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
     # every device of this producer answers the same queries: one ledger stands for each of them
@@ -249,50 +347,64 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     if settings.max_epochs is not None:
         epochs, flows = epochs[: settings.max_epochs], flows[: settings.max_epochs]
     lost: BrokerLost | None = None
+
+    def cut(i: int) -> bool:  # the stop epoch, to be cut short (StopPlan)
+        if stop.requested:
+            plan.request()
+        return plan.cuts(i)
+
     try:
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
-            if settings.speed > 0 and stop.wait(t0 + i * 30.0 / settings.speed - time.time()):
-                break
-            _wait_for_peers(peers, i, stop)
+            if settings.speed > 0:  # a stop ends the wait; what follows the stop is not paced
+                _pause(t0 + i * 30.0 / settings.speed, stop, plan)
+            if not (stop.requested or plan.requested):
+                _wait_for_peers(peers, i, stop, plan)
             if stop.requested:
+                plan.request()
+            begun = plan.begin(index, i)
+            if begun == StopPlan.STOP:
                 break
             epoch = int(epoch_np)
             when = epoch_start(epoch)
             reader.poll(0)
             current = active_queries(reader.queries.values(), when)
-            split = split_fleet(settings.seed, epoch, flow_row, fleet, count)
-            no_truth = day.stations[~truth_rows[i]]  # cells without a reading: no truth, no data
-            if settings.truth and index == 0:
-                truth = GroundTruth(epoch=epoch, epoch_start=when, stations=tuple(int(s) for s in day.stations),
-                                    flows=tuple(int(f) for f in flow_row),
-                                    no_truth=tuple(int(s) for s in no_truth))
-                sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
-                          headers=[(KIND_HEADER, b"ground_truth")])
-            no_data = {int(s) for s in no_truth}
-            sent: dict[tuple[str, int], dict[int, list[int]]] = {}
-            by_key: dict[str, Query] = {}
+            # every (query, round) is marked, also one cut before anything of it was sent
+            sent: dict[tuple[str, int], dict[int, list[int]]] = {
+                (q.record_key, r): {p: [0, 0] for p in sink.partitions} for q in current for r in range(q.n_rounds)}
+            by_key: dict[str, Query] = {q.record_key: q for q in current}
             participants: dict[str, tuple[int, int]] = {}
-            for q in current:
-                if stop.requested:
-                    break
-                tc = query_truth_counts(split[index], day.stations, q)
-                er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device, ledger,
-                               when.date().isoformat())
-                participants[q.query_id] = (er.participants, er.refused)
-                if er.refused:
-                    summary.refused[q.query_id] += er.refused
-                    summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
-                by_key[q.record_key] = q
-                for r in range(q.n_rounds):
-                    per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
-                    if er.participants:
-                        _send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
-                                    er.reports[r], per_part, stop)
-            sink.flush()
-            # an interrupted epoch is marked with exactly what was sent of it
+            no_truth = day.stations[~truth_rows[i]]  # cells without a reading: no truth, no data
+            no_data = {int(s) for s in no_truth}
+            if begun == StopPlan.RUN:
+                split = split_fleet(settings.seed, epoch, flow_row, fleet, count)
+                if settings.truth and index == 0:
+                    truth = GroundTruth(epoch=epoch, epoch_start=when,
+                                        stations=tuple(int(s) for s in day.stations),
+                                        flows=tuple(int(f) for f in flow_row),
+                                        no_truth=tuple(int(s) for s in no_truth))
+                    sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
+                              headers=[(KIND_HEADER, b"ground_truth")])
+                halt = _Halt(cut, i)
+                for q in current:
+                    if halt.requested:
+                        break
+                    tc = query_truth_counts(split[index], day.stations, q)
+                    er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device, ledger,
+                                   when.date().isoformat())
+                    participants[q.query_id] = (er.participants, er.refused)
+                    if er.refused:
+                        summary.refused[q.query_id] += er.refused
+                        summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
+                    for r in range(q.n_rounds):
+                        if er.participants:
+                            _send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
+                                        er.reports[r], sent[(q.record_key, r)], halt)
+                sink.flush()
+            # the stop epoch is marked interrupted with exactly what was sent of it
+            interrupted = begun == StopPlan.EMPTY or cut(i)
             _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
-                          stop.requested, no_data)
-            if stop.requested:
+                          interrupted, no_data)
+            if interrupted:
                 break
             summary.epochs += 1
             if counters is not None:
@@ -300,7 +412,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     except BrokerLost as exc:  # the epoch in progress is left unmarked: the broker is gone
         lost = exc
     finally:
-        summary.interrupted = stop.requested
+        summary.interrupted = stop.requested or plan.requested
         try:
             sink.close()
         except BrokerLost as exc:
@@ -333,7 +445,7 @@ def _share(counters: Any, summary: ReplaySummary, sink: ReportSink) -> None:
 
 def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
                 layout: Layout, arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
-                stop: StopFlag) -> None:
+                stop: _Stops) -> None:
     base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "round": r,
             "producer_id": producer_id, "n_stations": q.n_stations, "n_outputs": q.build().n_outputs}
     if layout == "counts":  # a tally: one record (the wire's kind "tally" carries layout "counts")
@@ -384,11 +496,11 @@ def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, ep
 
 
 def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any, peers: list[Any],
-           reason: Any = None, kafka_log_level: int = logging.WARNING) -> None:
+           reason: Any = None, kafka_log_level: int = logging.WARNING, plan: StopPlan | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kafka").setLevel(kafka_log_level)  # as quiet as the parent's
     try:
-        _producer_loop(settings, index, count, t0, counters, peers=peers)
+        _producer_loop(settings, index, count, t0, counters, peers=peers, plan=plan)
     except ReplayLost as exc:  # counted (counters[_LOST]); the parent reports it
         if reason is not None:
             reason.value = str(exc).encode()[:_REASON_BYTES - 1]
@@ -459,21 +571,28 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     ctx = mp.get_context("spawn")
     shared = [ctx.Array("q", _N_COUNTERS, lock=False) for _ in range(settings.producers)]
     reasons = [ctx.Array("c", _REASON_BYTES, lock=False) for _ in range(settings.producers)]
+    plan_state = ctx.Array("q", 1 + settings.producers, lock=False)
+    plan_state[0] = -1
+    plan = StopPlan(plan_state, ctx.Lock())
     kafka_level = logging.getLogger("kafka").getEffectiveLevel()
     procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k], shared, reasons[k],
-                                              kafka_level), daemon=False)
+                                              kafka_level, plan), daemon=False)
              for k in range(settings.producers)]
-    for p in procs:
-        p.start()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
     with StopFlag() as stop:
+        with _children_ignore_stop_signals():
+            for p in procs:
+                p.start()
         try:
             while any(p.is_alive() for p in procs):
                 bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),
                            sum(c[_FAILED] for c in shared))
                 failed = any(p.exitcode not in (0, None) for p in procs) or any(c[_LOST] for c in shared)
-                if stop.wait(0.2) or failed:  # Ctrl-C, or a producer died or lost the broker: its peers
-                    summary.interrupted = not failed  # would wait for it
+                # Ctrl-C (here or in a producer), or a producer died or lost the broker: its peers
+                # would wait for it. One stop epoch for all (StopPlan); SIGTERM wakes them to it
+                if stop.wait(0.2) or plan.requested or failed:
+                    summary.interrupted = not failed
+                    plan.request()
                     for p in procs:  # graceful: children treat SIGTERM like the first Ctrl-C
                         if p.is_alive():
                             p.terminate()

@@ -17,6 +17,7 @@ Family-wise (all of them together) false-failure < 5e-3 for a random seed.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pytest
@@ -493,3 +494,68 @@ def test_producers_move_in_lockstep() -> None:
     assert released.is_set() and time.monotonic() - t0 >= 0.15
     stop.event.set()
     _wait_for_peers(peers, 99, stop)  # a stop request ends the wait
+
+
+def test_stop_plan_one_stop_epoch_for_all() -> None:
+    """`StopPlan` (docs/wire.md, "Ctrl-C"): the stop epoch is the newest any producer had
+    begun; a producer behind completes the epochs before it and marks the stop epoch
+    interrupted with nothing sent; the one in the stop epoch cuts it; nobody begins a later one."""
+    from producers.replay import StopPlan
+
+    plan = StopPlan.local(2)
+    assert [plan.begin(0, i) for i in range(3)] == [StopPlan.RUN] * 3  # producer 0 is in epoch 2
+    assert [plan.begin(1, i) for i in range(2)] == [StopPlan.RUN] * 2  # producer 1 still in epoch 1
+    assert not plan.requested and not plan.cuts(2)
+    assert plan.request() == 3 and plan.requested
+    assert plan.cuts(2) and not plan.cuts(1)  # producer 0 cuts epoch 2; producer 1 finishes epoch 1
+    assert plan.begin(1, 2) == StopPlan.EMPTY  # ... then marks epoch 2 interrupted, nothing sent
+    assert plan.begin(0, 3) == StopPlan.STOP and plan.begin(1, 3) == StopPlan.STOP
+    assert plan.request() == 3  # decided once
+    # a producer two epochs behind (never with lockstep, but the rule holds) completes both
+    behind = StopPlan.local(2)
+    for i in range(4):
+        behind.begin(0, i)
+    behind.begin(1, 0)
+    behind.request()
+    assert behind.begin(1, 1) == behind.begin(1, 2) == StopPlan.RUN and not behind.cuts(2)
+    assert behind.begin(1, 3) == StopPlan.EMPTY
+    # a stop before anything began: nothing is sent, not even an interrupted marker
+    early = StopPlan.local(2)
+    early.request()
+    assert early.begin(0, 0) == early.begin(1, 0) == StopPlan.STOP
+
+
+def _report_stop_signals(out: Any) -> None:
+    """In a spawned producer-like child: 1 where SIGINT and SIGTERM are ignored."""
+    import signal
+
+    out[0] = int(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+    out[1] = int(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+
+
+def test_producer_processes_start_ignoring_stop_signals() -> None:
+    """Producer processes start ignoring SIGINT and SIGTERM (until their own handlers are in):
+    a Ctrl-C or the parent's SIGTERM during their start-up must not kill one before it can
+    follow the StopPlan (it would leave its epochs without markers). The parent's handlers
+    are back afterwards; the stop is seen through the plan while waiting."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    from producers.replay import StopFlag, StopPlan, _children_ignore_stop_signals, _pause
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Array("q", 2, lock=False)
+    with StopFlag() as stop:
+        handler = signal.getsignal(signal.SIGTERM)
+        with _children_ignore_stop_signals():
+            child = ctx.Process(target=_report_stop_signals, args=(out,))
+            child.start()
+        assert signal.getsignal(signal.SIGTERM) is handler and callable(handler)
+        child.join(timeout=60)
+        assert child.exitcode == 0 and list(out) == [1, 1]
+        plan = StopPlan.local(1)
+        plan.request()  # fixed elsewhere: no signal reached this process
+        t0 = time.monotonic()
+        _pause(time.time() + 30, stop, plan)
+        assert time.monotonic() - t0 < 5 and not stop.requested

@@ -74,13 +74,14 @@ def raw_line(stamp: str, station: int | str, lanes: list[Lane]) -> str:
 
 
 def five_min_line(stamp: str, station: int | str, total: str, lane_flows: list[str],
-                  district: str = "7", fwy: str = "5", direction: str = "N", lane_type: str = "ML") -> str:
+                  district: str = "7", fwy: str = "5", direction: str = "N", lane_type: str = "ML",
+                  occ: str = ".0456") -> str:
     """A Station 5-Minute line: 12 fixed columns, then (Samples, Flow, Avg Occ, Avg Speed,
     Observed) per lane."""
-    fixed = [stamp, str(station), district, fwy, direction, lane_type, ".43", "80", "100", total, ".0456", "64.2"]
+    fixed = [stamp, str(station), district, fwy, direction, lane_type, ".43", "80", "100", total, occ, "64.2"]
     lanes: list[str] = []
     for f in lane_flows:
-        lanes += ["10", f, ".0450", "63.9", "1"]
+        lanes += ["10", f, occ, "63.9", "1"]
     return ",".join(fixed + lanes)
 
 
@@ -687,6 +688,100 @@ def test_station_dead_all_file(tmp_path: Path) -> None:
     assert ((day.flags[:, 0] & CELL_DEAD) != 0).all()
     assert day.quality.dead_stations == 1 and "1 stations dead all file" in day.quality.summary()
     assert day.peak_total() == 10
+
+
+# A January 2012 weekday as a small district file holds it: at night every station reads 0/0
+# (nobody drives past ten detectors at 2 am); from 03:45 the working stations carry traffic.
+# Station 1 is dead: 0/0 in every row. Station 2 works but is quiet until 04:30 (45 minutes
+# of 0/0 while station 3 has traffic: under the one-hour dead run). Station 3 works from 03:45.
+_NIGHT_DAY = "01/24/2012"
+_DEAD, _QUIET, _BUSY = 1, 2, 3
+_TRAFFIC_FROM = {_DEAD: None, _QUIET: 540, _BUSY: 450}  # 30 s epochs after midnight
+
+
+def _night_flow(station: int, i: int) -> int:
+    start = _TRAFFIC_FROM[station]
+    return 0 if start is None or i < start else 2 + (i % 3)
+
+
+def _night_raw(tmp_path: Path, epochs: int = 720) -> Path:
+    """Station Raw, 00:00 to 06:00: two lanes, 0/0 on both when nobody passes."""
+    lines = []
+    for i in range(epochs):
+        stamp = epoch_start(utc_epoch(f"{_NIGHT_DAY} 00:00:00", PST) + i).strftime("%m/%d/%Y %H:%M:%S")
+        for s in (_DEAD, _QUIET, _BUSY):
+            f = _night_flow(s, i)
+            lines.append(raw_line(stamp, s, _lane(f, ".05") if f else [("0", "0", "0"), ("0", "0", "")]))
+    return write_text(tmp_path / "d05_text_station_raw_2012_01_24.txt.gz", lines, gz=True)
+
+
+def _night_5min(tmp_path: Path, intervals: int = 72) -> Path:
+    """Station 5-Minute, 00:00 to 06:00: the same stations, each total over ten epochs."""
+    lines = []
+    for k in range(intervals):
+        stamp = epoch_start(utc_epoch(f"{_NIGHT_DAY} 00:00:00", PST) + 10 * k).strftime("%m/%d/%Y %H:%M:%S")
+        for s in (_DEAD, _QUIET, _BUSY):
+            total = sum(_night_flow(s, 10 * k + j) for j in range(10))
+            lines.append(five_min_line(stamp, s, str(total), [str(total)], occ=".05" if total else "0"))
+    return write_text(tmp_path / "d05_text_station_5min_2012_01_24.txt", lines, gz=False)
+
+
+def _check_dead_all_day(day: TrafficDay, covered: int) -> None:
+    """Station 1 is dead in every cell it read, night included; station 2's quiet night is truth."""
+    dead, zero_truth = (day.flags & CELL_DEAD) != 0, day.has_truth
+    col = {int(s): j for j, s in enumerate(day.stations)}
+    assert dead[:covered, col[_DEAD]].all() and not day.has_truth[:, col[_DEAD]].any()
+    assert not dead[:, col[_QUIET]].any() and not dead[:, col[_BUSY]].any()
+    assert zero_truth[:covered, col[_QUIET]].all() and day.flows[:450, col[_QUIET]].tolist() == [0] * 450
+    assert zero_truth[:covered, col[_BUSY]].all()
+    assert day.quality.dead_cells == covered and day.quality.dead_stations == 1
+    assert "1 stations dead all file" in day.quality.summary()
+    accounted(day.quality)
+
+
+@pytest.mark.parametrize("path", ["fast", "rows"])
+def test_station_dead_all_day_is_dead_at_night_too_raw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       path: str) -> None:
+    """Missing is not zero, at night: a station reading 0/0 in every row of a day on which
+    others carry traffic is dead for the whole day -- also the ~450 night epochs before anyone
+    else had traffic (no run there: nobody has traffic). Both the fast path and the row logic."""
+    raw = _night_raw(tmp_path)
+    if path == "rows":
+        monkeypatch.setattr(pems, "_FAST_BYTES", np.zeros(256, bool))
+    _check_dead_all_day(read_station_raw(raw), 720)
+    whole_day = read_station_raw(raw, day=date(2012, 1, 24))  # the grid is the whole local day
+    assert whole_day.epochs.size == 2880
+    _check_dead_all_day(whole_day, 720)
+    assert not ((whole_day.flags[720:] & CELL_DEAD) != 0).any()  # after 06:00: missing, not dead
+
+
+def test_station_dead_all_day_is_dead_at_night_too_5min(tmp_path: Path) -> None:
+    """The 5-minute reader agrees with the Station Raw reader, cell for cell."""
+    five = read_station_5min(_night_5min(tmp_path))
+    _check_dead_all_day(five, 720)
+    raw = read_station_raw(_night_raw(tmp_path))
+    assert np.array_equal(five.epochs, raw.epochs) and np.array_equal(five.stations, raw.stations)
+    assert np.array_equal(five.flags & CELL_DEAD, raw.flags & CELL_DEAD)
+    _check_dead_all_day(read_station_5min(_night_5min(tmp_path), day=date(2012, 1, 24)), 720)
+
+
+def test_dead_all_day_is_per_local_day(tmp_path: Path) -> None:
+    """A station 0/0 all of one day (its last half hour in the file: shorter than a dead run)
+    but with traffic the next is dead on the first day only; a file where every station reads
+    0/0 (nobody has traffic) kills nobody."""
+    lines = []
+    t0 = utc_epoch("01/24/2012 23:30:00", PST)
+    for i in range(180):  # 23:30 to 01:00
+        stamp = epoch_start(t0 + i).strftime("%m/%d/%Y %H:%M:%S")
+        lines.append(raw_line(stamp, 1, _lane(3) if i >= 60 else [("0", "0", "0")]))
+        lines.append(raw_line(stamp, 2, _lane(1)))
+    day = read_station_raw(write_text(tmp_path / "raw.txt", lines, gz=False))
+    dead = (day.flags[:, 0] & CELL_DEAD) != 0
+    assert dead[:60].all() and not dead[60:].any()
+    assert day.quality.dead_stations == 0
+    quiet = [raw_line(epoch_start(t0 + i).strftime("%m/%d/%Y %H:%M:%S"), s, [("0", "0", "0")])
+             for i in range(180) for s in (1, 2)]
+    assert not (read_station_raw(write_text(tmp_path / "quiet.txt", quiet, gz=False)).flags & CELL_DEAD).any()
 
 
 def test_lane_flags_are_on_the_cell(tmp_path: Path) -> None:
