@@ -1,5 +1,5 @@
 """Regenerate the table in docs/configuration.md from the settings classes:
-``python docs/gen_configuration.py > docs/configuration.md`` (tests/unit/test_settings_cli.py
+``python docs/gen_configuration.py > docs/configuration.md`` (tests/unit/stream_app/cli/test_base.py
 checks the file is current)."""
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ from .settings import ReplaySettings
 from .sink import ReportSink
 from .synthetic import write_synthetic_day
 
-__all__ = ["EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_queries", "fleet_size_for",
-           "load_day", "replay"]
+__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "StopFlag", "StopPlan", "active_queries",
+           "children_ignore_stop_signals", "default_queries", "fleet_size_for", "load_day", "pause_until", "replay",
+           "send_markers", "send_round", "wait_for_peers"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
@@ -149,7 +150,8 @@ class ReplayLost(BrokerLost):
 
 # indices of the shared per-producer counters (_LOST: 1 once that producer lost the broker)
 _N_COUNTERS = 9
-_EPOCHS, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED, _SENT_REPORTS, _SENT_RECORDS, _LOST = range(_N_COUNTERS)
+# EPOCHS_DONE: index of a producer's completed-epochs counter in its shared counters (peers wait on it)
+EPOCHS_DONE, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED, _SENT_REPORTS, _SENT_RECORDS, _LOST = range(_N_COUNTERS)
 _REASON_BYTES = 400  # a producer process's loss reason, shared with the parent
 
 
@@ -278,7 +280,7 @@ class _Stops(Protocol):
 
 
 class _Halt:
-    """``requested`` for :func:`_send_round`: this epoch is to be cut short now."""
+    """``requested`` for :func:`send_round`: this epoch is to be cut short now."""
 
     def __init__(self, cut: Callable[[int], bool], i: int) -> None:
         self.cut, self.i = cut, i
@@ -297,16 +299,16 @@ def _producer_loop(settings: ReplaySettings, index: int, count: int, t0: float,
                            plan or StopPlan.local(count))
 
 
-def _wait_for_peers(peers: list[Any], i: int, stop: StopFlag, plan: StopPlan | None = None) -> None:
+def wait_for_peers(peers: list[Any], i: int, stop: StopFlag, plan: StopPlan | None = None) -> None:
     """Lockstep: start epoch i only once every producer has finished epoch i - 2, so producers
     never drift apart by more than one epoch -- less than the stream app's allowed lateness,
     whose watermark would otherwise close an epoch before a slower producer's data arrives."""
-    while (peers and min(c[_EPOCHS] for c in peers) < i - 1 and not stop.wait(0.002)
+    while (peers and min(c[EPOCHS_DONE] for c in peers) < i - 1 and not stop.wait(0.002)
            and not (plan is not None and plan.requested)):
         pass
 
 
-def _pause(until: float, stop: StopFlag, plan: StopPlan) -> None:
+def pause_until(until: float, stop: StopFlag, plan: StopPlan) -> None:
     """Pacing: wait until ``until`` (time.time()), or a stop -- this process's signal, or the
     plan a peer or the parent fixed (a producer still starting up ignores signals)."""
     while not (stop.requested or plan.requested) and (left := until - time.time()) > 0:
@@ -314,7 +316,7 @@ def _pause(until: float, stop: StopFlag, plan: StopPlan) -> None:
 
 
 @contextlib.contextmanager
-def _children_ignore_stop_signals() -> Iterator[None]:
+def children_ignore_stop_signals() -> Iterator[None]:
     """Start producer processes ignoring SIGINT and SIGTERM (an ignored signal stays ignored
     across exec; a handler does not) until they install their own handlers, so a Ctrl-C or
     the parent's SIGTERM during their start-up cannot kill one before it can follow the
@@ -356,9 +358,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     try:
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
             if settings.speed > 0:  # a stop ends the wait; what follows the stop is not paced
-                _pause(t0 + i * 30.0 / settings.speed, stop, plan)
+                pause_until(t0 + i * 30.0 / settings.speed, stop, plan)
             if not (stop.requested or plan.requested):
-                _wait_for_peers(peers, i, stop, plan)
+                wait_for_peers(peers, i, stop, plan)
             if stop.requested:
                 plan.request()
             begun = plan.begin(index, i)
@@ -397,12 +399,12 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                         summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
                     for r in range(q.n_rounds):
                         if er.participants:
-                            _send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
+                            send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
                                         er.reports[r], sent[(q.record_key, r)], halt)
                 sink.flush()
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
-            _send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
+            send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
                           interrupted, no_data)
             if interrupted:
                 break
@@ -434,7 +436,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
 
 def _share(counters: Any, summary: ReplaySummary, sink: ReportSink) -> None:
     """This producer's totals into its shared counters (the parent reads them)."""
-    counters[_EPOCHS] = summary.epochs
+    counters[EPOCHS_DONE] = summary.epochs
     counters[_REPORTS] = sink.acked_reports
     counters[_RECORDS] = sink.acked_batches
     counters[_SENT_REPORTS] = sink.sent_reports
@@ -443,7 +445,7 @@ def _share(counters: Any, summary: ReplaySummary, sink: ReportSink) -> None:
     counters[_REFUSED] = sum(summary.refused.values())
 
 
-def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
+def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
                 layout: Layout, arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
                 stop: _Stops) -> None:
     base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "round": r,
@@ -469,7 +471,7 @@ def _send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q:
         per_part[partition][1] += 1
 
 
-def _send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,
+def send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,
                   sent: dict[tuple[str, int], dict[int, list[int]]], by_key: dict[str, Query],
                   participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool,
                   no_data: set[int] | frozenset[int] = frozenset()) -> None:
@@ -557,7 +559,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
         class _Tick(list[int]):
             def __setitem__(self, i: Any, v: Any) -> None:
                 super().__setitem__(i, v)
-                bar.update(self[_EPOCHS], self[_REPORTS], self[_FAILED])
+                bar.update(self[EPOCHS_DONE], self[_REPORTS], self[_FAILED])
 
         try:
             summary = _producer_loop(settings, 0, 1, t0, _Tick(counters), day)
@@ -580,12 +582,12 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
              for k in range(settings.producers)]
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
     with StopFlag() as stop:
-        with _children_ignore_stop_signals():
+        with children_ignore_stop_signals():
             for p in procs:
                 p.start()
         try:
             while any(p.is_alive() for p in procs):
-                bar.update(min(c[_EPOCHS] for c in shared), sum(c[_REPORTS] for c in shared),
+                bar.update(min(c[EPOCHS_DONE] for c in shared), sum(c[_REPORTS] for c in shared),
                            sum(c[_FAILED] for c in shared))
                 failed = any(p.exitcode not in (0, None) for p in procs) or any(c[_LOST] for c in shared)
                 # Ctrl-C (here or in a producer), or a producer died or lost the broker: its peers
@@ -604,7 +606,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
                 if p.is_alive():
                     p.kill()
             bar.close()
-    summary.epochs = min(c[_EPOCHS] for c in shared)
+    summary.epochs = min(c[EPOCHS_DONE] for c in shared)
     summary.reports = sum(c[_REPORTS] for c in shared)
     summary.records = sum(c[_RECORDS] for c in shared)
     summary.reports_sent = sum(c[_SENT_REPORTS] for c in shared)

@@ -2,7 +2,7 @@
 ``MechanismSpec.accumulate`` (what stage 1 does with a record's pairs) then
 ``MechanismSpec.complete`` (what the estimates do with the participants). Tests that need the
 consumer's view of simulated pairs use this instead of a second implementation;
-tests/unit/test_registry.py holds the two against a per-pair tally written out by hand."""
+tests/unit/estimators/test_registry.py holds the two against a per-pair tally written out by hand."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 Built with Grafana's own typed Python SDK, ``grafana-foundation-sdk`` (the ``dev`` extra of
 pyproject.toml; its builders follow Grafana's dashboard schema, version 11.2 like the
 compose file's Grafana). The JSON files are committed (Grafana provisions them from disk);
-``tests/unit/test_deploy.py`` checks that they equal this script's output, so the two cannot
+``tests/unit/project/test_deploy.py`` checks that they equal this script's output, so the two cannot
 drift.
 
 Conventions

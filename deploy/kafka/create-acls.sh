@@ -8,7 +8,7 @@
 #
 # READ and WRITE imply DESCRIBE on the same resource (Kafka's rule), so DESCRIBE is listed
 # only where it is the sole grant. Names are the defaults of KafkaSettings / WorkerSettings
-# (PTT_APP_ID=ptt-stream); tests/unit/test_deploy.py runs this script against a fake
+# (PTT_APP_ID=ptt-stream); tests/unit/project/test_deploy.py runs this script against a fake
 # kafka-acls.sh and compares the grants with what each principal's code uses.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -6,7 +6,7 @@
 # another partition count: Faust refuses such topics, and a re-keyed stage with the wrong
 # count would silently split epochs. The names and counts are the defaults of WorkerSettings /
 # ReplaySettings (PTT_PARTITIONS=4, PTT_INTERNAL_PARTITIONS=4, PTT_APP_ID=ptt-stream);
-# tests/unit/test_deploy.py runs this script against a fake kafka-topics.sh and compares.
+# tests/unit/project/test_deploy.py runs this script against a fake kafka-topics.sh and compares.
 # Runs as the admin principal (PTT_* client settings, see client-properties.sh): topic creation
 # is granted to no other principal.
 set -euo pipefail

@@ -5,7 +5,7 @@
 # the passwords again (a new salt), so it is also how a password is rotated (deploy/README.md).
 #
 # Passwords: one environment variable per principal (below), from deploy/.env (.env.example).
-# tests/unit/test_deploy.py runs this script against a fake kafka-configs.sh and checks that
+# tests/unit/project/test_deploy.py runs this script against a fake kafka-configs.sh and checks that
 # every service's credentials match a user created here and that the quotas are set.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

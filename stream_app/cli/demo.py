@@ -39,8 +39,8 @@ from .replay import delivery_failures_message, replay_summary_lines
 if TYPE_CHECKING:
     from producers.replay import StopFlag
 
-__all__ = ["DemoError", "add_parser", "choose_port", "prometheus_config", "run", "run_demo", "save_topics",
-           "write_report"]
+__all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
+           "run_demo", "save_topics", "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -173,7 +173,7 @@ def _replay_settings(demo: DemoSettings, bootstrap: str) -> ReplaySettings:
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day)
 
 
-class _DropWhenClosed:
+class DropWhenClosed:
     """A text stream whose reader may go away: ``make run | tee run.log`` and Ctrl-C, which ends
     ``tee`` too. The first write that meets the closed pipe (EPIPE) points the descriptor at
     /dev/null and every later write is dropped, so the demo goes on stopping cleanly and saving
@@ -212,10 +212,10 @@ class _DropWhenClosed:
 
 
 @contextlib.contextmanager
-def _output_may_close() -> Iterator[None]:
-    """stdout and stderr as :class:`_DropWhenClosed` while the demo runs."""
+def output_may_close() -> Iterator[None]:
+    """stdout and stderr as :class:`DropWhenClosed` while the demo runs."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = cast(TextIO, _DropWhenClosed(sys.stdout)), cast(TextIO, _DropWhenClosed(sys.stderr))
+    sys.stdout, sys.stderr = cast(TextIO, DropWhenClosed(sys.stdout)), cast(TextIO, DropWhenClosed(sys.stderr))
     try:
         yield
     finally:
@@ -226,7 +226,7 @@ def run_demo(demo: DemoSettings) -> int:
     """Run the demo; the exit code of ``ptt demo``. Expected failures raise (the CLI maps them).
     A closed stdout or stderr (its reader gone) only ends the printing: the demo still stops
     everything it started and saves its results."""
-    with _output_may_close():
+    with output_may_close():
         return _run_demo(demo)
 
 

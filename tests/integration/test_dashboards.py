@@ -33,12 +33,13 @@ from schemas.kafka_io import read_queries
 from stream_app.cli.demo import prometheus_config
 from stream_app.cli.local_broker import free_port, terminate
 from stream_app.settings import WorkerSettings
+from tests.paths import ROOT
 
 from .stream_helpers import WorkerProcess, metric, pipeline_settings, wait_for
 
 pytestmark = pytest.mark.integration
 
-DASHBOARDS = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards"
+DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 # Grafana's global variables, as Grafana would expand them for a 30-minute view
 GRAFANA_MACROS = {"__rate_interval": "1m", "__interval": "15s", "__range": "30m"}
 NORMAL_EPOCHS = 12

@@ -14,12 +14,13 @@ from producers.sink import ReportSink
 from schemas.estimates import Estimate, EstimateBound
 from schemas.kafka_io import ensure_topics
 from schemas.settings import KafkaSettings
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.integration
 
 
 def _readme_example() -> str:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     example = next(b for b in blocks if "KafkaConsumer" in b and "ptt.estimates" in b)
     return example

@@ -3,7 +3,7 @@ vehicle's two Sampling Privacy rounds.
 
 Sampling Privacy's guarantee holds only while a vehicle's round-1 and round-2 reports cannot be
 linked (docs/statistics.md, "Privacy accounting": linked, its epsilon is infinite).
-``tests/unit/test_fleet.py`` checks that on ``privatize()``'s arrays in memory; here the
+``tests/unit/producers/test_fleet.py`` checks that on ``privatize()``'s arrays in memory; here the
 reports are followed onto the wire. A per-vehicle replay (3 stations, 4 epochs, 800 vehicles,
 batches of 100 over 3 partitions) runs into the session's broker; the test recomputes from the
 fleet's seed (``producers.fleet``, pure) which simulated vehicle sent every report, finds

@@ -91,8 +91,7 @@ import numpy as np
 import pytest
 
 import estimators as E
-
-from . import _mc
+from tests.unit import _mc
 
 LEVELS = (0.95, 0.99)
 SMALL = (0, 1, 5)

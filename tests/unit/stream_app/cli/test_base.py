@@ -8,6 +8,7 @@ from producers.settings import ReplaySettings
 from schemas.settings import KafkaSettings
 from stream_app.cli import build_parser
 from stream_app.cli.base import settings_from_args
+from tests.paths import ROOT
 
 
 def _replay(argv: list[str]) -> ReplaySettings:
@@ -57,12 +58,11 @@ def test_every_setting_has_a_flag() -> None:
 def test_configuration_doc_lists_every_setting() -> None:
     """docs/configuration.md is generated from the settings classes and current."""
     import importlib.util
-    from pathlib import Path
 
     from stream_app.cli.demo_settings import DemoSettings
     from stream_app.settings import WorkerSettings
 
-    root = Path(__file__).parents[2]
+    root = ROOT
     doc = (root / "docs" / "configuration.md").read_text()
     names = {f"PTT_{n.upper()}" for n in set(ReplaySettings.model_fields) | set(WorkerSettings.model_fields)}
     names |= {f"PTT_DEMO_{n.upper()}" for n in DemoSettings.model_fields}

@@ -30,8 +30,8 @@ from stream_app.cli import build_parser
 from stream_app.cli.base import settings_from_args
 from stream_app.metrics import StreamMonitor
 from stream_app.settings import WorkerSettings
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"

@@ -33,8 +33,7 @@ import numpy as np
 import pytest
 
 import estimators as E
-
-from . import _mc
+from tests.unit import _mc
 
 Z = 5.0  # two-sided normal tail 5.7e-7 per check
 

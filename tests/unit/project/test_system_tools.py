@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import ROOT
 from tests.system_tools import require_tool
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fake_tools(folder: Path, *names: str, script: str = "exit 0") -> Path:

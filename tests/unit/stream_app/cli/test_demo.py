@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from stream_app.cli.demo import _DropWhenClosed, _output_may_close
+from stream_app.cli.demo import DropWhenClosed, output_may_close
 
 
 def test_a_closed_pipe_is_dropped_not_raised() -> None:
     r, w = os.pipe()
     with os.fdopen(w, "w") as stream:
-        safe = _DropWhenClosed(stream)
+        safe = DropWhenClosed(stream)
         safe.write("seen\n")
         safe.flush()
         assert os.read(r, 100) == b"seen\n" and not safe.closed_pipe
@@ -34,6 +34,6 @@ def test_a_closed_pipe_is_dropped_not_raised() -> None:
 
 def test_the_demo_wraps_stdout_and_stderr_while_it_runs() -> None:
     before = sys.stdout, sys.stderr
-    with _output_may_close():
-        assert isinstance(sys.stdout, _DropWhenClosed) and isinstance(sys.stderr, _DropWhenClosed)
+    with output_may_close():
+        assert isinstance(sys.stdout, DropWhenClosed) and isinstance(sys.stderr, DropWhenClosed)
     assert (sys.stdout, sys.stderr) == before

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +16,7 @@ from scipy.stats import norm
 
 import estimators as E
 from estimators.registry import REGISTRY, SpecError, UnknownMechanism, get_spec, mechanism_names
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def test_unknown_mechanism_is_a_clear_error_never_a_default() -> None:

@@ -16,6 +16,7 @@ import pytest
 from stream_app import cli
 from stream_app.cli import build_parser, errors, main, synth
 from stream_app.cli.local_broker import free_port
+from tests.paths import ROOT
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_exit_codes_are_distinct_and_documented() -> None:
     codes = [errors.EXIT_OK, errors.EXIT_FAILURE, errors.EXIT_USAGE, errors.EXIT_BROKER, errors.EXIT_PORT,
              errors.EXIT_INPUT, errors.EXIT_EMPTY, errors.EXIT_BROKER_LOST, errors.EXIT_INTERRUPTED]
     assert len(set(codes)) == len(codes) == len(errors.EXIT_CODES)
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     for code in codes:
         assert f"| {code} |" in readme, f"exit code {code} is not in the README's table"
 

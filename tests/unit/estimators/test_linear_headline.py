@@ -39,8 +39,7 @@ import numpy as np
 import pytest
 
 import estimators as E
-
-from . import _mc
+from tests.unit import _mc
 
 YES = 100
 NO_SMALL, NO_LARGE = 10_000, 1_000_000

@@ -4,15 +4,13 @@ at zero from the start, so dashboards show 0 rather than "no data")."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from stream_app.decode import REASONS
 from stream_app.estimate import WITHHELD_CODES
 from stream_app.metrics import StreamMonitor
-
-ROOT = Path(__file__).parents[2]
+from tests.paths import ROOT
 
 
 def test_reasons_cover_every_raised_reason() -> None:

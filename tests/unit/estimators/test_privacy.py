@@ -4,7 +4,7 @@ composition, Haystack crowd sizes and the device-side query audit.
 The brute force in this module (:func:`brute_epsilon`) is the definition typed in again:
 ``max over outputs o and ordered truth pairs (t, t') of ln(P(o|t) / P(o|t'))``, with an
 output possible under one truth and impossible under another giving infinity. The output
-tables themselves are checked against the papers in ``test_mechanism_tables.py``.
+tables themselves are checked against the papers in ``tests/unit/estimators/test_mechanisms.py``.
 
 Documented differences between the papers' closed forms and the brute force (asserted
 below, with numbers):

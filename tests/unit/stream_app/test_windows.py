@@ -12,7 +12,7 @@ Checked:
 * duplicates: a batch id or an identical marker (same round, producer index, partition)
   counts once; a DIFFERENT marker for an occupied slot (a restarted producer) is recorded
   in ``conflicting`` whatever the arrival order (the epoch is then withheld, see
-  test_stream_estimate.py);
+  tests/unit/stream_app/test_estimate.py);
 * late records after ``close`` are counted and change nothing, also after an
   ``encode``/``decode`` round trip; a closed state keeps only closed_by/late/duplicates;
 * ``markers_complete`` for K producers x P partitions x R rounds in seeded random orders;

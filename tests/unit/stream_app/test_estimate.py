@@ -3,7 +3,7 @@
 
 The window is filled the way the running system fills it: a seeded epoch of known truth
 counts is privatized by ``producers.fleet.privatize`` (per-vehicle and tally modes), sent by
-the producer's own ``producers.replay._send_round`` and ``_send_markers`` into an in-memory
+the producer's own ``producers.replay.send_round`` and ``send_markers`` into an in-memory
 sink (batches keyed and partitioned by random batch ids, an end-of-epoch marker per round
 and partition), each record goes through stage 1 (``stream_app.decode.to_partials``), then
 through the stage-record encoding (``records.encode_partial``/``decode_partial``) and is
@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import estimators as E
 import producers.replay
 from producers.fleet import Device, EpochReports, epoch_rng, privatize
-from producers.replay import _send_markers, _send_round
+from producers.replay import send_markers, send_round
 from schemas import Query
 from schemas.epochs import epoch_start
 from schemas.estimates import ESTIMATE_SCHEMA_PATH, Estimate, estimate_json_schema
@@ -148,9 +148,9 @@ def produce(q: Query, truths: Iterable[np.ndarray], modes: Iterable[str], sink: 
         for r in range(q.n_rounds):
             per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
             if er.participants:
-                _send_round(sink, settings, producer_id, q, EPOCH, r, er.layout, er.rounds[r],  # type: ignore[arg-type]
+                send_round(sink, settings, producer_id, q, EPOCH, r, er.layout, er.rounds[r],  # type: ignore[arg-type]
                             er.reports[r], per_part, st)  # type: ignore[arg-type]
-        _send_markers(sink, producer_id, index, k, EPOCH, sent, {q.record_key: q},
+        send_markers(sink, producer_id, index, k, EPOCH, sent, {q.record_key: q},
                       {q.query_id: (er.participants, er.refused)}, mode, st.requested)
         out.append(er)
     return out

@@ -16,7 +16,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
+
 PACKAGES = ("estimators", "schemas", "producers", "stream_app")
 COMPOSITION_ROOT = "stream_app.cli"
 

@@ -38,7 +38,7 @@ import pytest
 from producers import pems
 from producers.pems import QualityReport, TrafficDay, read_bytes, read_station_raw
 from producers.synthetic import write_synthetic_day
-from tests.unit.test_pems_readers import accounted, raw_line
+from tests.unit.producers.test_pems import accounted, raw_line
 
 SEED = 8
 

@@ -470,30 +470,30 @@ def test_epoch_rng_reproduces_an_epoch(mechanism: str, mode: str) -> None:
 
 
 def test_producers_move_in_lockstep() -> None:
-    """`_wait_for_peers`: epoch i starts only when every producer has finished epoch i - 2,
+    """`wait_for_peers`: epoch i starts only when every producer has finished epoch i - 2,
     so producers drift apart by at most one epoch (below the stream app's allowed lateness)."""
     import threading
     import time
 
-    from producers.replay import _EPOCHS, StopFlag, _wait_for_peers
+    from producers.replay import EPOCHS_DONE, StopFlag, wait_for_peers
 
     peers = [[0] * 6, [0] * 6]
-    peers[0][_EPOCHS], peers[1][_EPOCHS] = 5, 3
+    peers[0][EPOCHS_DONE], peers[1][EPOCHS_DONE] = 5, 3
     stop = StopFlag()
-    _wait_for_peers(peers, 4, stop)  # min 3 >= 4 - 1: no wait
+    wait_for_peers(peers, 4, stop)  # min 3 >= 4 - 1: no wait
     released = threading.Event()
 
     def later() -> None:
         time.sleep(0.2)
-        peers[1][_EPOCHS] = 4
+        peers[1][EPOCHS_DONE] = 4
         released.set()
 
     threading.Thread(target=later).start()
     t0 = time.monotonic()
-    _wait_for_peers(peers, 5, stop)  # needs min >= 4
+    wait_for_peers(peers, 5, stop)  # needs min >= 4
     assert released.is_set() and time.monotonic() - t0 >= 0.15
     stop.event.set()
-    _wait_for_peers(peers, 99, stop)  # a stop request ends the wait
+    wait_for_peers(peers, 99, stop)  # a stop request ends the wait
 
 
 def test_stop_plan_one_stop_epoch_for_all() -> None:
@@ -542,13 +542,13 @@ def test_producer_processes_start_ignoring_stop_signals() -> None:
     import signal
     import time
 
-    from producers.replay import StopFlag, StopPlan, _children_ignore_stop_signals, _pause
+    from producers.replay import StopFlag, StopPlan, children_ignore_stop_signals, pause_until
 
     ctx = mp.get_context("spawn")
     out = ctx.Array("q", 2, lock=False)
     with StopFlag() as stop:
         handler = signal.getsignal(signal.SIGTERM)
-        with _children_ignore_stop_signals():
+        with children_ignore_stop_signals():
             child = ctx.Process(target=_report_stop_signals, args=(out,))
             child.start()
         assert signal.getsignal(signal.SIGTERM) is handler and callable(handler)
@@ -557,5 +557,5 @@ def test_producer_processes_start_ignoring_stop_signals() -> None:
         plan = StopPlan.local(1)
         plan.request()  # fixed elsewhere: no signal reached this process
         t0 = time.monotonic()
-        _pause(time.time() + 30, stop, plan)
+        pause_until(time.time() + 30, stop, plan)
         assert time.monotonic() - t0 < 5 and not stop.requested
