@@ -426,6 +426,26 @@ def ensure_stream_topics(s: WorkerSettings) -> dict[str, str]:
     }, compacted={s.queries_topic, s.changelog_topic})
 
 
+def _stop_on_loss(s: WorkerSettings, guard: BrokerGuard, exit_lost: Callable[[BrokerLost], NoReturn],
+                  reason: str) -> None:
+    """The guard's verdict: ask Faust to stop (its own graceful path, SIGTERM), and report the
+    loss through ``exit_lost`` at once if Faust has not started, else after the stop grace."""
+
+    def deadline_exit() -> None:
+        if guard.settle():
+            exit_lost(broker_lost(s, guard.lost or "unknown"))
+
+    # What the stop logs (connection errors, cancelled tasks) is noise next to the one line.
+    logging.disable(logging.CRITICAL)
+    timer = threading.Timer(stop_grace_s(s.broker_loss_timeout_s), deadline_exit)
+    timer.daemon = True
+    timer.start()
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # Faust has not started yet
+        deadline_exit()
+    else:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run_worker(s: WorkerSettings, exit_lost: Callable[[BrokerLost], NoReturn]) -> int:
     """Run one worker until SIGTERM/SIGINT (Faust's worker handles both gracefully), or until
     its broker is lost: then :class:`~schemas.kafka_io.BrokerLost` once the worker has stopped
@@ -442,22 +462,7 @@ def run_worker(s: WorkerSettings, exit_lost: Callable[[BrokerLost], NoReturn]) -
     guard.know(topic_ids)  # the baseline: the topics as they are once ensured, never before they exist
     worker = Worker(app, loglevel=s.log_level, quiet=True, redirect_stdouts=False)
 
-    def deadline_exit() -> None:
-        if guard.settle():
-            exit_lost(broker_lost(s, guard.lost or "unknown"))
-
-    def on_lost(reason: str) -> None:
-        # What the stop logs (connection errors, cancelled tasks) is noise next to the one line.
-        logging.disable(logging.CRITICAL)
-        timer = threading.Timer(stop_grace_s(s.broker_loss_timeout_s), deadline_exit)
-        timer.daemon = True
-        timer.start()
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # Faust has not started yet
-            deadline_exit()
-        else:
-            os.kill(os.getpid(), signal.SIGTERM)  # Faust's own graceful stop
-
-    guard.start(on_lost)
+    guard.start(partial(_stop_on_loss, s, guard, exit_lost))
     try:
         worker.execute_from_commandline()
     except SystemExit:

@@ -33,7 +33,7 @@ def _port(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from producers.replay import StopFlag
+    from producers.stopping import StopFlag
 
     from .local_broker import LocalBroker
 

@@ -37,7 +37,7 @@ from .local_broker import LocalBroker, PortInUse, child_options, free_port, port
 from .replay import delivery_failures_message, replay_summary_lines
 
 if TYPE_CHECKING:
-    from producers.replay import StopFlag
+    from producers.stopping import StopFlag
 
 __all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
            "run_demo", "save_topics", "write_report"]
@@ -231,7 +231,8 @@ def run_demo(demo: DemoSettings) -> int:
 
 
 def _run_demo(demo: DemoSettings) -> int:
-    from producers.replay import ReplayLost, StopFlag, load_day, replay
+    from producers.replay import ReplayLost, load_day, replay
+    from producers.stopping import StopFlag
 
     out = demo.out
     for path in (demo.pems_raw, demo.pems_5min, demo.meta):

@@ -314,7 +314,7 @@ def test_a_second_ctrl_c_forces_quit(replay_settings: ReplaySettings, tmp_path: 
     The first Ctrl-C says a second one quits at once; the second one ends the process with exit
     code 130 within FORCE_QUIT_GRACE_S (+ 3 s of slack), without a traceback. A broker of its
     own: the session's broker must not be frozen."""
-    from producers.replay import FORCE_QUIT_GRACE_S
+    from producers.stopping import FORCE_QUIT_GRACE_S
     from stream_app.cli.local_broker import LocalBroker
 
     with LocalBroker(log_path=tmp_path / "tansu.log") as broker:

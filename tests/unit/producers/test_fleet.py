@@ -475,7 +475,8 @@ def test_producers_move_in_lockstep() -> None:
     import threading
     import time
 
-    from producers.replay import EPOCHS_DONE, StopFlag, wait_for_peers
+    from producers.replay import EPOCHS_DONE, wait_for_peers
+    from producers.stopping import StopFlag
 
     peers = [[0] * 6, [0] * 6]
     peers[0][EPOCHS_DONE], peers[1][EPOCHS_DONE] = 5, 3
@@ -500,7 +501,7 @@ def test_stop_plan_one_stop_epoch_for_all() -> None:
     """`StopPlan` (docs/wire.md, "Ctrl-C"): the stop epoch is the newest any producer had
     begun; a producer behind completes the epochs before it and marks the stop epoch
     interrupted with nothing sent; the one in the stop epoch cuts it; nobody begins a later one."""
-    from producers.replay import StopPlan
+    from producers.stopping import StopPlan
 
     plan = StopPlan.local(2)
     assert [plan.begin(0, i) for i in range(3)] == [StopPlan.RUN] * 3  # producer 0 is in epoch 2
@@ -542,7 +543,7 @@ def test_producer_processes_start_ignoring_stop_signals() -> None:
     import signal
     import time
 
-    from producers.replay import StopFlag, StopPlan, children_ignore_stop_signals, pause_until
+    from producers.stopping import StopFlag, StopPlan, children_ignore_stop_signals, pause_until
 
     ctx = mp.get_context("spawn")
     out = ctx.Array("q", 2, lock=False)
