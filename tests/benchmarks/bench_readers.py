@@ -124,7 +124,7 @@ def main() -> None:
             "gunzip_s": round(gunzip_s, 2), "x_gunzip": round(parse_s / gunzip_s, 2),
             "split_s": round(split_s, 2), "x_split": round(parse_s / split_s, 2), **other,
             "cached_load_s": round(cached_load_s, 3), "cache_equal": same, "repeat": args.repeat,
-            "parse_threads": pems._WORKERS, "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+            "parse_threads": pems.raw.WORKERS, "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
         }))
 
 
