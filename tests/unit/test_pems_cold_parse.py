@@ -188,6 +188,51 @@ def test_line_chunks_are_whole_lines_with_room_after(monkeypatch: pytest.MonkeyP
             assert b > a and buf[b - 1:b] == b"\n" and len(buf) - b >= len(pems.streams.PAD)
 
 
+def test_the_knobs_reach_the_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests above change the reader through module attributes (``fast.FAST_BYTES``,
+    ``streams.CHUNK_BYTES``, ``raw.WORKERS``, ``grid.MAX_KEY_CELLS``); each must reach the
+    read, else a "row logic" or "small chunks" comparison would compare the reader with itself
+    and could not fail. Seen from a spy on the fast path: which lines it leaves to the row
+    logic, how many chunks, in which threads; and whether the sorted placement ran."""
+    path = _write(tmp_path / "raw.txt", [raw_line(f"01/23/2012 10:{m:02d}:05", s, [("3", ".1", "60")])
+                                         for m in range(40) for s in (1, 2, 3)])
+    real_chunk, real_sorted = pems.fast.fast_chunk, pems.grid._place_sorted
+    seen: list[tuple[int, int, str]] = []  # (lines, lines left to the row logic, thread) per chunk
+    sorted_calls = Counter[str]()
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        out = real_chunk(*args, **kw)
+        seen.append((out[0].size, out[3].size, threading.current_thread().name))
+        return out
+
+    def sorted_spy(*args: Any, **kw: Any) -> Any:
+        sorted_calls["sorted"] += 1
+        return real_sorted(*args, **kw)
+
+    monkeypatch.setattr(pems.fast, "fast_chunk", spy)
+    monkeypatch.setattr(pems.grid, "_place_sorted", sorted_spy)
+
+    def read(**knobs: tuple[Any, str, Any]) -> list[tuple[int, int, str]]:
+        seen.clear()
+        sorted_calls.clear()
+        with monkeypatch.context() as m:
+            for module, name, value in knobs.values():
+                m.setattr(module, name, value)
+            read_station_raw(path)
+        return list(seen)
+
+    plain = read(workers=(pems.raw, "WORKERS", 1))
+    assert sum(n for n, _, _ in plain) == 120 and sum(left for _, left, _ in plain) == 0  # clean: none left
+    assert len(plain) <= 2 and not sorted_calls  # (the last line gets a chunk of its own: the padding)
+    assert all(n == left for n, left, _ in read(alphabet=(pems.fast, "FAST_BYTES", np.zeros(256, bool))))
+    assert len(read(chunk=(pems.streams, "CHUNK_BYTES", 500), workers=(pems.raw, "WORKERS", 1))) > 5
+    threads = {name for _, _, name in read(chunk=(pems.streams, "CHUNK_BYTES", 500),
+                                           workers=(pems.raw, "WORKERS", 3))}
+    assert threads and all(name.startswith("pems-parse") for name in threads)
+    read(cells=(pems.grid, "MAX_KEY_CELLS", 0))
+    assert sorted_calls["sorted"] == 1
+
+
 # ---------------------------------------------------------------------------------------
 # The gzip stream
 # ---------------------------------------------------------------------------------------
