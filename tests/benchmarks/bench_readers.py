@@ -5,14 +5,15 @@ Parses a day cold with ``read_station_raw`` (no parse cache), loads it twice thr
 process, because the machine may be shared and noisy: decompressing the file with zlib and
 dropping the bytes (``gunzip_s``, the least any reader of it must do), the same plus
 splitting the lines (``split_s``), and -- with ``--compare-with`` -- another version of the
-reader (say the main checkout's ``producers/pems.py``) on the same file, whose result must
-be the same. The ratios ``x_gunzip``, ``x_split`` and ``speedup`` are what to read. With
-``--repeat N`` every timing is the best of N. Prints one JSON line.
+reader (say the main checkout's ``producers/pems/`` package, or an older ``producers/pems.py``)
+on the same file, whose result must be the same. The ratios ``x_gunzip``, ``x_split`` and
+``speedup`` are what to read. With ``--repeat N`` every timing is the best of N. Prints one
+JSON line.
 
 The day is written to a temp dir (``--stations``) unless ``--raw`` names an existing file.
 
 Run: ``PYTHONPATH=. python tests/benchmarks/bench_readers.py [--stations N | --raw FILE]
-[--compare-with OTHER/producers/pems.py] [--repeat N]`` (not a pytest test: nothing here is
+[--compare-with OTHER/producers/pems] [--repeat N]`` (not a pytest test: nothing here is
 collected).
 """
 
@@ -70,7 +71,14 @@ def gunzip(path: Path) -> int:
 
 
 def load_module(path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("pems_compared", path)
+    """A reader module from a file (an old ``producers/pems.py``) or a package directory
+    (``producers/pems/``, its submodules loaded from there too)."""
+    folder = Path(path)
+    if folder.is_dir():
+        spec = importlib.util.spec_from_file_location("pems_compared", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+    else:
+        spec = importlib.util.spec_from_file_location("pems_compared", path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load {path}")
     module = importlib.util.module_from_spec(spec)
@@ -88,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stations", type=int, default=3220)
     parser.add_argument("--raw", type=Path, help="an existing Station Raw file (not written here)")
-    parser.add_argument("--compare-with", help="another producers/pems.py, timed on the same file")
+    parser.add_argument("--compare-with", help="another producers/pems/ (or an old pems.py), timed on the same file")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,7 +132,7 @@ def main() -> None:
             "gunzip_s": round(gunzip_s, 2), "x_gunzip": round(parse_s / gunzip_s, 2),
             "split_s": round(split_s, 2), "x_split": round(parse_s / split_s, 2), **other,
             "cached_load_s": round(cached_load_s, 3), "cache_equal": same, "repeat": args.repeat,
-            "parse_threads": pems._WORKERS, "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+            "parse_threads": pems.raw.WORKERS, "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
         }))
 
 

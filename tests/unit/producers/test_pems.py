@@ -747,7 +747,7 @@ def test_station_dead_all_day_is_dead_at_night_too_raw(tmp_path: Path, monkeypat
     else had traffic (no run there: nobody has traffic). Both the fast path and the row logic."""
     raw = _night_raw(tmp_path)
     if path == "rows":
-        monkeypatch.setattr(pems, "_FAST_BYTES", np.zeros(256, bool))
+        monkeypatch.setattr(pems.fast, "FAST_BYTES", np.zeros(256, bool))
     _check_dead_all_day(read_station_raw(raw), 720)
     whole_day = read_station_raw(raw, day=date(2012, 1, 24))  # the grid is the whole local day
     assert whole_day.epochs.size == 2880
@@ -866,7 +866,7 @@ def test_fast_path_equals_the_row_logic(tmp_path: Path, monkeypatch: pytest.Monk
     lines = [line.replace("01/23/2012", "11/04/2012") for line in lines]  # one grid of two days
     path = write_text(tmp_path / "raw.txt", lines, gz=False)
     fast = read_station_raw(path)
-    monkeypatch.setattr(pems, "_FAST_BYTES", np.zeros(256, bool))
+    monkeypatch.setattr(pems.fast, "FAST_BYTES", np.zeros(256, bool))
     slow = read_station_raw(path)
     assert np.array_equal(fast.flows, slow.flows) and np.array_equal(fast.flags, slow.flags)
     assert np.array_equal(fast.epochs, slow.epochs) and np.array_equal(fast.stations, slow.stations)

@@ -115,7 +115,7 @@ def _same(a: TrafficDay, b: TrafficDay) -> None:
 def _row_logic(path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> TrafficDay:
     """The reader with every line sent to the row logic (the fast path's alphabet emptied)."""
     with monkeypatch.context() as m:
-        m.setattr(pems, "_FAST_BYTES", np.zeros(256, bool))
+        m.setattr(pems.fast, "FAST_BYTES", np.zeros(256, bool))
         return read_station_raw(path, **kw)
 
 
@@ -155,9 +155,9 @@ def test_chunk_boundaries_and_threads_change_nothing(tmp_path: Path, monkeypatch
         path = _write(tmp_path / f"raw{gz}{crlf}.dat", lines, gz=gz, crlf=crlf)
         reference = read_station_raw(path)
         with monkeypatch.context() as m:
-            m.setattr(pems, "_CHUNK_BYTES", chunk)
-            m.setattr(pems, "_READ_BYTES", max(1, chunk // 3))
-            m.setattr(pems, "_WORKERS", workers)
+            m.setattr(pems.streams, "CHUNK_BYTES", chunk)
+            m.setattr(pems.streams, "READ_BYTES", max(1, chunk // 3))
+            m.setattr(pems.raw, "WORKERS", workers)
             _same(read_station_raw(path), reference)
 
 
@@ -165,8 +165,8 @@ def test_synthetic_day_in_small_chunks_and_threads_equals_row_logic(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     sd = write_synthetic_day(tmp_path, n_stations=24, seed=SEED)
     with monkeypatch.context() as m:
-        m.setattr(pems, "_CHUNK_BYTES", 50_000)  # about 40 chunks, 680 lines each
-        m.setattr(pems, "_WORKERS", 3)
+        m.setattr(pems.streams, "CHUNK_BYTES", 50_000)  # about 40 chunks, 680 lines each
+        m.setattr(pems.raw, "WORKERS", 3)
         fast = read_station_raw(sd.raw_path)
     _same(fast, _row_logic(sd.raw_path, monkeypatch))
     assert fast.quality.rows_read == read_bytes(sd.raw_path).count(b"\n")
@@ -180,12 +180,57 @@ def test_line_chunks_are_whole_lines_with_room_after(monkeypatch: pytest.MonkeyP
     text = b"".join(bytes(rng.integers(48, 58, int(rng.integers(0, 90)), np.uint8)) + rng.choice(
         [b"\n", b"\r\n", b"\r"]) for _ in range(300)) + b"tail without newline\r"
     for size in (1, 5, 40, 100, 10_000):
-        monkeypatch.setattr(pems, "_CHUNK_BYTES", size)
+        monkeypatch.setattr(pems.streams, "CHUNK_BYTES", size)
         pieces = [text[i:i + 37] for i in range(0, len(text), 37)]
-        chunks = list(pems._line_chunks(pieces))
+        chunks = list(pems.streams.line_chunks(pieces))
         assert b"".join(buf[a:b] for buf, a, b in chunks) == (text + b"\n").replace(b"\r\n", b"\n")
         for buf, a, b in chunks:
-            assert b > a and buf[b - 1:b] == b"\n" and len(buf) - b >= len(pems._PAD)
+            assert b > a and buf[b - 1:b] == b"\n" and len(buf) - b >= len(pems.streams.PAD)
+
+
+def test_the_knobs_reach_the_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests above change the reader through module attributes (``fast.FAST_BYTES``,
+    ``streams.CHUNK_BYTES``, ``raw.WORKERS``, ``grid.MAX_KEY_CELLS``); each must reach the
+    read, else a "row logic" or "small chunks" comparison would compare the reader with itself
+    and could not fail. Seen from a spy on the fast path: which lines it leaves to the row
+    logic, how many chunks, in which threads; and whether the sorted placement ran."""
+    path = _write(tmp_path / "raw.txt", [raw_line(f"01/23/2012 10:{m:02d}:05", s, [("3", ".1", "60")])
+                                         for m in range(40) for s in (1, 2, 3)])
+    real_chunk, real_sorted = pems.fast.fast_chunk, pems.grid._place_sorted
+    seen: list[tuple[int, int, str]] = []  # (lines, lines left to the row logic, thread) per chunk
+    sorted_calls = Counter[str]()
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        out = real_chunk(*args, **kw)
+        seen.append((out[0].size, out[3].size, threading.current_thread().name))
+        return out
+
+    def sorted_spy(*args: Any, **kw: Any) -> Any:
+        sorted_calls["sorted"] += 1
+        return real_sorted(*args, **kw)
+
+    monkeypatch.setattr(pems.fast, "fast_chunk", spy)
+    monkeypatch.setattr(pems.grid, "_place_sorted", sorted_spy)
+
+    def read(**knobs: tuple[Any, str, Any]) -> list[tuple[int, int, str]]:
+        seen.clear()
+        sorted_calls.clear()
+        with monkeypatch.context() as m:
+            for module, name, value in knobs.values():
+                m.setattr(module, name, value)
+            read_station_raw(path)
+        return list(seen)
+
+    plain = read(workers=(pems.raw, "WORKERS", 1))
+    assert sum(n for n, _, _ in plain) == 120 and sum(left for _, left, _ in plain) == 0  # clean: none left
+    assert len(plain) <= 2 and not sorted_calls  # (the last line gets a chunk of its own: the padding)
+    assert all(n == left for n, left, _ in read(alphabet=(pems.fast, "FAST_BYTES", np.zeros(256, bool))))
+    assert len(read(chunk=(pems.streams, "CHUNK_BYTES", 500), workers=(pems.raw, "WORKERS", 1))) > 5
+    threads = {name for _, _, name in read(chunk=(pems.streams, "CHUNK_BYTES", 500),
+                                           workers=(pems.raw, "WORKERS", 3))}
+    assert threads and all(name.startswith("pems-parse") for name in threads)
+    read(cells=(pems.grid, "MAX_KEY_CELLS", 0))
+    assert sorted_calls["sorted"] == 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,9 +262,9 @@ def test_gzip_stream_equals_one_shot_decompress(tmp_path: Path, monkeypatch: pyt
     path = tmp_path / "members.gz"
     path.write_bytes(blob)
     for chunk, read in ((1 << 21, 1 << 18), (100, 7), (3, 1)):
-        monkeypatch.setattr(pems, "_CHUNK_BYTES", chunk)
-        monkeypatch.setattr(pems, "_READ_BYTES", read)
-        pieces = list(pems._pieces(path))
+        monkeypatch.setattr(pems.streams, "CHUNK_BYTES", chunk)
+        monkeypatch.setattr(pems.streams, "READ_BYTES", read)
+        pieces = list(pems.streams.pieces(path))
         assert b"".join(pieces) == b"".join(parts) and max(map(len, pieces)) <= chunk
     day = read_station_raw(path)
     plain = _write(tmp_path / "plain.txt", [line for p in parts for line in p.decode().splitlines()])
@@ -246,7 +291,7 @@ def test_gzip_stream_fails_where_one_shot_fails(tmp_path: Path, monkeypatch: pyt
     path = tmp_path / "bad.gz"
     path.write_bytes(bad)
     for read in (1 << 18, 5):
-        monkeypatch.setattr(pems, "_READ_BYTES", read)
+        monkeypatch.setattr(pems.streams, "READ_BYTES", read)
         for reader in (read_bytes, read_station_raw):
             with pytest.raises(ValueError) as info:
                 reader(path)
@@ -268,12 +313,12 @@ def test_a_failing_parse_stops_its_threads(tmp_path: Path, monkeypatch: pytest.M
             raise RuntimeError("parse failed")
         return real(*args, **kw)
 
-    real = pems._fast_chunk
-    monkeypatch.setattr(pems, "_CHUNK_BYTES", 500)
-    monkeypatch.setattr(pems, "_READ_BYTES", 100)
-    monkeypatch.setattr(pems, "_fast_chunk", boom)
+    real = pems.fast.fast_chunk
+    monkeypatch.setattr(pems.streams, "CHUNK_BYTES", 500)
+    monkeypatch.setattr(pems.streams, "READ_BYTES", 100)
+    monkeypatch.setattr(pems.fast, "fast_chunk", boom)
     for workers in (1, 2):
-        monkeypatch.setattr(pems, "_WORKERS", workers)
+        monkeypatch.setattr(pems.raw, "WORKERS", workers)
         calls.clear()
         with pytest.raises(RuntimeError, match="parse failed"):
             read_station_raw(path)
@@ -284,7 +329,7 @@ def test_a_failing_read_stops_its_threads(tmp_path: Path, monkeypatch: pytest.Mo
     good = _member(("\n".join(_messy_lines(np.random.default_rng(SEED), 300)) + "\n").encode())
     path = tmp_path / "cut.gz"
     path.write_bytes(good[:len(good) * 2 // 3])
-    monkeypatch.setattr(pems, "_CHUNK_BYTES", 500)
+    monkeypatch.setattr(pems.streams, "CHUNK_BYTES", 500)
     with pytest.raises(ValueError, match="unreadable gzip"):
         read_station_raw(path)
     assert _pems_threads() == []
@@ -307,7 +352,7 @@ def test_decimals_equal_float() -> None:
     buf = b"".join(r + b"," for r in raw) + bytes(32)
     starts = np.cumsum([0] + [len(r) + 1 for r in raw[:-1]])
     lengths = np.array([len(r) for r in raw])
-    val, ok, dot = pems._decimals(np.frombuffer(buf, np.uint8), starts, lengths)
+    val, ok, dot = pems.decimals.decimals(np.frombuffer(buf, np.uint8), starts, lengths)
     expected = np.array([_is_plain_decimal(t) for t in texts])
     assert np.array_equal(ok, expected)
     assert [float(t) for t, e in zip(texts, expected, strict=True) if e] == val[ok].tolist()
@@ -316,7 +361,7 @@ def test_decimals_equal_float() -> None:
 
 def test_stamps_equal_datetime() -> None:
     """Single-date chunks (times read eight bytes at a time) and mixed ones: epochs (fold 0
-    and 1) and validity as :func:`pems._stamp_epochs` (``datetime``) has them, on both DST
+    and 1) and validity as :func:`pems.stamps.stamp_epochs` (``datetime``) has them, on both DST
     days."""
     rng = np.random.default_rng(SEED)
     for day in ("11/04/2012", "03/11/2012", "01/23/2012", "02/29/2012", "02/30/2011", "00/10/2012"):
@@ -328,10 +373,10 @@ def test_stamps_equal_datetime() -> None:
                 stamps[::7] = ["11/05/2012 " + s[11:] for s in stamps[::7]]
             buf = ("".join(s + "," for s in stamps)).encode() + bytes(32)
             at = np.arange(len(stamps), dtype=np.int64) * 20
-            ep0, ep1, ok = pems._chunk_stamps(np.frombuffer(buf, np.uint8), at)
+            ep0, ep1, ok = pems.stamps.chunk_stamps(np.frombuffer(buf, np.uint8), at)
             for i, s in enumerate(stamps):
                 try:
-                    want = pems._stamp_epochs(s)
+                    want = pems.stamps.stamp_epochs(s)
                 except ValueError:
                     assert not ok[i], s  # never accepts what the row logic rejects
                     continue
@@ -365,7 +410,7 @@ def test_dead_cells_equal_a_loop(run: int) -> None:
     zero = rng.random((300, 9)) < 0.8
     flows = (rng.random((300, 9)) < 0.5) * (~zero) * 3
     flows[rng.random(300) < 0.1] = 0  # epochs without traffic anywhere break runs
-    assert np.array_equal(pems._dead_cells(flows, zero, run), _dead_reference(flows, zero, run))
+    assert np.array_equal(pems.grid.dead_cells(flows, zero, run), _dead_reference(flows, zero, run))
 
 
 def test_one_scatter_placement_equals_sorting_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -374,10 +419,10 @@ def test_one_scatter_placement_equals_sorting_every_row(tmp_path: Path, monkeypa
     lines = _messy_lines(np.random.default_rng(SEED + 2), 600)
     lines += lines[::5]  # duplicates far from their first reading
     path = _write(tmp_path / "raw.txt", lines)
-    monkeypatch.setattr(pems, "_CHUNK_BYTES", 2000)
+    monkeypatch.setattr(pems.streams, "CHUNK_BYTES", 2000)
     scattered = read_station_raw(path)
     assert scattered.quality.skipped["duplicate_epoch"] > 100
-    monkeypatch.setattr(pems, "_MAX_KEY_CELLS", 0)
+    monkeypatch.setattr(pems.grid, "MAX_KEY_CELLS", 0)
     _same(scattered, read_station_raw(path))
 
 
@@ -385,7 +430,7 @@ def test_parse_raw_counts_every_line_once(tmp_path: Path) -> None:
     lines = _messy_lines(np.random.default_rng(SEED + 3), 300)
     path = _write(tmp_path / "raw.txt", lines)
     q = QualityReport(source="x")
-    parts = pems._parse_raw(pems._line_chunks(pems._pieces(path)), 40, q, workers=2)
+    parts = pems.raw.parse_raw(pems.streams.line_chunks(pems.streams.pieces(path)), 40, q, workers=2)
     kept_rows = sum(p.order.size for p in parts)
     assert q.rows_read == kept_rows + q.rows_skipped == len(lines)
     order = [np.sort(p.order) for p in parts if p.order.size]
