@@ -29,6 +29,7 @@ survives a restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -67,6 +68,7 @@ BROKER_ERRORS = (AioKafkaError, ProducerSendError)  # a publish failed: the brok
 WM_PREFIX = b"__wm__\x1f"
 QUERY_PATIENCE_S = 120.0  # longest wait for the queries topic to be readable before giving up on a query
 PUBLISH_CHUNK = 40_000  # estimate records in flight before their acknowledgements are awaited
+REFRESH_TIMEOUT_S = 20.0  # longest one read of the queries topic may take before a new reader is made
 
 
 class QueryCache:
@@ -79,6 +81,7 @@ class QueryCache:
     def __init__(self, settings: WorkerSettings) -> None:
         self._settings = settings
         self._reader: QueryReader | None = None
+        self._kept: dict[tuple[str, int], Query] = {}  # what a reader dropped after a stuck read had read
         self._estimators: dict[str, QueryEstimators] = {}
         self._lock: asyncio.Lock | None = None
 
@@ -93,8 +96,19 @@ class QueryCache:
             self._lock = asyncio.Lock()
         async with self._lock:
             try:
-                await asyncio.get_running_loop().run_in_executor(None, self._catch_up)
+                # bounded: a catch-up stuck in its client must not hold every later one (stage 1
+                # and stage 2 wait on them); a stuck reader is dropped and a new one made next time
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, self._catch_up),
+                                       REFRESH_TIMEOUT_S)
                 return True
+            except TimeoutError:
+                log.warning("reading the queries topic took over %.0fs; trying again with a new reader",
+                            REFRESH_TIMEOUT_S)
+                if self._reader is not None:  # keep what it had read (its thread may still be writing)
+                    with contextlib.suppress(RuntimeError):
+                        self._kept.update(dict(self._reader.queries))
+                self._reader = None
+                return False
             except Exception as exc:  # the broker is slow or gone: keep what is known, say why
                 log.warning("could not read the queries topic to its end: %s", exc)
                 return False
@@ -113,7 +127,8 @@ class QueryCache:
             await asyncio.sleep(0.2 if ok else 0.5)
 
     def known(self, query_id: str, version: int) -> Query | None:
-        return None if self._reader is None else self._reader.queries.get((query_id, version))
+        q = None if self._reader is None else self._reader.queries.get((query_id, version))
+        return q if q is not None else self._kept.get((query_id, version))
 
     def estimators(self, q: Query) -> QueryEstimators:
         qe = self._estimators.get(q.record_key)

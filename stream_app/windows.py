@@ -10,7 +10,9 @@ a way to load windows and a batch of stage records, it returns the windows it up
 the ones that closed, with the reason. An epoch closes when
 
 1. end-of-epoch markers from every producer have arrived from every source partition for
-   every round ("markers"), or
+   every round, and every batch they announce has arrived too ("markers": a batch that a
+   broker's retry put behind its producer's markers is waited for; one that never comes
+   leaves the epoch to the watermark, withheld as ``missing_batches``), or
 2. the event-time watermark -- the smallest, over source partitions, of the newest epoch
    seen from it -- has passed the epoch by more than the allowed lateness, and the window has
    been idle (no record added) for ``watermark_idle_s`` of the workers' tick clock
@@ -449,7 +451,7 @@ class WindowPolicy:
                     wm.touch(wid)
             wm.see(item.source_partition, wid.epoch)
             out.newest[qid] = max(out.newest.get(qid, wid.epoch), wid.epoch)
-            if not st.closed and st.markers_complete(self.n_source_partitions):
+            if not st.closed and st.markers_complete(self.n_source_partitions) and not st.missing_batches():
                 close(st, "markers")
             close_due()
         return out

@@ -90,3 +90,26 @@ def test_ensure_waits_for_a_reader_that_is_catching_up() -> None:
     assert cache.known("b", 1) is not None and reader.catch_ups == 4
     asyncio.run(cache.ensure({("c", 1)}, patience_s=0.2))  # never published: gives up in time
     assert cache.known("c", 1) is None
+
+
+def test_a_stuck_read_is_abandoned_and_what_it_had_read_is_kept(monkeypatch: Any) -> None:
+    """A catch-up stuck in its client (a hang seen once after a restart under load: the worker
+    then published nothing) must not hold every later refresh: after REFRESH_TIMEOUT_S the
+    refresh gives up, the reader is dropped (a new one is made next time) and the queries it
+    had read stay known."""
+    import stream_app.app as app_mod
+
+    monkeypatch.setattr(app_mod, "REFRESH_TIMEOUT_S", 0.2)
+    cache, reader = _cache()
+    reader.queries[("sp-day", 1)] = object()
+    release = threading.Event()
+    reader.catch_up = lambda timeout_s=30.0: release.wait(5)  # type: ignore[method-assign]
+
+    async def go() -> bool:
+        try:
+            return await cache.refresh()
+        finally:
+            release.set()  # let the abandoned thread end, so the loop can close
+
+    assert asyncio.run(go()) is False
+    assert cache._reader is None and cache.known("sp-day", 1) is not None

@@ -1048,3 +1048,17 @@ def test_born_late_window_of_a_straggler_gets_an_outcome() -> None:
     assert WindowState.decode(store.windows[wid(40, VERSION)]).born_late
     out = store.apply(policy, [Tick(11.0)])
     assert closed(out) == [(40, "watermark")] and out.closed[0][0].born_late
+
+
+def test_markers_wait_for_the_batches_they_announce() -> None:
+    """A batch that reaches stage 2 after its producer's markers (a broker's retry reordered
+    them) is waited for: the epoch closes by its markers once the batch is there, with all of
+    its data -- not at the last marker, short of a batch."""
+    policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=2)
+    store = Store()
+    markers = [marker(r, 0, 0, batches=1, reports=1, participants=1) for r in range(2)]
+    out = store.apply(policy, [batch(bid(1), [1, 0, 0, 0, 0], rnd=1), *markers])
+    assert closed(out) == []  # round 0's batch is announced and missing
+    out = store.apply(policy, [batch(bid(2), [0, 1, 0, 0, 0], rnd=0)])
+    assert closed(out) == [(EPOCH, "markers")]
+    assert out.closed[0][0].reports.tolist() == [1, 1] and out.closed[0][0].missing_batches() == 0
