@@ -338,7 +338,7 @@ class QueryReader:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self._consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
-                                  consumer_timeout_ms=1000)
+                                  consumer_timeout_ms=1000, auto_offset_reset="earliest")
         self._topic = settings.queries_topic
         self._assign()
         self.queries: dict[tuple[str, int], Query] = {}
@@ -352,8 +352,12 @@ class QueryReader:
         parts = self._consumer.partitions_for_topic(self._topic) or set()
         if not parts:
             return False
-        self._consumer.assign([TopicPartition(self._topic, p) for p in sorted(parts)])
-        self._consumer.seek_to_beginning()
+        tps = [TopicPartition(self._topic, p) for p in sorted(parts)]
+        self._consumer.assign(tps)
+        for tp in tps:
+            # offset 0, not a ListOffsets(earliest) answer; a compacted-away start is out of
+            # range and resets to the earliest (auto_offset_reset), so nothing is skipped
+            self._consumer.seek(tp, 0)
         return True
 
     def poll(self, timeout_ms: int = 0) -> int:

@@ -90,7 +90,12 @@ def test_sigkill_once_the_input_is_committed_loses_nothing(broker: str, tmp_path
         def published() -> bool:
             return sum(1 for k in estimates_by_query(ws).get(q.query_id, {}) if k[0] == epoch) >= rows
 
-        wait_for(published, 120, "the epoch's estimates")
+        try:
+            wait_for(published, 120, "the epoch's estimates")
+        except TimeoutError as exc:  # say what the restarted worker had done
+            seen = [line for line in w.metrics().splitlines() if line.startswith(("ptt_dead_letters_total{",
+                    "ptt_reports_total{", "ptt_records_total{", "ptt_newest_seen_epoch{", "ptt_late_records_total{"))]
+            raise TimeoutError(f"{exc}; the restarted worker's metrics: {seen}") from exc
     finally:
         w.stop()
         sink.close()
