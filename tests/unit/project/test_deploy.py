@@ -763,6 +763,9 @@ class _RecConsumer:
         for tp in tps or list(self.positions):
             self.positions[tp] = 0
 
+    def seek(self, tp: Any, offset: int) -> None:
+        self.positions[tp] = offset
+
     def highwater(self, tp: Any) -> int:
         return len(self.cluster.records[(tp.topic, tp.partition)])
 
