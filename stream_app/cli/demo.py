@@ -22,11 +22,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from producers.settings import ReplaySettings
+from schemas.epochs import epoch_start
 from schemas.settings import KafkaSettings
 
 from ..settings import WorkerSettings
@@ -38,6 +39,7 @@ from .replay import delivery_failures_message, replay_summary_lines
 
 if TYPE_CHECKING:
     from producers.stopping import StopFlag
+    from schemas import Query
 
 __all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
            "run_demo", "save_topics", "write_report"]
@@ -118,18 +120,37 @@ def _ours_prometheus(base: str, config: Path) -> bool:
         return False
 
 
-def _closed_epochs(metrics_url: str) -> list[float]:
+def _closed_epochs(metrics_url: str) -> float:
+    """Epochs the worker has closed so far, every query and reason."""
     body = _get(metrics_url) or b""
-    return [float(line.rsplit(b" ", 1)[1]) for line in body.splitlines()
-            if line.startswith(b"ptt_last_closed_epoch{")]
+    return sum(float(line.rsplit(b" ", 1)[1]) for line in body.splitlines()
+               if line.startswith(b"ptt_epochs_closed_total{"))
 
 
-def _wait_closed(metrics_url: str, last_epoch: int, stop: StopFlag, timeout_s: float = 60.0) -> None:
-    """After the replay: until the worker has closed the last epoch of every query (or a stop)."""
+def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
+    """The (query, epoch) windows a replay of ``epochs`` marks: the queries active at each.
+
+    >>> from schemas import Query
+    >>> from schemas.epochs import epoch_start
+    >>> day = Query(query_id="q", analyst_id="a", version=1, sensors=(1, 2), mechanism="sp",
+    ...             population=100, t_start=epoch_start(60_000), t_end=epoch_start(60_002))
+    >>> expected_windows([day], range(59_999, 60_004))  # epochs 60,000 and 60,001
+    2
+    >>> expected_windows([day, day.model_copy(update={"version": 2})], range(60_000, 60_001))  # newest only
+    1
+    """
+    from producers.replay import active_queries
+
+    return sum(len(active_queries(queries, epoch_start(e))) for e in epochs)
+
+
+def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0) -> None:
+    """After the replay: until the worker has closed every window the replay marked (or a
+    stop). Each stage-2 partition closes its own epochs, so the newest closed epoch says
+    nothing of the older ones: the closed epochs are counted."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.requested:
-        closed = _closed_epochs(metrics_url)
-        if closed and min(closed) >= last_epoch:
+        if _closed_epochs(metrics_url) >= windows:
             return
         stop.wait(0.5)
 
@@ -233,6 +254,7 @@ def run_demo(demo: DemoSettings) -> int:
 def _run_demo(demo: DemoSettings) -> int:
     from producers.replay import ReplayLost, load_day, replay
     from producers.stopping import StopFlag
+    from schemas.kafka_io import read_queries
 
     out = demo.out
     for path in (demo.pems_raw, demo.pems_5min, demo.meta):
@@ -303,8 +325,8 @@ def _run_demo(demo: DemoSettings) -> int:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()
             if not summary.interrupted and summary.epochs:
-                last = int(day.epochs[min(summary.epochs, day.epochs.size) - 1])
-                _wait_closed(metrics_url, last, stop)
+                replayed = (int(e) for e in day.epochs[:summary.epochs])
+                _wait_closed(metrics_url, expected_windows(read_queries(rs), replayed), stop)
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
                 while not stop.wait(0.5):

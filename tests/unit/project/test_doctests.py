@@ -32,6 +32,7 @@ WITH_EXAMPLES = {
     "producers.pems.grid": 5,
     "producers.pems.model": 1,
     "producers.pems.stamps": 3,
+    "stream_app.cli.demo": 5,
     "stream_app.cli.errors": 1,
     "stream_app.decode": 5,
     "stream_app.guard": 2,
