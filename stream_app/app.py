@@ -68,6 +68,7 @@ BROKER_ERRORS = (AioKafkaError, ProducerSendError)  # a publish failed: the brok
 WM_PREFIX = b"__wm__\x1f"
 QUERY_PATIENCE_S = 120.0  # longest wait for the queries topic to be readable before giving up on a query
 PUBLISH_CHUNK = 40_000  # estimate records in flight before their acknowledgements are awaited
+WAIT_SAID_S = 10.0  # a wait for the queries topic this long is logged
 REFRESH_TIMEOUT_S = 20.0  # longest one read of the queries topic may take before a new reader is made
 
 
@@ -119,11 +120,18 @@ class QueryCache:
         Stage 2 calls it: stage 1 forwarded these records because it knew their queries, so
         the queries are on the topic; a reader that has not caught up yet (a restart under
         load) must be waited for, not taken to mean the query does not exist."""
-        deadline = time.monotonic() + patience_s
+        started = time.monotonic()
+        said = False
         while any(self.known(*k) is None for k in keys):
             ok = await self.refresh()
-            if time.monotonic() >= deadline or all(self.known(*k) is not None for k in keys):
+            waited = time.monotonic() - started
+            if waited >= patience_s or all(self.known(*k) is not None for k in keys):
                 return
+            if waited >= WAIT_SAID_S and not said:  # never a silent stall
+                said = True
+                log.warning("stage 2 has waited %.0fs for query version(s) %s to be readable on the queries topic "
+                            "(at most %.0fs)", waited, sorted(k for k in keys if self.known(*k) is None)[:5],
+                            patience_s)
             await asyncio.sleep(0.2 if ok else 0.5)
 
     def known(self, query_id: str, version: int) -> Query | None:
@@ -288,7 +296,10 @@ class StreamWorker:
                     wait = replace(wait, caught_up=True)
                 first = False
         if not first:  # some record waited for its query
-            self.grace_budget.spend(time.monotonic(), min(grace, time.monotonic() - started))
+            waited = time.monotonic() - started
+            self.grace_budget.spend(time.monotonic(), min(grace, waited))
+            if waited >= WAIT_SAID_S:
+                log.warning("stage 1 held %d record(s) %.0fs for their queries to be readable", len(events), waited)
         return out
 
     async def emit_stage1(self, event: Any, results: Sequence[Any], out: list[tuple[bytes, bytes]]) -> None:

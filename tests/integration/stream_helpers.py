@@ -36,6 +36,10 @@ def env_for(settings: KafkaSettings) -> dict[str, str]:
     return {**os.environ, **settings.to_env()}
 
 
+_LIVE: list[WorkerProcess] = []  # started and not yet stopped: what a timed-out wait describes
+OWN_CODE = ("/stream_app/", "/schemas/", "/producers/")
+
+
 class WorkerProcess:
     """``ptt worker`` in a subprocess, with its log in a file (stderr in ``err`` if given)."""
 
@@ -51,7 +55,31 @@ class WorkerProcess:
             self.proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
                                          env=env_for(self.settings), stdout=fh,
                                          stderr=subprocess.STDOUT if self.err is None else eh, cwd=self.log.parent)
+        _LIVE.append(self)
         return self
+
+    def diagnosis(self, lines: int = 80) -> str:
+        """What the running worker is doing: Faust's worker dumps every thread's and task's
+        stack on SIGUSR1 (into its stderr); the frames of this project's code in that dump,
+        and the log's last lines before it. For a wait that timed out, so that a failure in
+        CI says where the worker was stuck."""
+        out = self.err or self.log
+        if self.proc is None or self.proc.poll() is not None:
+            return f"\n-- {self.log.name}: not running"
+        before = out.stat().st_size
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline, size, stable_since = time.time() + 15, before, time.time()
+        while time.time() < deadline and (size == before or time.time() - stable_since < 1.0):
+            time.sleep(0.2)  # until the dump has been written (the file stops growing)
+            if (now := out.stat().st_size) != size:
+                size, stable_since = now, time.time()
+        text = out.read_bytes()
+        log_tail = text[:before].decode(errors="replace").splitlines()[-15:]
+        dump = text[before:].decode(errors="replace").splitlines()
+        return (f"\n-- {self.log.name}: last log lines\n" + "\n".join(log_tail)
+                + f"\n-- {self.log.name}: threads and tasks in this project's code\n"
+                + "\n".join(own_frames(dump)[:lines]))
+
 
     @property
     def url(self) -> str:
@@ -87,12 +115,35 @@ class WorkerProcess:
         raise TimeoutError(f"worker not serving /metrics; log:\n{self.log.read_text()[-3000:]}")
 
     def kill(self) -> None:
+        if self in _LIVE:
+            _LIVE.remove(self)
         if self.proc is not None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
     def stop(self) -> None:
+        if self in _LIVE:
+            _LIVE.remove(self)
         terminate(self.proc)
+
+
+def own_frames(dump: list[str]) -> list[str]:
+    """From a stack dump (threads and asyncio tasks): each thread or task that is in this
+    project's code, with those frames and their source lines; locals and library frames out."""
+    out: list[str] = []
+    head: str | None = None
+    for i, line in enumerate(dump):
+        text = line.strip()
+        if text.startswith(("THREAD ", "TASK ")):
+            head = text
+        elif text.startswith('File "') and any(c in text for c in OWN_CODE):
+            if head is not None:
+                out.append(head)
+                head = None
+            out.append("  " + text)
+            if i + 1 < len(dump):
+                out.append("    " + dump[i + 1].strip())
+    return out
 
 
 def pipeline_settings(broker: str, tmp: Path, **replay_kw: object) -> tuple[ReplaySettings, WorkerSettings]:
@@ -138,7 +189,7 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
         if predicate():
             return
         time.sleep(1.0)
-    raise TimeoutError(f"timed out waiting for {what}")
+    raise TimeoutError(f"timed out waiting for {what}" + "".join(w.diagnosis() for w in list(_LIVE)))
 
 
 def core_estimates(q: Query, settings: ReplaySettings, day: TrafficDay, epoch_index: int, fleet: int,
