@@ -189,7 +189,7 @@ _BOUND = pa.struct([("confidence", pa.float64()), ("lower", pa.float64()), ("upp
 #: the long form: one row per (query, epoch, station, estimator) with the header's fields
 LONG_SCHEMA = pa.schema([
     ("query_id", pa.string()), ("query_version", pa.int64()), ("mechanism", pa.string()), ("epoch", pa.int64()),
-    ("epoch_start", pa.timestamp("s", tz=str(PACIFIC))), ("station", pa.int64()), ("estimator", pa.string()),
+    ("epoch_start", pa.timestamp("ms", tz=str(PACIFIC))), ("station", pa.int64()), ("estimator", pa.string()),
     ("estimate", pa.float64()), ("sd", pa.float64()), ("bounds", pa.list_(_BOUND)), ("data_quality", pa.string()),
     ("reports", pa.int64()), ("participants", pa.int64()), ("epsilon", pa.float64()), ("withheld", pa.string()),
     ("withheld_code", pa.string()), ("closed_by", pa.string()), ("round_count_mismatch", pa.int64()),
@@ -221,7 +221,7 @@ def _long_part(frame: Frame, name: str) -> pa.Table:
     given = {"station": t.column("station"), "estimator": pa.repeat(pa.scalar(name), t.num_rows),
              "estimate": t.column(cols[0]), "sd": t.column(cols[1]), "bounds": _bounds(frame, cols),
              "data_quality": pc.if_else(t.column("no_source_data"), "no_source_data", "ok"),
-             "epoch_start": pa.repeat(pa.scalar(h["epoch"] * EPOCH_S, LONG_SCHEMA.field("epoch_start").type),
+             "epoch_start": pa.repeat(pa.scalar(h["epoch"] * EPOCH_S * 1000, LONG_SCHEMA.field("epoch_start").type),
                                       t.num_rows)}
     return pa.table({f.name: given[f.name] if f.name in given else pa.repeat(pa.scalar(h[f.name], f.type), t.num_rows)
                      for f in LONG_SCHEMA}, schema=LONG_SCHEMA)
