@@ -39,6 +39,7 @@ def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_tim
              ) -> Iterator[bytes]:
     """Connects at once (so an unreachable broker fails before anything is printed)."""
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
+                       max_partition_fetch_bytes=16 << 20,  # an estimate frame may exceed the 1 MiB default
                        consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
     return _values(consumer, topic, from_beginning)
 
