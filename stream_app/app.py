@@ -10,7 +10,8 @@ Topology (one or many workers in one consumer group give the same result):
 * **stage 2** (``partials``), batched: takes many stage records at once and, per stage-2
   partition, reads the touched windows from one changelog-backed table, lets the pure
   :class:`~stream_app.windows.WindowPolicy` add them and decide which epochs close, turns
-  closed epochs into estimate arrays (:mod:`stream_app.estimate`), publishes them (batched,
+  closed epochs into estimate arrays (:mod:`stream_app.estimate`), publishes them as rows,
+  frames (:mod:`stream_app.frames`) or both (``PTT_ESTIMATE_OUTPUT``; batched,
   acknowledged), then writes each touched window once. Offsets are committed only after
   that (Faust acks the batch's events when the loop body returns, and flushes the producer
   before committing).
@@ -222,6 +223,7 @@ class StreamWorker:
                                    horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s)
         self.output = OutputSettings(s.confidences, s.min_participants, s.partitions)
         self.sink = BatchSink(s, s.estimates_topic)
+        self.frames = BatchSink(s, s.frames_topic) if s.frames_on else None  # PTT_ESTIMATE_OUTPUT
         self.state = BatchSink(s, s.changelog_topic, one_per_batch=True)  # changelog: one record per batch
         self.forward = BatchSink(s, s.partials_topic)
         self.guard = BrokerGuard(s, watched_topics(s))
@@ -237,7 +239,9 @@ class StreamWorker:
 
     async def start(self) -> None:
         await self.queries.refresh()
-        await self.sink.start()
+        for sink in (self.sink if self.s.rows_on else None, self.frames):
+            if sink is not None:
+                await sink.start()
         await self.forward.start()
         await self.state.start()
 
@@ -348,8 +352,11 @@ class StreamWorker:
             await self.dead_letter(Rejected(reason, detail), e.message.topic, part, e.message.offset, raw)
         self.monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
         results = epoch_outputs(outcome, self.queries.known, self.queries.estimators, self.output)
-        for records, done in publish_chunks(results, PUBLISH_CHUNK):
-            await self.sink.publish(records)
+        for rows, frames, done in publish_chunks(results, PUBLISH_CHUNK, self.s.rows_on, self.s.frames_on):
+            pending = await self.sink.send(rows)  # rows and frames alike: acknowledged before the state writes
+            if self.frames is not None:
+                pending += await self.frames.send(frames)
+            await self.sink.wait(pending)
             for res in done:
                 self.monitor.on_epoch_closed(res)
                 self.monitor.on_epochs_published(time.monotonic() - started)
@@ -435,7 +442,7 @@ def _ready_page(app: faust.App) -> None:
 def watched_topics(s: WorkerSettings) -> list[str]:
     """The topics whose loss (gone, or recreated by a restarted broker) means the broker is lost."""
     return sorted({s.reports_topic, s.queries_topic, s.truth_topic, s.partials_topic, s.changelog_topic,
-                   s.estimates_topic, s.dead_letter_topic})
+                   s.estimates_topic, s.dead_letter_topic, *([s.frames_topic] if s.frames_on else [])})
 
 
 def ensure_stream_topics(s: WorkerSettings) -> dict[str, str]:
@@ -449,6 +456,7 @@ def ensure_stream_topics(s: WorkerSettings) -> dict[str, str]:
         s.partials_topic: s.internal_partitions, s.changelog_topic: s.internal_partitions,
         s.estimates_topic: s.internal_partitions, s.dead_letter_topic: 1,
         f"{s.app_id}-__assignor-__leader": 1,
+        **({s.frames_topic: s.internal_partitions} if s.frames_on else {}),
     }, compacted={s.queries_topic, s.changelog_topic})
 
 

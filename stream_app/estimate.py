@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -78,20 +79,24 @@ class EpochResult:
     def n_records(self) -> int:
         return self.query.n_stations * len(self.query.spec.estimator_names)
 
+    def header(self) -> dict[str, Any]:
+        """The fields every estimate record of this epoch shares (and a frame carries once)."""
+        q = self.query
+        return {"query_id": q.query_id, "query_version": q.version, "mechanism": q.mechanism,
+                "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(),
+                "reports": self.reports, "participants": self.participants,
+                "epsilon": q.epsilon if math.isfinite(q.epsilon) else None,
+                "withheld": self.withheld, "closed_by": self.closed_by,
+                "round_count_mismatch": self.round_count_mismatch, "late": self.late, "refused": self.refused,
+                "missing_batches": self.missing_batches}
+
     def render(self) -> list[tuple[bytes, bytes]]:
         """(key, JSON value) of every estimate record: one per station and estimator.
 
         The common fields are serialized once; per row only the station and numbers change.
         """
         q = self.query
-        eps = q.epsilon if math.isfinite(q.epsilon) else None
-        common = {"kind": "estimate", "query_id": q.query_id, "query_version": q.version, "mechanism": q.mechanism,
-                  "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(),
-                  "reports": self.reports, "participants": self.participants, "epsilon": eps,
-                  "withheld": self.withheld, "closed_by": self.closed_by,
-                  "round_count_mismatch": self.round_count_mismatch, "late": self.late, "refused": self.refused,
-                  "missing_batches": self.missing_batches}
-        head = json.dumps(common, separators=(",", ":"))[:-1]  # without the closing brace
+        head = json.dumps({"kind": "estimate", **self.header()}, separators=(",", ":"))[:-1]  # without the "}"
         keys = [str(s).encode() for s in q.sensors]
         quality = [',"data_quality":"no_source_data"' if i + 1 in self.no_source_data else ',"data_quality":"ok"'
                    for i in range(q.n_stations)]

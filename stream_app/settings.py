@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -14,6 +15,11 @@ __all__ = ["WorkerSettings"]
 class WorkerSettings(BrokerLossSettings):
     app_id: str = Field(default="ptt-stream", description="Faust app id: consumer group and internal topic prefix")
     estimates_topic: str = "ptt.estimates"
+    estimate_output: Literal["rows", "frames", "both"] = Field(
+        default="rows", description="what a closed epoch publishes: per-row JSON estimates (estimates_topic), one "
+                                    "Arrow estimate frame per query and epoch (frames_topic), or both")
+    frames_topic: str = Field(default="ptt.estimate-frames",
+                              description="topic of the estimate frames (estimate_output frames or both)")
     dead_letter_topic: str = "ptt.dead-letter"
     internal_partitions: int = Field(default=4, ge=1, description="partitions of the re-keyed stage and tables")
     web_host: str = Field(default="127.0.0.1", description="where /metrics is served")
@@ -53,6 +59,14 @@ class WorkerSettings(BrokerLossSettings):
         if not v or any(not 0 < c < 1 for c in v):
             raise ValueError("confidences must be in (0, 1)")
         return tuple(sorted(set(v)))
+
+    @property
+    def rows_on(self) -> bool:
+        return self.estimate_output != "frames"
+
+    @property
+    def frames_on(self) -> bool:
+        return self.estimate_output != "rows"
 
     @property
     def partials_topic(self) -> str:

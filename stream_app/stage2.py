@@ -5,9 +5,10 @@ in which order. The Faust agent (:mod:`stream_app.app`) reads, calls these, writ
 * :func:`epoch_outputs` -- what the closed and the withdrawn epochs of one partition's outcome
   publish, in order: one query's closed epochs estimated together (one ``(windows, stations)``
   stack), then the withdrawals; each closed window learns whether it was published;
-* :func:`publish_chunks` -- those results rendered chunk by chunk, each chunk at least
-  ``limit`` records (the last one the rest), so memory stays bounded and the broker's
-  acknowledgement of a chunk is awaited before the next is rendered.
+* :func:`publish_chunks` -- those results rendered chunk by chunk (as rows, frames or both),
+  each chunk worth at least ``limit`` estimate records (the last one the rest), so memory
+  stays bounded and the broker's acknowledgement of a chunk is awaited before the next is
+  rendered.
 
 >>> list(by_partition([(0, b"a"), (1, b"b"), (0, b"c")], split=lambda raw: [raw]))
 [(0, [(0, b'a'), (2, b'c')]), (1, [(1, b'b')])]
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from schemas import Query
 
 from .estimate import EpochResult, QueryEstimators, epoch_results, retraction
+from .frames import encode_frame
+from .records import WindowId
 from .windows import CloseReason, Outcome, WindowState
 
 __all__ = ["OutputSettings", "by_partition", "epoch_outputs", "publish_chunks"]
@@ -74,18 +77,24 @@ def epoch_outputs(outcome: Outcome, known: Callable[[str, int], Query | None],
             yield retraction(q, st, out.confidences)
 
 
-def publish_chunks(results: Iterable[EpochResult], limit: int
-                   ) -> Iterator[tuple[list[tuple[bytes, bytes]], list[EpochResult]]]:
-    """``(records, results)`` chunks of at least ``limit`` records (the last: what is left,
-    possibly nothing -- it is always yielded, so a caller acknowledges at the end)."""
-    records: list[tuple[bytes, bytes]] = []
+def publish_chunks(results: Iterable[EpochResult], limit: int, rows: bool = True, frames: bool = False
+                   ) -> Iterator[tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]], list[EpochResult]]]:
+    """``(rows, frames, results)`` chunks of results worth at least ``limit`` estimate records
+    (the last: what is left, possibly nothing -- it is always yielded, so a caller acknowledges
+    at the end). ``rows``: each result's per-row records (keyed by station); ``frames``: its
+    one estimate frame (:mod:`stream_app.frames`, keyed by the window)."""
+    row_records: list[tuple[bytes, bytes]] = []
+    frame_records: list[tuple[bytes, bytes]] = []
     done: list[EpochResult] = []
+    size = 0
     for res in results:
-        records += res.render()
+        if rows:
+            row_records += res.render()
+        if frames:
+            frame_records.append((WindowId(res.query.query_id, res.query.version, res.epoch).key, encode_frame(res)))
         done.append(res)
-        if len(records) >= limit:
-            yield records, done
-            records, done = [], []
-    yield records, done
-
-
+        size += res.n_records()
+        if size >= limit:
+            yield row_records, frame_records, done
+            row_records, frame_records, done, size = [], [], [], 0
+    yield row_records, frame_records, done

@@ -1,18 +1,23 @@
-"""``ptt subscribe``: tail the estimates topic as a table or as JSON lines."""
+"""``ptt subscribe``: tail the estimates topic as a table or as JSON lines, or keep the estimate
+frames topic in an Arrow IPC or Parquet file (long form: :func:`stream_app.frames.long_table`)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from typing import TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TextIO
 
 from kafka import KafkaConsumer, TopicPartition
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from schemas.estimates import Estimate
 from schemas.kafka_io import connect
 from schemas.settings import KafkaSettings
 
-__all__ = ["format_row", "subscribe"]
+__all__ = ["LongWriter", "format_row", "keep_frames", "subscribe"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6}"
@@ -34,6 +39,7 @@ def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_tim
              ) -> Iterator[bytes]:
     """Connects at once (so an unreachable broker fails before anything is printed)."""
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
+                       max_partition_fetch_bytes=16 << 20,  # an estimate frame may exceed the 1 MiB default
                        consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
     return _values(consumer, topic, from_beginning)
 
@@ -72,3 +78,75 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
         print(value.decode() if json_lines else format_row(e), file=out, flush=True)
         n += 1
     return n
+
+
+class LongWriter:
+    """Long-form estimate tables into one Arrow IPC file or Parquet file, buffered into row
+    groups of about ``group_rows`` rows; :meth:`close` (also on Ctrl-C) leaves a readable file."""
+
+    def __init__(self, path: Path, kind: Literal["arrow", "parquet"], group_rows: int = 1 << 18) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from .frames import LONG_SCHEMA
+
+        self._writer = (pq.ParquetWriter(str(path), LONG_SCHEMA) if kind == "parquet"
+                        else pa.ipc.new_file(str(path), LONG_SCHEMA))
+        self._group_rows = group_rows
+        self._buffer: list[pa.Table] = []
+        self.rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        self._buffer.append(table)
+        self.rows += table.num_rows
+        if sum(t.num_rows for t in self._buffer) >= self._group_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._buffer:
+            self._writer.write_table(pa.concat_tables(self._buffer).combine_chunks())
+            self._buffer = []
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+
+def _filtered(table: pa.Table, query: str | None, station: int | None, estimator: str | None) -> pa.Table:
+    import pyarrow.compute as pc
+
+    for column, value in (("query_id", query), ("station", station), ("estimator", estimator)):
+        if value is not None:
+            table = table.filter(pc.equal(table.column(column), value))
+    return table
+
+
+def keep_frames(settings: KafkaSettings, topic: str, path: Path, kind: Literal["arrow", "parquet"], *,
+                from_beginning: bool = False, query: str | None = None, station: int | None = None,
+                estimator: str | None = None, idle_timeout_s: float | None = None,
+                out: TextIO | None = None, group_rows: int = 1 << 18) -> tuple[int, int]:
+    """Write every estimate frame that arrives to ``path`` in long form (one row per query,
+    epoch, station and estimator), until idle or Ctrl-C; says what it wrote on ``out``.
+    Returns (frames kept, rows written); a record that is not a frame is skipped."""
+    from .frames import decode_frame, long_table
+
+    out = out or sys.stdout
+    frames = skipped = 0
+    records = _records(settings, topic, from_beginning, idle_timeout_s)
+    writer = LongWriter(path, kind, group_rows)
+    try:
+        for value in records:
+            try:
+                table = long_table(decode_frame(value))
+            except ValueError:
+                skipped += 1
+                continue
+            writer.write(_filtered(table, query, station, estimator))
+            frames += 1
+    finally:
+        writer.close()
+        note = f" ({skipped} record(s) that are not estimate frames skipped)" if skipped else ""
+        print(f"wrote {writer.rows:,} estimates from {frames:,} frames to {path}{note}", file=out, flush=True)
+    return frames, writer.rows

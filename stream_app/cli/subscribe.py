@@ -1,8 +1,10 @@
-"""``ptt subscribe``: tail the estimates topic as a table or JSON lines."""
+"""``ptt subscribe``: tail the estimates topic as a table or JSON lines, or keep the estimate
+frames in an Arrow IPC or Parquet file (``--arrow``/``--parquet FILE``)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from schemas.settings import KafkaSettings
@@ -16,7 +18,15 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("subscribe", help="tail the estimates topic (a table, or JSON lines)")
     p.add_argument("--topic", default="ptt.estimates", help="estimates topic (default ptt.estimates)")
-    p.add_argument("--json", action="store_true", help="one JSON estimate per line")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="one JSON estimate per line")
+    out.add_argument("--arrow", type=Path, default=None, metavar="FILE",
+                     help="keep the estimate frames (--frames-topic) in an Arrow IPC file, one row per query, "
+                          "epoch, station and estimator")
+    out.add_argument("--parquet", type=Path, default=None, metavar="FILE",
+                     help="as --arrow, in a Parquet file")
+    p.add_argument("--frames-topic", default="ptt.estimate-frames",
+                   help="estimate frames topic read by --arrow/--parquet (default ptt.estimate-frames)")
     p.add_argument("--from-beginning", action="store_true",
                    help="start at the topic's first estimate instead of only new ones")
     p.add_argument("--query", default=None, metavar="ID", help="only estimates of this query id (e.g. sp-day)")
@@ -36,10 +46,27 @@ def run(args: argparse.Namespace) -> int:
     if args.idle_timeout is not None and args.idle_timeout <= 0:
         raise CliError(f"--idle-timeout must be positive, got {args.idle_timeout:g}; leave it out to run until "
                        "Ctrl-C")
+    if args.arrow is not None or args.parquet is not None:
+        return _keep(settings, args)
     try:
         subscribe(settings, args.topic, json_lines=args.json, from_beginning=args.from_beginning,
                   query=args.query, station=args.station, estimator=args.estimator,
                   idle_timeout_s=args.idle_timeout)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_OK
+
+
+def _keep(settings: KafkaSettings, args: argparse.Namespace) -> int:
+    from ..subscribe import keep_frames
+
+    path: Path = args.arrow if args.arrow is not None else args.parquet
+    if not path.parent.is_dir():
+        raise CliError(f"cannot write {path}: {path.parent} is not a directory; create it or name another file")
+    try:
+        keep_frames(settings, args.frames_topic, path, "arrow" if args.arrow is not None else "parquet",
+                    from_beginning=args.from_beginning, query=args.query, station=args.station,
+                    estimator=args.estimator, idle_timeout_s=args.idle_timeout)
     except KeyboardInterrupt:
         return EXIT_OK
     return EXIT_OK

@@ -3,6 +3,7 @@ partition's outcome publishes and in which order, and the publish chunks. No Fau
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from schemas import Query
 from stream_app.estimate import QueryEstimators
+from stream_app.frames import decode_frame, frame_rows
 from stream_app.records import WindowId, bundle, split_bundle
 from stream_app.stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks
 from stream_app.windows import Outcome, WindowState
@@ -73,10 +75,28 @@ def test_publish_chunks_bound_each_chunk_and_end_with_what_is_left(sizes: list[i
         def render(self) -> list[tuple[bytes, bytes]]:
             return self.rows
 
+        def n_records(self) -> int:
+            return len(self.rows)
+
     fakes = [Fake(n, t) for t, n in enumerate(sizes)]
     chunks = list(publish_chunks(fakes, limit))  # type: ignore[arg-type]
     assert chunks, "the last chunk is always yielded (the caller acknowledges at the end)"
-    assert all(len(records) >= limit for records, _ in chunks[:-1])
-    assert [r for records, _ in chunks for r in records] == [r for f in fakes for r in f.rows]
-    assert [d for _, done in chunks for d in done] == fakes
-    assert np.all([len(done) > 0 for _, done in chunks[:-1]])
+    assert all(len(records) >= limit for records, _, _ in chunks[:-1])
+    assert [r for records, _, _ in chunks for r in records] == [r for f in fakes for r in f.rows]
+    assert [d for _, _, done in chunks for d in done] == fakes
+    assert all(frames == [] for _, frames, _ in chunks)  # rows only: no frame rendered
+    assert np.all([len(done) > 0 for _, _, done in chunks[:-1]])
+
+
+@pytest.mark.parametrize("rows,frames", [(False, True), (True, True)])
+def test_publish_chunks_render_one_frame_per_result_keyed_by_its_window(rows: bool, frames: bool) -> None:
+    a1, b1, a2 = _closed("qa", E0), _closed("qb", E0), _closed("qa", E0 + 1)
+    outcome = Outcome(closed=[(a1, "watermark"), (b1, "watermark"), (a2, "watermark")], retracted=[])
+    results = list(epoch_outputs(outcome, _known, QueryEstimators.build, OUT))
+    chunks = list(publish_chunks(results, 3, rows=rows, frames=frames))  # 2 records per result: chunks of 2
+    assert [len(done) for _, _, done in chunks] == [2, 1]
+    keyed = [(key, decode_frame(value)) for _, fr, _ in chunks for key, value in fr]
+    assert [key for key, _ in keyed] == [WindowId(r.query.query_id, 1, r.epoch).key for r in results]
+    assert [f.header["epoch"] for _, f in keyed] == [r.epoch for r in results]
+    row_values = [json.loads(v) for rs, _, _ in chunks for _, v in rs]
+    assert row_values == ([row for _, f in keyed for row in frame_rows(f)] if rows else [])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,51 @@ def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sub.subscribe(KafkaSettings(), "t", station=5, estimator="rr", out=out) == 1
     lines = out.getvalue().splitlines()
     assert lines[0] == sub.HEADER and " rr " in lines[1]
+
+
+def _frames() -> list[bytes]:
+    """Three frames (one withheld) of a 16-station ALP query, built as tests/unit/stream_app/test_frames.py does."""
+    from stream_app.frames import encode_frame
+    from tests.unit.stream_app.test_frames import make_query, make_result
+
+    q = make_query(16)
+    return [encode_frame(make_result(q, seed=1)), encode_frame(make_result(q, seed=2)),
+            encode_frame(make_result(q, withheld="interrupted", withheld_code="interrupted"))]
+
+
+@pytest.mark.parametrize("kind", ["arrow", "parquet"])
+def test_keep_frames_writes_the_long_form_and_skips_what_is_not_a_frame(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, kind: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stream_app.frames import decode_frame, long_table
+
+    frames = _frames()
+    monkeypatch.setattr(sub, "_records", lambda *_, **__: iter([frames[0], b"not a frame", *frames[1:]]))
+    path, out = tmp_path / f"day.{kind}", io.StringIO()
+    kept, rows = sub.keep_frames(KafkaSettings(), "t", path, kind, out=out, group_rows=100)  # type: ignore[arg-type]
+    assert (kept, rows) == (3, 3 * 16 * 4)
+    assert out.getvalue() == f"wrote 192 estimates from 3 frames to {path} (1 record(s) that are not estimate " \
+                             "frames skipped)\n"
+    table = pq.read_table(path) if kind == "parquet" else pa.ipc.open_file(path).read_all()
+    assert table.to_pylist() == pa.concat_tables([long_table(decode_frame(f)) for f in frames]).to_pylist()
+    assert table.schema.remove_metadata() == long_table(decode_frame(frames[0])).schema
+
+
+def test_keep_frames_filters_and_leaves_a_readable_file_on_ctrl_c(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    frames = _frames()
+
+    def interrupted(*_: object, **__: object) -> Iterator[bytes]:
+        yield frames[0]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sub, "_records", interrupted)
+    path = tmp_path / "cut.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        sub.keep_frames(KafkaSettings(), "t", path, "parquet", station=400_007, estimator="alp_gls", out=io.StringIO())
+    rows = pq.read_table(path).to_pylist()
+    assert [(r["station"], r["estimator"]) for r in rows] == [(400_007, "alp_gls")]

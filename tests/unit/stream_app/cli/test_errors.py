@@ -180,3 +180,14 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == errors.EXIT_USAGE
     _one_line(err, "demo")
     assert "--help" in err
+
+
+def test_subscribe_to_a_file_checks_its_directory_and_flags_before_the_network(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, dead_port: int) -> None:
+    broker = ["--bootstrap-servers", f"127.0.0.1:{dead_port}"]
+    code, err = _run(capsys, "subscribe", "--parquet", str(tmp_path / "nope" / "day.parquet"), *broker)
+    assert code == errors.EXIT_USAGE and "nope is not a directory" in _one_line(err, "subscribe")
+    code, err = _run(capsys, "subscribe", "--json", "--arrow", str(tmp_path / "day.arrow"), *broker)
+    assert code == errors.EXIT_USAGE and "not allowed with argument" in _one_line(err, "subscribe")
+    code, err = _run(capsys, "subscribe", "--arrow", str(tmp_path / "day.arrow"), *broker)
+    assert code == errors.EXIT_BROKER and not (tmp_path / "day.arrow").exists()  # connects before writing

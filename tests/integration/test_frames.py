@@ -1,0 +1,87 @@
+"""Estimate frames against a real broker: a worker with ``estimate_output="both"`` publishes
+rows and frames for the same closed epochs, and they say the same.
+
+Four epochs of the synthetic 6-station day, the three demo queries (SP, ALP with its four
+estimators, RR): 4 x 3 = 12 frames and 4 x 6 x 6 = 144 rows. Every frame is keyed by its
+window and decodes (``stream_app.frames``) into exactly the ``Estimate`` records the rows
+topic carries (pydantic equality: the same floats). Then ``ptt subscribe --parquet`` keeps
+the frames topic in a Parquet file that pyarrow reads back with the rows' values, one row per
+(query, epoch, station, estimator).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from producers.replay import replay
+from schemas.estimates import Estimate
+from stream_app.frames import decode_frame, frame_estimates
+from stream_app.records import WindowId
+from stream_app.settings import WorkerSettings
+
+from .kafka_helpers import drain
+from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 4
+STATIONS = 6
+N_FRAMES = EPOCHS * 3
+N_ESTIMATES = EPOCHS * STATIONS * (1 + 4 + 1)
+
+Key = tuple[str, int, int, int, str]
+
+
+def read_frames(ws: WorkerSettings) -> dict[bytes, bytes]:
+    """The latest frame per key."""
+    return {rec.key: rec.value for rec in drain(ws, ws.frames_topic, quiet_polls=2)}
+
+
+def test_frames_decode_to_the_rows_and_a_parquet_day_reads_back(broker: str, tmp_path: Path) -> None:
+    rs, ws = pipeline_settings(broker, tmp_path, synthetic_stations=STATIONS, max_epochs=EPOCHS)
+    ws = WorkerSettings(**{**ws.model_dump(), "estimate_output": "both",
+                           "frames_topic": f"frames-{uuid.uuid4().hex[:8]}"})
+    replay(rs, progress=False)
+    worker = WorkerProcess(ws, tmp_path / "worker.log").start()
+    try:
+        worker.wait_ready()
+        wait_for(lambda: len(read_estimates(ws)) >= N_ESTIMATES and len(read_frames(ws)) >= N_FRAMES, 90,
+                 f"{N_ESTIMATES} estimates and {N_FRAMES} frames")
+    finally:
+        worker.stop()
+    rows = read_estimates(ws)
+    frames = read_frames(ws)
+    assert len(rows) == N_ESTIMATES and len(frames) == N_FRAMES
+    from_frames: dict[Key, Estimate] = {}
+    for key, value in frames.items():
+        frame = decode_frame(value)
+        h = frame.header
+        assert key == WindowId(h["query_id"], h["query_version"], h["epoch"]).key
+        assert h["withheld"] is None and frame.table.num_rows == STATIONS
+        for e in frame_estimates(frame):
+            from_frames[(e.query_id, e.query_version, e.epoch, e.station, e.estimator)] = e
+    assert from_frames == rows
+
+    day = tmp_path / "day.parquet"
+    done = subprocess.run([sys.executable, "-m", "stream_app.cli", "subscribe", "--parquet", str(day),
+                           "--frames-topic", ws.frames_topic, "--from-beginning", "--idle-timeout", "3"],
+                          env=env_for(ws), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"wrote {N_ESTIMATES} estimates from {N_FRAMES} frames to {day}"
+    kept = pq.read_table(day).to_pylist()
+    assert len(kept) == N_ESTIMATES
+    for r in kept:
+        e = rows[(r["query_id"], r["query_version"], r["epoch"], r["station"], r["estimator"])]
+        assert r["epoch_start"] == e.epoch_start == datetime.fromisoformat(e.epoch_start.isoformat())
+        assert (r["estimate"], r["sd"], r["participants"], r["reports"], r["epsilon"], r["closed_by"]) == \
+               (e.estimate, e.sd, e.participants, e.reports, e.epsilon, e.closed_by)
+        assert r["bounds"] == [b.model_dump() for b in e.bounds] and r["data_quality"] == e.data_quality
+        assert (r["withheld"], r["late"], r["refused"], r["missing_batches"], r["round_count_mismatch"]) == \
+               (e.withheld, e.late, e.refused, e.missing_batches, e.round_count_mismatch)
