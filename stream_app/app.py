@@ -55,6 +55,7 @@ from schemas.kafka_io import BrokerLost, QueryReader, broker_lost
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
 from .estimate import QueryEstimators
 from .guard import BrokerGuard, stop_grace_s
+from .introspect import describe
 from .metrics import StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
@@ -422,10 +423,21 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     app.timer(interval=s.tick_interval_s)(w.tick)
     app.task(w.start)
     _ready_page(app)
+    _debug_page(app)
     app.metrics_registry = registry  # type: ignore[attr-defined]
     app.estimates_sink = w.sink  # type: ignore[attr-defined]
     app.broker_guard = w.guard  # type: ignore[attr-defined]
     return app
+
+
+def _debug_page(app: faust.App) -> None:
+    @app.page("/debug/tasks")
+    async def tasks_page(self: Any, request: Any) -> Any:
+        """Where this worker waits: every task's await chain, every thread's stack (code
+        locations only; :mod:`stream_app.introspect`)."""
+        from aiohttp.web import Response
+
+        return Response(text=describe())
 
 
 def _ready_page(app: faust.App) -> None:

@@ -58,28 +58,21 @@ class WorkerProcess:
         _LIVE.append(self)
         return self
 
-    def diagnosis(self, lines: int = 80) -> str:
-        """What the running worker is doing: Faust's worker dumps every thread's and task's
-        stack on SIGUSR1 (into its stderr); the frames of this project's code in that dump,
-        and the log's last lines before it. For a wait that timed out, so that a failure in
-        CI says where the worker was stuck."""
-        out = self.err or self.log
+    def diagnosis(self, lines: int = 120) -> str:
+        """What the running worker is doing: the log's last lines, and where each of its
+        tasks and threads waits in this project's code (``/debug/tasks``). For a wait that
+        timed out, so that a failure in CI says where the worker was stuck."""
         if self.proc is None or self.proc.poll() is not None:
             return f"\n-- {self.log.name}: not running"
-        before = out.stat().st_size
-        self.proc.send_signal(signal.SIGUSR1)
-        deadline, size, stable_since = time.time() + 15, before, time.time()
-        while time.time() < deadline and (size == before or time.time() - stable_since < 1.0):
-            time.sleep(0.2)  # until the dump has been written (the file stops growing)
-            if (now := out.stat().st_size) != size:
-                size, stable_since = now, time.time()
-        text = out.read_bytes()
-        log_tail = text[:before].decode(errors="replace").splitlines()[-15:]
-        dump = text[before:].decode(errors="replace").splitlines()
+        log_tail = (self.err or self.log).read_text(errors="replace").splitlines()[-15:]
+        try:
+            with urllib.request.urlopen(self.url.replace("/metrics", "/debug/tasks"),  # noqa: S310 - loopback
+                                        timeout=10) as r:
+                tasks = own_frames(r.read().decode().splitlines())
+        except OSError as exc:
+            tasks = [f"/debug/tasks did not answer: {exc}"]
         return (f"\n-- {self.log.name}: last log lines\n" + "\n".join(log_tail)
-                + f"\n-- {self.log.name}: threads and tasks in this project's code\n"
-                + "\n".join(own_frames(dump)[:lines]))
-
+                + f"\n-- {self.log.name}: tasks and threads in this project's code\n" + "\n".join(tasks[:lines]))
 
     @property
     def url(self) -> str:
@@ -128,21 +121,21 @@ class WorkerProcess:
 
 
 def own_frames(dump: list[str]) -> list[str]:
-    """From a stack dump (threads and asyncio tasks): each thread or task that is in this
-    project's code, with those frames and their source lines; locals and library frames out."""
+    """From ``/debug/tasks``: each task or thread that waits in this project's code, with
+    its chain from the first step in this project's code inwards."""
     out: list[str] = []
     head: str | None = None
-    for i, line in enumerate(dump):
+    mine = False
+    for line in dump:
         text = line.strip()
-        if text.startswith(("THREAD ", "TASK ")):
-            head = text
-        elif text.startswith('File "') and any(c in text for c in OWN_CODE):
+        if text.startswith(("THREAD ", "TASK ", "COROUTINE ")):
+            head, mine = text, False
+        elif mine or any(c in text for c in OWN_CODE):  # from this project's code inwards
             if head is not None:
                 out.append(head)
                 head = None
+            mine = True
             out.append("  " + text)
-            if i + 1 < len(dump):
-                out.append("    " + dump[i + 1].strip())
     return out
 
 

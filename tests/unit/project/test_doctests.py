@@ -37,6 +37,7 @@ WITH_EXAMPLES = {
     "stream_app.decode": 5,
     "stream_app.frames": 10,
     "stream_app.guard": 2,
+    "stream_app.introspect": 5,
     "stream_app.records": 8,
     "stream_app.stage2": 1,
     "stream_app.windows": 9,
