@@ -437,7 +437,23 @@ def _debug_page(app: faust.App) -> None:
         locations only; :mod:`stream_app.introspect`)."""
         from aiohttp.web import Response
 
-        return Response(text=describe())
+        return Response(text=describe(consumer_state(app)))
+
+
+def consumer_state(app: faust.App) -> list[str]:
+    """Faust's consumer as the fetcher sees it: flow, paused partitions, and per partition
+    the offset read, committed and the high-water mark (for ``/debug/tasks``)."""
+    c: Any = app.consumer
+    lines = [f"CONSUMER flow {'suspended' if c.suspend_flow.is_set() else 'running'}, "
+             f"can resume {c.can_resume_flow.is_set()}, paused {sorted(map(tuple, c._paused_partitions))}"]
+    for tp in sorted(c.assignment()):
+        try:
+            high = c.highwater(tp)
+        except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
+            high = f"? ({type(exc).__name__})"
+        lines.append(f"  {tp.topic}[{tp.partition}] read {c._read_offset.get(tp)} "
+                     f"committed {c._committed_offset.get(tp)} highwater {high}")
+    return lines
 
 
 def _ready_page(app: faust.App) -> None:

@@ -91,9 +91,10 @@ def own_coroutines() -> list[Any]:
     return [o for o in mine if id(o) not in inner]
 
 
-def describe() -> str:
-    """Every task of the running loop, this project's coroutines, and every thread, as text."""
-    lines: list[str] = []
+def describe(head: list[str] | None = None) -> str:
+    """``head`` (what the caller adds), every task of the running loop, this project's
+    coroutines, and every thread, as text."""
+    lines: list[str] = list(head or [])
     for task in sorted(asyncio.all_tasks(), key=lambda t: t.get_name()):
         lines.append(f"TASK {task.get_name()}")
         lines += [f"  {step}" for step in await_chain(task)]

@@ -121,15 +121,21 @@ class WorkerProcess:
 
 
 def own_frames(dump: list[str]) -> list[str]:
-    """From ``/debug/tasks``: each task or thread that waits in this project's code, with
-    its chain from the first step in this project's code inwards."""
+    """From ``/debug/tasks``: the consumer's state, then each task or thread that waits in
+    this project's code, with its chain from the first step in this project's code inwards."""
     out: list[str] = []
     head: str | None = None
-    mine = False
+    section = ""
     for line in dump:
         text = line.strip()
-        if text.startswith(("THREAD ", "TASK ", "COROUTINE ")):
+        if text.startswith(("CONSUMER", "THREAD ", "TASK ", "COROUTINE ")):
+            section = text.split(" ", 1)[0]
             head, mine = text, False
+            if section == "CONSUMER":
+                out.append(text)
+                head = None
+        elif section == "CONSUMER":
+            out.append("  " + text)
         elif mine or any(c in text for c in OWN_CODE):  # from this project's code inwards
             if head is not None:
                 out.append(head)
