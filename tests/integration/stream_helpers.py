@@ -38,6 +38,10 @@ def env_for(settings: KafkaSettings) -> dict[str, str]:
 
 _LIVE: list[WorkerProcess] = []  # started and not yet stopped: what a timed-out wait describes
 OWN_CODE = ("/stream_app/", "/schemas/", "/producers/")
+DIAGNOSIS_METRICS = ("ptt_records_total", "ptt_reports_total", "ptt_dead_letters_total", "ptt_epochs_closed_total",
+                     "ptt_late_records_total", "ptt_duplicate_records_total", "ptt_newest_seen_epoch",
+                     "ptt_withheld_epochs_total", "faust_messages_received_total", "faust_events_total",
+                     "faust_topic_messages_received_total")
 
 
 class WorkerProcess:
@@ -71,7 +75,12 @@ class WorkerProcess:
                 tasks = own_frames(r.read().decode().splitlines())
         except OSError as exc:
             tasks = [f"/debug/tasks did not answer: {exc}"]
+        try:
+            counters = [ln for ln in self.metrics().splitlines() if ln.startswith(DIAGNOSIS_METRICS)]
+        except OSError as exc:
+            counters = [f"/metrics did not answer: {exc}"]
         return (f"\n-- {self.log.name}: last log lines\n" + "\n".join(log_tail)
+                + f"\n-- {self.log.name}: counters\n" + "\n".join(counters[:60])
                 + f"\n-- {self.log.name}: tasks and threads in this project's code\n" + "\n".join(tasks[:lines]))
 
     @property
