@@ -54,6 +54,7 @@ from schemas.kafka_io import BrokerLost, QueryReader, broker_lost
 
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
 from .estimate import QueryEstimators
+from .faust_recovery import install as install_recovery_fix
 from .guard import BrokerGuard, stop_grace_s
 from .introspect import describe
 from .metrics import StreamMonitor
@@ -400,6 +401,7 @@ class StreamWorker:
 def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = None) -> faust.App:
     """The Faust app: each callback hands its input to :class:`StreamWorker`."""
     s = settings
+    install_recovery_fix()  # Faust's end of recovery drops fetched records otherwise (faust_recovery.py)
     registry = registry or CollectorRegistry()
     app = _faust_app(s)
     _faust_sensors(app, registry)

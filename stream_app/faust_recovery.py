@@ -1,0 +1,91 @@
+"""A fix for Faust's end of recovery, which drops fetched records after a restart.
+
+faust-streaming 0.15.3 (issue #596, still open upstream) ends a recovery in
+``Recovery.on_recovery_completed`` in this order:
+
+1. it resumes the stream partitions (reports, partials) while its fetcher is already
+   running (the fetcher starts early, to read the changelog);
+2. it seeks them to their committed offsets, one OffsetFetch round trip per partition;
+3. ``flow_control.resume()`` clears every channel queue.
+
+Records the fetcher delivers between 1 and 3 are cleared from the queues, although Faust's
+read offset and aiokafka's position have already passed them. Nothing fetches them again
+until the next restart, and the partition's commit stays stuck behind the gap. A restarted
+worker on a loaded machine then sat idle with its input waiting: ``/debug/tasks`` showed
+``reports[2] read 61 committed 40 highwater 62`` with both agents idle. The restart test
+(tests/integration/test_adversarial.py) failed about 1 run in 15 under load this way.
+
+The fix keeps upstream's steps and changes their order. It seeks while the stream
+partitions are still paused, so none of their records can be fetched or queued. Then it
+clears the queues (``flow_control.resume()``), and only then resumes the partitions. While
+a partition is paused, aiokafka returns none of its records, and a seek drops what it had
+prefetched for it. So fetching starts exactly at the committed offsets, and nothing sits in
+a queue when it is cleared.
+
+:func:`install` applies it once per process, before any recovery runs, and refuses a Faust
+whose ``on_recovery_completed`` is not the one this was written against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+from typing import Any
+
+from faust.tables.recovery import Recovery
+
+__all__ = ["UPSTREAM_SHA256", "install", "upstream_source_digest"]
+
+# sha256 (first 16 hex digits) of faust-streaming 0.15.3's Recovery.on_recovery_completed
+UPSTREAM_SHA256 = "6ef567acf072e46d"
+_UPSTREAM = Recovery.on_recovery_completed
+
+
+def upstream_source_digest() -> str:
+    """The digest of the installed Faust's own ``on_recovery_completed``."""
+    return hashlib.sha256(inspect.getsource(_UPSTREAM).encode()).hexdigest()[:16]
+
+
+async def on_recovery_completed(self: Any, generation_id: int = 0) -> None:
+    """Upstream's ``Recovery.on_recovery_completed`` with the order fixed (module doc)."""
+    consumer = self.app.consumer
+    self.log.info("Restore complete!")
+    await self.app.on_rebalance_complete.send()
+    self._set_recovery_ended()
+    pending = [asyncio.ensure_future(table.on_recovery_completed(self.actives_for_table[table],
+                                                                 self.standbys_for_table[table]))
+               for table in self.tables.values()]
+    if pending:
+        await asyncio.wait(pending)
+    assignment = consumer.assignment()
+    if self.app.consumer_generation_id != generation_id:
+        self.log.warning("Recovery rebalancing again app id %r param %r", self.app.consumer_generation_id,
+                         generation_id)
+        return
+    if assignment:  # the stream partitions are still paused: nothing of theirs is fetched or queued
+        self.log.info("Seek stream partitions to committed offsets.")
+        await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
+    self.completed.set()
+    self.app.flow_control.resume()  # clears the channel queues, before any stream record can be in them
+    consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
+    consumer.resume_flow()
+    await self.app._fetcher.maybe_start()
+    self.tables.on_actives_ready()
+    if not self.app.assignor.assigned_standbys():
+        self.tables.on_standbys_ready()
+    self.app.on_rebalance_end()
+    self.log.info("Worker ready")
+
+
+def install() -> None:
+    """Replace Faust's ``on_recovery_completed`` with :func:`on_recovery_completed`.
+
+    :class:`RuntimeError` if the installed Faust's own version of it is not the one this
+    fix was written against: re-read faust/tables/recovery.py, then update the digest."""
+    if Recovery.on_recovery_completed is on_recovery_completed:
+        return
+    if upstream_source_digest() != UPSTREAM_SHA256:
+        raise RuntimeError("faust's Recovery.on_recovery_completed changed: re-check stream_app/faust_recovery.py "
+                           "against faust/tables/recovery.py, then update UPSTREAM_SHA256")
+    Recovery.on_recovery_completed = on_recovery_completed  # type: ignore[method-assign]
