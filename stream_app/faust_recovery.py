@@ -4,9 +4,10 @@ faust-streaming 0.15.3 (issue #596, still open upstream) ends a recovery in
 ``Recovery.on_recovery_completed`` in this order:
 
 1. it resumes the stream partitions (reports, partials) while its fetcher is already
-   running (the fetcher starts early, to read the changelog);
+   running (the fetcher starts early, to read the changelog, and flow control was resumed
+   then too);
 2. it seeks them to their committed offsets, one OffsetFetch round trip per partition;
-3. ``flow_control.resume()`` clears every channel queue.
+3. it calls ``flow_control.resume()`` again, and that clears every channel queue.
 
 Records the fetcher delivers between 1 and 3 are cleared from the queues, although Faust's
 read offset and aiokafka's position have already passed them. Nothing fetches them again
@@ -15,12 +16,16 @@ worker on a loaded machine then sat idle with its input waiting: ``/debug/tasks`
 ``reports[2] read 61 committed 40 highwater 62`` with both agents idle. The restart test
 (tests/integration/test_adversarial.py) failed about 1 run in 15 under load this way.
 
-The fix keeps upstream's steps and changes their order. It seeks while the stream
-partitions are still paused, so none of their records can be fetched or queued. Then it
-clears the queues (``flow_control.resume()``), and only then resumes the partitions. While
-a partition is paused, aiokafka returns none of its records, and a seek drops what it had
-prefetched for it. So fetching starts exactly at the committed offsets, and nothing sits in
-a queue when it is cleared.
+The fix keeps upstream's steps and order, but resumes flow control at the end only if it is
+suspended. It is not: recovery resumed it before reading the changelog, and a rebalance that
+suspends it also clears the queues itself. So the queues are no longer cleared under
+records just fetched. What the fetcher delivered before the seek is processed, and the seek
+then delivers it again from the committed offset. Stage records are deduplicated by batch
+id and re-published estimates are identical, so a re-delivery is harmless (docs/operations.md).
+
+(Seeking while the stream partitions are still paused, and resuming them after the clear,
+was tried first: restarted workers then never fetched their input at all, 2 restart tests
+in 3.)
 
 :func:`install` applies it once per process, before any recovery runs, and refuses a Faust
 whose ``on_recovery_completed`` is not the one this was written against.
@@ -48,7 +53,8 @@ def upstream_source_digest() -> str:
 
 
 async def on_recovery_completed(self: Any, generation_id: int = 0) -> None:
-    """Upstream's ``Recovery.on_recovery_completed`` with the order fixed (module doc)."""
+    """Upstream's ``Recovery.on_recovery_completed``, without clearing the queues under
+    records just fetched (module doc)."""
     consumer = self.app.consumer
     self.log.info("Restore complete!")
     await self.app.on_rebalance_complete.send()
@@ -63,12 +69,13 @@ async def on_recovery_completed(self: Any, generation_id: int = 0) -> None:
         self.log.warning("Recovery rebalancing again app id %r param %r", self.app.consumer_generation_id,
                          generation_id)
         return
-    if assignment:  # the stream partitions are still paused: nothing of theirs is fetched or queued
+    consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
+    if assignment:
         self.log.info("Seek stream partitions to committed offsets.")
         await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
     self.completed.set()
-    self.app.flow_control.resume()  # clears the channel queues, before any stream record can be in them
-    consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
+    if not self.app.flow_control.is_active():  # resume() clears the queues: never under fetched records
+        self.app.flow_control.resume()
     consumer.resume_flow()
     await self.app._fetcher.maybe_start()
     self.tables.on_actives_ready()

@@ -1,6 +1,6 @@
 """The fix for Faust's end of recovery (:mod:`stream_app.faust_recovery`) is installed by
-every app, refuses a Faust it was not written against, and keeps upstream's steps in the
-fixed order: seek, clear the queues, and only then resume the stream partitions."""
+every app, refuses a Faust it was not written against, and never clears the agents' queues
+once the stream partitions are resumed (upstream did, dropping records just fetched)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Calls:
         return call
 
 
-def test_the_stream_partitions_resume_only_after_the_seek_and_the_clear() -> None:
+def _run_end_of_recovery(fn: Any, flow_active: bool) -> list[str]:
     calls = Calls()
 
     async def perform_seek() -> None:
@@ -57,20 +57,36 @@ def test_the_stream_partitions_resume_only_after_the_seek_and_the_clear() -> Non
     consumer = SimpleNamespace(assignment=lambda: {stream, changelog}, perform_seek=perform_seek,
                                resume_partitions=lambda tps: calls.order.append(f"resume {sorted(tps)}"),
                                resume_flow=calls.step("resume_flow"))
+    flow = SimpleNamespace(resume=calls.step("clear queues"), is_active=lambda: flow_active)
     app = SimpleNamespace(consumer=consumer, consumer_generation_id=3,
-                          on_rebalance_complete=SimpleNamespace(send=noop),
-                          flow_control=SimpleNamespace(resume=calls.step("clear queues")),
+                          on_rebalance_complete=SimpleNamespace(send=noop), flow_control=flow,
                           _fetcher=SimpleNamespace(maybe_start=noop), conf=SimpleNamespace(broker_request_timeout=1),
                           assignor=SimpleNamespace(assigned_standbys=lambda: set()),
                           on_rebalance_end=calls.step("rebalance end"))
-    recovery = SimpleNamespace(app=app, log=SimpleNamespace(info=calls.step("log"), warning=calls.step("warn")),
+    recovery = SimpleNamespace(app=app, log=SimpleNamespace(info=calls.step("log"), warning=calls.step("warn"),
+                                                            dev=calls.step("log")),
                                _set_recovery_ended=calls.step("ended"), tables=SimpleNamespace(
                                    values=lambda: [], on_actives_ready=calls.step("actives"),
                                    on_standbys_ready=calls.step("standbys")),
                                actives_for_table={}, standbys_for_table={}, _wait=wait,
                                completed=SimpleNamespace(set=calls.step("completed")),
                                _is_changelog_tp=lambda tp: tp == changelog)
-    asyncio.run(faust_recovery.on_recovery_completed(recovery, generation_id=3))
-    order = [c for c in calls.order if c != "log"]
-    assert order.index("seek") < order.index("clear queues") < order.index(f"resume {[stream]}")
-    assert order.index(f"resume {[stream]}") < order.index("resume_flow")
+    asyncio.run(fn(recovery, generation_id=3))
+    return [c for c in calls.order if c != "log"]
+
+
+def test_no_queue_is_cleared_once_the_stream_partitions_are_resumed() -> None:
+    order = _run_end_of_recovery(faust_recovery.on_recovery_completed, flow_active=True)
+    assert "clear queues" not in order  # flow control runs since recovery began: nothing to resume
+    assert order.index("resume [('reports', 0)]") < order.index("seek") < order.index("resume_flow")
+
+
+def test_suspended_flow_is_still_resumed() -> None:
+    order = _run_end_of_recovery(faust_recovery.on_recovery_completed, flow_active=False)
+    assert order.index("seek") < order.index("clear queues") < order.index("resume_flow")
+
+
+def test_upstream_clears_the_queues_after_resuming_the_stream_partitions() -> None:
+    """What the fix removes (this fails once Faust no longer does it: then drop the fix)."""
+    order = _run_end_of_recovery(faust_recovery._UPSTREAM, flow_active=True)  # noqa: SLF001
+    assert order.index("resume [('reports', 0)]") < order.index("clear queues")
