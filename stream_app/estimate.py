@@ -247,7 +247,7 @@ def _estimate_stack(qe: QueryEstimators, live: Sequence[tuple[EpochResult, IntAr
                             f"(p < {IMPOSSIBLE_AT:g} each): forged participants or injected reports")
             continue
         for name, (v, sd, lower, upper) in values.items():
-            if not (np.all(np.isfinite(v[i])) and np.all(np.isfinite(lower[i])) and np.all(np.isfinite(upper[i]))):
+            if not all(np.all(np.isfinite(a[i])) for a in (v, sd, lower, upper)):
                 res.values.clear()
                 res.withheld, res.withheld_code = "internal: a non-finite estimate", "internal"
                 break

@@ -715,6 +715,25 @@ def test_infinite_epsilon_is_null_and_estimates_reject_nan() -> None:
             Estimate(estimate=bad, epsilon=1.0, **common)
 
 
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_nan_sd_withholds_the_epoch_instead_of_writing_invalid_json(mechanism: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN variance would render ``"sd":nan`` (not JSON); the epoch is withheld as internal."""
+    q = QUERIES[mechanism]
+    name, est = next(iter(QE[mechanism].estimators.items()))
+
+    class NanVariance:
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(est, attr)
+
+        def variance(self, v: Any, ns: Any) -> Any:
+            return np.full(np.shape(v), np.nan)
+
+    monkeypatch.setitem(QE[mechanism].estimators, name, NanVariance())
+    res, _, _ = run(q)
+    assert_withheld(res, q, "internal", "non-finite")
+
+
 def test_an_infinite_epsilon_query_renders_null() -> None:
     q = Query(query_id="q-inf", analyst_id="a", version=1, sensors=(7, 8), mechanism="rr",
               params={"pi2": 0.0}, population=10, t_start=datetime(2026, 11, 18, tzinfo=UTC),
