@@ -121,8 +121,8 @@ class EpochResult:
 
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
-WITHHELD_CODES = ("conflicting_markers", "late", "participants_unknown", "interrupted", "too_few_participants",
-                  "missing_batches", "impossible_counts", "internal")
+WITHHELD_CODES = ("conflicting_markers", "late", "participants_unknown", "missing_markers", "interrupted",
+                  "too_few_participants", "missing_batches", "impossible_counts", "internal")
 IMPOSSIBLE_AT = 1e-9  # false-alarm rate per station of the plausibility check
 
 
@@ -151,6 +151,10 @@ def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[
         return "participants_unknown", "participants unknown: no end-of-epoch marker arrived"
     if missing:  # some producers' markers came, others' not: their reports may be missing too
         return "participants_unknown", f"participants unknown: no marker from producer(s) {missing[:10]}"
+    if w.producer_count() is not None and not w.markers_complete(n_partitions):
+        absent = w.missing_marker_slots(n_partitions)
+        return "missing_markers", (f"{len(absent)} end-of-epoch marker(s) never arrived (round, producer, partition: "
+                                   f"{absent[:5]}): batches sent to those partitions may be missing")
     if w.interrupted():
         return "interrupted", "epoch interrupted: a producer stopped in the middle of it"
     if n < min_participants:

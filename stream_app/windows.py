@@ -182,6 +182,12 @@ class WindowState:
         return all((r, i, p) in self.markers
                    for r in range(self.n_rounds) for i in range(k) for p in range(n_partitions))
 
+    def missing_marker_slots(self, n_partitions: int) -> list[tuple[int, int, int]]:
+        """The (round, producer, partition) slots whose marker has not arrived (markers known)."""
+        k = self.producer_count() or 0
+        return [(r, i, p) for r in range(self.n_rounds) for i in range(k) for p in range(n_partitions)
+                if (r, i, p) not in self.markers]
+
     def participants(self) -> tuple[int | None, list[int]]:
         """(vehicles that answered, producer indices without a round-0 marker)."""
         per_producer = {i: m.participants for (r, i, _), m in self.markers.items() if r == 0}

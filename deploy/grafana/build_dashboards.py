@@ -214,7 +214,8 @@ def overview() -> dashboard_builders.Dashboard:
         timeseries_panel(next(ids), "Withheld epochs by reason", "Epochs closed without estimates in the last 5 "
                          "minutes, per query and reason: conflicting_markers, late (its data came after the "
                          "watermark passed it and its markers never completed it), participants_unknown, "
-                         "interrupted, too_few_participants, impossible_counts (counts no population could "
+                         "missing_markers (a producer's marker for some partition never came), interrupted, "
+                         "too_few_participants, impossible_counts (counts no population could "
                          "produce: forged or corrupt reports), missing_batches, internal. Anything but "
                          "too_few_participants deserves a look; impossible_counts or conflicting_markers can mean "
                          "a writer is forging records.",

@@ -606,6 +606,25 @@ def test_sp_with_a_producers_markers_missing_does_not_undercount_n() -> None:
     assert all(e.estimate is None and e.participants == n for e in rendered(res))
 
 
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_watermark_close_with_some_partitions_markers_missing_is_withheld(mechanism: str) -> None:
+    """Every producer's round-0 marker came (on partition 0), but partition 2's markers never did:
+    the batches sent there are unaccounted for, so the epoch is withheld as missing_markers --
+    even though partition 2's batches did arrive here (nothing proves it)."""
+    q = QUERIES[mechanism]
+    sink = MemorySink(N_PARTITIONS)
+    produce(q, TRUTH, ("per-vehicle", "per-vehicle"), sink)
+    items = stage1(sink.records)
+    w = window_from(q, sink.records, keep=lambda p: not (isinstance(p, MarkerPartial) and p.source_partition == 2))
+    w.close("watermark")
+    res = epoch_result(QE[mechanism], w, "watermark", CONF, 1, N_PARTITIONS)
+    assert_withheld(res, q, "missing_markers", "partition")
+    whole = window_from(q, sink.records)  # the same epoch with every marker is published
+    assert whole.markers_complete(N_PARTITIONS) and len(items) > 0
+    whole.close("watermark")
+    assert epoch_result(QE[mechanism], whole, "watermark", CONF, 1, N_PARTITIONS).withheld is None
+
+
 def test_sp_round_count_mismatch_and_missing_batches() -> None:
     q = QUERIES["sp"]
     sink = MemorySink(N_PARTITIONS)
