@@ -222,7 +222,8 @@ LONG_SCHEMA = pa.schema([
 
 def long_table(frame: Frame) -> pa.Table:
     """The frame in long form (:data:`LONG_SCHEMA`), built column-wise: its rows' values,
-    ``epoch_start`` as a timestamp (the same instant), plus ``withheld_code`` and ``retracted``."""
+    ``epoch_start`` as a timestamp (the same instant), plus ``withheld_code``, ``retracted`` and
+    ``consistent`` (null from a version-1 frame)."""
     parts = [_long_part(frame, name) for name in frame.estimators]
     return pa.concat_tables(parts) if parts else LONG_SCHEMA.empty_table()
 
