@@ -12,7 +12,10 @@ added to a ``WindowState`` in a seeded random order (or through ``WindowPolicy``
 computes directly from the privatized arrays: ``estimate``, ``score_interval`` at 0.95 and
 0.99, and the sd at ``max(estimate, 0)`` (for per-sensor per-vehicle pairs the default
 report is implied: ``participants - non-default`` per station and round, completed per
-producer here (``tests/station_counts.py``), over all producers' summed counts in the app).
+producer here (``tests/station_counts.py``), over all producers' summed counts in the app),
+and the consistent vector (``project_capped_simplex`` of each estimator's estimates, the
+participants as the cap; where the cap binds it sums to exactly the participants; null for
+withheld epochs and stations without source data).
 
 Also checked: ``QueryEstimators.build`` and the query's ``width`` per mechanism; ``render()``: one record
 per station and estimator, each valid for ``schemas.estimates.Estimate`` (pydantic) AND for
