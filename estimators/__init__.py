@@ -4,6 +4,7 @@ No I/O and no Kafka, Faust, Prometheus or pydantic here (a test enforces it).
 """
 
 from .compare import COMPARED, compare, kary_variances, oracle_variance, support_probabilities
+from .consistency import project_capped_simplex
 from .linear import (
     Bound,
     LinearEstimator,
@@ -127,6 +128,7 @@ __all__ = [
     "per_sensor_joint_table",
     "per_sensor_report_epsilon",
     "plan",
+    "project_capped_simplex",
     "quadratic_interval",
     "rr_epsilon_closed_form",
     "rr_estimator",

@@ -53,6 +53,10 @@ class Estimate(BaseModel):
     estimate: float | None
     sd: float | None = Field(description="standard deviation of the estimate at max(estimate, 0)")
     bounds: tuple[EstimateBound, ...]
+    consistent: float | None = Field(
+        default=None, description="the estimate made consistent: the estimator's estimates of the epoch's stations "
+                                  "projected onto {x >= 0, sum(x) <= participants} (never negative; biased; the "
+                                  "bounds stay those of the unbiased estimate); null when withheld or no_source_data")
     reports: int = Field(ge=0, description="reports counted in the epoch (all rounds)")
     participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
     epsilon: float | None = Field(description="per-epoch epsilon of a device's whole report (brute force over "

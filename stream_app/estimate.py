@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from estimators import LinearEstimator
+from estimators import LinearEstimator, project_capped_simplex
 from schemas import Query
 from schemas.epochs import epoch_start
 
@@ -42,12 +42,17 @@ class QueryEstimators:
 
 @dataclass(frozen=True)
 class StationEstimates:
-    """One estimator's estimates for every station of a query: ``(V,)`` and ``(C, V)`` arrays."""
+    """One estimator's estimates for every station of a query: ``(V,)`` and ``(C, V)`` arrays.
+
+    ``consistent``: the estimates projected onto ``{x >= 0, sum(x) <= participants}`` over the
+    query's stations (``estimators.consistency``); None where not computed (published as null).
+    """
 
     estimate: FloatArray
     sd: FloatArray
     lower: FloatArray
     upper: FloatArray
+    consistent: FloatArray | None = None
 
 
 @dataclass
@@ -104,19 +109,21 @@ class EpochResult:
         for name in q.spec.estimator_names:
             prefix = f'{head},"estimator":"{name}","station":'
             if self.withheld is not None:
-                tail = ',"estimate":null,"sd":null,"bounds":[]'
+                tail = ',"estimate":null,"sd":null,"bounds":[],"consistent":null'
                 out.extend((k, f"{prefix}{s}{tail}{dq}}}".encode())
                            for k, s, dq in zip(keys, q.sensors, quality, strict=True))
                 continue
             v = self.values[name]
             est, sd = v.estimate.tolist(), v.sd.tolist()
             lows, ups = v.lower.tolist(), v.upper.tolist()
+            cons = (["null"] * q.n_stations if v.consistent is None else
+                    ["null" if i + 1 in self.no_source_data else repr(x) for i, x in enumerate(v.consistent.tolist())])
             confs = [json.dumps(c) for c in self.confidences]
             for i, s in enumerate(q.sensors):
                 bounds = ",".join(f'{{"confidence":{c},"lower":{lows[j][i]!r},"upper":{ups[j][i]!r}}}'
                                   for j, c in enumerate(confs))
                 out.append((keys[i], f'{prefix}{s},"estimate":{est[i]!r},"sd":{sd[i]!r},"bounds":[{bounds}]'
-                                     f'{quality[i]}}}'.encode()))
+                                     f',"consistent":{cons[i]}{quality[i]}}}'.encode()))
         return out
 
 
@@ -244,6 +251,10 @@ def _estimate_stack(qe: QueryEstimators, live: Sequence[tuple[EpochResult, IntAr
         sd = np.sqrt(np.maximum(est.variance(np.maximum(v, 0.0), ns), 0.0))
         ints = [est.score_interval(v, ns, c) for c in confidences]
         values[name] = (v, sd, np.stack([lo for lo, _ in ints], axis=1), np.stack([hi for _, hi in ints], axis=1))
+    finite = np.all(np.isfinite(np.stack([v for v, *_ in values.values()])), axis=(0, 2))  # (k,)
+    consistent = {name: np.full_like(v, np.nan) for name, (v, *_) in values.items()}
+    for name, (v, *_) in values.items():  # the cap: every vehicle is at one station or none
+        consistent[name][finite] = project_capped_simplex(v[finite], ns[finite])
     for i, (res, _, n) in enumerate(live):
         if bad[i].any():
             res.withheld_code = "impossible_counts"
@@ -255,6 +266,6 @@ def _estimate_stack(qe: QueryEstimators, live: Sequence[tuple[EpochResult, IntAr
                 res.values.clear()
                 res.withheld, res.withheld_code = "internal: a non-finite estimate", "internal"
                 break
-            res.values[name] = StationEstimates(v[i], sd[i], lower[i], upper[i])
+            res.values[name] = StationEstimates(v[i], sd[i], lower[i], upper[i], consistent[name][i])
         else:
             res.extra = spec.extra_statistics(qe.query.build(), n)

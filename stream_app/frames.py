@@ -3,7 +3,7 @@ no I/O). The header travels once, in the schema's metadata; the columns once per
 
 Schema version :data:`FRAME_SCHEMA_VERSION` (docs/wire.md, "Estimate frames"):
 
-* metadata ``ptt.frame_schema_version``: ``"1"``;
+* metadata ``ptt.frame_schema_version``: ``"2"``;
 * metadata ``ptt.header``: a JSON object -- the fields every per-row estimate record of the epoch
   shares (:meth:`~stream_app.estimate.EpochResult.header`: ``query_id``, ``query_version``,
   ``mechanism``, ``epoch``, ``epoch_start``, ``reports``, ``participants``, ``epsilon``,
@@ -12,8 +12,10 @@ Schema version :data:`FRAME_SCHEMA_VERSION` (docs/wire.md, "Estimate frames"):
   ``confidences`` (which name the columns);
 * columns: ``station`` (int64), ``no_source_data`` (bool), and per estimator ``E``:
   ``E.estimate``, ``E.sd`` and, per confidence level ``c``, ``E.lower[c]`` and ``E.upper[c]``
-  (float64; ``c`` written as in the rows, e.g. ``0.95``). A withheld epoch's estimator
+  (float64; ``c`` written as in the rows, e.g. ``0.95``); then per estimator ``E.consistent``
+  (float64, null where the rows' ``consistent`` is null). A withheld epoch's estimator
   columns are all null; otherwise they hold exactly the floats the rows carry (a NaN stays NaN).
+  Version 1 (no ``E.consistent`` columns) is still read: its rows' ``consistent`` is null.
 
 :func:`frame_rows` gives back the per-row records as plain dicts (what ``json.loads`` of each
 row gives) and :func:`frame_estimates` as :class:`schemas.estimates.Estimate` objects, in the
@@ -34,7 +36,7 @@ rows' order; :func:`long_table` is the long form ``ptt subscribe --parquet`` kee
 >>> frame = decode_frame(encode_frame(res))
 >>> frame.table.column_names
 ['station', 'no_source_data', 'sp_difference.estimate', 'sp_difference.sd', 'sp_difference.lower[0.95]', \
-'sp_difference.upper[0.95]']
+'sp_difference.upper[0.95]', 'sp_difference.consistent']
 >>> [(e.station, e.estimate, e.bounds[0].upper) for e in frame_estimates(frame)]
 [(400001, 3.5, 5.0), (400002, -0.5, 6.0)]
 >>> decode_frame(b"not a frame")
@@ -62,7 +64,8 @@ from .estimate import EpochResult
 __all__ = ["FRAME_SCHEMA_VERSION", "LONG_SCHEMA", "Frame", "decode_frame", "encode_frame", "frame_estimates",
            "frame_rows", "long_table"]
 
-FRAME_SCHEMA_VERSION = 1
+FRAME_SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no ``E.consistent`` columns
 VERSION_KEY = b"ptt.frame_schema_version"
 HEADER_KEY = b"ptt.header"
 
@@ -72,6 +75,19 @@ def column_names(estimator: str, confidences: list[float]) -> list[str]:
     levels = [json.dumps(c) for c in confidences]
     return [f"{estimator}.estimate", f"{estimator}.sd", *(f"{estimator}.lower[{c}]" for c in levels),
             *(f"{estimator}.upper[{c}]" for c in levels)]
+
+
+def consistent_names(estimators: list[str], version: int = FRAME_SCHEMA_VERSION) -> list[str]:
+    """The ``E.consistent`` columns that follow every estimator's own (none in version 1)."""
+    return [f"{e}.consistent" for e in estimators] if version >= 2 else []
+
+
+def _consistent_array(res: EpochResult, name: str) -> pa.Array:
+    v = None if res.withheld is not None else res.values[name].consistent
+    if v is None:
+        return pa.nulls(res.query.n_stations, pa.float64())
+    gap = np.array([i + 1 in res.no_source_data for i in range(res.query.n_stations)], dtype=bool)
+    return pa.array(v, pa.float64(), mask=gap)
 
 
 def _header(res: EpochResult) -> dict[str, Any]:
@@ -98,6 +114,8 @@ def encode_frame(res: EpochResult) -> bytes:
     for name in header["estimators"]:
         names += column_names(name, header["confidences"])
         arrays += _estimator_arrays(res, name)
+    names += consistent_names(header["estimators"])
+    arrays += [_consistent_array(res, name) for name in header["estimators"]]
     meta = {VERSION_KEY: str(FRAME_SCHEMA_VERSION).encode(), HEADER_KEY: json.dumps(header).encode()}
     batch = pa.RecordBatch.from_arrays(arrays, names=names).replace_schema_metadata(meta)
     sink = pa.BufferOutputStream()
@@ -112,6 +130,7 @@ class Frame:
 
     header: dict[str, Any]
     table: pa.Table
+    version: int = FRAME_SCHEMA_VERSION
 
     @property
     def estimators(self) -> list[str]:
@@ -127,12 +146,13 @@ HEADER_FIELDS = ("query_id", "query_version", "mechanism", "epoch", "epoch_start
                  "withheld_code", "retracted", "estimators", "confidences")
 
 
-def _check(header: Any, table: pa.Table) -> None:
+def _check(header: Any, table: pa.Table, version: int) -> None:
     if not isinstance(header, dict) or (missing := [f for f in HEADER_FIELDS if f not in header]):
         raise ValueError(f"estimate frame header lacks {missing if isinstance(header, dict) else HEADER_FIELDS}")
     want = ["station", "no_source_data"]
     for name in header["estimators"]:
         want += column_names(name, header["confidences"])
+    want += consistent_names(header["estimators"], version)
     if table.column_names != want:
         raise ValueError(f"estimate frame columns {table.column_names} are not the header's {want}")
 
@@ -148,15 +168,16 @@ def decode_frame(data: bytes) -> Frame:
     version = meta.get(VERSION_KEY)
     if version is None:
         raise ValueError("not an estimate frame: its schema has no ptt.frame_schema_version")
-    if version != str(FRAME_SCHEMA_VERSION).encode():
+    known = {str(v).encode(): v for v in READABLE_VERSIONS}
+    if version not in known:
         raise ValueError(f"estimate frame schema version {version.decode(errors='replace')}; this reader knows "
-                         f"version {FRAME_SCHEMA_VERSION} (upgrade the reader)")
+                         f"version {FRAME_SCHEMA_VERSION} (and {READABLE_VERSIONS[0]}) (upgrade the reader)")
     try:
         header = json.loads(meta.get(HEADER_KEY, b""))
     except ValueError:
         raise ValueError("estimate frame header is not a JSON object") from None
-    _check(header, table)
-    return Frame(header, table)
+    _check(header, table, known[version])
+    return Frame(header, table, known[version])
 
 
 SHARED = HEADER_FIELDS[:14]  # the header fields a per-row estimate record repeats
@@ -173,10 +194,11 @@ def frame_rows(frame: Frame) -> Iterator[dict[str, Any]]:
         est, sd, *bounds = (cols[c] for c in column_names(name, frame.confidences))
         lows, ups = bounds[:len(frame.confidences)], bounds[len(frame.confidences):]
         levels = [] if h["withheld"] is not None else list(enumerate(frame.confidences))
+        cons = cols.get(f"{name}.consistent") or [None] * len(cols["station"])
         for i, station in enumerate(cols["station"]):
             yield {**common, "estimator": name, "station": station, "estimate": est[i], "sd": sd[i],
                    "bounds": [{"confidence": c, "lower": lows[j][i], "upper": ups[j][i]} for j, c in levels],
-                   "data_quality": quality[i]}
+                   "consistent": cons[i], "data_quality": quality[i]}
 
 
 def frame_estimates(frame: Frame) -> list[Estimate]:
@@ -194,12 +216,14 @@ LONG_SCHEMA = pa.schema([
     ("reports", pa.int64()), ("participants", pa.int64()), ("epsilon", pa.float64()), ("withheld", pa.string()),
     ("withheld_code", pa.string()), ("closed_by", pa.string()), ("round_count_mismatch", pa.int64()),
     ("late", pa.int64()), ("refused", pa.int64()), ("missing_batches", pa.int64()), ("retracted", pa.bool_()),
+    ("consistent", pa.float64()),
 ])
 
 
 def long_table(frame: Frame) -> pa.Table:
     """The frame in long form (:data:`LONG_SCHEMA`), built column-wise: its rows' values,
-    ``epoch_start`` as a timestamp (the same instant), plus ``withheld_code`` and ``retracted``."""
+    ``epoch_start`` as a timestamp (the same instant), plus ``withheld_code``, ``retracted`` and
+    ``consistent`` (null from a version-1 frame)."""
     parts = [_long_part(frame, name) for name in frame.estimators]
     return pa.concat_tables(parts) if parts else LONG_SCHEMA.empty_table()
 
@@ -221,6 +245,8 @@ def _long_part(frame: Frame, name: str) -> pa.Table:
     given = {"station": t.column("station"), "estimator": pa.repeat(pa.scalar(name), t.num_rows),
              "estimate": t.column(cols[0]), "sd": t.column(cols[1]), "bounds": _bounds(frame, cols),
              "data_quality": pc.if_else(t.column("no_source_data"), "no_source_data", "ok"),
+             "consistent": (t.column(f"{name}.consistent") if f"{name}.consistent" in t.column_names
+                            else pa.nulls(t.num_rows, pa.float64())),
              "epoch_start": pa.repeat(pa.scalar(h["epoch"] * EPOCH_S * 1000, LONG_SCHEMA.field("epoch_start").type),
                                       t.num_rows)}
     return pa.table({f.name: given[f.name] if f.name in given else pa.repeat(pa.scalar(h[f.name], f.type), t.num_rows)

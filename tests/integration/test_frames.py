@@ -6,7 +6,8 @@ estimators, RR): 4 x 3 = 12 frames and 4 x 6 x 6 = 144 rows. Every frame is keye
 window and decodes (``stream_app.frames``) into exactly the ``Estimate`` records the rows
 topic carries (pydantic equality: the same floats). Then ``ptt subscribe --parquet`` keeps
 the frames topic in a Parquet file that pyarrow reads back with the rows' values, one row per
-(query, epoch, station, estimator).
+(query, epoch, station, estimator). Every published (query, epoch, estimator) carries its
+consistent vector: non-negative, summing to at most the participants.
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def test_frames_decode_to_the_rows_and_a_parquet_day_reads_back(broker: str, tmp
         for e in frame_estimates(frame):
             from_frames[(e.query_id, e.query_version, e.epoch, e.station, e.estimator)] = e
     assert from_frames == rows
+    vectors: dict[tuple[str, int, str], list[Estimate]] = {}
+    for (qid, _, epoch, _, name), e in rows.items():
+        vectors.setdefault((qid, epoch, name), []).append(e)
+    for group in vectors.values():
+        cons = [e.consistent for e in group if e.withheld is None and e.data_quality == "ok"]
+        assert all(c is not None and c >= 0.0 for c in cons), group[0]
+        assert sum(c for c in cons if c is not None) <= group[0].participants * (1 + 1e-12)
+    assert any(e.consistent is not None for e in rows.values())
 
     day = tmp_path / "day.parquet"
     done = subprocess.run([sys.executable, "-m", "stream_app.cli", "subscribe", "--parquet", str(day),
@@ -83,5 +92,6 @@ def test_frames_decode_to_the_rows_and_a_parquet_day_reads_back(broker: str, tmp
         assert (r["estimate"], r["sd"], r["participants"], r["reports"], r["epsilon"], r["closed_by"]) == \
                (e.estimate, e.sd, e.participants, e.reports, e.epsilon, e.closed_by)
         assert r["bounds"] == [b.model_dump() for b in e.bounds] and r["data_quality"] == e.data_quality
+        assert r["consistent"] == e.consistent
         assert (r["withheld"], r["late"], r["refused"], r["missing_batches"], r["round_count_mismatch"]) == \
                (e.withheld, e.late, e.refused, e.missing_batches, e.round_count_mismatch)

@@ -19,6 +19,7 @@ PACKAGES = ("estimators", "schemas", "producers", "stream_app")
 # Every module with docstring examples, and the fewest examples each must keep.
 WITH_EXAMPLES = {
     "estimators.compare": 3,
+    "estimators.consistency": 4,
     "estimators.linear": 3,
     "estimators.mechanisms": 5,
     "estimators.planning": 2,

@@ -12,7 +12,10 @@ added to a ``WindowState`` in a seeded random order (or through ``WindowPolicy``
 computes directly from the privatized arrays: ``estimate``, ``score_interval`` at 0.95 and
 0.99, and the sd at ``max(estimate, 0)`` (for per-sensor per-vehicle pairs the default
 report is implied: ``participants - non-default`` per station and round, completed per
-producer here (``tests/station_counts.py``), over all producers' summed counts in the app).
+producer here (``tests/station_counts.py``), over all producers' summed counts in the app),
+and the consistent vector (``project_capped_simplex`` of each estimator's estimates, the
+participants as the cap; where the cap binds it sums to exactly the participants; null for
+withheld epochs and stations without source data).
 
 Also checked: ``QueryEstimators.build`` and the query's ``width`` per mechanism; ``render()``: one record
 per station and estimator, each valid for ``schemas.estimates.Estimate`` (pydantic) AND for
@@ -249,7 +252,8 @@ def direct_estimates(q: Query, counts: np.ndarray, n: int) -> dict[str, dict[str
         values = est.estimate(counts, n)
         sd = np.sqrt(np.maximum(est.variance(np.maximum(values, 0.0), n), 0.0))
         bounds = {c: est.score_interval(values, n, c) for c in CONF}
-        out[name] = {"estimate": values, "sd": sd, **{f"lo{c}": bounds[c][0] for c in CONF},
+        out[name] = {"estimate": values, "sd": sd, "consistent": E.project_capped_simplex(values, float(n)),
+                     **{f"lo{c}": bounds[c][0] for c in CONF},
                      **{f"hi{c}": bounds[c][1] for c in CONF}}
     return out
 
@@ -263,6 +267,8 @@ def assert_matches(res: EpochResult, q: Query, counts: np.ndarray, n: int) -> No
         w = want[name]
         np.testing.assert_allclose(v.estimate, w["estimate"], rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(v.sd, w["sd"], rtol=1e-12, atol=1e-9)
+        assert v.consistent is not None
+        np.testing.assert_allclose(v.consistent, w["consistent"], rtol=1e-12, atol=1e-9)
         for j, c in enumerate(CONF):
             np.testing.assert_allclose(v.lower[j], w[f"lo{c}"], rtol=1e-12, atol=1e-9)
             np.testing.assert_allclose(v.upper[j], w[f"hi{c}"], rtol=1e-12, atol=1e-9)
@@ -274,11 +280,15 @@ def assert_matches(res: EpochResult, q: Query, counts: np.ndarray, n: int) -> No
         v = res.values[e.estimator]
         assert e.withheld is None and e.participants == n
         assert e.estimate == float(v.estimate[i]) and e.sd == float(v.sd[i])  # exactly the arrays
+        assert v.consistent is not None and e.consistent == float(v.consistent[i])
         assert [b.confidence for b in e.bounds] == list(CONF)
         for j, b in enumerate(e.bounds):
             assert (b.lower, b.upper) == (float(v.lower[j, i]), float(v.upper[j, i]))
             assert 0.0 <= b.lower <= b.upper <= n
         assert all(math.isfinite(x) for x in (e.estimate, e.sd, *(v for b in e.bounds for v in (b.lower, b.upper))))
+    for name in ESTIMATOR_NAMES[q.mechanism]:  # one vector per (query, epoch, estimator): consistent
+        cons = np.array([e.consistent for e in records if e.estimator == name], dtype=np.float64)
+        assert cons.min() >= 0.0 and cons.sum() <= n * (1 + 1e-12)
 
 
 # ---------------------------------------------------------------------------------------
@@ -536,9 +546,9 @@ def assert_withheld(res: EpochResult, q: Query, code: str, reason: str) -> list[
     assert len(records) == len(ESTIMATOR_NAMES[q.mechanism]) * V
     for (_, value), e in zip(res.render(), records, strict=True):
         assert e.withheld == res.withheld
-        assert (e.estimate, e.sd, e.bounds) == (None, None, ())
+        assert (e.estimate, e.sd, e.bounds, e.consistent) == (None, None, (), None)
         d = json.loads(value)
-        assert d["estimate"] is None and d["bounds"] == [] and d["sd"] is None
+        assert d["estimate"] is None and d["bounds"] == [] and d["sd"] is None and d["consistent"] is None
     return records
 
 
@@ -870,6 +880,10 @@ def test_stations_without_a_source_reading_are_marked(mechanism: str) -> None:
     assert {e.station for e in out if e.data_quality == "no_source_data"} == {q.sensors[1]}
     assert all(e.data_quality == "ok" for e in out if e.station != q.sensors[1])
     assert [e.estimate for e in out] == [e.estimate for e in rendered(plain)]
+    # the projection still runs over every station; a station without truth publishes null
+    assert [e.consistent for e in out if e.station != q.sensors[1]] == [
+        e.consistent for e in rendered(plain) if e.station != q.sensors[1]]
+    assert all(e.consistent is None for e in out if e.station == q.sensors[1])
     monitor = StreamMonitor(CollectorRegistry())
     monitor.on_epoch_closed(res)
     text = generate_latest(monitor.registry).decode()
@@ -955,3 +969,29 @@ def test_born_late_epoch_is_withheld_as_late_unless_its_markers_completed_it(mec
     res = result(q, partial, "watermark")
     assert res.withheld_code == "late" and "after the watermark" in (res.withheld or "")
     assert all(e.estimate is None for e in rendered(res))
+
+
+# ---------------------------------------------------------------------------------------
+# the consistent estimate where the cap binds
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mechanism", PER_SENSOR)
+def test_consistent_estimate_where_the_participants_cap_binds(mechanism: str) -> None:
+    """Nearly every vehicle at a station: the unbiased estimates of a seeded epoch sum past the
+    participants for some estimator, and the published consistent vector is the projection --
+    non-negative and summing to exactly the participants there. The unbiased estimate and its
+    bounds are unchanged by it (equal to the statistics core's)."""
+    q = QUERIES[mechanism]
+    sink = MemorySink(N_PARTITIONS)
+    truths = (np.array([0, 80, 120, 160, 40]), np.array([0, 70, 90, 30, 110]))
+    reports = produce(q, truths, ("per-vehicle", "tally"), sink)
+    w = window_from(q, sink.records)
+    res = result(q, w)
+    n = int(sum(int(t.sum()) for t in truths))
+    assert_matches(res, q, direct_counts(q, reports), n)
+    binding = [name for name, v in res.values.items() if np.maximum(v.estimate, 0).sum() > n]
+    assert binding, {name: float(np.maximum(v.estimate, 0).sum()) for name, v in res.values.items()}
+    for name in binding:
+        cons = res.values[name].consistent
+        assert cons is not None
+        np.testing.assert_allclose(cons.sum(), n, rtol=1e-12)
+        assert cons.min() >= 0.0 and np.any(cons < np.maximum(res.values[name].estimate, 0.0))

@@ -8,7 +8,8 @@ two and three confidence levels. The rows (``EpochResult.render``, what the rows
 are the reference: ``json.loads`` of each row must equal the frame's row exactly (the same
 floats, not approximately), and the frame's ``Estimate`` objects must equal the rows' models.
 Withheld epochs (and a withdrawal), an infinite-epsilon query (epsilon null), a NaN standard
-deviation, the versioned schema and malformed bytes are checked too. Deterministic: no
+deviation, the versioned schema (version 2 adds the ``E.consistent`` columns; a version-1 frame
+still reads, its ``consistent`` null) and malformed bytes are checked too. Deterministic: no
 statistics, every assertion an identity.
 """
 
@@ -63,7 +64,8 @@ def make_result(q: Query, confidences: tuple[float, ...] = (0.95, 0.99), withhel
     rng = np.random.default_rng([SEED, q.n_stations, seed])
     v, c = q.n_stations, len(confidences)
     values = {} if withheld else {
-        name: StationEstimates(floats(rng, (v,)), np.abs(floats(rng, (v,))), floats(rng, (c, v)), floats(rng, (c, v)))
+        name: StationEstimates(floats(rng, (v,)), np.abs(floats(rng, (v,))), floats(rng, (c, v)), floats(rng, (c, v)),
+                               np.abs(floats(rng, (v,))))
         for name in q.spec.estimator_names}
     nsd = frozenset(int(i) + 1 for i in np.flatnonzero(rng.random(v) < 0.2))
     return EpochResult(query=q, epoch=EPOCH, closed_by="watermark", confidences=confidences, participants=4_321,
@@ -91,6 +93,9 @@ def test_a_frame_carries_exactly_the_rows_values(n: int, mechanism: str, confide
     frame = decode_frame(encode_frame(res))
     assert frame.table.num_rows == n  # one row per station; the header once, in the metadata
     assert frame_estimates(frame) == [Estimate.model_validate_json(value) for _, value in res.render()]
+    nulls = sum(r["consistent"] is None for r in rows)  # exactly the stations without source data
+    assert nulls == sum(r["data_quality"] == "no_source_data" for r in rows)
+    assert (nulls < len(rows) or n == 1) and all(r["consistent"] is None for r in rows if r["data_quality"] != "ok")
 
 
 @pytest.mark.parametrize("n", COUNTS)
@@ -140,16 +145,17 @@ def test_a_nan_stays_nan_and_is_refused_as_the_rows_refuse_it() -> None:
 # the documented schema (docs/wire.md, "Estimate frames"): a change needs a new version
 ALP_COLUMNS = ["station", "no_source_data"] + [
     f"{e}.{c}" for e in ("alp_yhat", "alp_bottom", "alp_average", "alp_gls")
-    for c in ("estimate", "sd", "lower[0.95]", "lower[0.99]", "upper[0.95]", "upper[0.99]")]
+    for c in ("estimate", "sd", "lower[0.95]", "lower[0.99]", "upper[0.95]", "upper[0.99]")] + [
+    f"{e}.consistent" for e in ("alp_yhat", "alp_bottom", "alp_average", "alp_gls")]
 
 
 def test_the_schema_is_versioned_and_documented() -> None:
-    assert FRAME_SCHEMA_VERSION == 1
+    assert FRAME_SCHEMA_VERSION == 2
     data = encode_frame(make_result(make_query(16)))
     schema = pa.ipc.open_stream(data).schema
-    assert schema.metadata[b"ptt.frame_schema_version"] == b"1"
+    assert schema.metadata[b"ptt.frame_schema_version"] == b"2"
     assert schema.names == ALP_COLUMNS
-    assert [str(t) for t in schema.types] == ["int64", "bool"] + ["double"] * 24
+    assert [str(t) for t in schema.types] == ["int64", "bool"] + ["double"] * 28
     header = json.loads(schema.metadata[b"ptt.header"])
     assert sorted(header) == sorted(["query_id", "query_version", "mechanism", "epoch", "epoch_start", "reports",
                                      "participants", "epsilon", "withheld", "closed_by", "round_count_mismatch",
@@ -186,7 +192,8 @@ HEADER = json.loads(pa.ipc.open_stream(GOOD).schema.metadata[b"ptt.header"])
     (b"", "not an Arrow IPC estimate frame"),
     (b"{\"kind\": \"estimate\"}", "not an Arrow IPC estimate frame"),
     (GOOD[:len(GOOD) // 2], "not an Arrow IPC estimate frame"),
-    (_with_metadata(GOOD, {b"ptt.frame_schema_version": b"2"}), "schema version 2; this reader knows version 1"),
+    (_with_metadata(GOOD, {b"ptt.frame_schema_version": b"3"}), "schema version 3; this reader knows version 2"),
+    (_with_metadata(GOOD, {b"ptt.frame_schema_version": b"1"}), "columns"),  # version 1 has no E.consistent
     (_with_metadata(GOOD, {b"ptt.header": b"{not json"}),
      "header is not a JSON object"),
     (_with_metadata(GOOD, {b"ptt.header": json.dumps({k: v for k, v in HEADER.items() if k != "epoch"}).encode()}),
@@ -220,3 +227,27 @@ def test_the_long_form_holds_the_rows_values(withheld: str | None) -> None:
         assert g["withheld_code"] == res.withheld_code and g["retracted"] is False
         assert {k: g[k] for k in r if k not in ("kind", "epoch_start")} == {
             k: v for k, v in r.items() if k not in ("kind", "epoch_start")}
+
+
+def _as_version_1(data: bytes) -> bytes:
+    """The frame a version-1 writer sent: no ``E.consistent`` columns, version ``1``."""
+    table = pa.ipc.open_stream(data).read_all()
+    table = table.drop_columns([c for c in table.column_names if c.endswith(".consistent")])
+    return _with_metadata(_write(table), {b"ptt.frame_schema_version": b"1"})
+
+
+def _write(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def test_a_version_1_frame_still_reads_with_consistent_null() -> None:
+    res = make_result(make_query(16))
+    frame = decode_frame(_as_version_1(encode_frame(res)))
+    assert frame.version == 1
+    rows = rows_of(res)
+    assert any(r["consistent"] is not None for r in rows)
+    assert list(frame_rows(frame)) == [{**r, "consistent": None} for r in rows]
+    assert long_table(frame).column("consistent").null_count == len(rows)
