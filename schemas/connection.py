@@ -11,7 +11,7 @@ stay light); Faust's credential classes are imported when they are asked for.
 >>> kafka_python_options(s)["bootstrap_servers"], aiokafka_options(s)["bootstrap_servers"]
 (['a:9092', 'b:9092'], ['a:9092', 'b:9092'])
 >>> faust_options(s)
-{'broker': ['kafka://a:9092', 'kafka://b:9092'], 'broker_credentials': None, 'producer_compression_type': None}
+{'broker': ['kafka://a:9092', 'kafka://b:9092'], 'broker_credentials': None, 'producer_compression_type': 'zstd'}
 
 Compression is a producer option (a consumer decompresses whatever batches it is served):
 ``compression_type`` for every producer, ``topic_compression`` per topic where the producer
@@ -21,7 +21,7 @@ one producer for all its topics and takes ``compression_type``.
 >>> z = KafkaSettings(compression_type="lz4", topic_compression={"ptt.estimate-frames": "zstd"})
 >>> producer_options(z, "ptt.reports"), producer_options(z, "ptt.estimate-frames")
 ({'compression_type': 'lz4'}, {'compression_type': 'zstd'})
->>> faust_options(z)["producer_compression_type"], producer_options(KafkaSettings(), "ptt.reports")
+>>> faust_options(z)["producer_compression_type"], producer_options(KafkaSettings(compression_type="none"), "t")
 ('lz4', {'compression_type': None})
 """
 

@@ -39,14 +39,17 @@ class KafkaSettings(BaseSettings):
     bootstrap_timeout_ms: int = Field(default=10_000, ge=100, description="how long one connection attempt waits")
     connect_attempts: int = Field(default=3, ge=1, description="connection attempts (exponential back-off)")
     compression_type: Codec = Field(
-        default="none",
+        default="zstd",
         description="codec of every producer's record batches (kafka-python, aiokafka, Faust's producer); "
                     "the broker stores and serves them compressed (docs/operations.md, \"Compressed topics\")")
     topic_compression: dict[str, Codec] = Field(
-        default_factory=dict,
-        description='per-topic codec, e.g. {"ptt.estimate-frames": "zstd"}, for the producers that write one '
-                    "topic (reports, estimates, frames, changelog); Faust's one producer (dead letters, "
-                    "ticks) uses compression_type")
+        default={},
+        description="per-topic codec overriding compression_type (flag: ptt.estimate-frames=zstd,ptt.reports=lz4; "
+                    "env: JSON) for the producers that write one topic (reports, estimates, frames, changelog); "
+                    "Faust's one producer (dead letters, ticks) uses compression_type")
+
+    def __hash__(self) -> int:  # frozen, but topic_compression is a dict
+        return hash(tuple(sorted(self.to_env().items())))
 
     def to_env(self) -> dict[str, str]:
         """The ``PTT_*`` environment variables that reproduce these settings in a child process."""
