@@ -9,8 +9,9 @@ Scenarios (``--only`` picks some; defaults are the issue's bar):
   broker's produce throughput for the same estimate bytes, measured in the same run;
 * ``p4``      -- a paced tally run at 3,220 stations (``--speed-p4``, ``--epochs-p4 2880`` for a day): close latency in
   steady state and the worker's RSS at epoch 200 vs 2,000. The embedded broker keeps every record in
-  memory, and a whole day at 3,220 stations is ~30 GB of estimates (19,320 records of ~540 B per
-  epoch): more than this machine has. ``--stations-p4 500`` runs the whole day at 500 stations
+  memory (it honours no retention), and a whole day at 3,220 stations is ~30 GB of uncompressed
+  estimates (19,320 records of ~540 B per epoch): more than this machine has; ~2.4 GB with zstd, the
+  default codec (``size`` below). ``--stations-p4 500`` runs the whole day at 500 stations
   (~4.5 GB) to show the worker's memory over 2,880 epochs;
 * ``p5``      -- 4 workers vs 1 at 3,220 stations (tally);
 * ``size``    -- a tally run at 3,220 stations writing rows and frames (``PTT_ESTIMATE_OUTPUT=both``):
