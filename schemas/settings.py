@@ -44,9 +44,9 @@ class KafkaSettings(BaseSettings):
                     "the broker stores and serves them compressed (docs/operations.md, \"Compressed topics\")")
     topic_compression: dict[str, Codec] = Field(
         default={},
-        description="per-topic codec overriding compression_type (flag: ptt.estimate-frames=zstd,ptt.reports=lz4; "
-                    "env: JSON) for the producers that write one topic (reports, estimates, frames, changelog); "
-                    "Faust's one producer (dead letters, ticks) uses compression_type")
+        description="per-topic codec overriding compression_type (flag: ptt.estimate-frames=zstd,ptt.reports=lz4, "
+                    "merged over the env's JSON) for the producers that write one topic (reports, estimates, "
+                    "frames, changelog); Faust's one producer (dead letters, ticks) uses compression_type")
 
     def __hash__(self) -> int:  # frozen, but topic_compression is a dict
         return hash(tuple(sorted(self.to_env().items())))
