@@ -23,6 +23,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.partitioner.default import murmur2
 
+from schemas.connection import producer_options
 from schemas.kafka_io import BrokerHealth, BrokerUnavailable, BrokerWatch, broker_lost, connect
 from schemas.settings import KafkaSettings
 
@@ -52,7 +53,7 @@ class ReportSink:
         self._producer = connect(
             "producer", settings, KafkaProducer, acks="all", enable_idempotence=True,
             retry_backoff_ms=200, linger_ms=linger_ms, max_request_size=8 * 1024 * 1024,
-            batch_size=1024 * 1024,
+            batch_size=1024 * 1024, **producer_options(settings, topic),
             # a send blocks (metadata, buffer space) at most as long as a lost broker is waited
             # for; records expire only after the loss would have been noticed
             max_block_ms=int(1000 * timeout_s),

@@ -11,7 +11,18 @@ stay light); Faust's credential classes are imported when they are asked for.
 >>> kafka_python_options(s)["bootstrap_servers"], aiokafka_options(s)["bootstrap_servers"]
 (['a:9092', 'b:9092'], ['a:9092', 'b:9092'])
 >>> faust_options(s)
-{'broker': ['kafka://a:9092', 'kafka://b:9092'], 'broker_credentials': None}
+{'broker': ['kafka://a:9092', 'kafka://b:9092'], 'broker_credentials': None, 'producer_compression_type': 'zstd'}
+
+Compression is a producer option (a consumer decompresses whatever batches it is served):
+``compression_type`` for every producer, ``topic_compression`` per topic where the producer
+writes one topic (kafka-python's report sink, the worker's acknowledged producers); Faust has
+one producer for all its topics and takes ``compression_type``.
+
+>>> z = KafkaSettings(compression_type="lz4", topic_compression={"ptt.estimate-frames": "zstd"})
+>>> producer_options(z, "ptt.reports"), producer_options(z, "ptt.estimate-frames")
+({'compression_type': 'lz4'}, {'compression_type': 'zstd'})
+>>> faust_options(z)["producer_compression_type"], producer_options(KafkaSettings(compression_type="none"), "t")
+('lz4', {'compression_type': None})
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .settings import KafkaSettings
 
-__all__ = ["aiokafka_options", "faust_options", "kafka_python_options", "ssl_context"]
+__all__ = ["aiokafka_options", "compression_for", "faust_options", "kafka_python_options", "producer_options",
+           "ssl_context"]
 
 
 def _servers(s: KafkaSettings) -> list[str]:
@@ -31,6 +43,18 @@ def _servers(s: KafkaSettings) -> list[str]:
 
 def _password(s: KafkaSettings) -> str | None:
     return s.sasl_plain_password.get_secret_value() if s.sasl_plain_password else None
+
+
+def compression_for(s: KafkaSettings, topic: str | None = None) -> str | None:
+    """The codec of a producer writing ``topic`` (None: every topic, or uncompressed)."""
+    codec = s.topic_compression.get(topic, s.compression_type) if topic is not None else s.compression_type
+    return None if codec == "none" else codec
+
+
+def producer_options(s: KafkaSettings, topic: str | None = None) -> dict[str, Any]:
+    """What a producer (kafka-python or aiokafka: the same option name) adds to the connection
+    options: the codec of its batches for ``topic``."""
+    return {"compression_type": compression_for(s, topic)}
 
 
 def kafka_python_options(s: KafkaSettings) -> dict[str, Any]:
@@ -81,7 +105,7 @@ def aiokafka_options(s: KafkaSettings) -> dict[str, Any]:
 
 
 def faust_options(s: KafkaSettings) -> dict[str, Any]:
-    """The ``broker`` and ``broker_credentials`` options of a Faust app."""
+    """The ``broker``, ``broker_credentials`` and ``producer_compression_type`` options of a Faust app."""
     credentials: Any = None
     if s.security_protocol != "PLAINTEXT":
         import faust
@@ -92,4 +116,5 @@ def faust_options(s: KafkaSettings) -> dict[str, Any]:
                                                 mechanism=s.sasl_mechanism or "PLAIN", ssl_context=ctx)
         else:
             credentials = faust.SSLCredentials(ctx)
-    return {"broker": [f"kafka://{hp}" for hp in _servers(s)], "broker_credentials": credentials}
+    return {"broker": [f"kafka://{hp}" for hp in _servers(s)], "broker_credentials": credentials,
+            "producer_compression_type": compression_for(s)}

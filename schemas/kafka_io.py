@@ -22,6 +22,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from .connection import producer_options
 from .query import Query
 from .settings import KafkaSettings
 
@@ -325,7 +326,8 @@ def _shown_ids(admin: Any, topics: list[str], timeout_s: float) -> dict[str, str
 def publish_query(settings: KafkaSettings, query: Query) -> None:
     """Publish one version of a query on the compacted queries topic (acks=all)."""
     ensure_topics(settings)
-    producer = connect("producer", settings, KafkaProducer, acks="all")
+    producer = connect("producer", settings, KafkaProducer, acks="all",
+                       **producer_options(settings, settings.queries_topic))
     try:
         producer.send(settings.queries_topic, key=query.record_key.encode(),
                       value=query.model_dump_json().encode()).get(timeout=30)

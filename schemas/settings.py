@@ -10,7 +10,11 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["BrokerLossSettings", "KafkaSettings"]
+__all__ = ["BrokerLossSettings", "Codec", "KafkaSettings"]
+
+# the record-batch codecs that work end to end with the embedded broker (Tansu 0.6.0) and every
+# client here (docs/operations.md, "Compressed topics"); snappy needs python-snappy in kafka-python
+Codec = Literal["none", "gzip", "lz4", "zstd"]
 
 
 class KafkaSettings(BaseSettings):
@@ -34,6 +38,18 @@ class KafkaSettings(BaseSettings):
     request_timeout_ms: int = Field(default=30_000, ge=1000)
     bootstrap_timeout_ms: int = Field(default=10_000, ge=100, description="how long one connection attempt waits")
     connect_attempts: int = Field(default=3, ge=1, description="connection attempts (exponential back-off)")
+    compression_type: Codec = Field(
+        default="zstd",
+        description="codec of every producer's record batches (kafka-python, aiokafka, Faust's producer); "
+                    "the broker stores and serves them compressed (docs/operations.md, \"Compressed topics\")")
+    topic_compression: dict[str, Codec] = Field(
+        default={},
+        description="per-topic codec overriding compression_type (flag: ptt.estimate-frames=zstd,ptt.reports=lz4, "
+                    "merged over the env's JSON) for the producers that write one topic (reports, estimates, "
+                    "frames, changelog); Faust's one producer (dead letters, ticks) uses compression_type")
+
+    def __hash__(self) -> int:  # frozen, but topic_compression is a dict
+        return hash(tuple(sorted(self.to_env().items())))
 
     def to_env(self) -> dict[str, str]:
         """The ``PTT_*`` environment variables that reproduce these settings in a child process."""
@@ -43,7 +59,11 @@ class KafkaSettings(BaseSettings):
                 continue
             if isinstance(value, SecretStr):
                 value = value.get_secret_value()
-            env[f"PTT_{name.upper()}"] = json.dumps(list(value)) if isinstance(value, tuple) else str(value)
+            if isinstance(value, tuple):
+                value = json.dumps(list(value))
+            elif isinstance(value, dict):
+                value = json.dumps(value)
+            env[f"PTT_{name.upper()}"] = str(value)
         return env
 
     def client_kwargs(self) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from .estimate import QueryEstimators
 from .faust_recovery import install as install_recovery_fix
 from .guard import BrokerGuard, stop_grace_s
 from .introspect import describe
-from .metrics import StreamMonitor
+from .metrics import StationArrays, StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
 from .settings import WorkerSettings
@@ -176,13 +176,18 @@ def _faust_sensors(app: faust.App, registry: CollectorRegistry) -> None:
     adapter: Any = _MillisecondsToSeconds(runtime)
     app.monitor = PrometheusMonitor(metrics=fm._replace(events_runtime_latency=adapter))
 
+
+def _metrics_page(app: faust.App, registry: CollectorRegistry, arrays: StationArrays) -> None:
+    """``/metrics``: the whole registry, the per-station families written from their arrays
+    (:meth:`StationArrays.expose`); ``?name[]=...`` only the named series."""
+
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:
         from aiohttp.web import Response
 
         names = request.query.getall("name[]", [])  # as prometheus_client's own handler
-        source = registry.restricted_registry(names) if names else registry
-        return Response(body=generate_latest(source), headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
+        body = generate_latest(registry.restricted_registry(names)) if names else arrays.expose(registry)
+        return Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
 
 
 def _faust_app(s: WorkerSettings) -> faust.App:
@@ -406,6 +411,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     app = _faust_app(s)
     _faust_sensors(app, registry)
     w = StreamWorker(s, app, registry)
+    _metrics_page(app, registry, w.monitor.arrays)
 
     @app.agent(w.reports)
     async def stage1(stream: Any) -> Any:

@@ -3,8 +3,12 @@
 All metrics live in one registry handed in (a fresh one per test). The per-station series
 (estimates, bounds, ground truth: up to ~100k at 3,220 stations) are not ``Gauge.set()``
 calls: :class:`StationArrays` keeps the latest arrays and renders them at scrape time (a
-custom collector). Labels stay bounded: query, mechanism, estimator, station (thousands at
-most), confidence, round, reason. Nothing per vehicle exists to be a label.
+custom collector); the worker's ``/metrics`` page writes their text itself
+(:meth:`StationArrays.expose`, once per change of the arrays, not per scrape): rendered by
+prometheus_client, 3,220 stations' ~97k series took ~2 s per scrape, the worker's event loop
+blocked meanwhile (tests/benchmarks/bench_scale.py, ``metrics_scrape``). Labels stay bounded:
+query, mechanism, estimator, station (thousands at most), confidence, round, reason. Nothing
+per vehicle exists to be a label.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString as _go_float
 
 from .estimate import WITHHELD_CODES, EpochResult
 
@@ -41,17 +46,21 @@ class StationArrays(Collector):
     def __init__(self) -> None:
         self._latest: dict[tuple[str, str, str], _Latest] = {}
         self._truth: tuple[list[str], list[float]] | None = None
+        self._text: bytes | None = None  # the families' exposition text, until the arrays change
+        self._apart = False  # expose(): the registry's own rendering leaves these families out
 
     def set_estimates(self, query: str, mechanism: str, estimator: str, stations: Sequence[int],
                       estimate: npt.NDArray[np.float64], lower: npt.NDArray[np.float64],
                       upper: npt.NDArray[np.float64], confidences: Sequence[float]) -> None:
         self._latest[(query, mechanism, estimator)] = _Latest(
             [str(s) for s in stations], estimate.copy(), lower.copy(), upper.copy(), [f"{c:g}" for c in confidences])
+        self._text = None
 
     def set_truth(self, stations: Sequence[int], flows: Sequence[float]) -> None:
         """Latest ground truth; a NaN flow (no truth for that cell) is left out, not shown as 0."""
         keep = [(str(s), float(f)) for s, f in zip(stations, flows, strict=True) if not math.isnan(f)]
         self._truth = ([s for s, _ in keep], [f for _, f in keep])
+        self._text = None
 
     def describe(self) -> Iterator[Metric]:
         """The families' names (no samples): lets a scrape that asks for other metrics by name
@@ -71,6 +80,8 @@ class StationArrays(Collector):
         return est, low, up, truth
 
     def collect(self) -> Iterator[Metric]:
+        if self._apart:
+            return
         est, low, up, truth = self._families()
         for (q, m, e), a in sorted(self._latest.items()):
             for s, x in zip(a.stations, a.estimate.tolist(), strict=True):
@@ -83,6 +94,49 @@ class StationArrays(Collector):
             for s, f in zip(*self._truth, strict=True):
                 truth.add_metric([s], f)
         yield from (est, low, up, truth)
+
+    def expose(self, registry: CollectorRegistry) -> bytes:
+        """The whole registry in Prometheus' text format, as ``generate_latest(registry)`` gives
+        it, except that this collector's families come last and are written here from the
+        arrays (cached until they change). Called on the event loop only (not thread-safe)."""
+        self._apart = True
+        try:
+            head = generate_latest(registry)
+        finally:
+            self._apart = False
+        if self._text is None:
+            self._text = self._render()
+        return head + self._text
+
+    def _render(self) -> bytes:
+        est, low, up, truth = self._families()
+        out: dict[str, list[str]] = {f.name: [] for f in (est, low, up, truth)}
+        for (q, m, e), a in sorted(self._latest.items()):
+            common = f'query="{_esc(q)}",mechanism="{_esc(m)}",estimator="{_esc(e)}",station="'
+            out[est.name] += [f'{est.name}{{{common}{s}"}} {_fmt(x)}\n'
+                              for s, x in zip(a.stations, a.estimate.tolist(), strict=True)]
+            for j, c in enumerate(a.confidences):
+                for fam, arr in ((low, a.lower), (up, a.upper)):
+                    out[fam.name] += [f'{fam.name}{{{common}{s}",confidence="{_esc(c)}"}} {_fmt(x)}\n'
+                                      for s, x in zip(a.stations, arr[j].tolist(), strict=True)]
+        if self._truth is not None:
+            out[truth.name] += [f'{truth.name}{{station="{s}"}} {_fmt(f)}\n'
+                                for s, f in zip(*self._truth, strict=True)]
+        parts: list[str] = []
+        for fam in (est, low, up, truth):
+            doc = fam.documentation.replace("\\", r"\\").replace("\n", r"\n")
+            parts += [f"# HELP {fam.name} {doc}\n# TYPE {fam.name} gauge\n", *out[fam.name]]
+        return "".join(parts).encode()
+
+
+def _fmt(value: float) -> str:
+    """A sample value as prometheus_client writes it (``+Inf``, ``NaN``, Go's exponents)."""
+    return str(_go_float(value))  # type: ignore[no-untyped-call]
+
+
+def _esc(value: str) -> str:
+    """A label value escaped as Prometheus' text format wants it."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
 class StreamMonitor:

@@ -26,7 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from kafka.partitioner.default import murmur2
 
-from schemas.connection import aiokafka_options
+from schemas.connection import aiokafka_options, producer_options
 from schemas.settings import KafkaSettings
 
 __all__ = ["BatchSink"]
@@ -57,7 +57,8 @@ class BatchSink:
 
     async def _start(self) -> None:
         producer = AIOKafkaProducer(acks="all", linger_ms=5, max_batch_size=self._batch_bytes,
-                                    max_request_size=8 * self._batch_bytes, **aiokafka_options(self._settings))
+                                    max_request_size=8 * self._batch_bytes, **aiokafka_options(self._settings),
+                                    **producer_options(self._settings, self.topic))
         await producer.start()
         parts = await producer.partitions_for(self.topic)
         self._partitions = sorted(parts)

@@ -71,6 +71,18 @@ def _int_tuple(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
 
 
+def _str_map(text: str) -> dict[str, str]:
+    """``name=value,name=value`` (a dict setting on the command line; JSON in the environment)."""
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if item:
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip():
+                raise argparse.ArgumentTypeError(f"expected name=value[,name=value...], got {text!r}")
+            out[name.strip()] = value.strip()
+    return out
+
+
 def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseSettings],
                        skip: frozenset[str] = frozenset()) -> None:
     prefix = str(model.model_config.get("env_prefix", ""))
@@ -97,6 +109,8 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseSettings
             kw["type"] = str
         elif typing.get_origin(kind) is tuple:
             kw["type"] = _int_tuple
+        elif typing.get_origin(kind) is dict:
+            kw["type"] = _str_map
         parser.add_argument(flag, **kw)
 
 

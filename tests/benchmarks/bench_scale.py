@@ -9,10 +9,18 @@ Scenarios (``--only`` picks some; defaults are the issue's bar):
   broker's produce throughput for the same estimate bytes, measured in the same run;
 * ``p4``      -- a paced tally run at 3,220 stations (``--speed-p4``, ``--epochs-p4 2880`` for a day): close latency in
   steady state and the worker's RSS at epoch 200 vs 2,000. The embedded broker keeps every record in
-  memory, and a whole day at 3,220 stations is ~30 GB of estimates (19,320 records of ~540 B per
-  epoch): more than this machine has. ``--stations-p4 500`` runs the whole day at 500 stations
+  memory (it honours no retention), and a whole day at 3,220 stations is ~30 GB of uncompressed
+  estimates (19,320 records of ~540 B per epoch): more than this machine has; ~2.4 GB with zstd, the
+  default codec (``size`` below). ``--stations-p4 500`` runs the whole day at 500 stations
   (~4.5 GB) to show the worker's memory over 2,880 epochs;
-* ``p5``      -- 4 workers vs 1 at 3,220 stations (tally).
+* ``p5``      -- 4 workers vs 1 at 3,220 stations (tally);
+* ``size``    -- a tally run at 3,220 stations writing rows and frames (``PTT_ESTIMATE_OUTPUT=both``):
+  one closed epoch of the three default queries re-produced per codec (none, gzip, lz4, zstd) with
+  the worker's producer, the bytes of the record batches the broker serves for it, per-row JSON vs
+  frames (also with Arrow IPC buffer compression), and the CPU seconds of compressing and consuming.
+
+P3, P4 and ``size`` also scrape the worker's whole ``/metrics`` 5 times during the run
+(``metrics_scrape``: median and max seconds, bytes, series).
 
 Every figure that is a speed is also given as a ratio measured in the same run:
 ``realtime_factor = epochs x 30 / last_estimate_s`` (the data's own time) and
@@ -31,6 +39,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import tempfile
 import threading
 import time
@@ -43,7 +52,7 @@ from schemas.kafka_io import ensure_topics, publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
-from tests.benchmarks.common import raw_produce
+from tests.benchmarks.common import compress_cpu_s, raw_produce, stored_batches
 from tests.integration.stream_helpers import WorkerProcess
 
 
@@ -110,9 +119,26 @@ def _last_closed(metrics: str) -> dict[str, int]:
     return {q: int(float(v)) for q, v in re.findall(r'ptt_last_closed_epoch\{query="([^"]+)"\} ([0-9.e+]+)', metrics)}
 
 
+def _full_scrapes(w: WorkerProcess, n: int = 5) -> dict[str, Any]:
+    """``n`` scrapes of the worker's whole registry (every per-station family), as Prometheus
+    does: the median wall time and the bytes of the answer."""
+    import urllib.request
+
+    times, sizes = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(w.url, timeout=60) as r:  # noqa: S310 - loopback
+            body = r.read()
+        times.append(time.perf_counter() - t0)
+        sizes.append(len(body))
+    return {"scrape_median_s": round(statistics.median(times), 3), "scrape_max_s": round(max(times), 3),
+            "scrape_bytes": int(statistics.median(sizes)),
+            "scrape_series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))}
+
+
 def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epochs: int, vehicles: int | None,
              workers: int = 1, raw_baseline: bool = False, speed: float = 0.0,
-             data_dir: Path | None = None) -> dict[str, Any]:
+             data_dir: Path | None = None, full_scrape: bool = False, sizes: bool = False) -> dict[str, Any]:
     tag = f"{name}-{os.getpid()}-{int(time.time())}"
     rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir or tmp / "data", truth=False, default_queries=False,
                         speed=speed,
@@ -128,9 +154,11 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     ensure_topics(rs)
     base = {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
     procs = []
+    output: dict[str, Any] = {"estimate_output": "both", "frames_topic": f"f-{tag}"} if sizes else {}
     for i in range(workers):
         ws = WorkerSettings(**base, app_id=f"bench-{tag}", estimates_topic=f"e-{tag}", dead_letter_topic=f"d-{tag}",
-                            web_port=free_port(), min_participants=1)
+                            web_port=free_port(), min_participants=1,
+                            **output)
         if i == 0:
             ensure_stream_topics(ws)
         procs.append(WorkerProcess(ws, tmp / f"worker-{tag}-{i}.log"))
@@ -147,11 +175,14 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     rss_at: dict[int, float] = {}  # epochs closed -> the worker's current RSS (MB)
     rss_ready = _rss_mb(procs[0].proc.pid, "VmRSS") if procs[0].proc else float("nan")
     stop = threading.Event()
+    scrape: dict[str, Any] = {}
 
     def sample() -> None:
         while not stop.wait(1.0):
             try:
                 closed = _last_closed(_scrape(procs[0], "ptt_last_closed_epoch"))
+                if full_scrape and closed and not scrape:  # during the run, once every station has a series
+                    scrape.update(_full_scrapes(procs[0]))
             except OSError:
                 continue
             if closed and procs[0].proc:
@@ -192,14 +223,98 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         out["raw_produce_s"] = round(t_raw, 2)
         out["estimate_output_s"] = round(span, 2)
         out["output_vs_raw"] = round(t_raw / span, 2) if span > 0 else None
+    if full_scrape:
+        if not scrape:  # the run ended before the sampler got to it: the worker still runs
+            scrape.update(_full_scrapes(procs[0]))
+        out["metrics_scrape"] = scrape
+    if sizes:
+        out["sizes"] = epoch_sizes(ws0, tag)
     for w in procs:
         w.stop()
     return out
 
 
+def epoch_sizes(ws: WorkerSettings, tag: str) -> dict[str, Any]:
+    """One closed epoch of every query, as the worker published it, per-row JSON vs estimate
+    frames: re-produced with the worker's own producer (:class:`stream_app.publish.BatchSink`,
+    1 MiB batches) to a fresh topic per codec, and the record batches the broker then serves
+    summed (:func:`tests.benchmarks.common.stored_batches`). Frames also with Arrow IPC's own
+    buffer compression (``arrow-zstd``/``arrow-lz4``; every reader of frames reads them:
+    checked here with :func:`stream_app.frames.decode_frame`)."""
+    import asyncio
+
+    import pyarrow as pa
+
+    from stream_app.frames import decode_frame, frame_rows
+    from stream_app.publish import BatchSink
+
+    frames = [(r.key, r.value) for r in read_to_end(ws, ws.frames_topic, idle_timeout_s=5)]
+    by_epoch: dict[int, list[tuple[bytes, bytes]]] = {}
+    for key, value in frames:
+        by_epoch.setdefault(int(decode_frame(value).header["epoch"]), []).append((key, value))
+    epoch = max(by_epoch, key=lambda e: (len(by_epoch[e]), e))
+    one_frames = by_epoch[epoch]
+    rows = [(r.key, r.value) for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)
+            if json.loads(r.value)["epoch"] == epoch]
+
+    def arrow(value: bytes, codec: str) -> bytes:
+        reader = pa.ipc.open_stream(value)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, reader.schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+        out = bytes(sink.getvalue().to_pybytes())
+        assert list(frame_rows(decode_frame(out))) == list(frame_rows(decode_frame(value)))  # noqa: S101
+        return out
+
+    t0 = time.process_time()
+    arrow_frames = {c: [(k, arrow(v, c)) for k, v in one_frames] for c in ("zstd", "lz4")}
+    arrow_cpu = (time.process_time() - t0) / 2  # both codecs, each re-encoded once
+    payloads = {"rows": rows, "frames": one_frames, **{f"frames-arrow-{c}": v for c, v in arrow_frames.items()}}
+    out: dict[str, Any] = {"epoch": epoch, "rows": len(rows), "frames": len(one_frames),
+                           "frame_stations": sum(decode_frame(v).table.num_rows for _, v in one_frames),
+                           "value_bytes": {k: sum(len(v) for _, v in recs) for k, recs in payloads.items()},
+                           "arrow_reencode_cpu_s_per_codec": round(arrow_cpu, 4),
+                           "method": "record batches served by Fetch (kafka-python's fetched buffers), summed"}
+    topic_bytes: dict[str, dict[str, int]] = {}
+    cpu: dict[str, dict[str, dict[str, float]]] = {}
+    for kind, recs in payloads.items():
+        for codec in ("none", "gzip", "lz4", "zstd"):
+            topic = f"s-{kind}-{codec}-{tag}"
+            ensure_topics(ws, {topic: ws.internal_partitions})
+            s = ws.model_copy(update={"topic_compression": {topic: codec}})
+
+            async def send(s: WorkerSettings = s, topic: str = topic, recs: list[tuple[bytes, bytes]] = recs) -> None:
+                sink = BatchSink(s, topic)
+                try:
+                    await sink.publish(recs)
+                finally:
+                    await sink.stop()
+
+            asyncio.run(send())
+            batches, consume_cpu = stored_batches(ws, topic)
+            codecs = {b[3] for b in batches}
+            if codecs != {codec}:
+                raise AssertionError(f"{topic}: the broker serves {codecs}, not {codec}")
+            topic_bytes.setdefault(kind, {})[codec] = sum(b[2] for b in batches)
+            cpu.setdefault(kind, {})[codec] = {"compress_cpu_s": round(compress_cpu_s(recs, codec), 4),
+                                               "consume_cpu_s": round(consume_cpu, 4)}
+    out["topic_bytes"] = topic_bytes
+    out["cpu_per_epoch"] = cpu
+    base = topic_bytes["rows"]["none"]
+    out["frames_vs_rows"] = {f"{k}/{c}": round(base / b, 1) for k in payloads if k != "rows"
+                             for c, b in topic_bytes[k].items()}
+    out["bar_1_20"] = {k: b <= base / 20 for k, b in
+                       ((f"{k}/{c}", b) for k in payloads if k != "rows" for c, b in topic_bytes[k].items())}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="p1-10,p1-500,p2,p3,p4,p5")
+    parser.add_argument("--only", default="p1-10,p1-500,p2,p3,p4,p5",
+                        help="also: size (one epoch at 3,220 stations, rows vs frames per codec, and a full "
+                             "/metrics scrape during the run)")
+    parser.add_argument("--epochs-size", type=int, default=3)
     parser.add_argument("--epochs-p1", type=int, default=120)
     parser.add_argument("--epochs-p2", type=int, default=20)
     parser.add_argument("--epochs-p3", type=int, default=60)
@@ -217,10 +332,12 @@ def main() -> None:
         ("p1-500", {"stations": 500, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": None}),
         ("p2", {"stations": 3220, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": 47_719}),
         ("p3", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p3, "vehicles": 10_047_719,
-                "raw_baseline": True}),
+                "raw_baseline": True, "full_scrape": True}),
         ("p4", {"stations": args.stations_p4, "mode": "tally", "epochs": args.epochs_p4, "vehicles": 10_047_719,
-                "speed": args.speed_p4}),
+                "speed": args.speed_p4, "full_scrape": True}),
         ("p5", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p2, "vehicles": 10_047_719, "workers": 4}),
+        ("size", {"stations": 3220, "mode": "tally", "epochs": args.epochs_size, "vehicles": 10_047_719,
+                  "full_scrape": True, "sizes": True}),
     ]
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         for name, kw in plans:

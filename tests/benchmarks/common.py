@@ -43,3 +43,70 @@ def consume_all(settings: KafkaSettings, topic: str, n: int) -> None:
             got += sum(len(v) for v in c.poll(timeout_ms=100, max_records=100_000).values())
     finally:
         c.close()
+
+
+# kafka-python's codec numbers in a record batch's attributes (the Kafka protocol's)
+CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
+
+
+def stored_batches(settings: KafkaSettings, topic: str) -> tuple[list[tuple[int, int, int, str]], float]:
+    """Every record batch of ``topic`` as the broker serves it in Fetch answers (the bytes it
+    stores: a batch is kept and served as produced), one ``(partition, base offset, bytes, codec)``
+    each, and the CPU seconds this process spent consuming (decompressing and parsing) the topic.
+
+    The raw fetched bytes are taken where kafka-python's fetcher wraps them
+    (``kafka.consumer.fetcher.MemoryRecords``), before any decompression."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.consumer import fetcher
+    from kafka.record import MemoryRecords
+
+    seen: dict[tuple[int, int], tuple[int, int, int, str]] = {}
+    current = [0]
+
+    class Recording(MemoryRecords):  # type: ignore[misc]
+        def __init__(self, data: bytes) -> None:
+            super().__init__(data)
+            copy = MemoryRecords(data)
+            while (b := copy.next_batch()) is not None:
+                seen[(current[0], b.base_offset)] = (current[0], b.base_offset, b.size_in_bytes,
+                                                     CODEC_NAMES.get(b.compression_type, "?"))
+
+    original = fetcher.MemoryRecords
+    fetcher.MemoryRecords = Recording
+    cpu = 0.0
+    try:
+        c = KafkaConsumer(**settings.client_kwargs(), group_id=None, enable_auto_commit=False,
+                          max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+        try:
+            for p in sorted(c.partitions_for_topic(topic) or set()):
+                tp = TopicPartition(topic, p)
+                current[0] = p
+                c.assign([tp])
+                end = c.end_offsets([tp])[tp]
+                c.seek_to_beginning(tp)
+                t0 = time.process_time()
+                while c.position(tp) < end:
+                    c.poll(timeout_ms=200, max_records=100_000)
+                cpu += time.process_time() - t0
+        finally:
+            c.close()
+    finally:
+        fetcher.MemoryRecords = original
+    return sorted(seen.values()), cpu
+
+
+def compress_cpu_s(values: list[tuple[bytes, bytes]], codec: str, batch_bytes: int = 1 << 20) -> float:
+    """CPU seconds to build (and compress) record batches of at most ``batch_bytes`` holding
+    ``values`` (key, value), as a producer does (kafka-python's batch builder, message format 2)."""
+    from kafka.record import MemoryRecordsBuilder
+
+    t0 = time.process_time()
+    builder = MemoryRecordsBuilder(magic=2, compression_type=CODEC_IDS[codec], batch_size=batch_bytes)
+    for key, value in values:
+        if builder.append(0, key, value, []) is None:
+            builder.close()
+            builder = MemoryRecordsBuilder(magic=2, compression_type=CODEC_IDS[codec], batch_size=batch_bytes)
+            builder.append(0, key, value, [])
+    builder.close()
+    return time.process_time() - t0

@@ -242,10 +242,11 @@ def publish_queries(settings: KafkaSettings, queries: list[Query]) -> None:
     """Publish several query versions with one producer (acks=all)."""
     from kafka import KafkaProducer
 
+    from schemas.connection import producer_options
     from schemas.kafka_io import connect, ensure_topics
 
     ensure_topics(settings)
-    producer = connect("producer", settings, KafkaProducer, acks="all")
+    producer = connect("producer", settings, KafkaProducer, acks="all", **producer_options(settings))
     try:
         futures = [producer.send(settings.queries_topic, key=q.record_key.encode(), value=q.model_dump_json().encode())
                    for q in queries]

@@ -27,6 +27,28 @@ def test_env_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.seed, s.truth, s.mode, s.device_blacklist) == (9, True, "per-vehicle", (7, 8))
 
 
+def test_codec_settings_from_env_flags_and_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``topic_compression`` is JSON in the environment, name=codec on the command line (merged
+    over the environment's entries), and a child process given ``to_env()`` gets the same settings."""
+    monkeypatch.setenv("PTT_TOPIC_COMPRESSION", '{"ptt.estimate-frames": "zstd"}')
+    monkeypatch.setenv("PTT_COMPRESSION_TYPE", "none")
+    s = _replay([])
+    assert (s.compression_type, s.topic_compression) == ("none", {"ptt.estimate-frames": "zstd"})
+    s = _replay(["--compression-type", "lz4", "--topic-compression", "ptt.reports=gzip, t2=zstd"])
+    # the flag's entries are merged over the environment's (pydantic-settings' deep update)
+    assert (s.compression_type, s.topic_compression) == (
+        "lz4", {"ptt.estimate-frames": "zstd", "ptt.reports": "gzip", "t2": "zstd"})
+    monkeypatch.delenv("PTT_TOPIC_COMPRESSION")
+    monkeypatch.delenv("PTT_COMPRESSION_TYPE")
+    for name, value in s.to_env().items():
+        monkeypatch.setenv(name, value)
+    assert ReplaySettings() == s
+    with pytest.raises(ValueError, match="topic_compression"):
+        _replay(["--topic-compression", "ptt.reports=brotli"])
+    with pytest.raises(SystemExit):
+        _replay(["--topic-compression", "ptt.reports"])
+
+
 def test_invalid_values_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="speed"):
         _replay(["--speed", "-1"])
