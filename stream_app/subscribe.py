@@ -4,7 +4,8 @@ frames topic in an Arrow IPC or Parquet file (long form: :func:`stream_app.frame
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
@@ -17,7 +18,7 @@ from schemas.estimates import Estimate
 from schemas.kafka_io import connect
 from schemas.settings import KafkaSettings
 
-__all__ = ["LongWriter", "format_row", "keep_frames", "subscribe"]
+__all__ = ["FrameCounts", "LongWriter", "format_row", "keep_frames", "latest_frames", "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6}"
@@ -123,6 +124,52 @@ def _filtered(table: pa.Table, query: str | None, station: int | None, estimator
     return table
 
 
+@dataclass
+class FrameCounts:
+    """What :func:`write_frames` did so far: frames kept, long rows written, records skipped."""
+
+    frames: int = 0
+    rows: int = 0
+    skipped: int = 0
+
+
+def write_frames(values: Iterable[bytes], path: Path, kind: Literal["arrow", "parquet"], *,
+                 query: str | None = None, station: int | None = None, estimator: str | None = None,
+                 group_rows: int = 1 << 18, counts: FrameCounts | None = None) -> FrameCounts:
+    """Write the estimate frames among ``values`` (record values of a frames topic) to ``path``
+    in long form (:func:`stream_app.frames.long_table`, one row per query, epoch, station and
+    estimator); a value that is not a frame is skipped. ``counts`` (returned) is kept up to date
+    as it goes, so a caller knows what was written when the iteration is interrupted; the file
+    is closed and readable however it ends (also on Ctrl-C)."""
+    from .frames import decode_frame, long_table
+
+    counts = counts if counts is not None else FrameCounts()
+    writer = LongWriter(path, kind, group_rows)
+    try:
+        for value in values:
+            try:
+                table = long_table(decode_frame(value))
+            except ValueError:
+                counts.skipped += 1
+                continue
+            writer.write(_filtered(table, query, station, estimator))
+            counts.frames += 1
+    finally:
+        writer.close()
+        counts.rows = writer.rows
+    return counts
+
+
+def latest_frames(values: Iterable[tuple[bytes | None, bytes]]) -> list[bytes]:
+    """The latest frame value per key, in the order the keys first came: what a subscriber that
+    deduplicates keeps when a restarted worker re-publishes a window's frame (docs/wire.md,
+    "Estimate frames")."""
+    latest: dict[bytes | None, bytes] = {}
+    for key, value in values:
+        latest[key] = value
+    return list(latest.values())
+
+
 def keep_frames(settings: KafkaSettings, topic: str, path: Path, kind: Literal["arrow", "parquet"], *,
                 from_beginning: bool = False, query: str | None = None, station: int | None = None,
                 estimator: str | None = None, idle_timeout_s: float | None = None,
@@ -130,23 +177,12 @@ def keep_frames(settings: KafkaSettings, topic: str, path: Path, kind: Literal["
     """Write every estimate frame that arrives to ``path`` in long form (one row per query,
     epoch, station and estimator), until idle or Ctrl-C; says what it wrote on ``out``.
     Returns (frames kept, rows written); a record that is not a frame is skipped."""
-    from .frames import decode_frame, long_table
-
     out = out or sys.stdout
-    frames = skipped = 0
-    records = _records(settings, topic, from_beginning, idle_timeout_s)
-    writer = LongWriter(path, kind, group_rows)
+    counts = FrameCounts()
     try:
-        for value in records:
-            try:
-                table = long_table(decode_frame(value))
-            except ValueError:
-                skipped += 1
-                continue
-            writer.write(_filtered(table, query, station, estimator))
-            frames += 1
+        write_frames(_records(settings, topic, from_beginning, idle_timeout_s), path, kind, query=query,
+                     station=station, estimator=estimator, group_rows=group_rows, counts=counts)
     finally:
-        writer.close()
-        note = f" ({skipped} record(s) that are not estimate frames skipped)" if skipped else ""
-        print(f"wrote {writer.rows:,} estimates from {frames:,} frames to {path}{note}", file=out, flush=True)
-    return frames, writer.rows
+        note = f" ({counts.skipped} record(s) that are not estimate frames skipped)" if counts.skipped else ""
+        print(f"wrote {counts.rows:,} estimates from {counts.frames:,} frames to {path}{note}", file=out, flush=True)
+    return counts.frames, counts.rows

@@ -28,14 +28,17 @@ worker        Read                topic     ptt.reports        literal
 worker        Read                topic     ptt.queries        literal
 worker        Read                topic     ptt.truth          literal
 worker        Write               topic     ptt.estimates      literal
+worker        Write               topic     ptt.estimate-frames literal  # PTT_ESTIMATE_OUTPUT=both
 worker        Write               topic     ptt.dead-letter    literal
 worker        Read,Write,Create   topic     ptt-stream-        prefixed  # its own: partials, changelog, assignor
 worker        Read                group     ptt-stream         prefixed  # its consumer group (PTT_APP_ID)
 analyst       Read,Write          topic     ptt.queries        literal   # publish, and read versions back
 analyst       Read                topic     ptt.estimates      literal
+analyst       Read                topic     ptt.estimate-frames literal
 analyst       Describe            topic     ptt.reports        literal   # metadata only: ptt analyst checks
 analyst       Describe            topic     ptt.truth          literal   #   that the pipeline topics exist
 subscriber    Read                topic     ptt.estimates      literal
+subscriber    Read                topic     ptt.estimate-frames literal  # ptt subscribe --arrow/--parquet
 '
 
 props="$(mktemp)"

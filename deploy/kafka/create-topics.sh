@@ -26,6 +26,7 @@ ptt.reports                         4
 ptt.queries                         1           cleanup.policy=compact
 ptt.truth                           1
 ptt.estimates                       4
+ptt.estimate-frames                 4
 ptt.dead-letter                     1
 ptt-stream-partials                 4
 ptt-stream-windows-changelog        4           cleanup.policy=compact

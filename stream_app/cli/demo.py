@@ -41,8 +41,10 @@ if TYPE_CHECKING:
     from producers.stopping import StopFlag
     from schemas import Query
 
+    from ..subscribe import FrameCounts
+
 __all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
-           "run_demo", "save_topics", "write_report"]
+           "run_demo", "save_frames", "save_topics", "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -174,6 +176,22 @@ def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s
     return counts
 
 
+def save_frames(settings: KafkaSettings, topic: str, path: Path, idle_timeout_s: float = 1.0) -> FrameCounts:
+    """Read the estimate frames topic to its end and write its frames, the latest per window
+    (:func:`stream_app.subscribe.latest_frames`), to ``path`` as Parquet in long form
+    (:func:`stream_app.subscribe.write_frames`); an absent topic gives an empty file."""
+    from schemas.kafka_io import read_to_end
+
+    from ..subscribe import latest_frames, write_frames
+
+    try:
+        records = read_to_end(settings, topic, idle_timeout_s=idle_timeout_s)
+        values = latest_frames((rec.key, rec.value) for rec in records if rec.value)
+    except LookupError:  # the topic was never created: nothing to save
+        values = []
+    return write_frames(values, path, "parquet")
+
+
 def write_report(estimates: Path, truth: Path, out: Path) -> str:
     """The report of the saved files (``ptt report``'s defaults), in process; returns one line
     saying what it wrote, or why there is none."""
@@ -277,7 +295,7 @@ def _run_demo(demo: DemoSettings) -> int:
     stopped_children = False
     try:
         ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
-                            worker_dir=out / "worker")
+                            worker_dir=out / "worker", estimate_output="both")
         worker_log = out / "worker.log"
         with worker_log.open("wb") as log:
             worker = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
@@ -306,7 +324,8 @@ def _run_demo(demo: DemoSettings) -> int:
         print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
         print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")
         print(f"queries     {ptt} analyst list --bootstrap-servers {broker.bootstrap}")
-        print(f"output      {out}/ (logs now; estimates.jsonl, truth.jsonl and report/ when the demo ends)")
+        print(f"output      {out}/ (logs now; estimates.jsonl, estimates.parquet, truth.jsonl and report/ when "
+              "the demo ends)")
         print(f"replaying {source} at {demo.speed:g}x real time; Ctrl-C stops", flush=True)
         rs = _replay_settings(demo, broker.bootstrap)
         try:
@@ -339,11 +358,15 @@ def _run_demo(demo: DemoSettings) -> int:
                     p.terminate()
             estimates, truth = out / "estimates.jsonl", out / "truth.jsonl"
             counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
+            table = out / "estimates.parquet"
+            frames = save_frames(rs, ws.frames_topic, table)
             terminate_all([worker, prom], timeout_s=1.0)
             broker.stop()
             stopped_children = True
             print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
                   f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}", flush=True)
+            print(f"saved the same {frames.rows:,} estimates from {frames.frames:,} estimate frames to {table} "
+                  "(one row per query, epoch, station and estimator)", flush=True)
             if counts[ws.estimates_topic]:
                 print(f"report      {write_report(estimates, truth, out / 'report')}", flush=True)
             else:

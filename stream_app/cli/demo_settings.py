@@ -34,7 +34,8 @@ class DemoSettings(BaseSettings):
                                                     "free one when that is taken)")
     exit_when_done: bool = Field(default=False, description="stop after the replay instead of serving on")
     out: Path = Field(default=Path("ptt-demo-out"),
-                      description="directory for logs, estimates.jsonl, truth.jsonl and the report; kept afterwards")
+                      description="directory for logs, estimates.jsonl, estimates.parquet (the same "
+                                  "estimates from the frames, long form), truth.jsonl and the report; kept afterwards")
     pems_raw: Path | None = Field(default=None, description="replay this PeMS Station Raw 30 s file instead of the "
                                                              "synthetic day (plain, gzip, bz2, xz or zip)")
     pems_5min: Path | None = Field(default=None, description="replay this PeMS Station 5-Minute file instead")

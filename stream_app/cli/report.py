@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 
 from .. import report
@@ -80,6 +81,21 @@ def read_topic(settings: KafkaSettings, topic: str, idle_timeout_s: float = 3.0,
         raise CliError(f"{exc}{hint}", EXIT_USAGE) from exc
 
 
+def _estimates_file(path: str) -> Iterable[bytes | Estimate]:
+    """JSON lines, or a long-form Parquet/Arrow file (recognized by its first bytes)."""
+    lines = read_file(path)  # a missing or unreadable file: exit 5 at once
+    if path == "-":
+        return lines
+    with open(path, "rb") as fh:
+        magic = fh.read(6)
+    if magic[:4] != b"PAR1" and magic != b"ARROW1":
+        return lines
+    try:
+        return list(report.estimates_of_long_table(Path(path)))
+    except ValueError as exc:
+        raise CliError(f"cannot read {path}: {exc}", EXIT_INPUT) from exc
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -110,9 +126,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     one.add_argument("--from-topic", action="store_true",
                      help="read the estimates topic (and, unless --truth/--no-truth, the truth topic) from the "
                           "beginning until it is quiet")
+    one.add_argument("--from-frames", action="store_true",
+                     help="read the estimate frames topic (--frames-topic) instead of the rows: a worker with "
+                          "PTT_ESTIMATE_OUTPUT=frames publishes only frames")
     one.add_argument("--estimates", metavar="FILE",
-                     help="saved estimates, one JSON per line (ptt subscribe --json); - for stdin")
+                     help="saved estimates: one JSON per line (ptt subscribe --json; - for stdin), or the Parquet "
+                          "or Arrow file of ptt subscribe --parquet/--arrow (ptt demo's estimates.parquet)")
     src.add_argument("--estimates-topic", default="ptt.estimates", help="estimates topic (default ptt.estimates)")
+    src.add_argument("--frames-topic", default="ptt.estimate-frames",
+                     help="estimate frames topic read by --from-frames (default ptt.estimate-frames)")
     src.add_argument("--truth", metavar="FILE",
                      help="ground truth, one GroundTruth JSON per line. Without it: the truth topic with "
                           "--from-topic or an explicit --truth-topic, else none")
@@ -161,33 +183,39 @@ def _truth_source(args: argparse.Namespace) -> str:
         return "file"
     if args.no_truth:
         return "none"
-    return "topic" if args.from_topic or getattr(args, "truth_topic", None) else "none"
+    return "topic" if args.from_topic or args.from_frames or getattr(args, "truth_topic", None) else "none"
 
 
 def run(args: argparse.Namespace) -> int:
     selection = report.Selection(frozenset(_flatten(args.query)), frozenset(_flatten(args.station)),
                                  frozenset(_flatten(args.estimator)))
     truth_source = _truth_source(args)
-    settings = _settings(args) if args.from_topic or truth_source == "topic" else None
+    settings = _settings(args) if args.from_topic or args.from_frames or truth_source == "topic" else None
     truth: Iterable[bytes] | None = None
     if truth_source == "file":
         truth = read_file(args.truth)  # checked before the long read
     elif settings is not None and truth_source == "topic":  # read after the estimates
         hint = " (give --truth FILE, or --no-truth to report without ground truth)"
         truth = read_topic(settings, settings.truth_topic, args.idle_timeout, hint)
-    raw: Iterable[bytes]
+    raw: Iterable[bytes | Estimate]
     if settings is not None and args.from_topic:
-        raw = read_topic(settings, args.estimates_topic, args.idle_timeout)
+        raw = read_topic(settings, args.estimates_topic, args.idle_timeout,
+                         " (a worker with PTT_ESTIMATE_OUTPUT=frames publishes frames only: use --from-frames)")
         where = f"topic {args.estimates_topic!r}"
+    elif settings is not None and args.from_frames:
+        raw = report.estimates_of_frames(read_topic(settings, args.frames_topic, args.idle_timeout))
+        where = f"frames topic {args.frames_topic!r}"
     else:
-        raw = read_file(args.estimates)
+        raw = _estimates_file(args.estimates)
         where = args.estimates
     out: Path = args.out
     try:
         text, plots = report.write_report(raw, truth, out, selection=selection, where=where, stations=args.stations,
                                           every=args.every or None, with_gls=args.with_gls)
     except report.ReportError as exc:
-        raise CliError(str(exc)) from exc
+        hint = ("; a worker with PTT_ESTIMATE_OUTPUT=frames publishes frames only: read them with --from-frames"
+                if args.from_topic and "(0 records read" in str(exc) else "")
+        raise CliError(f"{exc}{hint}") from exc
     print(text, end="")
     print(f"wrote {len(plots)} plots, summary.txt and summary.json to {out}")
     return EXIT_OK

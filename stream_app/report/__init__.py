@@ -26,6 +26,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from schemas.estimates import Estimate
+
 from .plots import (
     DEFAULT_ESTIMATORS,
     FIG_HEIGHT_PX,
@@ -46,6 +48,8 @@ from .summary import (
     ReportError,
     Row,
     Selection,
+    estimates_of_frames,
+    estimates_of_long_table,
     format_summary,
     join,
     load_estimates,
@@ -68,6 +72,8 @@ __all__ = [
     "Selection",
     "Series",
     "busiest_stations",
+    "estimates_of_frames",
+    "estimates_of_long_table",
     "format_summary",
     "join",
     "load_estimates",
@@ -82,7 +88,7 @@ __all__ = [
 ]
 
 
-def write_report(estimates: Iterable[bytes | str], truth: Iterable[bytes | str] | None, out: Path, *,
+def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[bytes | str] | None, out: Path, *,
                  selection: Selection | None = None, where: str = "the estimates", stations: int = 6,
                  every: int | None = None, with_gls: bool = False) -> tuple[str, list[Path]]:
     """Read the estimates (JSON lines; ``where`` names them in errors), then the ground truth

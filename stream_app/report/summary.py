@@ -35,6 +35,8 @@ __all__ = [
     "Selection",
     "format_summary",
     "join",
+    "estimates_of_frames",
+    "estimates_of_long_table",
     "load_estimates",
     "load_truth",
     "summarize",
@@ -142,19 +144,78 @@ def _lines(values: Iterable[bytes | str]) -> Iterator[bytes]:
             yield b
 
 
-def load_estimates(values: Iterable[bytes | str], selection: Selection | None = None) -> LoadedEstimates:
-    """Parse estimate records (JSON, one per item), keep the selected ones, and deduplicate by
-    (query, version, epoch, station, estimator), the last record winning (a worker that
-    restarts may publish an epoch again). Items that are not estimates are counted, not fatal."""
+def _estimates(values: Iterable[bytes | str | Estimate]) -> Iterator[Estimate | None]:
+    """Each item as an :class:`Estimate` (already one, or parsed from its JSON), ``None`` for one
+    that is not an estimate; blank lines are skipped."""
+    for v in values:
+        if isinstance(v, Estimate):
+            yield v
+            continue
+        b = (v.encode() if isinstance(v, str) else v).strip()
+        if not b:
+            continue
+        try:
+            yield Estimate.model_validate_json(b)
+        except ValidationError:
+            yield None
+
+
+def estimates_of_frames(values: Iterable[bytes]) -> Iterator[Estimate | bytes]:
+    """The estimates of estimate frames (record values of the frames topic,
+    :func:`stream_app.frames.frame_estimates`), in the rows' order, for :func:`load_estimates`;
+    a value that is not a frame (or whose values the rows would refuse) is passed on as it is,
+    to be counted as unreadable."""
+    from ..frames import decode_frame, frame_estimates
+
+    for v in values:
+        try:
+            got = frame_estimates(decode_frame(v))
+        except ValueError:
+            yield v or b"?"
+            continue
+        yield from got
+
+
+def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
+    """The estimates of a long-form file (:data:`stream_app.frames.LONG_SCHEMA`) that ``ptt demo``
+    (``estimates.parquet``) or ``ptt subscribe --parquet/--arrow`` wrote. A ValueError (one line)
+    if it is not such a file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ..frames import LONG_SCHEMA
+
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(6)
+        if magic[:4] == b"PAR1":
+            table = pq.read_table(path)
+        else:
+            with pa.ipc.open_file(path) as reader:
+                table = reader.read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ValueError(f"{path} is not a Parquet or Arrow file: {exc}") from None
+    missing = [f for f in LONG_SCHEMA.names if f not in table.column_names]
+    if missing:
+        raise ValueError(f"{path} is not a long-form estimates file (no column {', '.join(missing)})")
+    extra = ("withheld_code", "retracted")
+    for batch in table.select([f for f in LONG_SCHEMA.names if f not in extra]).to_batches():
+        for row in batch.to_pylist():
+            yield Estimate.model_validate({"kind": "estimate", **row})
+
+
+def load_estimates(values: Iterable[bytes | str | Estimate], selection: Selection | None = None) -> LoadedEstimates:
+    """Parse estimate records (JSON, one per item, or :class:`Estimate` objects, e.g. of
+    :func:`estimates_of_frames`), keep the selected ones, and deduplicate by (query, version,
+    epoch, station, estimator), the last record winning (a worker that restarts may publish an
+    epoch again). Items that are not estimates are counted, not fatal."""
     sel = selection or Selection()
     latest: dict[tuple[str, int, int, int, str], Row] = {}
     starts: dict[tuple[datetime, timedelta | None], datetime] = {}
     read = invalid = duplicates = filtered = 0
-    for line in _lines(values):
+    for e in _estimates(values):
         read += 1
-        try:
-            e = Estimate.model_validate_json(line)
-        except ValidationError:
+        if e is None:
             invalid += 1
             continue
         if e not in sel:

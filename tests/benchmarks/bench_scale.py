@@ -22,6 +22,15 @@ Scenarios (``--only`` picks some; defaults are the issue's bar):
 P3, P4 and ``size`` also scrape the worker's whole ``/metrics`` 5 times during the run
 (``metrics_scrape``: median and max seconds, bytes, series).
 
+``--output rows|frames|both`` (P3 and P4) sets the worker's ``PTT_ESTIMATE_OUTPUT``. With
+``frames`` the delivered estimates are counted from the estimate frames topic: every window
+framed once (``frames == expected_frames``, e.g. 2,880 x 3 for a day of the three queries) and
+``estimates`` = the station x estimator values the frames hold, so ``estimates ==
+expected_estimates`` holds from frames; ``last_estimate_s`` and the raw baseline then use the
+frames' timestamps and sizes. Use ``frames`` for P4 at >= 500 stations over a whole day: the
+rows of such a day fill the in-memory broker, the frames carry the same values in far fewer,
+smaller records. Every line says its ``output``.
+
 Every figure that is a speed is also given as a ratio measured in the same run:
 ``realtime_factor = epochs x 30 / last_estimate_s`` (the data's own time) and
 ``worker_vs_replay = last_estimate_s / replay_s`` (P1: the worker is never the wall when
@@ -136,9 +145,35 @@ def _full_scrapes(w: WorkerProcess, n: int = 5) -> dict[str, Any]:
             "scrape_series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))}
 
 
+def _delivered(ws: WorkerSettings) -> dict[str, Any]:
+    """What the worker delivered, from the rows topic, or from the frames topic when it
+    publishes frames only (``--output frames``): ``estimates`` counts station-estimator values
+    (a frame of S stations and E estimators holds S x E, the latest frame per window counted
+    once), ``stamps`` the records' broker timestamps, ``sizes`` their value sizes, ``frames``
+    the distinct windows framed (when frames are on)."""
+    from stream_app.frames import decode_frame
+
+    got: dict[str, Any] = {}
+    if ws.frames_on:
+        latest: dict[bytes | None, Any] = {}
+        stamps, sizes = [], []
+        for r in read_to_end(ws, ws.frames_topic, idle_timeout_s=5):
+            latest[r.key] = r.value
+            stamps.append(r.timestamp)
+            sizes.append(len(r.value))
+        frames = [decode_frame(v) for v in latest.values()]
+        got = {"frames": len(frames), "estimates": sum(f.table.num_rows * len(f.estimators) for f in frames),
+               "stamps": stamps, "sizes": sizes}
+    if ws.rows_on:  # the rows are what a rows or both run is measured by
+        rows = [(r.timestamp, len(r.value)) for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)]
+        got.update(estimates=len(rows), stamps=[t for t, _ in rows], sizes=[n for _, n in rows])
+    return got
+
+
 def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epochs: int, vehicles: int | None,
              workers: int = 1, raw_baseline: bool = False, speed: float = 0.0,
-             data_dir: Path | None = None, full_scrape: bool = False, sizes: bool = False) -> dict[str, Any]:
+             data_dir: Path | None = None, full_scrape: bool = False, sizes: bool = False,
+             output: str = "rows") -> dict[str, Any]:
     tag = f"{name}-{os.getpid()}-{int(time.time())}"
     rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir or tmp / "data", truth=False, default_queries=False,
                         speed=speed,
@@ -154,11 +189,10 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     ensure_topics(rs)
     base = {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
     procs = []
-    output: dict[str, Any] = {"estimate_output": "both", "frames_topic": f"f-{tag}"} if sizes else {}
     for i in range(workers):
         ws = WorkerSettings(**base, app_id=f"bench-{tag}", estimates_topic=f"e-{tag}", dead_letter_topic=f"d-{tag}",
                             web_port=free_port(), min_participants=1,
-                            **output)
+                            estimate_output="both" if sizes else output, frames_topic=f"f-{tag}")
         if i == 0:
             ensure_stream_topics(ws)
         procs.append(WorkerProcess(ws, tmp / f"worker-{tag}-{i}.log"))
@@ -200,14 +234,16 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         time.sleep(1.0)
     stop.set()
     ws0 = procs[0].settings
-    stamps = [r.timestamp for r in read_to_end(ws0, ws0.estimates_topic, idle_timeout_s=5)]
+    delivered = _delivered(ws0)
+    stamps = delivered["stamps"]
     last_s = max(stamps) / 1000.0 - t0 if stamps else float("nan")
     out: dict[str, Any] = {
         "scenario": name, "stations": stations, "vehicles": fleet, "mode": mode, "workers": workers,
         "epochs": epochs, "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
         "last_estimate_s": round(last_s, 2), "realtime_factor": round(epochs * 30 / last_s, 2),
-        "worker_vs_replay": round(last_s / replay_s, 2), "estimates": len(stamps),
-        "expected_estimates": expected,
+        "worker_vs_replay": round(last_s / replay_s, 2), "estimates": delivered["estimates"],
+        "expected_estimates": expected, "output": output,
+        **({"frames": delivered["frames"], "expected_frames": epochs * len(queries)} if ws0.frames_on else {}),
         "worker_peak_rss_mb": round(max(_rss_mb(w.proc.pid) for w in procs if w.proc), 1),
         "worker_rss_ready_mb": round(rss_ready, 1),
         "worker_rss_by_epoch_mb": {str(k): round(v, 1) for k, v in sorted(rss_at.items())
@@ -216,7 +252,7 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         "p99_close_latency_s": max(_p99(_scrape(w, "ptt_close_latency_seconds_bucket")) for w in procs),
     }
     if raw_baseline and stamps:
-        values = [len(r.value) for r in read_to_end(ws0, ws0.estimates_topic, idle_timeout_s=5)]
+        values = delivered["sizes"]
         t_raw = raw_produce(rs, f"raw-{tag}", values)
         span = (max(stamps) - min(stamps)) / 1000.0
         out["estimate_bytes"] = sum(values)
@@ -323,6 +359,10 @@ def main() -> None:
     parser.add_argument("--speed-p4", type=float, default=40.0, help="P4's replay speed (x real time)")
     parser.add_argument("--stations-p4", type=int, default=3220,
                         help="P4's stations (500 for a whole day: the in-memory broker holds every estimate)")
+    parser.add_argument("--output", choices=("rows", "frames", "both"), default="rows",
+                        help="P3 and P4: the worker's PTT_ESTIMATE_OUTPUT; with frames the delivered estimates are "
+                             "counted from the frames (station x estimator values). Frames for >= 500 stations: a "
+                             "day at 3,220 stations is ~30 GB of rows, far less as frames")
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
@@ -332,9 +372,9 @@ def main() -> None:
         ("p1-500", {"stations": 500, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": None}),
         ("p2", {"stations": 3220, "mode": "per-vehicle", "epochs": args.epochs_p2, "vehicles": 47_719}),
         ("p3", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p3, "vehicles": 10_047_719,
-                "raw_baseline": True, "full_scrape": True}),
+                "raw_baseline": True, "full_scrape": True, "output": args.output}),
         ("p4", {"stations": args.stations_p4, "mode": "tally", "epochs": args.epochs_p4, "vehicles": 10_047_719,
-                "speed": args.speed_p4, "full_scrape": True}),
+                "speed": args.speed_p4, "full_scrape": True, "output": args.output}),
         ("p5", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p2, "vehicles": 10_047_719, "workers": 4}),
         ("size", {"stations": 3220, "mode": "tally", "epochs": args.epochs_size, "vehicles": 10_047_719,
                   "full_scrape": True, "sizes": True}),

@@ -12,6 +12,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -366,3 +367,29 @@ def dead_letter_origins(settings: WorkerSettings) -> list[tuple[str, str | None]
             qid = None
         out.append((letter["reason"], qid))
     return out
+
+
+def assert_long_table_is_the_rows(table: Path, rows: Path) -> list[dict[str, Any]]:
+    """The Parquet file ``table`` (long form, :data:`stream_app.frames.LONG_SCHEMA`) holds
+    exactly the estimates of the JSON lines ``rows``, the latest per (query, version, epoch,
+    station, estimator): the same keys and, per key, every field the rows carry (``epoch_start``
+    as the same instant); a withheld row has a withheld frame row (null estimate, no bounds).
+    Returns the JSON rows."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["query_id"], r["query_version"], r["epoch"], r["station"], r["estimator"])
+
+    saved = {key(r): r for r in (json.loads(line) for line in rows.read_text().splitlines() if line.strip())}
+    kept = pq.read_table(table).to_pylist()
+    assert len(kept) == len({key(r) for r in kept}), "a (query, version, epoch, station, estimator) twice"
+    assert {key(r) for r in kept} == set(saved)
+    for r in kept:
+        e = saved[key(r)]
+        assert r["epoch_start"] == datetime.fromisoformat(e["epoch_start"]), (r, e)
+        assert {f: r[f] for f in e if f not in ("kind", "epoch_start")} == \
+               {f: v for f, v in e.items() if f not in ("kind", "epoch_start")}, (r, e)
+        assert (r["withheld_code"] is None) == (e["withheld"] is None) and r["retracted"] is False
+    return list(saved.values())

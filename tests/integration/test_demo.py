@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from stream_app.cli.local_broker import free_port
+from tests.paths import ROOT
 
 from ..system_tools import require_tool
 
@@ -269,3 +270,48 @@ def test_demo_says_which_records_the_broker_refused(tmp_path: Path) -> None:
     (line,) = [line for line in errors.splitlines() if line.startswith("ptt demo: error:")]
     assert "records could not be delivered (" in line and "InvalidRecordError" in line, line
     assert "saved " in out_path.read_text() and (out / "estimates.jsonl").exists() and (out / "truth.jsonl").exists()
+
+
+def _day_with_gaps(tmp: Path) -> tuple[Path, Path]:
+    """A 4-station PeMS raw day (``ptt synth``) without one station's rows in 00:01-00:02 and
+    without any row in 00:02:30-00:03: epochs whose estimates have no source data."""
+    import gzip
+
+    done = subprocess.run([sys.executable, "-m", "stream_app.cli", "synth", str(tmp / "synth"), "--stations", "4"],  # noqa: S603
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    raw = next((tmp / "synth").glob("*station_raw*"))
+    lines = gzip.decompress(raw.read_bytes()).decode().splitlines(keepends=True)
+    station = lines[1].split(",")[1]
+    kept = [line for line in lines if not line.startswith(("11/18/2026 00:02:3", "11/18/2026 00:02:4",
+                                                           "11/18/2026 00:02:5"))
+            and not (line.startswith("11/18/2026 00:01:") and line.split(",")[1] == station)]
+    assert len(lines) - len(kept) == 2 + 4  # two readings of one station, one of each station
+    day = tmp / "day.txt"
+    day.write_text("".join(kept))
+    return day, next((tmp / "synth").glob("*meta*"))
+
+
+def test_demo_saves_its_estimates_as_parquet_equal_to_the_rows(tmp_path: Path) -> None:
+    """The demo publishes rows and frames (``both``) and keeps the frames in ``--out`` as
+    ``estimates.parquet``, long form: the same estimates as ``estimates.jsonl``, field by field,
+    no-source-data cells included (a day with gaps); the README's loading line names that file."""
+    from .stream_helpers import assert_long_table_is_the_rows
+
+    raw, meta = _day_with_gaps(tmp_path)
+    out = tmp_path / "ptt-demo-out"
+    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "8",  # noqa: S603
+                           "--exit-when-done", "--pems-raw", str(raw), "--meta", str(meta), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = assert_long_table_is_the_rows(out / "estimates.parquet", out / "estimates.jsonl")
+    assert len(rows) == 8 * 4 * 6  # 8 epochs, 4 stations, SP + 4 ALP + RR
+    assert f"saved the same {len(rows)} estimates from {8 * 3} estimate frames to {out / 'estimates.parquet'}" \
+           in proc.stdout
+    no_source = {(r["epoch"], r["station"]) for r in rows if r["data_quality"] == "no_source_data"}
+    assert len({e for e, _ in no_source}) >= 3, no_source  # one station in two epochs, every station in one
+    readme = (ROOT / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if "read_parquet(" in x)
+    path = line.split('read_parquet("', 1)[1].split('"', 1)[0]
+    assert path == "ptt-demo-out/estimates.parquet" and (tmp_path / path).is_file()
+    assert f"FROM '{path}'" in line  # the DuckDB form names the same file

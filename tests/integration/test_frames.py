@@ -12,6 +12,7 @@ consistent vector: non-negative, summing to at most the participants.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -95,3 +96,48 @@ def test_frames_decode_to_the_rows_and_a_parquet_day_reads_back(broker: str, tmp
         assert r["consistent"] == e.consistent
         assert (r["withheld"], r["late"], r["refused"], r["missing_batches"], r["round_count_mismatch"]) == \
                (e.withheld, e.late, e.refused, e.missing_batches, e.round_count_mismatch)
+
+    # ptt report says the same of the rows topic, the frames topic and the Parquet file
+    summaries = []
+    for name, source in (("rows", ["--from-topic"]), ("frames", ["--from-frames", "--frames-topic", ws.frames_topic]),
+                         ("file", ["--estimates", str(day), "--truth-topic", ws.truth_topic])):
+        done = _ptt(ws, "report", *source, "--estimates-topic", ws.estimates_topic, "--truth-topic", ws.truth_topic,
+                    "--out", str(tmp_path / name))
+        assert done.returncode == 0, done.stderr
+        summaries.append(json.loads((tmp_path / name / "summary.json").read_text()))
+    assert summaries[0]["groups"] and sum(g["cells"] for g in summaries[0]["groups"]) == N_ESTIMATES
+    assert all(g["with_truth"] == g["cells"] for g in summaries[0]["groups"])
+    assert summaries[1]["groups"] == summaries[0]["groups"] == summaries[2]["groups"]
+
+
+def _ptt(ws: WorkerSettings, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stream_app.cli", *argv], env=env_for(ws), capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def test_a_frames_only_run_is_reported_from_its_frames(broker: str, tmp_path: Path) -> None:
+    """A worker with ``estimate_output="frames"`` publishes no row: ``ptt report --from-frames``
+    reports it (here every epoch withheld: fewer participants than the worker requires, so the
+    frames' null columns too), and ``--from-topic`` says where the estimates are."""
+    rs, ws = pipeline_settings(broker, tmp_path, synthetic_stations=STATIONS, max_epochs=2)
+    ws = WorkerSettings(**{**ws.model_dump(), "estimate_output": "frames", "min_participants": 10**6,
+                           "frames_topic": f"frames-{uuid.uuid4().hex[:8]}"})
+    replay(rs, progress=False)
+    worker = WorkerProcess(ws, tmp_path / "worker.log").start()
+    try:
+        worker.wait_ready()
+        wait_for(lambda: len(read_frames(ws)) >= 2 * 3, 90, "6 frames")
+    finally:
+        worker.stop()
+    assert not read_estimates(ws)
+    out = tmp_path / "report"
+    done = _ptt(ws, "report", "--from-frames", "--frames-topic", ws.frames_topic, "--truth-topic", ws.truth_topic,
+                "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    groups = json.loads((out / "summary.json").read_text())["groups"]
+    assert sorted(g["estimator"] for g in groups) == sorted(
+        ["sp_difference", "alp_average", "alp_bottom", "alp_gls", "alp_yhat", "rr"])
+    assert all(g["cells"] == g["withheld"] == 2 * STATIONS for g in groups), groups
+    done = _ptt(ws, "report", "--from-topic", "--estimates-topic", ws.estimates_topic, "--no-truth",
+                "--out", str(tmp_path / "none"))
+    assert done.returncode == 2 and "use --from-frames" in done.stderr.replace("read them with ", "use ")

@@ -873,8 +873,9 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     """Run what each principal runs in the deployment against the recorder; its uses.
 
     * analyst: the `queries` job (publish-demo-queries.py), the `analyst` service's command
-      (`ptt analyst list`), and `ptt subscribe` for the estimates of its queries;
-    * subscriber: the `subscriber` service's command (`ptt subscribe`);
+      (`ptt analyst list`), and `ptt subscribe` for the estimates of its queries, as rows and
+      as frames kept in Parquet (`--parquet`, the estimate frames topic);
+    * subscriber: the `subscriber` service's command (`ptt subscribe`) and `ptt subscribe --parquet`;
     * replay: the `replay` service's `ptt replay` (two epochs, as fast as possible);
     * worker: `ptt worker`, see :func:`_worker_uses`;
     * device: a vehicle sends its own reports: the writes of `ptt replay` without ground truth
@@ -902,6 +903,9 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     run("analyst", services["analyst"]["command"][1:])
     run("analyst", ["subscribe", "--idle-timeout", "1"])
     run("subscriber", [*services["subscriber"]["command"][1:], "--idle-timeout", "1"])
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for who in ("analyst", "subscriber"):
+        run(who, ["subscribe", "--parquet", str(tmp_path / f"{who}.parquet"), "--idle-timeout", "1"])
     before = set(cluster.uses)
     replay(_replay_settings(services, monkeypatch).model_copy(update={
         "max_epochs": 2, "speed": 0.0, "producers": 1, "data_dir": tmp_path / "data"}), progress=False)
