@@ -117,11 +117,6 @@ class LocalBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        """The broker process's id while it runs (benchmarks read its memory)."""
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
-
     def start(self, timeout_s: float = 15.0) -> LocalBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         if not port_free(self.port):

@@ -22,6 +22,12 @@ Scenarios (``--only`` picks some; defaults are the issue's bar):
 P3, P4 and ``size`` also scrape the worker's whole ``/metrics`` 5 times during the run
 (``metrics_scrape``: median and max seconds, bytes, series).
 
+Every scenario samples the embedded broker's RSS as epochs close (``broker_rss_by_epoch_mb``,
+``broker_peak_rss_mb``): it keeps every record in memory. P4 with frames on then writes the
+whole frames topic to Parquet with ``ptt subscribe --parquet``, reads the file back with pyarrow
+and holds every window's rows equal, value for value, to its frame (``parquet_windows_equal``,
+``parquet_windows_missing``).
+
 ``--output rows|frames|both`` (P3 and P4) sets the worker's ``PTT_ESTIMATE_OUTPUT``. With
 ``frames`` the delivered estimates are counted from the estimate frames topic: every window
 framed once (``frames == expected_frames``, e.g. 2,880 x 3 for a day of the three queries) and
@@ -170,10 +176,87 @@ def _delivered(ws: WorkerSettings) -> dict[str, Any]:
     return got
 
 
+
+def _block_digest(t: Any) -> str:
+    """An exact digest of a long-form table's values in row order (floats by their bits, nulls
+    distinct from every value): equal digests mean equal values."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    h = hashlib.sha256()
+    for name in t.column_names:
+        col = t.column(name).combine_chunks()
+        h.update(name.encode() + col.is_null().to_numpy(zero_copy_only=False).tobytes())
+        if pa.types.is_string(col.type):
+            enc = col.dictionary_encode()
+            h.update(enc.indices.fill_null(-1).to_numpy().tobytes())
+            h.update("\x00".join(enc.dictionary.to_pylist()).encode())
+        elif pa.types.is_list(col.type):
+            h.update(pc.list_value_length(col).fill_null(-1).to_numpy().tobytes())
+            flat = pc.list_flatten(col)
+            for f in range(flat.type.num_fields):
+                h.update(flat.field(f).to_numpy(zero_copy_only=False).tobytes())
+        else:
+            if pa.types.is_timestamp(col.type):
+                col = col.cast(pa.int64())
+            h.update(col.to_numpy(zero_copy_only=False).tobytes() if col.null_count == 0 else
+                     col.drop_null().to_numpy(zero_copy_only=False).tobytes())
+    return h.hexdigest()
+
+
+def _frame_digests(ws: WorkerSettings) -> dict[tuple[str, int, int], tuple[int, str]]:
+    """Per window, the latest frame's long-form row count and digest, read from the topic."""
+    from stream_app.frames import decode_frame, long_table
+
+    out: dict[tuple[str, int, int], tuple[int, str]] = {}
+    for r in read_to_end(ws, ws.frames_topic, idle_timeout_s=5):
+        f = decode_frame(r.value)
+        t = long_table(f)
+        out[(f.header["query_id"], f.header["query_version"], f.header["epoch"])] = (t.num_rows, _block_digest(t))
+    return out
+
+
+def _read_back(ws: WorkerSettings, path: Path, digests: dict[tuple[str, int, int], tuple[int, str]]) -> dict[str, Any]:
+    """``ptt subscribe --parquet`` of the whole frames topic, then the file read back with
+    pyarrow block by block (a frame's rows are contiguous): every window's values must equal
+    its frame's."""
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "stream_app.cli", "subscribe", "--parquet", str(path),  # noqa: S603
+                    "--frames-topic", ws.frames_topic, "--from-beginning", "--idle-timeout", "10",
+                    "--bootstrap-servers", ws.bootstrap_servers], check=True, stdout=subprocess.DEVNULL)
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    seen: dict[tuple[str, int, int], bool] = {}
+    pending: Any = None
+    rows = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1 << 16):
+        part = pa.Table.from_batches([batch])
+        pending = part if pending is None else pa.concat_tables([pending, part])
+        while pending is not None and pending.num_rows:
+            key = (pending["query_id"][0].as_py(), pending["query_version"][0].as_py(), pending["epoch"][0].as_py())
+            n, digest = digests.get(key, (pending.num_rows + 1, ""))
+            if pending.num_rows < n:
+                break
+            seen[key] = seen.get(key, True) and _block_digest(pending.slice(0, n)) == digest
+            rows += n
+            pending = pending.slice(n)
+    return {"parquet_bytes": path.stat().st_size, "parquet_rows": rows, "parquet_write_s": round(write_s, 1),
+            "parquet_read_s": round(time.perf_counter() - t0, 1),
+            "parquet_windows_equal": sum(seen.values()), "parquet_windows_missing": len(set(digests) - set(seen)),
+            "parquet_rows_left": 0 if pending is None else pending.num_rows}
+
 def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epochs: int, vehicles: int | None,
              workers: int = 1, raw_baseline: bool = False, speed: float = 0.0,
              data_dir: Path | None = None, full_scrape: bool = False, sizes: bool = False,
-             output: str = "rows") -> dict[str, Any]:
+             output: str = "rows", broker_pid: int | None = None, read_back: bool = False) -> dict[str, Any]:
     tag = f"{name}-{os.getpid()}-{int(time.time())}"
     rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir or tmp / "data", truth=False, default_queries=False,
                         speed=speed,
@@ -207,6 +290,7 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     first_epoch = int(day.epochs[rs.start_epoch])
     rss_at: dict[int, float] = {}  # epochs closed -> the worker's current RSS (MB)
+    broker_at: dict[int, float] = {}  # epochs closed -> the broker's current RSS (MB)
     rss_ready = _rss_mb(procs[0].proc.pid, "VmRSS") if procs[0].proc else float("nan")
     stop = threading.Event()
     scrape: dict[str, Any] = {}
@@ -220,7 +304,10 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
             except OSError:
                 continue
             if closed and procs[0].proc:
-                rss_at[min(closed.values()) - first_epoch + 1] = _rss_mb(procs[0].proc.pid, "VmRSS")
+                at = min(closed.values()) - first_epoch + 1
+                rss_at[at] = _rss_mb(procs[0].proc.pid, "VmRSS")
+                if broker_pid:
+                    broker_at[at] = _rss_mb(broker_pid, "VmRSS")
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -265,6 +352,12 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         out["metrics_scrape"] = scrape
     if sizes:
         out["sizes"] = epoch_sizes(ws0, tag)
+    if broker_pid:  # the embedded broker keeps every record in memory (it honours no retention)
+        out["broker_peak_rss_mb"] = round(_rss_mb(broker_pid), 1)
+        out["broker_rss_by_epoch_mb"] = {str(k): round(v, 1) for k, v in sorted(broker_at.items())
+                                         if k in _milestones(epochs, broker_at)}
+    if read_back and ws0.frames_on:
+        out.update(_read_back(ws0, tmp / f"day-{tag}.parquet", _frame_digests(ws0)))
     for w in procs:
         w.stop()
     return out
@@ -374,7 +467,7 @@ def main() -> None:
         ("p3", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p3, "vehicles": 10_047_719,
                 "raw_baseline": True, "full_scrape": True, "output": args.output}),
         ("p4", {"stations": args.stations_p4, "mode": "tally", "epochs": args.epochs_p4, "vehicles": 10_047_719,
-                "speed": args.speed_p4, "full_scrape": True, "output": args.output}),
+                "speed": args.speed_p4, "full_scrape": True, "output": args.output, "read_back": True}),
         ("p5", {"stations": 3220, "mode": "tally", "epochs": args.epochs_p2, "vehicles": 10_047_719, "workers": 4}),
         ("size", {"stations": 3220, "mode": "tally", "epochs": args.epochs_size, "vehicles": 10_047_719,
                   "full_scrape": True, "sizes": True}),
@@ -383,7 +476,8 @@ def main() -> None:
         for name, kw in plans:
             if name not in wanted:
                 continue
-            out = scenario(name, broker.bootstrap, Path(tmp_name), data_dir=args.data_dir, **kw)
+            out = scenario(name, broker.bootstrap, Path(tmp_name), data_dir=args.data_dir, broker_pid=broker.pid,
+                           **kw)
             if name == "p5":  # the same scenario with one worker, in the same run: the speed-up
                 one = scenario("p5-one-worker", broker.bootstrap, Path(tmp_name), data_dir=args.data_dir,
                                **{**kw, "workers": 1})
