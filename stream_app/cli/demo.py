@@ -5,7 +5,8 @@ when the ``prometheus`` binary is installed (Debian package ``prometheus``), and
 synthetic day (or a PeMS file) at a watchable speed. After the replay it keeps serving until
 Ctrl-C (or exits with ``--exit-when-done``). However it ends, it reads the estimates and
 ground-truth topics to their end, saves them as JSON lines in the output directory with a
-``ptt report`` of them, and stops everything it started: no process is left behind.
+``ptt report`` of them, saves the estimate frames (the worker publishes rows and frames) as
+``estimates.parquet`` in long form, and stops everything it started: no process is left behind.
 
 The helpers run in their own process groups, so a terminal's Ctrl-C reaches only the demo,
 which then stops them in order (the broker last, after its topics have been saved).

@@ -40,6 +40,7 @@ from producers.sink import ReportSink
 from schemas import EndOfEpoch, Query, encode_batch, encode_json, new_batch_id
 from schemas.estimates import Estimate
 from schemas.kafka_io import ensure_topics
+from stream_app.frames import decode_frame, frame_estimates
 from stream_app.records import WindowId
 from stream_app.settings import WorkerSettings
 
@@ -531,9 +532,12 @@ def test_worker_restarts_keep_the_watermark_and_the_estimates(broker: str, scena
     epoch, (3) right after an epoch's markers, and restarted each time. r-* equal the clean
     run; d-* equal the same dead-producer data processed without restarts (the shared
     scenario) -- and the dead producer's epoch still closes, by the watermark kept across
-    the restarts."""
+    the restarts. The worker publishes rows and frames (``estimate_output="both"``): the
+    frames, the latest per window, say exactly what the rows say, and a frame re-published
+    after a restart is the same frame (docs/wire.md, "Estimate frames")."""
     sc = scenario
     rs, ws = pipeline_settings(broker, sc.tmp)
+    ws = ws.model_copy(update={"estimate_output": "both", "frames_topic": f"frames-{uuid.uuid4().hex[:8]}"})
     queries = {f"{k}-{m}": _query(sc.templates[m], f"{k}-{m}") for k in ("r", "d") for m in MECHS}
     publish_queries(rs, list(queries.values()))
     ids = {qid: f"p0-{uuid.uuid4().hex[:8]}" for qid in queries}
@@ -624,6 +628,18 @@ def test_worker_restarts_keep_the_watermark_and_the_estimates(broker: str, scena
             repr(_row(e)).encode())
     assert all(len(v) == 1 for v in seen.values())
     assert metric(text, "ptt_dead_letters_total") == 0
+    # the frames: per window, every frame published (re-published after a kill) decodes to the
+    # same estimates, and the latest per window give exactly the rows
+    framed: dict[bytes, set[tuple[Any, ...]]] = {}
+    from_frames: dict[str, dict[tuple[int, int, str], tuple[Any, ...]]] = {}
+    for rec in drain(ws, ws.frames_topic, quiet_polls=2):
+        rows = [_row(e) for e in frame_estimates(decode_frame(rec.value))]
+        framed.setdefault(rec.key, set()).add(tuple(rows))
+        for e in frame_estimates(decode_frame(rec.value)):
+            from_frames.setdefault(e.query_id, {})[(e.epoch, e.station, e.estimator)] = _row(e)
+    assert all(len(v) == 1 for v in framed.values()), "a re-published frame differs"
+    assert len(framed) == N_REF * 2 * len(MECHS)
+    assert from_frames == {q: {k: _row(v) for k, v in rows.items()} for q, rows in got.items()}
 
 
 # -- 2: forward-dated records ------------------------------------------------------------------

@@ -13,6 +13,9 @@ the stage record of the epoch's first batch. With the fix the commit cannot come
 state write is acknowledged, so the kill loses nothing: after a restart the epoch is
 published from every batch. With the state written through the buffer (the old code) the
 same kill loses the first batch -- checked by putting the old write back.
+
+The same slow state writes, with rows and frames on, give a kill between an epoch's published
+frame and its state write: the frame is published again after the restart, byte for byte.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from producers.replay import default_queries, fleet_size_for, load_day
 from producers.sink import ReportSink
 from schemas.kafka_io import ensure_topics
 from stream_app.estimate import QueryEstimators
+from stream_app.frames import decode_frame, frame_estimates
 from stream_app.settings import WorkerSettings
+from stream_app.subscribe import latest_frames
 
 from .kafka_helpers import drain
 from .stream_helpers import (
@@ -102,3 +107,50 @@ def test_sigkill_once_the_input_is_committed_loses_nothing(broker: str, tmp_path
     got = [e for k, e in estimates_by_query(ws)[q.query_id].items() if k[0] == epoch]
     assert got and all(e.withheld is None for e in got), {e.withheld for e in got}
     assert all(e.reports == sender.sent_reports() and e.closed_by == "markers" for e in got)
+
+
+def _frame_records(ws: WorkerSettings) -> list[tuple[bytes, bytes]]:
+    return [(rec.key, rec.value) for rec in drain(ws, ws.frames_topic, quiet_polls=1, timeout_s=10)]
+
+
+def test_sigkill_between_the_frames_and_the_state_publishes_the_same_frame_again(broker: str,
+                                                                                 tmp_path: Path) -> None:
+    """With rows and frames on (``estimate_output="both"``) and the state writes made slow, the
+    worker is killed the moment an epoch's frame is on the topic: its estimates are published
+    and acknowledged, its window state not yet written. The restarted worker closes the epoch
+    again and publishes its frame again -- the same key and the same bytes -- and its rows
+    again, the same. A subscriber that keeps the latest frame per key sees one frame, whose
+    estimates are exactly the rows (docs/wire.md, "Estimate frames", after a crash)."""
+    rs, ws = pipeline_settings(broker, tmp_path)
+    ws = ws.model_copy(update={"estimate_output": "both", "frames_topic": f"frames-{uuid.uuid4().hex[:8]}"})
+    ensure_topics(rs)
+    day = load_day(rs)
+    fleet = fleet_size_for(day, rs)
+    q = next(q for q in default_queries(day, fleet) if q.mechanism == "alp")
+    publish_queries(rs, [q])
+    er = genuine_reports(rs, day, 0, fleet, q)
+    epoch = int(day.epochs[0])
+    sink = ReportSink(rs, rs.reports_topic)
+    w = WorkerProcess(ws.model_copy(update={"fault_state_write_delay_s": 8.0}), tmp_path / "slow.log").start()
+    try:
+        w.wait_ready()
+        sender = EpochSender(sink, q, epoch, er, f"p0-{uuid.uuid4().hex[:8]}", batch_size=50)
+        sender.batches()
+        sender.markers()
+        sink.flush()
+        wait_for(lambda: len(_frame_records(ws)) >= 1, 120, "the epoch's frame")
+        w.kill()  # estimates acknowledged, the closing batch's state write still waiting
+        w = WorkerProcess(ws, tmp_path / "restarted.log").start()
+        w.wait_ready()
+        wait_for(lambda: len(_frame_records(ws)) >= 2, 120, "the epoch's frame published again")
+    finally:
+        w.stop()
+        sink.close()
+    frames = _frame_records(ws)
+    assert len(frames) == 2 and frames[0] == frames[1]  # the same key, the same bytes
+    (value,) = latest_frames(frames)
+    rows = estimates_by_query(ws)[q.query_id]
+    assert {(e.epoch, e.station, e.estimator): e for e in frame_estimates(decode_frame(value))} == rows
+    assert len(rows) == q.n_stations * len(QueryEstimators.build(q).estimators)
+    assert all(e.withheld is None and e.reports == sender.sent_reports() for e in rows.values())
+    assert len(drain(ws, ws.estimates_topic, quiet_polls=1)) == 2 * len(rows)  # the rows again too, deduplicated above

@@ -14,6 +14,7 @@ Randomness: one seeded tally; every assertion is an exact identity.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -332,3 +333,39 @@ def test_importing_the_command_line_loads_neither_matplotlib_nor_kafka() -> None
             "print('matplotlib' in sys.modules, 'kafka' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_frames_and_their_long_table_load_as_their_rows(tmp_path: Path) -> None:
+    """The report reads estimate frames (``estimates_of_frames``) and the long-form Parquet of
+    ``ptt subscribe --parquet``/``ptt demo`` (``estimates_of_long_table``) as the JSON rows of
+    the same epochs: a published epoch with no-source-data cells and a withheld one; a value
+    that is not a frame is counted unreadable; a Parquet file of anything else is refused in
+    one line, and so is it through ``ptt report`` (exit 5)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stream_app.frames import encode_frame
+    from stream_app.subscribe import write_frames
+    from tests.unit.stream_app.test_frames import make_query, make_result
+
+    q = make_query(16)
+    results = [make_result(q), make_result(q, withheld="fewer than 20 participating vehicles (7)",
+                                           withheld_code="too_few_participants")]
+    results[1] = dataclasses.replace(results[1], epoch=results[0].epoch + 1)
+    rows = R.load_estimates([value for res in results for _, value in res.render()])
+    assert {r.withheld is None for r in rows.rows} == {True, False} and len(rows.rows) == 2 * 16 * 4
+    frames = [encode_frame(res) for res in results]
+    got = R.load_estimates(R.estimates_of_frames([frames[0], b"not a frame", frames[1]]))
+    assert got.rows == rows.rows and got.invalid == 1
+    day = tmp_path / "day.parquet"
+    write_frames(frames, day, "parquet")
+    assert R.load_estimates(R.estimates_of_long_table(day)).rows == rows.rows
+    out = tmp_path / "report"
+    assert main(["report", "--estimates", str(day), "--no-truth", "--stations", "0", "--out", str(out)]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert sum(g["cells"] for g in doc["groups"]) == 2 * 16 * 4 and sum(g["withheld"] for g in doc["groups"]) == 64
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"x": [1]}), other)
+    with pytest.raises(ValueError, match="not a long-form estimates file"):
+        list(R.estimates_of_long_table(other))
+    assert main(["report", "--estimates", str(other), "--no-truth", "--out", str(out)]) == EXIT_INPUT
