@@ -25,3 +25,17 @@ def test_no_function_of_the_worker_runtime_is_longer_than_40_lines() -> None:
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno is not None
             and n.end_lineno - n.lineno + 1 > MAX_APP_FUNCTION_LINES}
     assert not long, f"functions of stream_app/app.py over {MAX_APP_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_file_keeps_a_merge_conflict_marker() -> None:
+    """A merge resolved in one file and not another once committed README.md with its markers."""
+    import re
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,  # noqa: S607
+                           check=True).stdout.split()
+    marker = re.compile(r"^(<{7} |={7}$|>{7} )", re.M)
+    bad = [f for f in files if (ROOT / f).is_file() and (ROOT / f).suffix in {".py", ".md", ".toml", ".yml", ".yaml",
+                                                                             ".json", ".sh", ".txt", ""}
+           and marker.search((ROOT / f).read_text(errors="replace"))]
+    assert bad == []
