@@ -16,8 +16,8 @@ When an epoch is due (the deadline; docs/wire.md, "The shuffler"):
    ``idle_release_s`` (the settings-defined wait: the last epochs of a replay, a quiet night).
 
 A due epoch whose every round holds at least ``min_crowd`` device reports is released: each
-round's reports permuted uniformly at random by the generator the runtime passes (seeded from
-the OS's entropy); a smaller crowd is withheld with the reason ``below_min_crowd`` and gets no
+round's reports sorted (arrival order is gone) and then permuted uniformly at random by the
+generator the runtime passes; a smaller crowd is withheld with the reason ``below_min_crowd`` and gets no
 estimate. A report for an epoch already decided is refused as ``late``.
 
 >>> from datetime import datetime, timezone
@@ -179,16 +179,16 @@ class ShufflePolicy:
         if min(devices) < self.min_crowd or max(devices) == 0:
             return Withheld(slot.query, key[2], "below_min_crowd", devices)
         rounds = []
-        for r in slot.rounds:
+        for r in slot.rounds:  # sorted first: the result depends on the reports and rng only, not on arrival
             if slot.query.per_station is None:
-                values = np.asarray(r.values, dtype=np.int64)
+                values = np.sort(np.asarray(r.values, dtype=np.int64))
                 rounds.append(ReleasedRound({"value": values[rng.permutation(values.size)]}, int(values.size),
                                             r.devices))
             else:
-                order = rng.permutation(len(r.stations))
-                st = np.asarray(r.stations, dtype=np.int64)[order]
-                out = np.asarray(r.outputs, dtype=np.int64)[order]
-                rounds.append(ReleasedRound({"station": st, "output": out}, int(st.size), r.devices))
+                pairs = np.asarray(sorted(zip(r.stations, r.outputs, strict=True)), dtype=np.int64).reshape(-1, 2)
+                pairs = pairs[rng.permutation(len(pairs))]
+                rounds.append(ReleasedRound({"station": pairs[:, 0].copy(), "output": pairs[:, 1].copy()},
+                                            int(len(pairs)), r.devices))
         return Released(slot.query, key[2], tuple(rounds))
 
     def mark_decided(self, key: EpochKey) -> None:

@@ -5,15 +5,18 @@ and markers, the dead letters, this instance's state records and the input offse
 
 State: the reports held in open epochs are written, in the same transaction that consumes them,
 to the instance's state topic (``<shuffler_id>-state-<index>``), with the epochs decided. The
-committed input offsets carry ``generation:step`` as their metadata; a restart reads the state
-topic and keeps only the records of committed steps (a broker that shows aborted records --
+step counter is committed with the input offsets, as the committed "offset" of the state
+topic's partition (Tansu keeps no offset metadata); a restart reads the state topic and keeps
+only the records of committed steps, the last record of each (a broker that shows aborted records --
 Tansu does -- cannot resurrect them), then reads the input from the committed offsets. So a
 SIGKILL at any point loses and duplicates nothing: every input record is either in a committed
 step (held in the state, released or dead-lettered) or read again.
 
-Released batch ids are derived from a random salt kept in the state topic and the slot, so a
-release that an aborted transaction left visible and the restart's release of the same reports
-carry the same batch ids (the worker counts a batch id once). Nothing of a device record's key,
+Released batch ids and the permutation's seed are derived from a secret random salt (128 bits
+from the OS's entropy, kept in the state topic) and the slot, and the held reports are sorted
+before the permutation, so a release that an aborted transaction left visible and the restart's
+release of the same reports are the same bytes under the same batch ids (the worker counts a
+batch id once). Nothing of a device record's key,
 header, partition, offset, arrival order or timestamp reaches the reports topic: batches are
 permuted and keyed by those ids, and every record of a release is stamped with its epoch's end.
 """
@@ -75,9 +78,8 @@ class Shuffler:
         self.s = settings
         self.summary = ShufflerSummary()
         self._stop = threading.Event()
-        self._rng = np.random.default_rng()  # seeded from the OS's entropy
-        self._generation = 0
         self._step = 0
+        self._step_tp = TopicPartition(settings.state_topic, 0)
         self._salt = ""
         self._salt_new = False
 
@@ -135,17 +137,16 @@ class Shuffler:
         mine = [TopicPartition(s.device_topic, p) for p in sorted(parts) if p % s.instance_count == s.instance_index]
         self._consumer.assign(mine)
         for tp in mine:
-            got = self._consumer.committed(tp, metadata=True)
-            if got is not None and got.offset >= 0:
-                self._consumer.seek(tp, got.offset)
-                self._generation, self._step = max((self._generation, self._step), _mark(got.metadata))
-            else:
-                self._consumer.seek(tp, 0)
+            got = self._consumer.committed(tp)
+            self._consumer.seek(tp, got if got is not None and got >= 0 else 0)
+        # the step counter travels as the committed "offset" of the state topic's partition: in
+        # the same transaction as the input offsets (a broker need not keep offset metadata)
+        step = self._consumer.committed(self._step_tp)
+        self._step = step if step is not None and step > 0 else 0
         return mine
 
     def _restore(self) -> None:
         """Rebuild the held reports and decided epochs from the state records of committed steps."""
-        committed = (self._generation, self._step)
         s = self.s
         consumer = connect("consumer", s, KafkaConsumer, group_id=None, enable_auto_commit=False,
                            isolation_level="read_committed", max_partition_fetch_bytes=16 * 1024 * 1024)
@@ -154,18 +155,22 @@ class Shuffler:
             consumer.assign([tp])
             consumer.seek(tp, 0)
             end = consumer.end_offsets([tp])[tp]
+            states: list[dict[str, Any]] = []
             while consumer.position(tp) < end:
                 for records in consumer.poll(timeout_ms=500, max_records=10_000).values():
-                    for rec in records:
-                        state = json.loads(rec.value)
-                        if (state["g"], state["s"]) <= committed:
-                            self._apply(state)
+                    states.extend(json.loads(rec.value) for rec in records)
         finally:
             consumer.close()
+        # the committed steps: 1 .. the step committed with the offsets; of several records of
+        # one step (an aborted incarnation's, the broker shows them, then its successor's) the last
+        newest: dict[int, dict[str, Any]] = {}
+        for state in states:
+            if state["s"] <= self._step:
+                newest[state["s"]] = state
+        for step in sorted(newest):
+            self._apply(newest[step])
         if not self._salt:
             self._salt, self._salt_new = secrets.token_hex(16), True
-        self._generation += 1  # this incarnation's steps sort after every earlier one's
-        self._step = 0
 
     def _apply(self, state: dict[str, Any]) -> None:
         self._salt = state.get("salt") or self._salt
@@ -232,19 +237,19 @@ class Shuffler:
         decided = []
         outcomes: list[Released | Withheld] = []
         for key in due:
-            outcome = self.policy.close(key, self._rng)
+            outcome = self.policy.close(key, self._slot_rng(key))
             decided.append(list(key))
             outcomes.append(outcome)
             if isinstance(outcome, Released):
                 self._release(outcome)
             else:
                 self._withhold(outcome)
-        state: dict[str, Any] = {"g": self._generation, "s": self._step, "admit": admitted, "decided": decided}
+        state: dict[str, Any] = {"s": self._step, "admit": admitted, "decided": decided}
         if self._salt_new:
             state["salt"] = self._salt
         p.send(s.state_topic, value=json.dumps(state, separators=(",", ":")).encode(), partition=0)
-        meta = f"{self._generation}:{self._step}"
-        offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), meta, -1) for tp in self._tps}
+        offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in self._tps}
+        offsets[self._step_tp] = OffsetAndMetadata(self._step, "", -1)
         p.send_offsets_to_transaction(offsets, s.transactional_id)
         if fault_hold_s:
             p.flush()
@@ -259,6 +264,13 @@ class Shuffler:
                 self.summary.released_reports += sum(r.devices for r in outcome.rounds)
             else:
                 self.summary.withheld[outcome.reason] += 1
+
+    def _slot_rng(self, key: EpochKey) -> np.random.Generator:
+        """The permutation's generator: seeded by the instance's secret salt (128 bits from the
+        OS's entropy, ``secrets``) and the epoch, so a release repeated after a crash is the same
+        release, and nobody without the salt can predict or undo it."""
+        digest = hashlib.sha256(f"{self._salt}\x1fperm\x1f{key[0]}\x1f{key[1]}\x1f{key[2]}".encode()).digest()
+        return np.random.default_rng(int.from_bytes(digest, "little"))
 
     def _batch_id(self, q: Query, epoch: int, rnd: int, index: int) -> str:
         text = f"{self._salt}\x1f{q.query_id}\x1f{q.version}\x1f{epoch}\x1f{rnd}\x1f{index}"
@@ -305,12 +317,3 @@ class Shuffler:
         log.warning("withheld %s", detail)
         letter = Rejected(out.reason, detail).letter(s.device_topic, -1, -1, None)
         self._producer.send(s.dead_letter_topic, key=out.reason.encode(), value=letter.model_dump_json().encode())
-
-
-def _mark(metadata: str | None) -> tuple[int, int]:
-    """``generation:step`` of a committed offset's metadata ((0, 0) if none)."""
-    try:
-        g, _, n = (metadata or "").partition(":")
-        return int(g), int(n)
-    except ValueError:
-        return 0, 0
