@@ -21,7 +21,6 @@ def add_parser(sub: Any) -> None:
                                    "transactions). Epochs with fewer than --min-crowd reports in a round are "
                                    "withheld. Runs until Ctrl-C or SIGTERM.")
     add_settings_flags(p, ShufflerSettings)
-    p.add_argument("--fault-hold-s", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: kill mid-transaction
     p.set_defaults(func=run)
 
 
@@ -33,6 +32,6 @@ def run(args: argparse.Namespace) -> int:
     shuffler.install_signals()
     print(f"shuffler {settings.instance_index + 1} of {settings.instance_count}: {settings.device_topic} -> "
           f"{settings.reports_topic} (min crowd {settings.min_crowd})", file=sys.stderr, flush=True)
-    summary = shuffler.run(signals=False, fault_hold_s=args.fault_hold_s)
+    summary = shuffler.run(signals=False)
     print(summary.line(), flush=True)
     return EXIT_INTERRUPTED

@@ -94,9 +94,8 @@ class Shuffler:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
-    def run(self, signals: bool = True, fault_hold_s: float = 0.0) -> ShufflerSummary:
-        """``fault_hold_s`` (tests only): hold every transaction this long after its records
-        are sent and before it commits, so a test can kill the process mid-transaction."""
+    def run(self, signals: bool = True) -> ShufflerSummary:
+        """Until stopped; the summary of what it did."""
         s = self.s
         if signals:
             self.install_signals()
@@ -118,7 +117,7 @@ class Shuffler:
             self.policy = ShufflePolicy(s.min_crowd, s.lateness_epochs, s.idle_release_s,
                                         [tp.partition for tp in self._tps])
             self._restore()
-            self._loop(fault_hold_s)
+            self._loop(s.fault_hold_s)
         finally:
             self._reader.close()
             self._consumer.close()

@@ -17,7 +17,7 @@ class ShufflerSettings(BrokerLossSettings):
     shuffler_id: str = Field(default="ptt-shuffler", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,40}$",
                              description="names the instances' transactional ids, consumer group and state topics")
     instance_index: int = Field(default=0, ge=0, description="this instance (0..instance_count-1): it reads the "
-                                                              "device partitions p with p %% count == index")
+                                                              "device partitions p with p % count == index")
     instance_count: int = Field(default=1, ge=1, le=64,
                                 description="shuffler instances sharing the device topic (producers in the "
                                             "end-of-epoch marker protocol)")
@@ -28,6 +28,9 @@ class ShufflerSettings(BrokerLossSettings):
                                                                 "and nothing arrived for this long")
     batch_size: int = Field(default=5000, ge=1, description="reports per released columnar batch")
     max_poll_records: int = Field(default=5000, ge=1, description="device records read per transaction at most")
+    fault_hold_s: float = Field(default=0.0, ge=0, le=600,
+                                description="testing only (fault injection for the crash tests): hold every "
+                                            "transaction this long after its records are sent, before it commits")
 
     @model_validator(mode="after")
     def _index(self) -> ShufflerSettings:

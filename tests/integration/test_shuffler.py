@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
+from kafka.partitioner.default import murmur2
 
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
@@ -112,9 +113,31 @@ def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: st
                         for b in e.bounds:
                             lo, hi = bounds[b.confidence]
                             assert (b.lower, b.upper) == pytest.approx((lo[j], hi[j]), rel=1e-12, abs=1e-9)
+        _assert_nothing_links(ss)
     finally:
         worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def _assert_nothing_links(ss: ShufflerSettings) -> None:
+    """Drained from the broker: no device record's key reaches the reports topic; batches are
+    keyed by their (fresh, distinct) batch ids and markers by the shuffler's producer id; the
+    only header is the kind; every record of an epoch carries the same timestamp, the epoch's
+    end (arrival times do not survive); the partitions of batches are their keys' hash."""
+    device_keys = {r.key for r in drain(ss, ss.device_topic, quiet_polls=1)}
+    assert len(device_keys) > 100
+    batches, markers = _drain_decoded(ss)
+    ids = [b.header.batch_id for _, b in batches]
+    assert len(set(ids)) == len(ids)
+    for rec, b in batches:
+        assert rec.key == b.header.batch_id.encode() and rec.key not in device_keys
+        assert rec.headers == [("ptt-kind", b"reports")]
+        assert rec.timestamp == (b.header.epoch + 1) * 30_000
+        assert rec.partition == (murmur2(rec.key) & 0x7FFFFFFF) % ss.partitions
+    for rec, m in markers:
+        assert rec.key == f"eoe-{ss.transactional_id}".encode()
+        assert rec.headers == [("ptt-kind", b"end_of_epoch")]
+        assert {rec.timestamp} == {(x.epoch + 1) * 30_000 for x in m.markers}
 
 
 def _drain_decoded(s: ShufflerSettings) -> tuple[list[tuple[Any, DecodedBatch]], list[tuple[Any, EndOfEpochSet]]]:
