@@ -220,14 +220,15 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
 
 def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_path: Path) -> None:
     """The shuffler is SIGKILLed three times while it works through a replay's device reports --
-    each time while a transaction it has sent is held open (``--fault-hold-s``): after its
-    first steps, after its first release, after three releases -- and restarted. The worker's
+    each time while a transaction it has sent is held open for 2 s (``--fault-hold-s``): after
+    its first step, after its first release, after three releases -- and restarted (at least two
+    of the kills are seen to have hit an open transaction: its step was done again). The worker's
     estimates are still exactly the core's for every epoch (nothing lost, nothing counted
     twice), no record is dead-lettered (nothing read twice is late), and every copy the broker
     shows of a batch id (Tansu shows aborted records) is the same bytes, every marker of a
     (slot, partition) the same marker."""
     epochs = 6
-    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=150)
+    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000)
     summary = replay(rs, progress=False)  # every device report is on the device topic first
     assert summary.epochs == epochs
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
@@ -244,10 +245,10 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
         def released_epochs() -> int:
             return len({x.epoch for _, m in _drain_decoded(ss)[1] for x in m.markers})
 
-        kills = [(state_records, 3, "3 steps"), (released_epochs, 1, "1 released epoch"),
+        kills = [(state_records, 1, "a step"), (released_epochs, 1, "1 released epoch"),
                  (released_epochs, 3, "3 released epochs")]
         for count, at_least, what in kills:
-            shuffler = ShufflerProcess(ss, log, "--fault-hold-s", "0.4").start()
+            shuffler = ShufflerProcess(ss, log, "--fault-hold-s", "2").start()
             wait_for(lambda c=count, n=at_least: c() >= n, 60, what)  # type: ignore[misc]
             shuffler.kill()
         shuffler = ShufflerProcess(ss, log).start()
@@ -275,6 +276,9 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
                 seen.setdefault((x.query_id, x.query_version, x.epoch, x.round, x.partition), set()).add(
                     x.model_dump_json())
         assert all(len(v) == 1 for v in seen.values())
+        # the kills hit open transactions: their steps' state records are there twice (aborted, redone)
+        steps = Counter(json.loads(r.value)["s"] for r in drain(ss, ss.state_topic, quiet_polls=1))
+        assert sum(n > 1 for n in steps.values()) >= 2, steps
         assert shuffler.stop() == 130, log.read_text()[-3000:]
     finally:
         worker.stop()
