@@ -58,12 +58,17 @@ class ShufflerProcess:
         return "shuffler " in self.log.read_text(errors="replace")
 
     def stop(self) -> int:
+        """SIGTERM once it has started; its exit code (SIGKILL if it does not end within 60 s)."""
         assert self.proc is not None
-        wait_for(lambda: self.started() or self.proc is None or self.proc.poll() is not None, 30,
-                 "the shuffler to start")
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
+        try:
+            wait_for(lambda: self.started() or self.proc is None or self.proc.poll() is not None, 30,
+                     "the shuffler to start")
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.kill()
 
 
 def _shuffler_settings(rs: ReplaySettings, ws: WorkerSettings, **kw: Any) -> ShufflerSettings:
@@ -233,6 +238,7 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
     assert summary.epochs == epochs
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
     log = tmp_path / "shuffler.log"
+    shuffler: ShufflerProcess | None = None
     try:
         worker.wait_ready()
 
@@ -282,6 +288,8 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
         assert shuffler.stop() == 130, log.read_text()[-3000:]
     finally:
         worker.stop()
+        if shuffler is not None and shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
 
 
 def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
