@@ -15,13 +15,14 @@ from producers.settings import ReplaySettings  # noqa: E402
 from schemas.settings import BrokerLossSettings, KafkaSettings  # noqa: E402
 from stream_app.cli.demo_settings import DemoSettings  # noqa: E402
 from stream_app.settings import WorkerSettings  # noqa: E402
+from stream_app.shuffler.settings import ShufflerSettings  # noqa: E402
 
 HEAD = """# Configuration reference
 
 Every setting is an environment variable and a flag; flags win. Lists in the environment are
 JSON (`PTT_DEVICE_BLACKLIST='[400001, 400002]'`), on the command line comma-separated. Broker
 and security settings apply to every command that talks to Kafka (`replay`, `worker`,
-`analyst`, `subscribe`, `report`). `ptt demo` starts its own broker, so it takes none of them.
+`shuffler`, `analyst`, `subscribe`, `report`). `ptt demo` starts its own broker, so it takes none of them.
 Generated from the settings classes by `docs/gen_configuration.py` (a test checks it is current).
 
 | variable | flag | default | commands | meaning |
@@ -33,9 +34,10 @@ def rows() -> list[str]:
     out: list[str] = []
     groups: list[tuple[type[BaseSettings], str, set[str]]] = [
         (KafkaSettings, "all", set()),
-        (BrokerLossSettings, "replay, worker", set(KafkaSettings.model_fields)),
+        (BrokerLossSettings, "replay, worker, shuffler", set(KafkaSettings.model_fields)),
         (ReplaySettings, "replay", set(BrokerLossSettings.model_fields)),
         (WorkerSettings, "worker", set(BrokerLossSettings.model_fields)),
+        (ShufflerSettings, "shuffler", set(BrokerLossSettings.model_fields)),
         (DemoSettings, "demo", set()),
     ]
     for model, commands, skip in groups:

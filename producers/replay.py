@@ -30,6 +30,7 @@ from estimators import DayLedger, default_query_mechanisms
 from estimators.registry import Layout
 from schemas import (
     MAX_MARKERS_PER_SET,
+    DeviceReport,
     EndOfEpoch,
     EndOfEpochSet,
     GroundTruth,
@@ -48,7 +49,8 @@ from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_sign
 from .synthetic import write_synthetic_day
 
 __all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_queries",
-           "fleet_size_for", "load_day", "replay", "send_markers", "send_round", "wait_for_peers"]
+           "fleet_size_for", "load_day", "replay", "send_device_reports", "send_markers", "send_round",
+           "wait_for_peers"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
@@ -176,7 +178,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     # every device of this producer answers the same queries: one ledger stands for each of them
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
-    sink = ReportSink(settings, settings.reports_topic, other_topics=[settings.truth_topic] if settings.truth else [])
+    sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
+                      other_topics=[settings.truth_topic] if settings.truth else [])
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
@@ -234,6 +237,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     if er.refused:
                         summary.refused[q.query_id] += er.refused
                         summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
+                    if settings.via_shuffler:
+                        send_device_reports(sink, q, epoch, er, halt)
+                        continue
                     for r in range(q.n_rounds):
                         if er.participants:
                             send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
@@ -241,7 +247,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 sink.flush()
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
-            send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
+            if not settings.via_shuffler:  # the shuffler writes the markers of what it releases
+                send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
                           interrupted, no_data)
             if interrupted:
                 break
@@ -306,6 +313,29 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
         sink.send(value, key=key, partition=partition, headers=[(KIND_HEADER, kind.encode())], reports=n)
         per_part[partition][0] += n
         per_part[partition][1] += 1
+
+
+def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops) -> None:
+    """--via-shuffler: every participating device's report of every round as its own record
+    (:class:`~schemas.DeviceReport`) under a fresh random key; a per-sensor device with no
+    non-default answer sends an empty ``pairs`` (it still counts as a participant)."""
+    for r in range(q.n_rounds):
+        arrays = er.rounds[r]
+        if "value" in arrays:
+            payloads: list[dict[str, Any]] = [{"value": int(v)} for v in arrays["value"]]
+        else:
+            owner = er.vehicles[r]
+            order = np.argsort(owner, kind="stable")
+            bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
+            st, out = arrays["station"][order], arrays["output"][order]
+            payloads = [{"pairs": tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True))}
+                        for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        for payload in payloads:
+            if stop.requested:
+                return
+            record = DeviceReport(query_id=q.query_id, query_version=q.version, epoch=epoch, round=r, **payload)
+            sink.send(encode_json(record), key=uuid.uuid4().bytes, headers=[(KIND_HEADER, b"device_report")],
+                      reports=1)
 
 
 def send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,
@@ -376,6 +406,8 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     day = load_day(settings)
     fleet = fleet_size_for(day, settings)
     ensure_topics(settings)
+    if settings.via_shuffler:
+        ensure_topics(settings, {settings.device_topic: settings.device_partitions})
     reader = QueryReader(settings)
     try:
         reader.catch_up()

@@ -50,10 +50,17 @@ class ReplaySettings(BrokerLossSettings):
     default_queries: bool = Field(default=True, description=f"publish a query over every station for each of "
                                   f"{', '.join(default_query_mechanisms())} if none exist")
 
+    via_shuffler: bool = Field(default=False, description="send every device's report as its own record to the "
+                                                         "device topic, for `ptt shuffler` (no batches, no markers)")
+    device_topic: str = Field(default="ptt.device-reports", description="the shuffler's input topic (--via-shuffler)")
+    device_partitions: int = Field(default=4, ge=1, description="partitions of the device topic when created")
+
     @model_validator(mode="after")
     def _one_source(self) -> ReplaySettings:
         if self.pems_raw is not None and self.pems_5min is not None:
             raise ValueError("give --pems-raw or --pems-5min, not both")
         if self.expand_to is not None and self.fleet_size is not None and self.expand_to < self.fleet_size:
             raise ValueError("--expand-to must be at least --fleet-size")
+        if self.via_shuffler and self.mode != "per-vehicle":
+            raise ValueError("--via-shuffler sends single device reports: it needs --mode per-vehicle")
         return self

@@ -42,12 +42,15 @@ __all__ = [
     "BatchHeader",
     "FRAME_LENGTH",
     "DecodedBatch",
+    "DeviceReport",
+    "MAX_DEVICE_PAIRS",
     "MAX_MARKERS_PER_SET",
     "EndOfEpoch",
     "EndOfEpochSet",
     "GroundTruth",
     "SingleReport",
     "WireError",
+    "decode_device_report",
     "decode_record",
     "encode_batch",
     "encode_json",
@@ -124,6 +127,54 @@ class SingleReport(_Frozen):
         if (self.value is None) == (self.pairs is None):
             raise ValueError("a report carries exactly one of value (Sampling Privacy) or pairs (per-sensor)")
         return self
+
+
+MAX_DEVICE_PAIRS = 65_535  # (station, report) pairs in one device report
+
+
+class DeviceReport(_Frozen):
+    """One device's report on the device topic (``ptt.device-reports``), for the anonymizing
+    shuffler (``ptt shuffler``): one Kafka record per device, query version, epoch and round,
+    under a fresh random key, with no header but ``ptt-kind``. Nothing in it names or links a
+    vehicle: no batch id, no producer id, no device id. ``value`` (station-valued mechanisms:
+    station index 0..V) or ``pairs`` (per-sensor mechanisms: the device's non-default
+    ``[station index, report]`` pairs, possibly none -- an empty list still counts the device
+    as a participant).
+
+    >>> r = DeviceReport(query_id="sp-day", query_version=1, epoch=9, round=1, value=3)
+    >>> decode_device_report(encode_json(r)) == r
+    True
+    """
+
+    kind: Literal["device_report"] = "device_report"
+    query_id: str = Field(pattern=_ID)
+    query_version: int = Field(ge=1)
+    epoch: int = Field(ge=0)
+    round: Round = 0
+    value: int | None = Field(default=None, ge=0)
+    pairs: tuple[tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]], ...] | None = Field(
+        default=None, max_length=MAX_DEVICE_PAIRS)
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> DeviceReport:
+        if (self.value is None) == (self.pairs is None):
+            raise ValueError("a report carries exactly one of value (station-valued) or pairs (per-sensor)")
+        return self
+
+
+_DEVICE = TypeAdapter(DeviceReport)
+
+
+def decode_device_report(value: bytes | None) -> DeviceReport:
+    """Decode a device-topic record; :class:`WireError` if it is not a valid :class:`DeviceReport`."""
+    if not value:
+        raise WireError("empty", "record has no value")
+    if value[:1] != b"{":
+        raise WireError("bad_encoding", "a device report is a JSON object")
+    try:
+        return _DEVICE.validate_json(value)
+    except ValidationError as exc:
+        raise WireError("bad_json_record", _short(exc)) from exc
 
 
 class EndOfEpoch(_Frozen):
@@ -259,7 +310,7 @@ def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[An
     return b"".join([MAGIC, FRAME_LENGTH.pack(len(head)), head, *blobs])
 
 
-def encode_json(record: SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth) -> bytes:
+def encode_json(record: DeviceReport | SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth) -> bytes:
     return record.model_dump_json().encode()
 
 
@@ -354,5 +405,5 @@ def json_safe(v: Any) -> Any:
 def json_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schemas of the JSON records, for subscribers and devices."""
     return {m.__name__: m.model_json_schema() for m in (SingleReport, EndOfEpoch, EndOfEpochSet, GroundTruth,
-                                                        BatchHeader)}
+                                                        BatchHeader, DeviceReport)}
 

@@ -15,14 +15,14 @@ import logging
 import os
 from collections.abc import Sequence
 
-from . import analyst, broker, demo, plan, replay, report, subscribe, synth, worker
+from . import analyst, broker, demo, plan, replay, report, shuffler, subscribe, synth, worker
 from .base import Parser
 from .errors import EXIT_CODES, guarded
 
 __all__ = ["build_parser", "main"]
 
 # in the order of `ptt --help`
-COMMANDS = (plan, replay, worker, subscribe, report, analyst, synth, demo, broker)
+COMMANDS = (plan, replay, shuffler, worker, subscribe, report, analyst, synth, demo, broker)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ from schemas.epochs import epoch_start
 from schemas.settings import KafkaSettings
 
 from ..settings import WorkerSettings
+from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, ptt_command, settings_from_args
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, CliError, error_line
@@ -210,7 +211,7 @@ def write_report(estimates: Path, truth: Path, out: Path) -> str:
 def _replay_settings(demo: DemoSettings, bootstrap: str) -> ReplaySettings:
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
-                          pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day)
+                          pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler)
 
 
 class DropWhenClosed:
@@ -291,6 +292,7 @@ def _run_demo(demo: DemoSettings) -> int:
     ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None
     prom: subprocess.Popen[bytes] | None = None
+    shuffler: subprocess.Popen[bytes] | None = None
     broker = LocalBroker(port=demo.port, log_path=out / "broker.log", own_group=True)
     broker.start()
     stopped_children = False
@@ -304,6 +306,12 @@ def _run_demo(demo: DemoSettings) -> int:
                                       **child_options())
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         _wait_until(lambda: _ours_metrics(metrics_url), 90, worker, "stream-app worker", worker_log)
+        if demo.via_shuffler:
+            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap)
+            with (out / "shuffler.log").open("wb") as log:
+                shuffler = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
+                                            env={**os.environ, **ss.to_env()}, stdout=log,
+                                            stderr=subprocess.STDOUT, **child_options())
         prom_bin = shutil.which("prometheus")
         prom_url = None
         if prom_bin:
@@ -321,6 +329,8 @@ def _run_demo(demo: DemoSettings) -> int:
         source = (f"{demo.pems_raw or demo.pems_5min}" if (demo.pems_raw or demo.pems_5min)
                   else f"the synthetic day ({demo.stations} stations)")
         print(f"broker      {broker.bootstrap} (embedded, memory only)")
+        if shuffler is not None:
+            print(f"shuffler    device reports -> {ws.reports_topic} (log {out / 'shuffler.log'})")
         print(f"metrics     {metrics_url}{metrics_note}")
         print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
         print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")
@@ -352,16 +362,18 @@ def _run_demo(demo: DemoSettings) -> int:
                 while not stop.wait(0.5):
                     if worker.poll() is not None:
                         raise DemoError(f"the stream-app worker exited ({worker.returncode}); see {worker_log}")
+                    if shuffler is not None and shuffler.poll() is not None:
+                        raise DemoError(f"the shuffler exited ({shuffler.returncode}); see {out / 'shuffler.log'}")
             if stop.requested:
                 code = EXIT_INTERRUPTED
-            for p in (worker, prom):  # they stop while the topics are read
+            for p in (shuffler, worker, prom):  # they stop while the topics are read
                 if p is not None and p.poll() is None:
                     p.terminate()
             estimates, truth = out / "estimates.jsonl", out / "truth.jsonl"
             counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
             table = out / "estimates.parquet"
             frames = save_frames(rs, ws.frames_topic, table)
-            terminate_all([worker, prom], timeout_s=1.0)
+            terminate_all([shuffler, worker, prom], timeout_s=1.0)
             broker.stop()
             stopped_children = True
             print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
@@ -375,5 +387,5 @@ def _run_demo(demo: DemoSettings) -> int:
         return code
     finally:
         if not stopped_children:
-            terminate_all([worker, prom], timeout_s=1.0)
+            terminate_all([shuffler, worker, prom], timeout_s=1.0)
             broker.stop()

@@ -41,6 +41,9 @@ class DemoSettings(BaseSettings):
     pems_5min: Path | None = Field(default=None, description="replay this PeMS Station 5-Minute file instead")
     meta: Path | None = Field(default=None, description="PeMS station metadata file for --pems-raw/--pems-5min")
     day: date | None = Field(default=None, description="replay only this day (YYYY-MM-DD) of a multi-day file")
+    via_shuffler: bool = Field(default=False, description="every device sends its report alone to the device topic; "
+                                                          "a `ptt shuffler` started with the demo anonymizes and "
+                                                          "batches them (same estimates)")
 
     @model_validator(mode="after")
     def _one_source(self) -> DemoSettings:

@@ -28,7 +28,7 @@ WITH_EXAMPLES = {
     "schemas.connection": 4,
     "schemas.epochs": 2,
     "schemas.kafka_io": 11,
-    "schemas.wire": 4,
+    "schemas.wire": 6,
     "producers.pems.decimals": 4,
     "producers.pems.grid": 5,
     "producers.pems.model": 1,
@@ -40,6 +40,7 @@ WITH_EXAMPLES = {
     "stream_app.guard": 2,
     "stream_app.introspect": 5,
     "stream_app.records": 8,
+    "stream_app.shuffler.policy": 11,
     "stream_app.stage2": 1,
     "stream_app.windows": 9,
 }

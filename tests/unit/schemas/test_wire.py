@@ -40,11 +40,13 @@ from schemas import (
     ArraySpec,
     BatchHeader,
     DecodedBatch,
+    DeviceReport,
     EndOfEpoch,
     GroundTruth,
     Query,
     SingleReport,
     WireError,
+    decode_device_report,
     decode_record,
     encode_batch,
     encode_json,
@@ -447,7 +449,7 @@ def test_query_validation(overrides: dict[str, Any], match: str) -> None:
 # ---------------------------------------------------------------------------------------
 # THE PRIVACY SCHEMA TEST
 # ---------------------------------------------------------------------------------------
-MODELS: list[type[BaseModel]] = [BatchHeader, ArraySpec, SingleReport, EndOfEpoch, GroundTruth, Query]
+MODELS: list[type[BaseModel]] = [BatchHeader, ArraySpec, SingleReport, DeviceReport, EndOfEpoch, GroundTruth, Query]
 JSON_MODELS: list[type[BaseModel]] = [SingleReport, EndOfEpoch, GroundTruth]
 
 # Word tokens (field names split on "_") that name or key a vehicle/person/device, or
@@ -548,6 +550,8 @@ def test_models_are_frozen_and_forbid_extra_fields(model: type[BaseModel]) -> No
 
 _VALID: dict[str, dict[str, Any]] = {
     "SingleReport": json.loads(encode_json(JSON_RECORDS[0])),
+    "DeviceReport": {"kind": "device_report", "query_id": "q-wire", "query_version": 1, "epoch": 59_000_000,
+                     "round": 1, "pairs": [[1, 1], [3, 1]]},
     "EndOfEpoch": json.loads(encode_json(JSON_RECORDS[2])),
     "GroundTruth": json.loads(encode_json(JSON_RECORDS[4])),
     "BatchHeader": {**header(), "arrays": [spec("value", "u1", 5)]},
@@ -569,6 +573,19 @@ def test_an_added_identifier_is_rejected(model: type[BaseModel], extra: str) -> 
 def test_decoder_rejects_a_json_record_with_a_vehicle_id(model: type[BaseModel]) -> None:
     raw = json.dumps({**_VALID[model.__name__], "vehicle_id": "veh-42"}).encode()
     assert wire_error(raw).reason == "bad_json_record"
+
+
+def test_device_report_decoder_rejects_a_vehicle_id_and_anything_but_one_report() -> None:
+    good = _VALID["DeviceReport"]
+    assert decode_device_report(json.dumps(good).encode()).pairs == ((1, 1), (3, 1))
+    for bad in ({**good, "vehicle_id": "veh-42"}, {**good, "value": 2},
+                {k: v for k, v in good.items() if k != "pairs"}, {**good, "batch_id": "0" * 32}):
+        with pytest.raises(WireError) as info:
+            decode_device_report(json.dumps(bad).encode())
+        assert info.value.reason == "bad_json_record"
+    with pytest.raises(WireError) as info:
+        decode_device_report(b"PTT1....")
+    assert info.value.reason == "bad_encoding"
 
 
 def test_decoder_rejects_a_batch_header_with_a_vehicle_id() -> None:
@@ -593,7 +610,8 @@ def _object_schemas(node: Any, path: str = "$") -> list[tuple[str, dict[str, Any
 
 def test_json_schemas_forbid_additional_properties() -> None:
     schemas = json_schemas()
-    assert set(schemas) == {"SingleReport", "EndOfEpoch", "EndOfEpochSet", "GroundTruth", "BatchHeader"}
+    assert set(schemas) == {"SingleReport", "EndOfEpoch", "EndOfEpochSet", "GroundTruth", "BatchHeader",
+                            "DeviceReport"}
     checked = 0
     for name, schema in [*schemas.items(), ("Query", Query.model_json_schema())]:
         for path, obj in _object_schemas(schema):
@@ -603,7 +621,7 @@ def test_json_schemas_forbid_additional_properties() -> None:
             else:  # a free-form mapping: only Query.params (checked by name at validation)
                 assert (name, path) == ("Query", "$.properties.params"), f"{name} {path} is an open object"
                 assert obj["additionalProperties"] == {"type": "number"}
-    assert checked == 8  # 6 top-level models + ArraySpec inside BatchHeader + EndOfEpoch inside EndOfEpochSet
+    assert checked == 9  # 7 top-level models + ArraySpec inside BatchHeader + EndOfEpoch inside EndOfEpochSet
     assert "ArraySpec" in schemas["BatchHeader"]["$defs"]
 
 

@@ -1,0 +1,221 @@
+"""The shuffler's pure policy: which device reports a slot takes, when an epoch's slots are due,
+and what a due epoch releases (a uniform permutation) or withholds (and why). No I/O, no clock
+of its own: the runtime (:mod:`stream_app.shuffler.runtime`) passes the time and the state of
+its input partitions.
+
+A *slot* is one (query, version, epoch, round); an epoch's slots (every round of one query
+version and epoch) are decided together, so the worker never sees one round without the other.
+
+When an epoch is due (the deadline; docs/wire.md, "The shuffler"):
+
+1. *event time*: the shuffler's clock -- the newest epoch that at least ``quorum`` admitted
+   reports name (so one device cannot drag it forward with a forged epoch) -- has passed the
+   epoch by ``lateness_epochs``, and every input partition has either shown an epoch that far
+   ahead or been read to its end (its earlier records are then all in);
+2. *end of input*: every input partition has been read to its end and nothing arrived for
+   ``idle_release_s`` (the settings-defined wait: the last epochs of a replay, a quiet night).
+
+A due epoch whose every round holds at least ``min_crowd`` device reports is released: each
+round's reports sorted (arrival order is gone) and then permuted uniformly at random by the
+generator the runtime passes; a smaller crowd is withheld with the reason ``below_min_crowd`` and gets no
+estimate. A report for an epoch already decided is refused as ``late``.
+
+>>> from datetime import datetime, timezone
+>>> from schemas import DeviceReport, Query
+>>> t0 = datetime(2026, 11, 18, tzinfo=timezone.utc)
+>>> q = Query(query_id="q", analyst_id="a", version=1, mechanism="sp", sensors=(1, 2), population=10,
+...           t_start=t0, t_end=t0.replace(day=19))
+>>> p = ShufflePolicy(min_crowd=2, lateness_epochs=1, idle_release_s=5.0, partitions=(0,))
+>>> e = q.epoch_range()[0]
+>>> for v in (1, 2):
+...     for r in (0, 1):
+...         assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e, round=r, value=v), q, 0, 0.0) is None
+>>> p.due(1.0, caught_up=frozenset())
+[]
+>>> p.due(9.0, caught_up=frozenset({0}))
+[('q', 1, 59832000)]
+>>> out = p.close(('q', 1, e), np.random.default_rng(1))
+>>> sorted(out.rounds[0].arrays["value"].tolist()), out.rounds[0].devices
+([1, 2], 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas import DeviceReport, Query
+
+from ..decode import Rejected
+
+__all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld"]
+
+EpochKey = tuple[str, int, int]  # (query id, version, epoch)
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass
+class _Round:
+    values: list[int] = field(default_factory=list)  # station-valued: one station index per device
+    stations: list[int] = field(default_factory=list)  # per-sensor: the pairs of every device, flat
+    outputs: list[int] = field(default_factory=list)
+    devices: int = 0
+
+
+@dataclass
+class _Open:
+    query: Query
+    rounds: list[_Round]
+
+
+@dataclass(frozen=True)
+class ReleasedRound:
+    """One round of a released epoch: the permuted arrays in the wire layout, how many reports
+    (values or pairs) they hold and how many devices sent them (the markers' participants)."""
+
+    arrays: dict[str, IntArray]
+    reports: int
+    devices: int
+
+
+@dataclass(frozen=True)
+class Released:
+    query: Query
+    epoch: int
+    rounds: tuple[ReleasedRound, ...]
+
+
+@dataclass(frozen=True)
+class Withheld:
+    query: Query
+    epoch: int
+    reason: str
+    devices: tuple[int, ...]  # per round
+
+
+class ShufflePolicy:
+    """Admit, hold, decide. ``partitions``: the input partitions this instance reads."""
+
+    def __init__(self, min_crowd: int, lateness_epochs: int, idle_release_s: float,
+                 partitions: Iterable[int]) -> None:
+        self.min_crowd = min_crowd
+        self.lateness_epochs = lateness_epochs
+        self.idle_release_s = idle_release_s
+        self.quorum = max(1, min_crowd)
+        self.partitions = frozenset(partitions)
+        self.clock = -1  # newest epoch named by at least `quorum` admitted reports
+        self.newest: dict[int, int] = {}  # per input partition: the newest epoch it showed
+        self.last_arrival = 0.0
+        self._open: dict[EpochKey, _Open] = {}
+        self._per_epoch: dict[int, int] = {}
+        self.decided: set[EpochKey] = set()
+
+    @property
+    def open_epochs(self) -> list[EpochKey]:
+        return sorted(self._open, key=lambda k: (k[2], k[0], k[1]))
+
+    def held(self) -> int:
+        """Device reports held in open epochs."""
+        return sum(r.devices for o in self._open.values() for r in o.rounds)
+
+    def admit(self, report: DeviceReport, query: Query | None, partition: int, now: float) -> Rejected | None:
+        """Take one device report into its slot, or say why not (the dead letter's reason)."""
+        if query is None:
+            return Rejected("unknown_query", f"no query {report.query_id!r} version {report.query_version}")
+        start, end = query.epoch_range()
+        if not start <= report.epoch < end:
+            return Rejected("outside_query_window",
+                            f"epoch {report.epoch} outside {query.record_key}'s [{start}, {end})")
+        if report.round >= query.n_rounds:
+            return Rejected("bad_round", f"round {report.round} but {query.mechanism} has {query.n_rounds} round(s)")
+        key = (query.query_id, query.version, report.epoch)
+        if key in self.decided:
+            return Rejected("late", f"{query.record_key} epoch {report.epoch} was already released or withheld")
+        bad = _check_payload(report, query)
+        if bad is not None:
+            return bad
+        slot = self._open.get(key)
+        if slot is None:
+            slot = self._open[key] = _Open(query, [_Round() for _ in range(query.n_rounds)])
+        rnd = slot.rounds[report.round]
+        if rnd.devices >= query.population:  # one slot holds at most one report per device of the population
+            return Rejected("slot_full", f"{query.record_key} epoch {report.epoch} round {report.round} already holds "
+                                         f"{rnd.devices} reports, the query's population")
+        rnd.devices += 1
+        if report.value is not None:
+            rnd.values.append(report.value)
+        else:
+            for s, o in report.pairs or ():
+                rnd.stations.append(s)
+                rnd.outputs.append(o)
+        self.last_arrival = now
+        self.newest[partition] = max(self.newest.get(partition, -1), report.epoch)
+        n = self._per_epoch[report.epoch] = self._per_epoch.get(report.epoch, 0) + 1
+        if n >= self.quorum and report.epoch > self.clock:
+            self.clock = report.epoch
+        return None
+
+    def due(self, now: float, caught_up: Collection[int]) -> list[EpochKey]:
+        """The open epochs whose deadline has passed (module docstring), oldest first."""
+        all_in = self.partitions <= set(caught_up)
+        if all_in and now - self.last_arrival >= self.idle_release_s:
+            return self.open_epochs
+        out = []
+        for key in self.open_epochs:
+            horizon = key[2] + self.lateness_epochs
+            if self.clock >= horizon and all(self.newest.get(p, -1) >= horizon or p in caught_up
+                                             for p in self.partitions):
+                out.append(key)
+        return out
+
+    def close(self, key: EpochKey, rng: np.random.Generator) -> Released | Withheld:
+        """Decide a due epoch: release its rounds permuted, or withhold it (too small a crowd)."""
+        slot = self._open.pop(key)
+        self.decided.add(key)
+        devices = tuple(r.devices for r in slot.rounds)
+        if min(devices) < self.min_crowd or max(devices) == 0:
+            return Withheld(slot.query, key[2], "below_min_crowd", devices)
+        rounds = []
+        for r in slot.rounds:  # sorted first: the result depends on the reports and rng only, not on arrival
+            if slot.query.per_station is None:
+                values = np.sort(np.asarray(r.values, dtype=np.int64))
+                rounds.append(ReleasedRound({"value": values[rng.permutation(values.size)]}, int(values.size),
+                                            r.devices))
+            else:
+                pairs = np.asarray(sorted(zip(r.stations, r.outputs, strict=True)), dtype=np.int64).reshape(-1, 2)
+                pairs = pairs[rng.permutation(len(pairs))]
+                rounds.append(ReleasedRound({"station": pairs[:, 0].copy(), "output": pairs[:, 1].copy()},
+                                            int(len(pairs)), r.devices))
+        return Released(slot.query, key[2], tuple(rounds))
+
+    def mark_decided(self, key: EpochKey) -> None:
+        """Restoring after a restart: this epoch was decided before (its held reports go)."""
+        self._open.pop(key, None)
+        self.decided.add(key)
+
+
+def _check_payload(report: DeviceReport, query: Query) -> Rejected | None:
+    v = query.n_stations
+    if query.per_station is None:
+        if report.value is None:
+            return Rejected("wrong_layout", f"pairs for a {query.mechanism} query (a device sends one value)")
+        if report.value > v:
+            return Rejected("out_of_range", f"station index {report.value} > {v}")
+        return None
+    if report.pairs is None:
+        return Rejected("wrong_layout", f"a value for a {query.mechanism} query (a device sends its pairs)")
+    seen = set()
+    n_out = query.n_outputs
+    default = query.default_report
+    for s, o in report.pairs:
+        if s > v:
+            return Rejected("out_of_range", f"station index {s} > {v}")
+        if o >= n_out or o == default:
+            return Rejected("out_of_range", f"report {o}: pairs carry non-default reports below {n_out}")
+        if s in seen:
+            return Rejected("bad_pairs", f"station {s} twice in one device's report")
+        seen.add(s)
+    return None

@@ -1,0 +1,47 @@
+"""Configuration of a shuffler instance (``ptt shuffler``): PTT_* environment variables and flags."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from schemas.settings import BrokerLossSettings
+
+__all__ = ["ShufflerSettings"]
+
+
+class ShufflerSettings(BrokerLossSettings):
+    device_topic: str = Field(default="ptt.device-reports",
+                              description="topic of the single device reports (input), one record per report")
+    device_partitions: int = Field(default=4, ge=1, description="partitions of the device topic when created")
+    dead_letter_topic: str = "ptt.dead-letter"
+    shuffler_id: str = Field(default="ptt-shuffler", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,40}$",
+                             description="names the instances' transactional ids, consumer group and state topics")
+    instance_index: int = Field(default=0, ge=0, description="this instance (0..instance_count-1): it reads the "
+                                                              "device partitions p with p % count == index")
+    instance_count: int = Field(default=1, ge=1, le=64,
+                                description="shuffler instances sharing the device topic (producers in the "
+                                            "end-of-epoch marker protocol)")
+    min_crowd: int = Field(default=20, ge=1, description="withhold an epoch with fewer device reports in a round")
+    lateness_epochs: int = Field(default=2, ge=0, description="release an epoch once the shuffler's clock has "
+                                                            "passed it by this many epochs")
+    idle_release_s: float = Field(default=5.0, gt=0, description="release every open epoch once all input is read "
+                                                                "and nothing arrived for this long")
+    batch_size: int = Field(default=5000, ge=1, description="reports per released columnar batch")
+    max_poll_records: int = Field(default=5000, ge=1, description="device records read per transaction at most")
+    fault_hold_s: float = Field(default=0.0, ge=0, le=600,
+                                description="testing only (fault injection for the crash tests): hold every "
+                                            "transaction this long after its records are sent, before it commits")
+
+    @model_validator(mode="after")
+    def _index(self) -> ShufflerSettings:
+        if self.instance_index >= self.instance_count:
+            raise ValueError(f"instance_index {self.instance_index} must be below instance_count {self.instance_count}")
+        return self
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.shuffler_id}-{self.instance_index}"
+
+    @property
+    def state_topic(self) -> str:
+        return f"{self.shuffler_id}-state-{self.instance_index}"

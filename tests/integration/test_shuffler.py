@@ -1,0 +1,319 @@
+"""The anonymizing shuffler (``ptt shuffler``) with a real broker, real shuffler and worker processes:
+device reports in, the existing columnar batches and markers out, estimates as without it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaProducer
+from kafka.partitioner.default import murmur2
+
+from producers.replay import fleet_size_for, load_day, replay
+from producers.settings import ReplaySettings
+from schemas import DecodedBatch, DeviceReport, EndOfEpochSet, Query, decode_record, encode_json
+from schemas.estimates import DeadLetter
+from schemas.kafka_io import ensure_topics, publish_query, read_queries
+from stream_app.settings import WorkerSettings
+from stream_app.shuffler.settings import ShufflerSettings
+
+from .kafka_helpers import drain
+from .stream_helpers import WorkerProcess, core_estimates, env_for, pipeline_settings, read_estimates, wait_for
+
+pytestmark = pytest.mark.integration
+
+ESTIMATORS_PER_QUERY = {"sp": 1, "alp": 4, "rr": 1}
+
+
+class ShufflerProcess:
+    """``ptt shuffler`` in a subprocess, its output in a log file."""
+
+    def __init__(self, settings: ShufflerSettings, log: Path, *extra: str) -> None:
+        self.settings = settings
+        self.log = log
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ShufflerProcess:
+        with self.log.open("ab") as fh:
+            self.proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "shuffler", *self.extra],  # noqa: S603
+                                         env=env_for(self.settings), stdout=fh, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def started(self) -> bool:
+        """It has said what it reads (its signal handlers are installed by then)."""
+        return "shuffler " in self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        """SIGTERM once it has started; its exit code (SIGKILL if it does not end within 60 s)."""
+        assert self.proc is not None
+        try:
+            wait_for(lambda: self.started() or self.proc is None or self.proc.poll() is not None, 30,
+                     "the shuffler to start")
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.kill()
+
+
+def _shuffler_settings(rs: ReplaySettings, ws: WorkerSettings, **kw: Any) -> ShufflerSettings:
+    base = {"min_crowd": 1, "idle_release_s": 2.0, "partitions": rs.partitions, **kw}
+    return ShufflerSettings(**{**rs.model_dump(include=set(ShufflerSettings.model_fields)), **base},
+                            shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic)
+
+
+def _setup(broker: str, tmp: Path, epochs: int, **shuffler_kw: Any
+           ) -> tuple[ReplaySettings, WorkerSettings, ShufflerSettings]:
+    rs, ws = pipeline_settings(broker, tmp, max_epochs=epochs)
+    rs = rs.model_copy(update={"via_shuffler": True, "device_topic": f"devices-{uuid.uuid4().hex[:8]}",
+                               "device_partitions": 3})
+    return rs, ws, _shuffler_settings(rs, ws, **shuffler_kw)
+
+
+def _expected_rows(rs: ReplaySettings, epochs: int) -> int:
+    return epochs * sum(ESTIMATORS_PER_QUERY[q.mechanism] * q.n_stations for q in read_queries(rs))
+
+
+def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: str, tmp_path: Path) -> None:
+    """Every simulated vehicle's report as its own record, through the shuffler: the worker
+    publishes, for SP, ALP and RR, exactly what the statistics core computes from the same
+    seeded fleet (so what the same replay gives without the shuffler), closed by the
+    shuffler's markers and not withheld."""
+    epochs = 3
+    rs, ws, ss = _setup(broker, tmp_path, epochs)
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    try:
+        worker.wait_ready()
+        summary = replay(rs, progress=False)
+        assert summary.epochs == epochs
+        n_rows = _expected_rows(rs, epochs)
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        _assert_nothing_links(ss)
+        assert [DeadLetter.model_validate_json(r.value) for r in drain(ws, ws.dead_letter_topic, quiet_polls=1)] == []
+        got = read_estimates(ws)
+        day = load_day(rs)
+        fleet = fleet_size_for(day, rs)
+        for q in read_queries(rs):
+            for i in range(epochs):
+                for name, (values, bounds, n) in core_estimates(q, rs, day, i, fleet, ws.confidences).items():
+                    for j, station in enumerate(q.sensors):
+                        e = got[(q.query_id, q.version, int(day.epochs[i]), station, name)]
+                        assert e.withheld is None and e.closed_by == "markers", e
+                        assert e.participants == n
+                        assert e.estimate == pytest.approx(values[j], rel=1e-12, abs=1e-9)
+                        for b in e.bounds:
+                            lo, hi = bounds[b.confidence]
+                            assert (b.lower, b.upper) == pytest.approx((lo[j], hi[j]), rel=1e-12, abs=1e-9)
+    finally:
+        worker.stop()
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def _assert_nothing_links(ss: ShufflerSettings) -> None:
+    """Drained from the broker: no device record's key reaches the reports topic; batches are
+    keyed by their (fresh, distinct) batch ids and markers by the shuffler's producer id; the
+    only header is the kind; every record of an epoch carries the same timestamp, the epoch's
+    end (arrival times do not survive); the partitions of batches are their keys' hash."""
+    device_keys = {r.key for r in drain(ss, ss.device_topic, quiet_polls=1)}
+    assert len(device_keys) > 100
+    batches, markers = _drain_decoded(ss)
+    ids = [b.header.batch_id for _, b in batches]
+    assert len(set(ids)) == len(ids)
+    for rec, b in batches:
+        assert rec.key == b.header.batch_id.encode() and rec.key not in device_keys
+        assert rec.headers == [("ptt-kind", b"reports")]
+        assert rec.timestamp == (b.header.epoch + 1) * 30_000
+        assert rec.partition == (murmur2(rec.key) & 0x7FFFFFFF) % ss.partitions
+    for rec, m in markers:
+        assert rec.key == f"eoe-{ss.transactional_id}".encode()
+        assert rec.headers == [("ptt-kind", b"end_of_epoch")]
+        assert {rec.timestamp} == {(x.epoch + 1) * 30_000 for x in m.markers}
+
+
+def _drain_decoded(s: ShufflerSettings) -> tuple[list[tuple[Any, DecodedBatch]], list[tuple[Any, EndOfEpochSet]]]:
+    batches, markers = [], []
+    for rec in drain(s, s.reports_topic, quiet_polls=2):
+        item = decode_record(rec.value)
+        if isinstance(item, DecodedBatch):
+            batches.append((rec, item))
+        else:
+            assert isinstance(item, EndOfEpochSet), item
+            markers.append((rec, item))
+    return batches, markers
+
+
+def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permuted(broker: str,
+                                                                                   tmp_path: Path) -> None:
+    """Hand-made device records on a one-partition device topic: every bad one is dead-lettered
+    with its reason and the good ones behind it still count; a slot takes at most the query's
+    population; an epoch with fewer than min_crowd reports in a round is withheld (a dead letter
+    ``below_min_crowd``, nothing on the reports topic); the released epoch's values are a
+    permutation of what was sent, neither in the order sent nor sorted (either by chance with
+    probability below 1e-26: 60 values, 20 of each of 3 kinds, in one given order),
+    and the markers count its devices."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1)
+    ss = ss.model_copy(update={"device_partitions": 1})
+    ensure_topics(ss, {ss.device_topic: 1, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
+                       ss.dead_letter_topic: 1})
+    t0 = datetime(2026, 11, 18, tzinfo=UTC)
+    q = Query(query_id="q-crowd", analyst_id="a", version=1, mechanism="sp", sensors=(400001, 400002),
+              population=60, t_start=t0, t_end=t0 + timedelta(days=1))
+    publish_query(ss, q)
+    first = q.epoch_range()[0]
+    released, small = first + 1, first + 2
+
+    def rep(epoch: int, rnd: int, value: int) -> bytes:
+        return encode_json(DeviceReport(query_id="q-crowd", query_version=1, epoch=epoch, round=rnd, value=value))
+
+    sent_order = [i % 3 for i in range(60)]
+    values: list[bytes] = [b"\x00garbage", b'{"kind": "device_report"}', rep(released, 0, 7),
+                           encode_json(DeviceReport(query_id="nobody", query_version=1, epoch=released, value=1)),
+                           encode_json(DeviceReport(query_id="q-crowd", query_version=1, epoch=released,
+                                                    pairs=((1, 1),))),
+                           rep(released, 2 - 1, 1)[:-1] + b"x"]
+    values += [rep(released, r, v) for r in (0, 1) for v in sent_order]
+    values += [rep(released, 0, 1)]  # the 61st report of a slot of population 60
+    values += [rep(small, r, 1) for r in (0, 1) for _ in range(2)]
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    for v in values:
+        producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=v)
+    producer.flush()
+    producer.close()
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    try:
+        wanted = Counter({"bad_encoding": 1, "bad_json_record": 2, "out_of_range": 1, "unknown_query": 1,
+                          "wrong_layout": 1, "slot_full": 1, "below_min_crowd": 1})
+
+        def letters() -> Counter[str]:
+            return Counter(DeadLetter.model_validate_json(r.value).reason
+                           for r in drain(ss, ss.dead_letter_topic, quiet_polls=1))
+
+        wait_for(lambda: letters() == wanted and len(_drain_decoded(ss)[1]) == ss.partitions, 60,
+                 f"dead letters {dict(wanted)} and the released epoch's markers")
+        withheld = [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)
+                    if r.key == b"below_min_crowd"]
+        assert f"epoch {small}" in withheld[0].detail and "[2, 2]" in withheld[0].detail
+        batches, markers = _drain_decoded(ss)
+        assert {b.header.epoch for _, b in batches} == {released}
+        for rnd in (0, 1):
+            got = [int(x) for _, b in batches if b.header.round == rnd for x in b.arrays["value"]]
+            assert sorted(got) == sorted(sent_order)
+            assert got != sent_order and got != sorted(sent_order)  # neither arrival order nor sorted
+        for _, m in markers:
+            assert {(x.epoch, x.participants, x.reports_total) for x in m.markers} == {(released, 60, 60)}
+        # not a word about a withheld epoch on the reports topic
+        assert all(x.epoch != small for _, m in markers for x in m.markers)
+    finally:
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_path: Path) -> None:
+    """The shuffler is SIGKILLed three times while it works through a replay's device reports --
+    each time while a transaction it has sent is held open for 2 s (``--fault-hold-s``): after
+    its first step, after its first release, after three releases -- and restarted (at least two
+    of the kills are seen to have hit an open transaction: its step was done again). The worker's
+    estimates are still exactly the core's for every epoch (nothing lost, nothing counted
+    twice), no record is dead-lettered (nothing read twice is late), and every copy the broker
+    shows of a batch id (Tansu shows aborted records) is the same bytes, every marker of a
+    (slot, partition) the same marker."""
+    epochs = 6
+    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000)
+    summary = replay(rs, progress=False)  # every device report is on the device topic first
+    assert summary.epochs == epochs
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    log = tmp_path / "shuffler.log"
+    shuffler: ShufflerProcess | None = None
+    try:
+        worker.wait_ready()
+
+        def state_records() -> int:
+            try:
+                return len(drain(ss, ss.state_topic, quiet_polls=1))
+            except ValueError:  # not created yet
+                return 0
+
+        def released_epochs() -> int:
+            return len({x.epoch for _, m in _drain_decoded(ss)[1] for x in m.markers})
+
+        kills = [(state_records, 1, "a step"), (released_epochs, 1, "1 released epoch"),
+                 (released_epochs, 3, "3 released epochs")]
+        for count, at_least, what in kills:
+            shuffler = ShufflerProcess(ss, log, "--fault-hold-s", "2").start()
+            wait_for(lambda c=count, n=at_least: c() >= n, 60, what)  # type: ignore[misc]
+            shuffler.kill()
+        shuffler = ShufflerProcess(ss, log).start()
+        n_rows = _expected_rows(rs, epochs)
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
+        got = read_estimates(ws)
+        day = load_day(rs)
+        fleet = fleet_size_for(day, rs)
+        for q in read_queries(rs):
+            for i in range(epochs):
+                for name, (values, _, n) in core_estimates(q, rs, day, i, fleet, ws.confidences).items():
+                    for j, station in enumerate(q.sensors):
+                        e = got[(q.query_id, q.version, int(day.epochs[i]), station, name)]
+                        assert e.withheld is None and e.participants == n, e
+                        assert e.estimate == pytest.approx(values[j], rel=1e-12, abs=1e-9)
+        batches, markers = _drain_decoded(ss)
+        copies: dict[str, set[bytes]] = {}
+        for rec, b in batches:
+            copies.setdefault(b.header.batch_id, set()).add(rec.value)
+        assert all(len(v) == 1 for v in copies.values())
+        seen: dict[tuple[str, int, int, int, int], set[str]] = {}
+        for _, m in markers:
+            for x in m.markers:
+                seen.setdefault((x.query_id, x.query_version, x.epoch, x.round, x.partition), set()).add(
+                    x.model_dump_json())
+        assert all(len(v) == 1 for v in seen.values())
+        # the kills hit open transactions: their steps' state records are there twice (aborted, redone)
+        steps = Counter(json.loads(r.value)["s"] for r in drain(ss, ss.state_topic, quiet_polls=1))
+        assert sum(n > 1 for n in steps.values()) >= 2, steps
+        assert shuffler.stop() == 130, log.read_text()[-3000:]
+    finally:
+        worker.stop()
+        if shuffler is not None and shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
+
+
+def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
+    out = tmp / "out"
+    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
+                           "--exit-when-done", "--stations", "4", "--out", str(out), *flags],
+                          capture_output=True, text=True, timeout=240, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
+    return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
+
+
+def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
+    """``ptt demo --via-shuffler`` (the demo starts the shuffler, the replay sends single device
+    reports) publishes for the same seeded fleet the same estimates as the demo without it:
+    every field, except ``data_quality`` (the shuffler cannot know which stations had no
+    source reading), and nothing withheld -- ALP and RR included."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = _demo_estimates(tmp_path / "a")
+    via = _demo_estimates(tmp_path / "b", "--via-shuffler")
+    assert (tmp_path / "b" / "out" / "shuffler.log").exists()
+    assert len(plain) == 6 * 4 * 6 and plain.keys() == via.keys()  # 6 epochs, 4 stations, 6 estimators
+    for key, e in plain.items():
+        assert e["withheld"] is None and via[key]["withheld"] is None, (e, via[key])
+        assert {k: v for k, v in via[key].items() if k != "data_quality"} == {
+            k: v for k, v in e.items() if k != "data_quality"}, key
