@@ -253,6 +253,9 @@ def _read_back(ws: WorkerSettings, path: Path, digests: dict[tuple[str, int, int
             "parquet_windows_equal": sum(seen.values()), "parquet_windows_missing": len(set(digests) - set(seen)),
             "parquet_rows_left": 0 if pending is None else pending.num_rows}
 
+_STARTED: list[WorkerProcess] = []  # every worker a scenario started: main() stops them however it ends
+
+
 def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epochs: int, vehicles: int | None,
              workers: int = 1, raw_baseline: bool = False, speed: float = 0.0,
              data_dir: Path | None = None, full_scrape: bool = False, sizes: bool = False,
@@ -282,6 +285,7 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     for q in queries:
         publish_query(rs, q)
     for w in procs:
+        _STARTED.append(w)
         w.start()
     for w in procs:
         w.wait_ready(120)
@@ -473,17 +477,21 @@ def main() -> None:
                   "full_scrape": True, "sizes": True}),
     ]
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
-        for name, kw in plans:
-            if name not in wanted:
-                continue
-            out = scenario(name, broker.bootstrap, Path(tmp_name), data_dir=args.data_dir, broker_pid=broker.pid,
-                           **kw)
-            if name == "p5":  # the same scenario with one worker, in the same run: the speed-up
-                one = scenario("p5-one-worker", broker.bootstrap, Path(tmp_name), data_dir=args.data_dir,
-                               **{**kw, "workers": 1})
-                print(json.dumps(one), flush=True)
-                out["speedup_vs_one_worker"] = round(one["last_estimate_s"] / out["last_estimate_s"], 2)
-            print(json.dumps(out), flush=True)
+        try:
+            for name, kw in plans:
+                if name not in wanted:
+                    continue
+                out = scenario(name, broker.bootstrap, Path(tmp_name), data_dir=args.data_dir, broker_pid=broker.pid,
+                               **kw)
+                if name == "p5":  # the same scenario with one worker, in the same run: the speed-up
+                    one = scenario("p5-one-worker", broker.bootstrap, Path(tmp_name), data_dir=args.data_dir,
+                                   **{**kw, "workers": 1})
+                    print(json.dumps(one), flush=True)
+                    out["speedup_vs_one_worker"] = round(one["last_estimate_s"] / out["last_estimate_s"], 2)
+                print(json.dumps(out), flush=True)
+        finally:  # a scenario that failed leaves no worker behind
+            for w in _STARTED:
+                w.stop()
 
 
 if __name__ == "__main__":
