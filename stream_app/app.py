@@ -460,8 +460,24 @@ def consumer_state(app: faust.App) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
             high = f"? ({type(exc).__name__})"
         lines.append(f"  {tp.topic}[{tp.partition}] read {c._read_offset.get(tp)} "
-                     f"committed {c._committed_offset.get(tp)} highwater {high}")
+                     f"committed {c._committed_offset.get(tp)} highwater {high} {_fetch_state(c, tp)}")
     return lines
+
+
+def _fetch_state(c: Any, tp: Any) -> str:
+    """Whether Faust asks for ``tp`` (its active set) and aiokafka's own view of it: the fetch
+    position, paused, awaiting an offset reset -- a partition never read shows which side idles."""
+    active = tp in (c._active_partitions or ())
+    try:
+        from aiokafka import TopicPartition
+
+        assignment = c._thread._consumer._subscription.subscription.assignment
+        st = assignment.state_value(TopicPartition(tp.topic, tp.partition))
+        fetch = ("position " + (str(st.position) if st.has_valid_position else "none") +
+                 f", paused {st.paused}, awaiting reset {st.awaiting_reset}")
+    except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
+        fetch = f"fetch state ? ({type(exc).__name__})"
+    return f"(faust active {active}; aiokafka {fetch})"
 
 
 def _ready_page(app: faust.App) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,18 @@ def test_end_to_end_matches_the_statistics_core(broker: str, tmp_path: Path) -> 
         everything = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
         assert {"ptt_estimate_vehicles", "ptt_records_total"} <= everything  # unrestricted: every family
         assert any(name.startswith("faust_") for name in everything)
+        # /debug/tasks: every reports partition read to its end, asked for by Faust, and
+        # aiokafka's fetch position where the reading stopped
+        with urllib.request.urlopen(w.url.replace("/metrics", "/debug/tasks"), timeout=10) as r:  # noqa: S310
+            page = r.read().decode()
+        parts = [line for line in page.splitlines() if line.strip().startswith(f"{ws.reports_topic}[")]
+        assert len(parts) == rs.partitions, page
+        for line in parts:
+            m = re.search(r"read (\d+) committed (\d+) highwater (\d+) \(faust active True; aiokafka position "
+                          r"(\d+), paused False, awaiting reset False\)", line)
+            assert m is not None, line
+            read_, committed, high, position = map(int, m.groups())
+            assert read_ + 1 == committed == high == position, line
     finally:
         w.stop()
     assert len(read_estimates(ws)) == n  # nothing else was published
