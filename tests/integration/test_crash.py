@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from producers.fleet import EpochReports
 from producers.replay import default_queries, fleet_size_for, load_day
+from producers.settings import ReplaySettings
 from producers.sink import ReportSink
+from schemas import Query
 from schemas.kafka_io import ensure_topics
 from stream_app.estimate import QueryEstimators
 from stream_app.frames import decode_frame, frame_estimates
@@ -65,16 +69,22 @@ def _stage_records_committed(ws: WorkerSettings) -> bool:
         consumer.close()
 
 
-def test_sigkill_once_the_input_is_committed_loses_nothing(broker: str, tmp_path: Path) -> None:
+def _alp_epoch(broker: str, tmp_path: Path, **worker: Any) -> tuple[ReplaySettings, WorkerSettings, Query,
+                                                                    EpochReports, int, ReportSink]:
+    """Fresh topics, the day's ALP query published, its first epoch's genuine reports (not yet
+    sent), the epoch, and a sink to send them; ``worker`` updates the worker's settings."""
     rs, ws = pipeline_settings(broker, tmp_path)
+    ws = ws.model_copy(update=worker)
     ensure_topics(rs)
     day = load_day(rs)
     fleet = fleet_size_for(day, rs)
     q = next(q for q in default_queries(day, fleet) if q.mechanism == "alp")
     publish_queries(rs, [q])
-    er = genuine_reports(rs, day, 0, fleet, q)
-    epoch = int(day.epochs[0])
-    sink = ReportSink(rs, rs.reports_topic)
+    return rs, ws, q, genuine_reports(rs, day, 0, fleet, q), int(day.epochs[0]), ReportSink(rs, rs.reports_topic)
+
+
+def test_sigkill_once_the_input_is_committed_loses_nothing(broker: str, tmp_path: Path) -> None:
+    rs, ws, q, er, epoch, sink = _alp_epoch(broker, tmp_path)
     slow = ws.model_copy(update={"fault_state_write_delay_s": 4.0})
     w = WorkerProcess(slow, tmp_path / "slow.log").start()
     try:
@@ -121,16 +131,8 @@ def test_sigkill_between_the_frames_and_the_state_publishes_the_same_frame_again
     again and publishes its frame again -- the same key and the same bytes -- and its rows
     again, the same. A subscriber that keeps the latest frame per key sees one frame, whose
     estimates are exactly the rows (docs/wire.md, "Estimate frames", after a crash)."""
-    rs, ws = pipeline_settings(broker, tmp_path)
-    ws = ws.model_copy(update={"estimate_output": "both", "frames_topic": f"frames-{uuid.uuid4().hex[:8]}"})
-    ensure_topics(rs)
-    day = load_day(rs)
-    fleet = fleet_size_for(day, rs)
-    q = next(q for q in default_queries(day, fleet) if q.mechanism == "alp")
-    publish_queries(rs, [q])
-    er = genuine_reports(rs, day, 0, fleet, q)
-    epoch = int(day.epochs[0])
-    sink = ReportSink(rs, rs.reports_topic)
+    rs, ws, q, er, epoch, sink = _alp_epoch(broker, tmp_path, estimate_output="both",
+                                            frames_topic=f"frames-{uuid.uuid4().hex[:8]}")
     w = WorkerProcess(ws.model_copy(update={"fault_state_write_delay_s": 8.0}), tmp_path / "slow.log").start()
     try:
         w.wait_ready()

@@ -89,6 +89,24 @@ def _expected_rows(rs: ReplaySettings, epochs: int) -> int:
     return epochs * sum(ESTIMATORS_PER_QUERY[q.mechanism] * q.n_stations for q in read_queries(rs))
 
 
+def _assert_cores_estimates(rs: ReplaySettings, ws: WorkerSettings, epochs: int, *, bounds: bool) -> None:
+    """Every published estimate of the first ``epochs`` epochs is the statistics core's, from
+    the same seeded fleet (and its bounds, with ``bounds``), closed by markers with the core's N."""
+    got = read_estimates(ws)
+    day = load_day(rs)
+    fleet = fleet_size_for(day, rs)
+    for q in read_queries(rs):
+        for i in range(epochs):
+            for name, (values, core_bounds, n) in core_estimates(q, rs, day, i, fleet, ws.confidences).items():
+                for j, station in enumerate(q.sensors):
+                    e = got[(q.query_id, q.version, int(day.epochs[i]), station, name)]
+                    assert e.withheld is None and e.closed_by == "markers" and e.participants == n, e
+                    assert e.estimate == pytest.approx(values[j], rel=1e-12, abs=1e-9)
+                    for b in e.bounds if bounds else ():
+                        lo, hi = core_bounds[b.confidence]
+                        assert (b.lower, b.upper) == pytest.approx((lo[j], hi[j]), rel=1e-12, abs=1e-9)
+
+
 def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: str, tmp_path: Path) -> None:
     """Every simulated vehicle's report as its own record, through the shuffler: the worker
     publishes, for SP, ALP and RR, exactly what the statistics core computes from the same
@@ -106,20 +124,7 @@ def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: st
         wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
         _assert_nothing_links(ss)
         assert [DeadLetter.model_validate_json(r.value) for r in drain(ws, ws.dead_letter_topic, quiet_polls=1)] == []
-        got = read_estimates(ws)
-        day = load_day(rs)
-        fleet = fleet_size_for(day, rs)
-        for q in read_queries(rs):
-            for i in range(epochs):
-                for name, (values, bounds, n) in core_estimates(q, rs, day, i, fleet, ws.confidences).items():
-                    for j, station in enumerate(q.sensors):
-                        e = got[(q.query_id, q.version, int(day.epochs[i]), station, name)]
-                        assert e.withheld is None and e.closed_by == "markers", e
-                        assert e.participants == n
-                        assert e.estimate == pytest.approx(values[j], rel=1e-12, abs=1e-9)
-                        for b in e.bounds:
-                            lo, hi = bounds[b.confidence]
-                            assert (b.lower, b.upper) == pytest.approx((lo[j], hi[j]), rel=1e-12, abs=1e-9)
+        _assert_cores_estimates(rs, ws, epochs, bounds=True)
     finally:
         worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
@@ -261,16 +266,7 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
         n_rows = _expected_rows(rs, epochs)
         wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
         assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
-        got = read_estimates(ws)
-        day = load_day(rs)
-        fleet = fleet_size_for(day, rs)
-        for q in read_queries(rs):
-            for i in range(epochs):
-                for name, (values, _, n) in core_estimates(q, rs, day, i, fleet, ws.confidences).items():
-                    for j, station in enumerate(q.sensors):
-                        e = got[(q.query_id, q.version, int(day.epochs[i]), station, name)]
-                        assert e.withheld is None and e.participants == n, e
-                        assert e.estimate == pytest.approx(values[j], rel=1e-12, abs=1e-9)
+        _assert_cores_estimates(rs, ws, epochs, bounds=False)
         batches, markers = _drain_decoded(ss)
         copies: dict[str, set[bytes]] = {}
         for rec, b in batches:
