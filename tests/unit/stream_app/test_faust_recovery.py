@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from faust.tables.recovery import Recovery
+from faust.types import TP
 
 from stream_app import faust_recovery
 from stream_app.app import create_app
@@ -41,7 +42,7 @@ class Calls:
         return call
 
 
-def _run_end_of_recovery(fn: Any, flow_active: bool) -> list[str]:
+def _run_end_of_recovery(fn: Any, flow_active: bool, committed: dict[Any, int] | None = None) -> list[str]:
     calls = Calls()
 
     async def perform_seek() -> None:
@@ -53,8 +54,13 @@ def _run_end_of_recovery(fn: Any, flow_active: bool) -> list[str]:
     async def wait(coro: Any, timeout: float | None = None) -> None:
         await coro
 
-    stream, changelog = ("reports", 0), ("ptt-windows-changelog", 0)
+    async def seek_to_beginning(*tps: Any) -> None:
+        calls.order.append(f"to beginning {sorted((tp.topic, tp.partition) for tp in tps)}")
+
+    stream, changelog = TP("reports", 0), TP("ptt-windows-changelog", 0)
     consumer = SimpleNamespace(assignment=lambda: {stream, changelog}, perform_seek=perform_seek,
+                               _committed_offset=dict(committed or {}),
+                               _thread=SimpleNamespace(seek_to_beginning=seek_to_beginning),
                                resume_partitions=lambda tps: calls.order.append(f"resume {sorted(tps)}"),
                                resume_flow=calls.step("resume_flow"))
     flow = SimpleNamespace(resume=calls.step("clear queues"), is_active=lambda: flow_active)
@@ -78,7 +84,7 @@ def _run_end_of_recovery(fn: Any, flow_active: bool) -> list[str]:
 def test_no_queue_is_cleared_once_the_stream_partitions_are_resumed() -> None:
     order = _run_end_of_recovery(faust_recovery.on_recovery_completed, flow_active=True)
     assert "clear queues" not in order  # flow control runs since recovery began: nothing to resume
-    assert order.index("resume [('reports', 0)]") < order.index("seek") < order.index("resume_flow")
+    assert order.index("resume [TP(topic='reports', partition=0)]") < order.index("seek") < order.index("resume_flow")
 
 
 def test_suspended_flow_is_still_resumed() -> None:
@@ -89,4 +95,14 @@ def test_suspended_flow_is_still_resumed() -> None:
 def test_upstream_clears_the_queues_after_resuming_the_stream_partitions() -> None:
     """What the fix removes (this fails once Faust no longer does it: then drop the fix)."""
     order = _run_end_of_recovery(faust_recovery._UPSTREAM, flow_active=True)  # noqa: SLF001
-    assert order.index("resume [('reports', 0)]") < order.index("clear queues")
+    assert order.index("resume [TP(topic='reports', partition=0)]") < order.index("clear queues")
+
+
+def test_a_stream_partition_without_a_committed_offset_goes_back_to_its_beginning() -> None:
+    """Records fetched for it before the stream flowed were dropped with aiokafka's position
+    past them; the committed seek re-delivers only partitions that have a committed offset."""
+    order = _run_end_of_recovery(faust_recovery.on_recovery_completed, flow_active=True)
+    assert order.index("seek") < order.index("to beginning [('reports', 0)]") < order.index("resume_flow")
+    committed = _run_end_of_recovery(faust_recovery.on_recovery_completed, flow_active=True,
+                                     committed={TP("reports", 0): 5})
+    assert not any(c.startswith("to beginning") for c in committed)  # the changelog is never sought here
