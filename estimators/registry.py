@@ -48,6 +48,7 @@ import numpy as np
 
 import estimators.mechanisms as mechanisms  # the submodules, not through the package (no import cycle)
 import estimators.privacy as privacy
+import estimators.shuffle as shuffle
 
 from ._types import IntArray
 from .linear import LinearEstimator, alp_estimators, fresh_difference, rr_estimator, sp_difference, station_counts
@@ -269,6 +270,19 @@ class MechanismSpec:
         """Epsilon of one answer (one sensor's report in one round): the brute force over each
         round's output table, the largest. (The linked-rounds figure is the planner's.)"""
         return max(privacy.local_epsilon(mech.output_table(r)) for r in range(mech.n_rounds))
+
+    def shuffle_ratios(self, mech: Mechanism, n_stations: int) -> tuple[shuffle.VariationRatio, ...]:
+        """Per round, the variation-ratio parameters of what one device sends (its whole report),
+        the input of the shuffled accounting (:mod:`estimators.shuffle`)."""
+        if self.per_sensor:
+            return tuple(shuffle.per_sensor_variation_ratio(m.output_table(0), n_stations)
+                         for m in self.round_mechanisms(mech))
+        return tuple(shuffle.variation_ratio(mech.output_table(r)) for r in range(mech.n_rounds))
+
+    def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6) -> float:
+        """Central epsilon at ``delta`` of one epoch whose reports were each shuffled among ``n``
+        (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`."""
+        return shuffle.epoch_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
 
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
         """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""
