@@ -25,6 +25,7 @@ WITH_EXAMPLES = {
     "estimators.planning": 2,
     "estimators.privacy": 8,
     "estimators.registry": 4,
+    "estimators.shuffle": 6,
     "schemas.connection": 4,
     "schemas.epochs": 2,
     "schemas.kafka_io": 11,
