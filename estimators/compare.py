@@ -13,6 +13,10 @@ standard deviation, 95% half-width and lattice step are reported:
 * ``oue``: optimized unary encoding; ``olh``: optimized local hashing (Wang et al., "Locally
   Differentially Private Protocols for Frequency Estimation", USENIX Security 2017).
 
+Each row also carries the shuffled figures at ``n = population`` (``epsilon_shuffled``,
+``epsilon_day_shuffled``: Feldman-McMillan-Talwar's clone bound, which depends on the report's
+epsilon alone, so rows at the same epsilon share them; estimators/shuffle.py).
+
 The frequency oracles (kary, oue, olh) use the exact variance of their unbiased count
 estimator, ``Var = N q (1 - q)/(p - q)^2 + Yes (1 - p - q)/(p - q)`` with support
 probabilities ``p`` and ``q``; for ``kary`` it equals the statistics core's exact variance of
@@ -26,6 +30,7 @@ the same mechanism (a unit test checks it).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -34,6 +39,7 @@ from scipy.stats import norm
 from .linear import alp_estimators, rr_estimator, sp_difference
 from .mechanisms import alp_optimal, kary_rr, sampling_privacy
 from .privacy import per_sensor_report_epsilon
+from .shuffle import TRUST_ASSUMPTION, VariationRatio, shuffled_day
 
 __all__ = ["COMPARED", "compare", "kary_variances", "oracle_variance", "support_probabilities"]
 
@@ -121,7 +127,18 @@ def compare(epsilon: float, population: int, expected_yes: float, stations: int)
         # (C - n q)/(p - q): one more supporting report moves the estimate by 1/(p - q)
         rows.append(_row(name, epsilon, {"p": p, "q": q}, oracle_variance(p, q, n, yes), 1.0 / (p - q), yes,
                          notes[name]))
+    for r in rows:
+        r.update(_shuffled(r["epsilon"], n))
     return rows
+
+
+@lru_cache(maxsize=32)
+def _shuffled(epsilon: float, n: int) -> dict[str, Any]:
+    if epsilon is None or not math.isfinite(epsilon):
+        return {"epsilon_shuffled": None, "epsilon_day_shuffled": None, "shuffle_trust": TRUST_ASSUMPTION}
+    p = math.exp(epsilon)
+    day = shuffled_day((VariationRatio(p, (p - 1) / (p + 1), p),), n, 2880)
+    return {"epsilon_shuffled": day.epsilon, "epsilon_day_shuffled": day.epsilon_day, "shuffle_trust": TRUST_ASSUMPTION}
 
 
 def kary_variances(epsilon: float, n: int, yes: float, k: int) -> tuple[float, float]:

@@ -16,11 +16,12 @@ import numpy as np
 from scipy.stats import norm
 
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
+import estimators.shuffle as shuffle
 
 from .mechanisms import Mechanism
 from .registry import REGISTRY, PlanError, get_spec, mechanism_names
 
-__all__ = ["DEFAULTS", "EPOCHS_PER_DAY", "MECHANISMS", "PlanError", "build_mechanism", "plan"]
+__all__ = ["DEFAULTS", "EPOCHS_PER_DAY", "MECHANISMS", "PlanError", "build_mechanism", "plan", "shuffled_figures"]
 
 EPOCHS_PER_DAY = 2880  # 30-second epochs
 
@@ -38,7 +39,7 @@ def build_mechanism(name: str, params: Mapping[str, float], stations: int = 1) -
 
 def plan(name: str, population: int, expected_yes: float, stations: int = 1,
          params: Mapping[str, float] | None = None, epochs: int = EPOCHS_PER_DAY,
-         delta: float = 1e-6, daily_budget: float | None = None) -> dict[str, Any]:
+         delta: float = 1e-6, daily_budget: float | None = None, shuffle_size: int | None = None) -> dict[str, Any]:
     """Cost and accuracy of a query; the keys are the ``plan --json`` contract.
 
     Sampling Privacy at the papers' defaults, 100 of 10,000 vehicles at the station: the
@@ -50,6 +51,8 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     """
     if population < 1:
         raise PlanError("--population must be >= 1")
+    if shuffle_size is not None and shuffle_size < 1:
+        raise PlanError("--shuffle-size must be >= 1")
     if not 0 <= expected_yes <= population:
         raise PlanError("--expected-yes must be between 0 and the population")
     spec = get_spec(name)
@@ -89,6 +92,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["epsilon_day_optimal"] = privacy.optimal_composition(epsilon, epochs, delta)
     # the guarantee is the smallest valid bound, never a larger one
     out["epsilon_day"] = min(out["epsilon_day_basic"], out["epsilon_day_advanced"], out["epsilon_day_optimal"])
+    out.update(shuffled_figures(spec.shuffle_ratios(mech, stations), shuffle_size or population, epochs, delta))
     if daily_budget is not None:
         out["daily_budget"] = daily_budget
         out["epochs_within_budget"] = privacy.epochs_within_budget(epsilon, daily_budget, delta, EPOCHS_PER_DAY)
@@ -96,6 +100,24 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         out[f"crowd_size_{stat}"] = value
     out["warnings"] = _warnings(out)
     return out
+
+
+def shuffled_figures(ratios: tuple[shuffle.VariationRatio, ...], n: int, epochs: int = EPOCHS_PER_DAY,
+                     delta: float = 1e-6) -> dict[str, Any]:
+    """The shuffled release's figures beside the local ones (the ``plan --json`` keys): per epoch
+    and per day at ``n`` reports per shuffle, the trust assumption they rest on, and the
+    variation-ratio figure, which is shown but not published (estimators/shuffle.py)."""
+    day = shuffle.shuffled_day(ratios, n, epochs, delta)
+    return {
+        "shuffle_size": n,
+        "epsilon_shuffled": day.epsilon,
+        "epsilon_day_shuffled": day.epsilon_day,
+        "shuffle_trust": shuffle.TRUST_ASSUMPTION,
+        "shuffled_variation_ratio_not_a_bound": {
+            "epsilon": day.epsilon_variation_ratio, "epsilon_day": day.epsilon_day_variation_ratio,
+            "why": "Wang et al.'s variation-ratio pair fails an exact check for reports that can answer "
+                   "neither x1 nor x1' (docs/statistics.md); shown for comparison, never published"},
+    }
 
 
 def _warnings(out: Mapping[str, Any]) -> list[str]:

@@ -282,7 +282,7 @@ class MechanismSpec:
     def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6) -> float:
         """Central epsilon at ``delta`` of one epoch whose reports were each shuffled among ``n``
         (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`."""
-        return shuffle.epoch_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
+        return shuffle.shuffled_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
 
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
         """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""

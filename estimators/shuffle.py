@@ -52,7 +52,7 @@ on both sides), so epsilon never grows with ``n``: a shuffle size rounded down, 
 :data:`N_CAP` for the computation, still gives a valid bound.
 
 >>> alp = VariationRatio(p=3.6944, beta=0.050075, q=3.6944)   # ALP's report at 3,220 stations
->>> round(epoch_epsilon((alp,), 47_719, 1e-6), 4)               # local: ln 3.6944 = 1.3068
+>>> round(shuffled_epsilon((alp,), 47_719, 1e-6), 4)               # local: ln 3.6944 = 1.3068
 0.034
 """
 
@@ -72,6 +72,7 @@ from .privacy import optimal_composition, per_sensor_report_epsilon
 
 __all__ = [
     "N_CAP",
+    "Pair",
     "TRUST_ASSUMPTION",
     "Pld",
     "ShuffledDay",
@@ -79,9 +80,9 @@ __all__ = [
     "clone_pair",
     "closed_form_clone_epsilon",
     "compose",
-    "day_epsilon",
+    "shuffled_day_epsilon",
     "dominating_pld",
-    "epoch_epsilon",
+    "shuffled_epsilon",
     "per_sensor_variation_ratio",
     "shuffled_day",
     "variation_ratio",
@@ -258,7 +259,7 @@ def dominating_pld(pair: Pair, n: int) -> Pld:
     ``_TAIL`` of each side's binomial; the rest is infinite loss.
 
     >>> d = dominating_pld(clone_pair(1.0), 1000)
-    >>> abs(d.mass.sum() + d.infinity_mass - 1) < 1e-9
+    >>> bool(abs(d.mass.sum() + d.infinity_mass - 1) < 1e-9)
     True
     """
     if n < 1:
@@ -319,7 +320,7 @@ def _cached_pld(pair: Pair, n: int) -> Pld:
     return dominating_pld(pair, n)
 
 
-def epoch_epsilon(ratios: tuple[VariationRatio, ...], n: int, delta: float = 1e-6) -> float:
+def shuffled_epsilon(ratios: tuple[VariationRatio, ...], n: int, delta: float = 1e-6) -> float:
     """The published central epsilon at ``delta`` of one epoch whose rounds (one ratio each) are
     each shuffled among ``n`` reports: the clone bound (rounds composed), never above the local
     epsilon; infinite when a round's local epsilon is. (The variation-ratio figure is computed
@@ -442,7 +443,7 @@ def shuffled_day(ratios: tuple[VariationRatio, ...], n: int, epochs: int, delta:
                        min(optimal_composition(local, epochs, delta), per_day[0]), per_epoch[1], per_day[1])
 
 
-def day_epsilon(ratios: tuple[VariationRatio, ...], n: int, epochs: int, delta: float = 1e-6) -> float:
+def shuffled_day_epsilon(ratios: tuple[VariationRatio, ...], n: int, epochs: int, delta: float = 1e-6) -> float:
     """The day's central epsilon at ``delta``: see :func:`shuffled_day`."""
     return shuffled_day(ratios, n, epochs, delta).epsilon_day
 
@@ -452,7 +453,7 @@ def closed_form_clone_epsilon(epsilon0: float, n: int, delta: float) -> float:
     else ``epsilon0``): looser than the numerical bounds; a cross-check.
 
     >>> round(closed_form_clone_epsilon(1.0, 100_000, 1e-6), 4)
-    0.0737
+    0.0726
     """
     if n < 1 or epsilon0 > math.log(n / (16 * math.log(2 / delta))):
         return epsilon0

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import datetime
 from typing import Any
 
 from estimators.registry import REGISTRY
+from estimators.shuffle import TRUST_ASSUMPTION
 from schemas.query import MECHANISM_NAMES
 from schemas.settings import KafkaSettings
+from schemas.wire import json_safe
 
 from .base import add_settings_flags, param, settings_from_args
-from .errors import CliError
+from .errors import EXIT_USAGE, CliError
 
 __all__ = ["add_parser", "run"]
 
@@ -59,10 +62,24 @@ def add_parser(sub: Any) -> None:
                        help="version to publish (default: 1 for publish, the next one for update)")
         add_settings_flags(q, KafkaSettings)
         q.set_defaults(func=run)
-    ls = asub.add_parser("list", help="list every version of every query")
-    ls.add_argument("--json", action="store_true", help="one JSON query per line")
+    ls = asub.add_parser("list", help="list every version of every query, with its privacy figures")
+    ls.add_argument("--json", action="store_true",
+                    help="one JSON query per line, with a `privacy` object: epsilon per epoch and per day, local "
+                         "and shuffled")
+    ls.add_argument("--shuffle-size", type=int, default=None, metavar="N",
+                    help="reports per shuffle for the shuffled figures (default: each query's population)")
     add_settings_flags(ls, KafkaSettings)
     ls.set_defaults(func=run)
+
+
+def _privacy(q: Any, n: int) -> dict[str, Any]:
+    """A query's epsilon per epoch and per day, local and shuffled among ``n`` (estimators/shuffle.py)."""
+    from estimators import planning, privacy
+
+    mech = q.build()
+    fig = planning.shuffled_figures(q.spec.shuffle_ratios(mech, q.n_stations), n, planning.EPOCHS_PER_DAY)
+    return {"epsilon": q.epsilon, "epsilon_day": privacy.day_epsilon([q.epsilon] * planning.EPOCHS_PER_DAY),
+            **{k: fig[k] for k in ("shuffle_size", "epsilon_shuffled", "epsilon_day_shuffled", "shuffle_trust")}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,14 +88,21 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(KafkaSettings, args)
     if args.analyst_command == "list":
+        if args.shuffle_size is not None and args.shuffle_size < 1:
+            raise CliError("--shuffle-size must be >= 1", code=EXIT_USAGE)
         existing = read_queries(settings)
         for q in existing:
+            fig = _privacy(q, args.shuffle_size or q.population)
             if args.json:
-                print(q.model_dump_json())
+                print(json.dumps({**json.loads(q.model_dump_json()), "privacy": json_safe(fig)}))
             else:
                 print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
                       f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
-                      f"epsilon={q.epsilon:.4g}  by {q.analyst_id}")
+                      f"epsilon={q.epsilon:.4g} (day {fig['epsilon_day']:.4g})  "
+                      f"shuffled n={fig['shuffle_size']:,}: {fig['epsilon_shuffled']:.4g} "
+                      f"(day {fig['epsilon_day_shuffled']:.4g})  by {q.analyst_id}")
+        if existing and not args.json:
+            print(f"shuffled figures {TRUST_ASSUMPTION}")
         return 0
     fields: dict[str, Any] = {k: getattr(args, k) for k in
                               ("analyst_id", "mechanism", "sensors", "population", "t_start", "t_end")

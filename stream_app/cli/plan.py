@@ -45,7 +45,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--param", type=param, action="append", default=[], metavar="NAME=VALUE",
                    help="mechanism parameter, names as in the math reference (repeatable)")
     p.add_argument("--epochs", type=int, default=planning.EPOCHS_PER_DAY, help="epochs composed (default: a day)")
-    p.add_argument("--delta", type=float, default=1e-6, help="delta of advanced and optimal composition")
+    p.add_argument("--delta", type=float, default=1e-6,
+                   help="delta of advanced and optimal composition, and of the shuffled figures")
+    p.add_argument("--shuffle-size", type=int, default=None, metavar="N",
+                   help="reports mixed per shuffle for epsilon_shuffled (default: --population); the shuffled "
+                        "figures assume the shuffler does not collude with the analyst")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
                                dict(args.param), epochs=args.epochs, delta=args.delta,
-                               daily_budget=args.daily_budget)
+                               daily_budget=args.daily_budget, shuffle_size=args.shuffle_size)
     except planning.PlanError as exc:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -93,10 +97,13 @@ def _run_compare(args: argparse.Namespace) -> int:
         return 0
     print(f"at epsilon {args.epsilon:g} per device and epoch, N={args.population:,}, expected count "
           f"{args.expected_yes:g}, {args.stations} stations:")
-    print(f"{'mechanism':<10} {'epsilon':>8} {'sd':>10} {'95% half-width':>15} {'lattice step':>13}")
+    print(f"{'mechanism':<10} {'epsilon':>8} {'shuffled':>9} {'day shuf.':>9} {'sd':>10} {'95% half-width':>15} "
+          f"{'lattice step':>13}")
+    keys = ("epsilon", "epsilon_shuffled", "epsilon_day_shuffled", "sd", "halfwidth_95", "lattice_step")
     for r in rows:
-        cells = [_fmt(r[k]) if r[k] is not None else "n/a" for k in ("epsilon", "sd", "halfwidth_95", "lattice_step")]
-        print(f"{r['mechanism']:<10} {cells[0]:>8} {cells[1]:>10} {cells[2]:>15} {cells[3]:>13}  {r['note']}")
+        c = [_fmt(r[k]) if r[k] is not None else "n/a" for k in keys]
+        print(f"{r['mechanism']:<10} {c[0]:>8} {c[1]:>9} {c[2]:>9} {c[3]:>10} {c[4]:>15} {c[5]:>13}  {r['note']}")
+    print(f"shuffled (per epoch, per day of 2,880 epochs, n = {args.population:,}): {rows[0]['shuffle_trust']}")
     for r in rows:
         for w in r["warnings"]:
             print(f"WARNING: {r['mechanism']}: {w}")

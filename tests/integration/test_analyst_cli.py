@@ -33,8 +33,13 @@ def test_publish_update_list(kafka_settings: KafkaSettings, capsys: pytest.Captu
     assert listed[1]["sensors"] == [400001, 400002, 400003] and listed[1]["analyst_id"] == "ana"
     assert listed[1]["t_start"].startswith("2026-11-18T07:00:00")
     assert [q.version for q in read_queries(kafka_settings)] == [1, 2]
+    fig = listed[1]["privacy"]  # local and shuffled side by side, at the query's population
+    assert fig["shuffle_size"] == 5000 and fig["shuffle_trust"].startswith("assumes the shuffler does not collude")
+    assert 0 < fig["epsilon_shuffled"] < fig["epsilon"] and 0 < fig["epsilon_day_shuffled"] < fig["epsilon_day"]
     assert main(["analyst", "list", *f]) == 0
-    assert "peak-sp v2  sp  3 sensors" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "peak-sp v2  sp  3 sensors" in out and "shuffled n=5,000:" in out
+    assert "shuffled figures assumes the shuffler does not collude with the analyst" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [

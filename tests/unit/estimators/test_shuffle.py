@@ -113,7 +113,7 @@ def test_the_variation_ratio_bound_fails_the_exact_check_so_it_is_not_published(
     assert exact > 3 * S.dominating_pld(S.variation_ratio_pair(v), n).delta(eps)
     assert exact <= S.dominating_pld(S.clone_pair(eps0), n).delta(eps)
     clone = S.dominating_pld(S.clone_pair(eps0), 5_000).epsilon(1e-6)
-    assert S.epoch_epsilon((v,), 5_000, 1e-6) == pytest.approx(clone)
+    assert S.shuffled_epsilon((v,), 5_000, 1e-6) == pytest.approx(clone)
 
 
 def test_the_exact_check_catches_a_clone_pair_that_is_too_optimistic() -> None:
@@ -139,7 +139,7 @@ def test_the_pld_holds_all_the_mass() -> None:
 
 def test_epsilon_never_grows_with_the_shuffle() -> None:
     v = S.VariationRatio(3.69, 0.05, 3.69)
-    eps = [S.epoch_epsilon((v,), n) for n in (10, 100, 1_000, 10_000, 47_719, 200_000)]
+    eps = [S.shuffled_epsilon((v,), n) for n in (10, 100, 1_000, 10_000, 47_719, 200_000)]
     assert all(a >= b for a, b in itertools.pairwise(eps))
     assert eps[0] <= math.log(3.69) + 1e-12  # never above the local epsilon
 
@@ -227,7 +227,7 @@ def test_a_truth_independent_round_costs_nothing() -> None:
     mech = spec.build({}, 20)
     r1, r2 = spec.shuffle_ratios(mech, 20)
     assert r1.beta == 0
-    assert spec.shuffled_epsilon(mech, 20, 5_000) == pytest.approx(S.epoch_epsilon((r2,), 5_000))
+    assert spec.shuffled_epsilon(mech, 20, 5_000) == pytest.approx(S.shuffled_epsilon((r2,), 5_000))
 
 
 def test_binomial_range_leaves_out_at_most_its_tail() -> None:
