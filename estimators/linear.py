@@ -410,14 +410,17 @@ def sp_difference(mech: Mechanism, stations: Sequence[int] | IntArray | None = N
     return _per_station("sp_difference", mech, stations, raw)
 
 
-def rr_estimator(mech: Mechanism, stations: Sequence[int] | IntArray | None = None) -> LinearEstimator:
+def rr_estimator(mech: Mechanism, stations: Sequence[int] | IntArray | None = None,
+                 name: str = "rr") -> LinearEstimator:
     """Randomized-response estimator: ``(C_1 - P(1|No) N) / (P(1|Yes) - P(1|No))``;
-    for two-coin RR this is ``(C_1 - (1 - pi1) pi2 N) / pi1``."""
+    for two-coin RR this is ``(C_1 - (1 - pi1) pi2 N) / pi1``. Station-valued (k-ary RR):
+    per station, ``C_1`` counts the reports naming it. ``name``: the estimator's name (the
+    registry's ``krr`` calls it ``krr``)."""
     if mech.station_valued:
         raw = np.zeros((1, 1, 2))
         raw[0, 0, 1] = 1.0
-        return _per_station("rr", mech, stations, raw)
-    return count_estimator("rr", station_view(mech), ALP_YES)
+        return _per_station(name, mech, stations, raw)
+    return count_estimator(name, station_view(mech), ALP_YES)
 
 
 def fresh_difference(mech: Mechanism) -> LinearEstimator:

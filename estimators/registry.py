@@ -33,7 +33,7 @@ Adding a mechanism = one :class:`MechanismSpec` in :data:`REGISTRY` (see the REA
 >>> get_spec("nope")
 Traceback (most recent call last):
 ...
-estimators.registry.UnknownMechanism: unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, fresh
+estimators.registry.UnknownMechanism: unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, fresh, krr
 """
 
 from __future__ import annotations
@@ -357,6 +357,18 @@ _SPECS = (
         estimators_fn=lambda m, st, d: {"fresh_difference": fresh_difference(m)},
         closed_form_fn=lambda m: float("nan"),  # the poster gives none
         references="Towards Scaling Privacy Strength", title="Fresh-sample variant"),
+    MechanismSpec(
+        # epsilon 1.31 by default: ALP's report epsilon at its default parameters (1.307: a
+        # device's whole report), so that `ptt plan krr` and `ptt plan alp` compare at equal privacy
+        name="krr", summary="k-ary (generalized) randomized response over the sensors: one report, k = V + 1 values",
+        defaults={"epsilon": 1.31}, n_rounds=1, per_sensor=False,
+        estimator_names=("krr",), headline="krr",
+        build_fn=lambda p, v: mechanisms.kary_rr(v + 1, p["epsilon"]),
+        estimators_fn=lambda m, st, d: {"krr": rr_estimator(m, st, name="krr")},
+        closed_form_fn=lambda m: m.params["epsilon"],
+        references="Kairouz, Oh and Viswanath, Extremal mechanisms for local differential privacy; "
+                   "Gaboardi's lecture notes",
+        title="k-ary randomized response"),
 )
 
 REGISTRY: Mapping[str, MechanismSpec] = MappingProxyType({s.name: s for s in _SPECS})

@@ -49,7 +49,8 @@ class Query(BaseModel):
     ``mechanism``: a name of the mechanism registry (``estimators.registry``): ``sp``
     (Sampling Privacy over the sensors, two rounds), ``alp`` (Anonymized Local Privacy asked
     per sensor), ``rr`` (two-coin randomized response per sensor, the baseline), ``fresh``
-    (the two-round fresh-sample variant per sensor), ``sp-binary`` (one sensor). ``params``
+    (the two-round fresh-sample variant per sensor), ``sp-binary`` (one sensor), ``krr`` (k-ary
+    randomized response over the sensors, one report of V + 1 values). ``params``
     use the math reference's names; missing ones take the papers' evaluation values.
     """
 

@@ -41,7 +41,8 @@ def add_parser(sub: Any) -> None:
                    help="a device's daily budget: print how many epochs of the query it allows")
     p.add_argument("--population", type=int, required=True, help="vehicles reporting per epoch (N)")
     p.add_argument("--expected-yes", type=float, required=True, help="expected true count at the station")
-    p.add_argument("--stations", type=int, default=1, help="monitored stations V (sp only)")
+    p.add_argument("--stations", type=int, default=1,
+                   help="monitored stations V (station-valued mechanisms report one of V + 1 values)")
     p.add_argument("--param", type=param, action="append", default=[], metavar="NAME=VALUE",
                    help="mechanism parameter, names as in the math reference (repeatable)")
     p.add_argument("--epochs", type=int, default=planning.EPOCHS_PER_DAY, help="epochs composed (default: a day)")

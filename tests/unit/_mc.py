@@ -9,7 +9,8 @@ Many independent epochs are drawn cheaply in one of three ways:
 * one-round binary mechanisms (two-coin RR, optimal ALP and the two ALP toys): :class:`PerStation` with
   every station holding the same Yes count -- stations are independent, so each station
   is one epoch (chunked so that the stations' Yes counts fit in the fleet);
-* station-valued multi-station mechanisms (multi-valued Sampling Privacy, k-ary RR): one
+* station-valued multi-station mechanisms (multi-valued Sampling Privacy, k-ary RR, the
+  registry's ``krr`` at its defaults): one
   tally per epoch with one station per tested Yes count -- each station's estimate is a
   draw from its own marginal, which is all a per-station statistic looks at;
 * two-round binary mechanisms (binary Sampling Privacy, fresh-sample): one tally per epoch.
@@ -66,6 +67,11 @@ def _build(key: str) -> Case:
     if key == "rr_kary":
         m = E.kary_rr(MULTI_V + 1, KARY_EPS)
         return Case(key, m, {"rr": E.rr_estimator(m)}, "multi")
+    if key == "krr":
+        # through the registry, at its defaults: the spec's own mechanism and estimators
+        spec = E.get_spec("krr")
+        m = spec.build({}, MULTI_V)
+        return Case(key, m, spec.estimators(m), "multi")
     if key == "fresh":
         m = E.fresh_sample()
         return Case(key, m, {"fresh_difference": E.fresh_difference(m)}, "single")
@@ -94,6 +100,7 @@ CASE_KEYS = (
     "sp_multi",
     "rr_two_coin",
     "rr_kary",
+    "krr",
     "fresh",
     "alp_optimal",
     "alp_sampling_noise",
@@ -296,7 +303,7 @@ N_GRID = (10_000, 1_000_000)  # small and large population of reporting vehicles
 TRIALS = 20_000  # simulated epochs per (case, N, Yes)
 
 # Cases whose simulation calls Mechanism.tally once per epoch (a few seconds each).
-SLOW_CASES = frozenset({"sp_binary", "sp_multi", "rr_kary", "fresh"})
+SLOW_CASES = frozenset({"sp_binary", "sp_multi", "rr_kary", "krr", "fresh"})
 
 
 def battery(key: str, n: int) -> dict[str, FloatArray]:

@@ -2,7 +2,8 @@
 
 Estimators under test (``_mc.CASE_KEYS``): ``sp_difference`` for binary and multi-valued
 (V = 5) Sampling Privacy; ``rr`` for two-coin (pi1 = 0.8, pi2 = 0.2) and k-ary (k = 6,
-eps = ln 21) randomized response; ``fresh_difference``; ``alp_yhat``, ``alp_bottom``,
+eps = ln 21) randomized response; ``krr``, the registry's k-ary RR at its defaults (V = 5,
+eps = 1.31); ``fresh_difference``; ``alp_yhat``, ``alp_bottom``,
 ``alp_average``, ``alp_gls`` of the optimal ALP mechanism (paper parameters); the Yes-count
 estimator of the ALP "sampling and noise" toy (its bottom-count estimator does not exist at
 the default pisYes = pisNo -- checked below -- so a pisYes = 0.10 variant adds one), and the
@@ -21,7 +22,7 @@ the exact tally paths, N in {1e4, 1e6}, Yes in {0, 1, 5, 50, 500}.
 * Where the exact variance is 0 (Yes = 0 for Sampling Privacy and the sampling-noise toy)
   every estimate must be exactly 0 (deterministic).
 
-About 13 estimators x 2 N x 5 Yes x 2 statistics = 260 checks: family-wise false-failure
+About 14 estimators x 2 N x 5 Yes x 2 statistics = 280 checks: family-wise false-failure
 < 2e-4. The closed-form tests below are exact (tolerance 1e-9 relative).
 """
 

@@ -120,7 +120,7 @@ def test_the_estimate_schema_and_query_schema_enumerate_the_registry() -> None:
 def test_no_layer_compares_a_mechanism_name() -> None:
     """The registry is the only place that knows mechanisms by name."""
     pattern = re.compile(r"(mechanism\w*(\[[^\]]*\])?|\.name)\s*(==|!=|\bin\b)\s*\(?"
-                         r"""["'](sp|alp|rr|fresh|sp-binary)["']""")
+                         r"""["'](sp|alp|rr|fresh|sp-binary|krr)["']""")
     offenders = []
     for pkg in ("estimators", "producers", "stream_app", "schemas", "deploy"):
         for path in (ROOT / pkg).rglob("*.py"):
@@ -144,7 +144,7 @@ def test_no_layer_names_a_mechanism() -> None:
     assert offenders == []
 
 
-@pytest.mark.parametrize("name", ["rr", "alp", "sp", "fresh"])
+@pytest.mark.parametrize("name", ["rr", "alp", "sp", "fresh", "krr"])
 def test_consistency_check_equals_a_grid_search(name: str) -> None:
     """``consistent`` (closed-form minimum of a convex function) agrees with a brute-force
     search over every admissible count Y in [0, N]."""
