@@ -77,6 +77,28 @@ def test_sp_at_paper_scale(capsys: pytest.CaptureFixture[str]) -> None:
     assert not any("not a useful" in w for w in out["warnings"])  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("mechanism,stations", [("alp", "3220"), ("rr", "3"), ("krr", "3220")])
+def test_the_plan_prints_the_shuffled_figures_beside_the_local_ones(mechanism: str, stations: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's commands: per epoch at n = the population and per day, with the trust
+    assumption; ALP's day at the papers' parameters is at most 2.5."""
+    out = _plan_json(capsys, mechanism, "--population", "47719", "--expected-yes", "100", "--stations", stations)
+    spec = E.get_spec(mechanism)
+    mech = spec.build({}, int(stations))
+    assert out["shuffle_size"] == 47719
+    assert out["epsilon_shuffled"] == pytest.approx(spec.shuffled_epsilon(mech, int(stations), 47719, 1e-6))
+    assert 0 < out["epsilon_shuffled"] < out["epsilon"]  # type: ignore[operator]
+    assert 0 < out["epsilon_day_shuffled"] < out["epsilon_day"]  # type: ignore[operator]
+    assert out["shuffle_trust"] == E.TRUST_ASSUMPTION
+    if mechanism == "alp":
+        assert out["epsilon_day_shuffled"] <= 2.5  # type: ignore[operator]
+    small = _plan_json(capsys, mechanism, "--population", "47719", "--expected-yes", "100", "--stations", stations,
+                       "--shuffle-size", "500")
+    assert small["shuffle_size"] == 500 and small["epsilon_shuffled"] > out["epsilon_shuffled"]  # type: ignore[operator]
+    assert main(["plan", mechanism, "--population", "47719", "--expected-yes", "100", "--shuffle-size", "0"]) == 2
+    assert "--shuffle-size must be >= 1" in capsys.readouterr().err
+
+
 def test_params_override_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     out = _plan_json(capsys, "rr", "--population", "1000", "--expected-yes", "10",
                      "--param", "pi1=0.5", "--param", "pi2=0.5")

@@ -142,6 +142,12 @@ def test_compare_bars(capsys: pytest.CaptureFixture[str]) -> None:
     assert by["sp"]["lattice_step"] == pytest.approx(1611.5, abs=1)
     assert any("lattice" in w for w in by["sp"]["warnings"])  # step 1,611 > the expected 100
     assert by["alp"]["epsilon"] <= 1.0986 + 1e-9
+    # the shuffled figures at n = the population: the clone bound depends on the epsilon alone
+    clone = E.shuffled_day((E.VariationRatio(3.0, 0.5, 3.0),), 47719, 2880)
+    assert by["oue"]["epsilon_shuffled"] == pytest.approx(clone.epsilon, rel=1e-3)
+    assert by["oue"]["epsilon_day_shuffled"] == pytest.approx(clone.epsilon_day, rel=1e-3)
+    assert by["alp"]["epsilon_shuffled"] <= by["oue"]["epsilon_shuffled"] + 1e-12
+    assert all(r["shuffle_trust"] == E.TRUST_ASSUMPTION for r in rows)
 
 
 @pytest.mark.parametrize("eps,n,yes,k", [(1.0986, 47719, 100, 3221), (2.0, 5000, 30, 8), (0.5, 200, 0, 2)])
