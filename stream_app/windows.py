@@ -240,14 +240,14 @@ class WindowState:
         released: dict[tuple[int, int], int] = {}
         unattested = False
         for (r, i, _), m in self.markers.items():
-            if m.shuffle_size is None:
-                unattested = True
-                continue
-            sizes[(r, i)] = min(sizes.get((r, i), m.shuffle_size), m.shuffle_size)
-            if per_sensor:
+            if per_sensor:  # what it released: over all its partitions' markers, attesting or not
                 released[(r, i)] = min(released.get((r, i), m.participants), m.participants)
             else:
                 released[(r, i)] = released.get((r, i), 0) + m.reports
+            if m.shuffle_size is None:
+                unattested = True
+            else:
+                sizes[(r, i)] = min(sizes.get((r, i), m.shuffle_size), m.shuffle_size)
         if any(n > released[k] for k, n in sizes.items()):
             return None, "exceeds_released"
         if unattested or not sizes:
