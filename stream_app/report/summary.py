@@ -196,11 +196,13 @@ def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
                 table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise ValueError(f"{path} is not a Parquet or Arrow file: {exc}") from None
-    missing = [f for f in LONG_SCHEMA.names if f not in table.column_names]
+    optional = ("epsilon_shuffled",)  # added later: a file written before it lacks the column (null)
+    missing = [f for f in LONG_SCHEMA.names if f not in table.column_names and f not in optional]
     if missing:
         raise ValueError(f"{path} is not a long-form estimates file (no column {', '.join(missing)})")
     extra = ("withheld_code", "retracted")
-    for batch in table.select([f for f in LONG_SCHEMA.names if f not in extra]).to_batches():
+    keep = [f for f in LONG_SCHEMA.names if f not in extra and f in table.column_names]
+    for batch in table.select(keep).to_batches():
         for row in batch.to_pylist():
             yield Estimate.model_validate({"kind": "estimate", **row})
 
