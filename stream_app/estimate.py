@@ -179,7 +179,11 @@ class ShuffledEpsilon:
         k = self.key(q, n)
         value = self._values.get(k)
         if value is None:
-            value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta))
+            try:
+                value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta))
+            except Exception:  # a bound that fails is published as null (NaN is not finite), never a crash
+                log.exception("shuffled epsilon of %s at n=%d failed", q.record_key, k[2])
+                value = math.nan  # cached too: not tried again on the event loop
             with self._lock:
                 if len(self._values) >= self.max_entries:
                     self._values.clear()
@@ -189,10 +193,7 @@ class ShuffledEpsilon:
     def warm(self, needed: Sequence[tuple[Query, int]]) -> None:
         """Compute what ``needed`` lacks (call it off the event loop)."""
         for q, n in needed:
-            try:
-                self.get(q, n)
-            except Exception:  # a bound that fails is published as null (get fails again), never a crash
-                log.exception("shuffled epsilon of %s at n=%d failed", q.record_key, n)
+            self.get(q, n)
 
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
@@ -281,10 +282,7 @@ def _shuffled(q: Query, w: WindowState, n_partitions: int,
     n, code = w.shuffle_size(n_partitions, q.spec.per_sensor)
     if n is None:
         return None, code
-    try:
-        eps = shuffled.get(q, n)
-    except Exception:  # the bound failed (logged by warm): null, never a lost epoch
-        return None, None
+    eps = shuffled.get(q, n)  # NaN when the bound failed: null, never a lost epoch
     return (eps if math.isfinite(eps) else None), None
 
 

@@ -204,3 +204,21 @@ def test_a_size_above_the_population_is_a_bad_marker() -> None:
             assert isinstance(res, MarkerPartial) and res.shuffle_size == size
         else:
             assert not isinstance(res, MarkerPartial) and res.reason == "bad_marker" and "shuffle size" in res.detail
+
+
+def test_a_failing_bound_is_null_once_never_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def failing(ratios: Any, n: int, delta: float = 1e-6) -> float:
+        calls.append(n)
+        raise FloatingPointError("no bound here")
+
+    monkeypatch.setattr(estimators.shuffle, "epoch_epsilon", failing)
+    q = QUERIES["alp"]
+    _, w, _ = run(q)
+    attest(w, q)
+    cache = ShuffledEpsilon(DELTA)
+    res = close(q, w, cache)
+    assert res.epsilon_shuffled is None and res.withheld is None and res.values
+    close(q, w, cache)
+    assert len(calls) == 1  # cached as failed: not retried on the event loop
