@@ -61,6 +61,12 @@ class Estimate(BaseModel):
     participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
     epsilon: float | None = Field(description="per-epoch epsilon of a device's whole report (brute force over "
                                               "its report vector); null when infinite")
+    epsilon_shuffled: float | None = Field(
+        default=None, description="central epsilon (at the worker's PTT_SHUFFLE_DELTA) of the epoch's release given "
+                                  "the smallest shuffle that fed it, rounded down to 2 significant digits: it assumes "
+                                  "the shuffler does not collude with the analyst and mixed each report among the n "
+                                  "reports of its epoch and round; null when a producer of the epoch attests no "
+                                  "shuffle size (the direct path), attests one it cannot have, or it is infinite")
     withheld: str | None = None
     data_quality: Literal["ok", "no_source_data"] = Field(
         default="ok", description="no_source_data: the replayed source had no reading for this station in this "

@@ -202,6 +202,11 @@ class EndOfEpoch(_Frozen):
         default=(), max_length=65_000,
         description="replays only: station indices (1..V) whose source reading is missing this epoch (no reading, "
                     "or a dead detector), so their estimates carry no truth; a real gateway sends none")
+    shuffle_size: int | None = Field(
+        default=None, ge=1,
+        description="optional: the number of device reports this producer mixed in one uniform shuffle for this "
+                    "(query, version, epoch, round) -- a shuffler's attestation (absent: not attested; the worker "
+                    "bounds it by the query's population and by the reports the producer released in the round)")
 
 
 class GroundTruth(_Frozen):
@@ -311,7 +316,9 @@ def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[An
 
 
 def encode_json(record: DeviceReport | SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth) -> bytes:
-    return record.model_dump_json().encode()
+    # a marker without a shuffle size leaves the field out: the bytes a producer that attests
+    # nothing sends are those it sent before the field existed
+    return record.model_dump_json(exclude_none=isinstance(record, (EndOfEpoch, EndOfEpochSet))).encode()
 
 
 def decode_record(value: bytes | None) -> DecodedBatch | SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth:

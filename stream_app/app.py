@@ -53,7 +53,7 @@ from schemas.connection import faust_options
 from schemas.kafka_io import BrokerLost, QueryReader, broker_lost
 
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
-from .estimate import QueryEstimators
+from .estimate import QueryEstimators, ShuffledEpsilon
 from .faust_recovery import install as install_recovery_fix
 from .guard import BrokerGuard, stop_grace_s
 from .introspect import describe
@@ -61,7 +61,7 @@ from .metrics import StationArrays, StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
 from .settings import WorkerSettings
-from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks
+from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks, shuffled_needs
 from .windows import Watermarks, WindowPolicy, WindowState
 
 __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
@@ -228,7 +228,7 @@ class StreamWorker:
         self.policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
                                    wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
                                    horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s)
-        self.output = OutputSettings(s.confidences, s.min_participants, s.partitions)
+        self.output = OutputSettings(s.confidences, s.min_participants, s.partitions, ShuffledEpsilon(s.shuffle_delta))
         self.sink = BatchSink(s, s.estimates_topic)
         self.frames = BatchSink(s, s.frames_topic) if s.frames_on else None  # PTT_ESTIMATE_OUTPUT
         self.state = BatchSink(s, s.changelog_topic, one_per_batch=True)  # changelog: one record per batch
@@ -358,6 +358,9 @@ class StreamWorker:
             e, raw = entries[index]
             await self.dead_letter(Rejected(reason, detail), e.message.topic, part, e.message.offset, raw)
         self.monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
+        need = shuffled_needs(outcome, self.queries.known, self.output)
+        if need and self.output.shuffled is not None:  # a bound may take ~1 s a call: never on the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self.output.shuffled.warm, need)
         results = epoch_outputs(outcome, self.queries.known, self.queries.estimators, self.output)
         for rows, frames, done in publish_chunks(results, PUBLISH_CHUNK, self.s.rows_on, self.s.frames_on):
             pending = await self.sink.send(rows)  # rows and frames alike: acknowledged before the state writes

@@ -171,9 +171,12 @@ def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> Mark
         return Rejected("bad_marker", "report or batch counts out of bounds")
     if any(i > q.n_stations for i in m.readings_missing) or len(set(m.readings_missing)) != len(m.readings_missing):
         return Rejected("bad_marker", f"readings_missing must name distinct station indices 1..{q.n_stations}")
+    if m.shuffle_size is not None and m.shuffle_size > q.population:
+        return Rejected("bad_marker", f"shuffle size {m.shuffle_size} above the population {q.population} (a "
+                                      f"slot holds at most one report per device)")
     return MarkerPartial(m.query_id, m.query_version, m.epoch, m.round, partition, m.producer_id, m.producer_index,
                          m.producer_count, m.reports_to_partition, m.batches_to_partition, m.participants,
-                         m.refused, m.interrupted, tuple(m.readings_missing))
+                         m.refused, m.interrupted, tuple(m.readings_missing), m.shuffle_size)
 
 
 Stage1Result = BatchPartial | MarkerPartial | Rejected

@@ -7,7 +7,9 @@ field (a test validates rendered samples against the model and the JSON Schema).
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +23,10 @@ from schemas.epochs import epoch_start
 
 from .windows import CloseReason, WindowState
 
-__all__ = ["WITHHELD_CODES", "EpochResult", "QueryEstimators", "StationEstimates", "epoch_result", "epoch_results",
-           "retraction"]
+log = logging.getLogger(__name__)
+
+__all__ = ["WITHHELD_CODES", "EpochResult", "QueryEstimators", "ShuffledEpsilon", "StationEstimates", "epoch_result",
+           "epoch_results", "retraction", "round_down_2sig", "shuffle_needs"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -76,6 +80,10 @@ class EpochResult:
     retracted: bool = False  # re-publication that withdraws an epoch already published
     values: dict[str, StationEstimates] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
+    # central epsilon of the epoch's release at the smallest attested shuffle (ShuffledEpsilon);
+    # None when not attested (``shuffle_null`` says why, SHUFFLE_NULL_CODES) or infinite
+    epsilon_shuffled: float | None = None
+    shuffle_null: str | None = None
 
     @property
     def round_count_mismatch(self) -> int:
@@ -91,6 +99,7 @@ class EpochResult:
                 "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(),
                 "reports": self.reports, "participants": self.participants,
                 "epsilon": q.epsilon if math.isfinite(q.epsilon) else None,
+                "epsilon_shuffled": self.epsilon_shuffled,
                 "withheld": self.withheld, "closed_by": self.closed_by,
                 "round_count_mismatch": self.round_count_mismatch, "late": self.late, "refused": self.refused,
                 "missing_batches": self.missing_batches}
@@ -125,6 +134,66 @@ class EpochResult:
                 out.append((keys[i], f'{prefix}{s},"estimate":{est[i]!r},"sd":{sd[i]!r},"bounds":[{bounds}]'
                                      f',"consistent":{cons[i]}{quality[i]}}}'.encode()))
         return out
+
+
+def round_down_2sig(n: int) -> int:
+    """``n`` rounded DOWN to two significant digits (the shuffled epsilon's cache key).
+
+    >>> [round_down_2sig(n) for n in (1, 99, 100, 123, 999, 12_345, 1_000_001)]
+    [1, 99, 100, 120, 990, 12000, 1000000]
+    """
+    if n < 100:
+        return n
+    step = int(10 ** (len(str(n)) - 2))
+    return n // step * step
+
+
+class ShuffledEpsilon:
+    """The central epsilon of an epoch's release, ``spec.shuffled_epsilon(mech, V, n, delta)``,
+    cached per (query, version) and ``n`` rounded DOWN to two significant digits: one call may
+    take about a second, and epochs of one query see many nearby sizes. Rounding down is safe:
+    the shuffled epsilon decreases as the shuffle grows, so the value at the rounded-down size
+    is an upper bound of the value at the true size (never an understatement; at most ~10 %
+    fewer reports assumed). Bounded: the cache is emptied past ``max_entries``.
+
+    Thread-safe: the worker fills it off its event loop (:meth:`warm` in an executor) before the
+    closed epochs are estimated, where :meth:`get` then only looks up."""
+
+    def __init__(self, delta: float, max_entries: int = 4096) -> None:
+        if not 0 < delta < 1:
+            raise ValueError(f"delta {delta} is not in (0, 1)")
+        self.delta = delta
+        self.max_entries = max_entries
+        self._values: dict[tuple[str, int, int], float] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(q: Query, n: int) -> tuple[str, int, int]:
+        return q.query_id, q.version, round_down_2sig(n)
+
+    def cached(self, q: Query, n: int) -> bool:
+        return self.key(q, n) in self._values
+
+    def get(self, q: Query, n: int) -> float:
+        """The shuffled epsilon of ``q`` at shuffle size ``n`` (computed now if not cached)."""
+        k = self.key(q, n)
+        value = self._values.get(k)
+        if value is None:
+            try:
+                value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta))
+            except Exception:  # a bound that fails is published as null (NaN is not finite), never a crash
+                log.exception("shuffled epsilon of %s at n=%d failed", q.record_key, k[2])
+                value = math.nan  # cached too: not tried again on the event loop
+            with self._lock:
+                if len(self._values) >= self.max_entries:
+                    self._values.clear()
+                self._values[k] = value
+        return value
+
+    def warm(self, needed: Sequence[tuple[Query, int]]) -> None:
+        """Compute what ``needed`` lacks (call it off the event loop)."""
+        for q, n in needed:
+            self.get(q, n)
 
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
@@ -200,17 +269,42 @@ def retraction(q: Query, w: WindowState, confidences: Sequence[float]) -> EpochR
 
 
 def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, confidences: Sequence[float],
-                 min_participants: int, n_partitions: int = 1) -> EpochResult:
+                 min_participants: int, n_partitions: int = 1, shuffled: ShuffledEpsilon | None = None) -> EpochResult:
     """Every station's estimate by every estimator of the query, for a closed window."""
-    return epoch_results(qe, [(w, closed_by)], confidences, min_participants, n_partitions)[0]
+    return epoch_results(qe, [(w, closed_by)], confidences, min_participants, n_partitions, shuffled)[0]
+
+
+def _shuffled(q: Query, w: WindowState, n_partitions: int,
+              shuffled: ShuffledEpsilon | None) -> tuple[float | None, str | None]:
+    """(epsilon_shuffled, why null) of a closed window; (None, None) without a cache."""
+    if shuffled is None:
+        return None, None
+    n, code = w.shuffle_size(n_partitions, q.spec.per_sensor)
+    if n is None:
+        return None, code
+    eps = shuffled.get(q, n)  # NaN when the bound failed: null, never a lost epoch
+    return (eps if math.isfinite(eps) else None), None
+
+
+def shuffle_needs(q: Query, windows: Sequence[WindowState], n_partitions: int,
+                  shuffled: ShuffledEpsilon) -> list[tuple[Query, int]]:
+    """The (query, shuffle size) pairs the closing ``windows`` need and ``shuffled`` lacks."""
+    out: list[tuple[Query, int]] = []
+    for w in windows:
+        n, _ = w.shuffle_size(n_partitions, q.spec.per_sensor)
+        if n is not None and not shuffled.cached(q, n):
+            out.append((q, n))
+    return out
 
 
 def epoch_results(qe: QueryEstimators, closed: Sequence[tuple[WindowState, CloseReason]],
-                  confidences: Sequence[float], min_participants: int, n_partitions: int = 1) -> list[EpochResult]:
+                  confidences: Sequence[float], min_participants: int, n_partitions: int = 1,
+                  shuffled: ShuffledEpsilon | None = None) -> list[EpochResult]:
     """:func:`epoch_result` for several closed windows of one query version at once: the
     estimator arithmetic runs once on a ``(windows, stations)`` stack, not once per window
     (a backlog closes many epochs per batch; at few stations the per-call cost dominates).
-    The results are identical to closing the windows one by one."""
+    The results are identical to closing the windows one by one. With ``shuffled``, each
+    result carries its epoch's shuffled epsilon (or why it is null)."""
     q = qe.query
     spec = q.spec
     mech = q.build()
@@ -227,6 +321,7 @@ def epoch_results(qe: QueryEstimators, closed: Sequence[tuple[WindowState, Close
                           late=w.late, refused=w.refused(), missing_batches=w.missing_batches(),
                           withheld=None if why is None else why[1], no_source_data=w.no_source_data(),
                           withheld_code=None if why is None else why[0])
+        res.epsilon_shuffled, res.shuffle_null = _shuffled(q, w, n_partitions, shuffled)
         results.append(res)
         if why is None:
             live.append((res, spec.complete(mech, q.n_stations, w.counts, n), n))

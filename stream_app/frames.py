@@ -9,7 +9,8 @@ Schema version :data:`FRAME_SCHEMA_VERSION` (docs/wire.md, "Estimate frames"):
   ``mechanism``, ``epoch``, ``epoch_start``, ``reports``, ``participants``, ``epsilon``,
   ``withheld``, ``closed_by``, ``round_count_mismatch``, ``late``, ``refused``,
   ``missing_batches``) plus ``withheld_code``, ``retracted``, ``estimators`` and
-  ``confidences`` (which name the columns);
+  ``confidences`` (which name the columns), and the optional ``epsilon_shuffled`` (added within
+  version 2: a header from before it lacks it, read as null);
 * columns: ``station`` (int64), ``no_source_data`` (bool), and per estimator ``E``:
   ``E.estimate``, ``E.sd`` and, per confidence level ``c``, ``E.lower[c]`` and ``E.upper[c]``
   (float64; ``c`` written as in the rows, e.g. ``0.95``); then per estimator ``E.consistent``
@@ -181,13 +182,14 @@ def decode_frame(data: bytes) -> Frame:
 
 
 SHARED = HEADER_FIELDS[:14]  # the header fields a per-row estimate record repeats
+OPTIONAL_SHARED = ("epsilon_shuffled",)  # shared fields added within a version: absent reads as null
 
 
 def frame_rows(frame: Frame) -> Iterator[dict[str, Any]]:
     """The per-row estimate records, as dicts equal to ``json.loads`` of the rows, in the rows'
     order (estimator by estimator, station by station)."""
     h = frame.header
-    common = {"kind": "estimate", **{f: h[f] for f in SHARED}}
+    common = {"kind": "estimate", **{f: h[f] for f in SHARED}, **{f: h.get(f) for f in OPTIONAL_SHARED}}
     cols = frame.table.to_pydict()
     quality = ["no_source_data" if flag else "ok" for flag in cols["no_source_data"]]
     for name in frame.estimators:
@@ -216,14 +218,15 @@ LONG_SCHEMA = pa.schema([
     ("reports", pa.int64()), ("participants", pa.int64()), ("epsilon", pa.float64()), ("withheld", pa.string()),
     ("withheld_code", pa.string()), ("closed_by", pa.string()), ("round_count_mismatch", pa.int64()),
     ("late", pa.int64()), ("refused", pa.int64()), ("missing_batches", pa.int64()), ("retracted", pa.bool_()),
-    ("consistent", pa.float64()),
+    ("consistent", pa.float64()), ("epsilon_shuffled", pa.float64()),
 ])
 
 
 def long_table(frame: Frame) -> pa.Table:
     """The frame in long form (:data:`LONG_SCHEMA`), built column-wise: its rows' values,
     ``epoch_start`` as a timestamp (the same instant), plus ``withheld_code``, ``retracted`` and
-    ``consistent`` (null from a version-1 frame)."""
+    ``consistent`` (null from a version-1 frame) and ``epsilon_shuffled`` (null from a frame
+    whose header lacks it)."""
     parts = [_long_part(frame, name) for name in frame.estimators]
     return pa.concat_tables(parts) if parts else LONG_SCHEMA.empty_table()
 
@@ -249,5 +252,10 @@ def _long_part(frame: Frame, name: str) -> pa.Table:
                             else pa.nulls(t.num_rows, pa.float64())),
              "epoch_start": pa.repeat(pa.scalar(h["epoch"] * EPOCH_S * 1000, LONG_SCHEMA.field("epoch_start").type),
                                       t.num_rows)}
-    return pa.table({f.name: given[f.name] if f.name in given else pa.repeat(pa.scalar(h[f.name], f.type), t.num_rows)
+    return pa.table({f.name: given[f.name] if f.name in given
+                     else pa.repeat(pa.scalar(_header_value(h, f.name), f.type), t.num_rows)
                      for f in LONG_SCHEMA}, schema=LONG_SCHEMA)
+
+
+def _header_value(h: dict[str, Any], name: str) -> Any:
+    return h.get(name) if name in OPTIONAL_SHARED else h[name]

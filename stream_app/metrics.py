@@ -13,6 +13,7 @@ per vehicle exists to be a label.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _go_float
 
 from .estimate import WITHHELD_CODES, EpochResult
+from .windows import SHUFFLE_NULL_CODES
 
 __all__ = ["StationArrays", "StreamMonitor"]
 
@@ -158,6 +160,14 @@ class StreamMonitor:
                                         ["query"], registry=registry)
         self.epsilon = Gauge("ptt_query_epsilon", "Per-epoch epsilon of a device's whole report for the running "
                              "query version", ["query", "mechanism"], registry=registry)
+        self.epsilon_shuffled = Gauge(
+            "ptt_query_epsilon_shuffled", "Central epsilon of the latest closed epoch's release given the smallest "
+            "shuffle that fed it (assumes the shuffler does not collude with the analyst and mixed each report "
+            "among the n reports of its epoch and round); no series while the epoch's producers attest no shuffle",
+            ["query", "mechanism"], registry=registry)
+        self.shuffle_null = Counter("ptt_epsilon_shuffled_null_epochs", "Closed epochs published without a shuffled "
+                                    "epsilon, by reason (not_attested, exceeds_released)", ["query", "reason"],
+                                    registry=registry)
         self.crowd = Gauge("ptt_query_crowd_size_vehicles", "Haystack crowd size of an ALP query (mean, p01)",
                            ["query", "statistic"], registry=registry)
         self.records = Counter("ptt_records", "Records read from the reports topic", ["kind"], registry=registry)
@@ -197,6 +207,8 @@ class StreamMonitor:
             counter.labels(query).inc(0)
         for code in WITHHELD_CODES:
             self.withheld_epochs.labels(query, code).inc(0)
+        for code in SHUFFLE_NULL_CODES:
+            self.shuffle_null.labels(query, code).inc(0)
 
     def know_reasons(self, reasons: Sequence[str]) -> None:
         for reason in reasons:
@@ -243,6 +255,13 @@ class StreamMonitor:
             self.epoch_reports.labels(qid, str(rnd)).set(n)
         self.epoch_participants.labels(qid).set(r.participants)
         self.epsilon.labels(qid, q.mechanism).set(q.epsilon)
+        if r.epsilon_shuffled is not None:
+            self.epsilon_shuffled.labels(qid, q.mechanism).set(r.epsilon_shuffled)
+        else:  # not attested (or infinite): no number, rather than a stale one
+            with contextlib.suppress(KeyError):
+                self.epsilon_shuffled.remove(qid, q.mechanism)
+        if r.shuffle_null is not None:
+            self.shuffle_null.labels(qid, r.shuffle_null).inc()
         for stat, value in r.extra.items():
             self.crowd.labels(qid, stat).set(value)
         if r.withheld is not None:

@@ -114,6 +114,7 @@ class MarkerPartial(_Windowed):
     refused: int
     interrupted: bool
     readings_missing: tuple[int, ...] = ()
+    shuffle_size: int | None = None  # a shuffler's attested shuffle size for this round (None: not attested)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,8 @@ def encode_partial(p: Partial) -> bytes:
         kind = b"B"
     else:  # flat dataclasses: their fields by name (dataclasses.asdict deep-copies: slow)
         head = {name: getattr(p, name) for name in _FIELDS[type(p)]}
+        if head.get("shuffle_size", 0) is None:  # not attested: the record a worker wrote before the field
+            del head["shuffle_size"]
         blob = b""
         kind = b"M" if isinstance(p, MarkerPartial) else b"T"
     h = json.dumps(head, separators=(",", ":")).encode()
@@ -163,6 +166,9 @@ def decode_partial(data: bytes) -> Partial:
             return Tick(**head)
         if kind == "marker":
             head["readings_missing"] = tuple(head.get("readings_missing", ()))
+            size = head.get("shuffle_size")
+            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+                raise ValueError(f"bad shuffle size {size!r}")
             return MarkerPartial(**head)
         dt = head.pop("dtype")
         if dt not in _DTYPES:

@@ -45,6 +45,10 @@ class WorkerSettings(BrokerLossSettings):
                                                              "the newest epoch a quorum of partitions reached "
                                                              "(keep it above the partitions' skew when reading a "
                                                              "backlog)")
+    shuffle_delta: float = Field(default=1e-6, gt=0, lt=1e-2,
+                                 description="delta of the published epsilon_shuffled (the central epsilon of an "
+                                             "epoch released by a shuffler that attests its shuffle size), in "
+                                             "(0, 0.01); keep it well below 1 / the population")
     unknown_query_grace_s: float = Field(default=10.0, ge=0, description="how long stage 1 waits for a query it "
                                                                        "does not know yet before dead-lettering")
     fault_state_write_delay_s: float = Field(default=0.0, ge=0, le=600,

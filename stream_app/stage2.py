@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 from schemas import Query
 
-from .estimate import EpochResult, QueryEstimators, epoch_results, retraction
+from .estimate import EpochResult, QueryEstimators, ShuffledEpsilon, epoch_results, retraction, shuffle_needs
 from .frames import encode_frame
 from .records import WindowId
 from .windows import CloseReason, Outcome, WindowState
 
-__all__ = ["OutputSettings", "by_partition", "epoch_outputs", "publish_chunks"]
+__all__ = ["OutputSettings", "by_partition", "epoch_outputs", "publish_chunks", "shuffled_needs"]
 
 
 def by_partition(records: Iterable[tuple[int, bytes]], split: Callable[[bytes], list[bytes]]
@@ -52,6 +52,7 @@ class OutputSettings:
     confidences: tuple[float, ...]
     min_participants: int
     n_source_partitions: int
+    shuffled: ShuffledEpsilon | None = None  # the shuffled epsilon's cache (None: not computed)
 
 
 def epoch_outputs(outcome: Outcome, known: Callable[[str, int], Query | None],
@@ -66,7 +67,8 @@ def epoch_outputs(outcome: Outcome, known: Callable[[str, int], Query | None],
         q = known(query_id, version)
         if q is None:
             continue
-        results = epoch_results(estimators(q), closed, out.confidences, out.min_participants, out.n_source_partitions)
+        results = epoch_results(estimators(q), closed, out.confidences, out.min_participants, out.n_source_partitions,
+                                out.shuffled)
         for (st, _), res in zip(closed, results, strict=True):
             st.published = res.withheld is None
             yield res
@@ -75,6 +77,20 @@ def epoch_outputs(outcome: Outcome, known: Callable[[str, int], Query | None],
         if q is not None:
             st.published = False
             yield retraction(q, st, out.confidences)
+
+
+def shuffled_needs(outcome: Outcome, known: Callable[[str, int], Query | None],
+                   out: OutputSettings) -> list[tuple[Query, int]]:
+    """The shuffled epsilons the outcome's closed epochs need that the cache lacks: the caller
+    computes them (:meth:`ShuffledEpsilon.warm`) off the event loop before :func:`epoch_outputs`."""
+    if out.shuffled is None:
+        return []
+    need: list[tuple[Query, int]] = []
+    for st, _ in outcome.closed:
+        q = known(st.wid.query_id, st.wid.query_version)
+        if q is not None:
+            need += shuffle_needs(q, [st], out.n_source_partitions, out.shuffled)
+    return need
 
 
 def publish_chunks(results: Iterable[EpochResult], limit: int, rows: bool = True, frames: bool = False

@@ -21,7 +21,7 @@ from schemas.settings import KafkaSettings
 __all__ = ["FrameCounts", "LongWriter", "format_row", "keep_frames", "latest_frames", "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
-         f"{'N':>8} {'eps':>6}"
+         f"{'N':>8} {'eps':>6} {'eps shuf':>8}"
 
 
 def format_row(e: Estimate) -> str:
@@ -33,7 +33,8 @@ def format_row(e: Estimate) -> str:
     flag = "  no source data" if e.data_quality != "ok" else ""
     return (f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8} "
             f"{e.estimate or 0.0:>10.1f} {bound:>20} {e.participants:>8} "
-            f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6}{flag}")
+            f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6} "
+            f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}{flag}")  # '-': not attested
 
 
 def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None

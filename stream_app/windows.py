@@ -64,7 +64,7 @@ from schemas.wire import FRAME_LENGTH
 
 from .records import BatchPartial, MarkerPartial, Partial, Tick, WindowId
 
-__all__ = ["CloseReason", "Marker", "Outcome", "Watermarks", "WindowPolicy", "WindowState"]
+__all__ = ["SHUFFLE_NULL_CODES", "CloseReason", "Marker", "Outcome", "Watermarks", "WindowPolicy", "WindowState"]
 
 IntArray = npt.NDArray[np.int64]
 CloseReason = Literal["markers", "watermark", "wall_clock"]
@@ -81,19 +81,31 @@ class Marker:
     refused: int
     interrupted: bool
     readings_missing: tuple[int, ...] = ()
+    shuffle_size: int | None = None  # attested by a shuffler (None: not attested)
 
+
+def _order(m: Marker) -> tuple[Any, ...]:
+    """A total order on markers (``astuple``, with an absent shuffle size below any size)."""
+    return (*astuple(m)[:-1], -1 if m.shuffle_size is None else m.shuffle_size)
+
+
+#: why an epoch's shuffled epsilon is null (a metric label): no producer's attestation for some
+#: (round, producer) -- the direct path -- or an attested size above what that producer released
+SHUFFLE_NULL_CODES = ("not_attested", "exceeds_released")
 
 MarkerSlot = tuple[int, int, int]  # (round, producer index, source partition)
 
 
 def _decoded_marker(f: list[Any]) -> Marker:
+    # state written before a field existed has fewer entries: readings_missing (7), shuffle_size (8)
     return Marker(str(f[0]), int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]), bool(f[6]),
-                  tuple(int(i) for i in f[7]) if len(f) > 7 else ())
+                  tuple(int(i) for i in f[7]) if len(f) > 7 else (),
+                  int(f[8]) if len(f) > 8 and f[8] is not None else None)
 
 
 def _marker(p: MarkerPartial) -> Marker:
     return Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused, p.interrupted,
-                  tuple(p.readings_missing))
+                  tuple(p.readings_missing), p.shuffle_size)
 
 
 @dataclass
@@ -165,7 +177,7 @@ class WindowState:
             # the two (a fixed rule), so what the withheld epoch still reports (participants,
             # refused, missing batches) and the stored state do not depend on arrival order.
             self.conflicting.add(slot)
-            self.markers[slot] = min(held, marker, key=astuple)
+            self.markers[slot] = min(held, marker, key=_order)
             return "added"
         self.markers[slot] = marker
         return "added"
@@ -210,6 +222,38 @@ class WindowState:
         seen: Counter[tuple[int, str, int]] = Counter(self.seen.values())
         return sum(max(0, m.batches - seen[(r, m.producer_id, p)]) for (r, _, p), m in self.markers.items())
 
+    def shuffle_size(self, n_partitions: int, per_sensor: bool) -> tuple[int | None, str | None]:
+        """``(n, None)``: the smallest shuffle any producer attests for any round of this epoch,
+        the ``n`` of its shuffled epsilon; or ``(None, code)`` (:data:`SHUFFLE_NULL_CODES`).
+
+        Every (round, producer) must attest on every partition (markers complete), else
+        ``not_attested``: one unshuffled producer's reports are not hidden among the others'.
+        A producer's size (the smallest it claims over partitions) cannot exceed what it
+        released in that round -- the reports its markers declare over all partitions for a
+        station-valued mechanism (one report per device; the worker holds the arrived reports
+        to that total), the round's participants for a per-sensor one (a device's report is its
+        pairs, possibly none) -- else ``exceeds_released``: a size that cannot be true proves
+        nothing, and is never published as a smaller epsilon."""
+        if not self.markers_complete(n_partitions):
+            return None, "not_attested"
+        sizes: dict[tuple[int, int], int] = {}
+        released: dict[tuple[int, int], int] = {}
+        unattested = False
+        for (r, i, _), m in self.markers.items():
+            if per_sensor:  # what it released: over all its partitions' markers, attesting or not
+                released[(r, i)] = min(released.get((r, i), m.participants), m.participants)
+            else:
+                released[(r, i)] = released.get((r, i), 0) + m.reports
+            if m.shuffle_size is None:
+                unattested = True
+            else:
+                sizes[(r, i)] = min(sizes.get((r, i), m.shuffle_size), m.shuffle_size)
+        if any(n > released[k] for k, n in sizes.items()):
+            return None, "exceeds_released"
+        if unattested or not sizes:
+            return None, "not_attested"
+        return min(sizes.values()), None
+
     def close(self, reason: CloseReason) -> None:
         self.closed_by = reason
 
@@ -224,8 +268,11 @@ class WindowState:
         # late one) and the report counts, not the batch ids or the count arrays
         head["reports"] = self.reports.tolist()
         head["tallied"] = self.tallied.tolist()
+        # an unattested marker is stored as before the shuffle size existed (state stays readable both ways)
         head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
-                            m.refused, m.interrupted, list(m.readings_missing)] for slot, m in self.markers.items()]
+                            m.refused, m.interrupted, list(m.readings_missing),
+                            *(() if m.shuffle_size is None else (m.shuffle_size,))]
+                           for slot, m in self.markers.items()]
         head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
         if self.closed_by is None:
             head["seen"] = [[b, *v] for b, v in self.seen.items()]

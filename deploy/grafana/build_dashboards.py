@@ -290,7 +290,15 @@ def station() -> dashboard_builders.Dashboard:
         next(ids), "Epsilon per epoch", "Local epsilon of the running version of each query (what one vehicle's "
         "report leaks per epoch, brute force over the mechanism's output table).",
         targets((f"max by (query, mechanism) ({sel('ptt_query_epsilon', QUERY)})", "{{query}} ({{mechanism}})")),
-        w=8, decimals=3))
+        w=4, decimals=3))
+    board.with_panel(stat_panel(
+        next(ids), "Shuffled epsilon per epoch", "Central epsilon of the latest closed epoch's release given the "
+        "smallest shuffle that fed it, at the worker's PTT_SHUFFLE_DELTA: it assumes the shuffler does not collude "
+        "with the analyst and mixed each report among the n reports of its epoch and round. No value while the "
+        "epoch's producers attest no shuffle size (the direct replay).",
+        targets((f"max by (query, mechanism) ({sel('ptt_query_epsilon_shuffled', QUERY)})",
+                 "{{query}} ({{mechanism}})")),
+        w=4, decimals=3))
     for spec in _crowds():
         board.with_panel(stat_panel(
             next(ids), f"{spec.title or spec.name} crowd size", f"Haystack crowd size of the {spec.title or spec.name} "

@@ -9,8 +9,8 @@ written by ``ptt subscribe --json``). Outputs, in ``--out``:
   only the busiest stations (by total truth) unless ``--station`` names them;
 * ``summary.txt`` (also printed) and ``summary.json``: per (query, estimator) the number of
   (station, epoch) cells, how often each confidence level's bounds cover the truth, the mean
-  absolute error, the mean band width per level, epsilon, and what was withheld or had no
-  ground truth.
+  absolute error, the mean band width per level, epsilon, the shuffled epsilon (the largest over
+  the epochs that carry one), and what was withheld or had no ground truth.
 
 Loading (from any iterable of JSON lines), joining with the truth and the summary
 (:mod:`.summary`) and the plots (:mod:`.plots`, which write the files they are given) are

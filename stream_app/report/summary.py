@@ -69,6 +69,7 @@ class Row:
     epsilon: float
     participants: int
     withheld: str | None
+    epsilon_shuffled: float | None = None  # null on the wire: not attested (or infinite)
 
     @classmethod
     def of(cls, e: Estimate, starts: dict[tuple[datetime, timedelta | None], datetime] | None = None) -> Row:
@@ -80,7 +81,7 @@ class Row:
         return cls(sys.intern(e.query_id), e.query_version, sys.intern(e.mechanism), sys.intern(e.estimator),
                    e.epoch, start, e.station, e.estimate, tuple((b.confidence, b.lower, b.upper) for b in e.bounds),
                    math.inf if e.epsilon is None else e.epsilon,  # null on the wire = infinite
-                   e.participants, None if e.withheld is None else sys.intern(e.withheld))
+                   e.participants, None if e.withheld is None else sys.intern(e.withheld), e.epsilon_shuffled)
 
     @property
     def key(self) -> tuple[str, int, int, int, str]:
@@ -195,11 +196,13 @@ def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
                 table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise ValueError(f"{path} is not a Parquet or Arrow file: {exc}") from None
-    missing = [f for f in LONG_SCHEMA.names if f not in table.column_names]
+    optional = ("epsilon_shuffled",)  # added later: a file written before it lacks the column (null)
+    missing = [f for f in LONG_SCHEMA.names if f not in table.column_names and f not in optional]
     if missing:
         raise ValueError(f"{path} is not a long-form estimates file (no column {', '.join(missing)})")
     extra = ("withheld_code", "retracted")
-    for batch in table.select([f for f in LONG_SCHEMA.names if f not in extra]).to_batches():
+    keep = [f for f in LONG_SCHEMA.names if f not in extra and f in table.column_names]
+    for batch in table.select(keep).to_batches():
         for row in batch.to_pylist():
             yield Estimate.model_validate({"kind": "estimate", **row})
 
@@ -300,6 +303,9 @@ class GroupSummary:
     bias: float | None
     rmse: float | None
     withheld_reasons: dict[str, int] = field(default_factory=dict)
+    # the largest shuffled epsilon over the epochs that have one, and how many epochs have one
+    epsilon_shuffled: float | None = None
+    shuffled_epochs: int = 0
 
     @property
     def epsilon(self) -> float:
@@ -319,6 +325,7 @@ class GroupSummary:
             "mean_width": {f"{c:g}": v for c, v in self.mean_width.items()},
             "mae": self.mae, "bias": self.bias, "rmse": self.rmse,
             "withheld_reasons": dict(self.withheld_reasons),
+            "epsilon_shuffled": self.epsilon_shuffled, "shuffled_epochs": self.shuffled_epochs,
         }
 
 
@@ -352,6 +359,7 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupS
         if not c.row.published:
             reasons[c.row.withheld or "no estimate"] += 1
     starts = [c.row.epoch_start for c in cells]
+    shuffled = {c.row.epoch: c.row.epsilon_shuffled for c in cells if c.row.epsilon_shuffled is not None}
     return GroupSummary(
         query_id=query_id, estimator=estimator, mechanism=cells[0].row.mechanism,
         versions=tuple(sorted({c.row.query_version for c in cells})),
@@ -361,6 +369,7 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupS
         first_epoch_start=min(starts), last_epoch_start=max(starts), coverage=coverage, mean_width=width,
         mae=_mean([abs(e) for e in errors]), bias=_mean(errors), rmse=None if mse is None else math.sqrt(mse),
         withheld_reasons=dict(sorted(reasons.items())),
+        epsilon_shuffled=max(shuffled.values()) if shuffled else None, shuffled_epochs=len(shuffled),
     )
 
 
@@ -398,6 +407,12 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             f"  withheld                 {g.withheld:,}",
         ]
         lines += [f"    {n:,}  {reason}" for reason, n in g.withheld_reasons.items()]
+        lines.append("  shuffled epsilon         " + (
+            "not attested (no epoch came through a shuffler that attests its shuffle size)"
+            if g.epsilon_shuffled is None else
+            f"at most {g.epsilon_shuffled:.4g} per epoch, in {g.shuffled_epochs:,} of {g.epochs:,} epochs "
+            f"(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
+            f"of its epoch and round)"))
         lines.append(f"  without ground truth     {g.without_truth:,}")
         lines.append(f"  compared with the truth  {g.with_truth:,}")
         for lvl in sorted(g.coverage, reverse=True):

@@ -303,7 +303,9 @@ class Shuffler:
                 query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,
                 reports_to_partition=per_round[r][part][0], batches_to_partition=per_round[r][part][1],
                 reports_total=rnd.reports, batches_total=sum(b for _, b in per_round[r].values()),
-                participants=rnd.devices, refused=0, mode="per-vehicle") for r, rnd in enumerate(out.rounds))
+                participants=rnd.devices, refused=0, mode="per-vehicle",
+                # the attestation: this round's device reports were permuted together, as one shuffle
+                shuffle_size=rnd.devices or None) for r, rnd in enumerate(out.rounds))
             self._producer.send(s.reports_topic, key=f"eoe-{s.transactional_id}".encode(), partition=part,
                                 value=encode_json(EndOfEpochSet(markers=markers)), timestamp_ms=stamp,
                                 headers=[(KIND_HEADER, b"end_of_epoch")])

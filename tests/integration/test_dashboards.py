@@ -28,7 +28,7 @@ from producers.replay import load_day
 from producers.replay import replay as run_replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
-from schemas import encode_batch, new_batch_id
+from schemas import EndOfEpoch, EndOfEpochSet, encode_batch, encode_json, new_batch_id
 from schemas.kafka_io import read_queries
 from stream_app.cli.demo import prometheus_config
 from stream_app.cli.local_broker import free_port, terminate
@@ -133,6 +133,40 @@ def _send_late_record(rs: ReplaySettings) -> str:
     return q.query_id
 
 
+def _send_shuffled_epoch(rs: ReplaySettings, epoch_index: int) -> str:
+    """One Sampling Privacy epoch as a shuffler releases it (a producer of its own, markers that
+    attest the shuffle size): the direct replay attests none, and the shuffled-epsilon panel
+    would stay empty. Reports drawn from the mechanism's outputs for vehicles at no station."""
+    day = load_day(rs)
+    q = next(q for q in read_queries(rs) if q.mechanism == "sp")
+    epoch = int(day.epochs[epoch_index])
+    n = min(60, q.population)
+    mech = q.build()
+    rng = np.random.default_rng(7)
+    sink = ReportSink(rs, rs.reports_topic)
+    sent: dict[int, int] = {}
+    for r in range(q.n_rounds):
+        batch_id = new_batch_id()
+        table = mech.output_table(r)[0]
+        values = rng.choice(table.size, size=n, p=table / table.sum())
+        sink.send(encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": q.version, "epoch": epoch,
+                                "round": r, "producer_id": "shuf-test-0", "layout": "values",
+                                "n_stations": q.n_stations, "n_outputs": q.n_outputs, "batch_id": batch_id,
+                                "reports": n}, {"value": values}),
+                  key=batch_id.encode(), partition=(part := sink.partition_for(batch_id.encode())))
+        sent[r] = part
+    for part in range(rs.partitions):
+        markers = tuple(EndOfEpoch(
+            producer_id="shuf-test-0", producer_index=0, producer_count=1, query_id=q.query_id,
+            query_version=q.version, epoch=epoch, round=r, partition=part,
+            reports_to_partition=n if sent[r] == part else 0, batches_to_partition=int(sent[r] == part),
+            reports_total=n, batches_total=1, participants=n, refused=0, mode="per-vehicle", shuffle_size=n)
+            for r in range(q.n_rounds))
+        sink.send(encode_json(EndOfEpochSet(markers=markers)), key=b"eoe-shuf-test-0", partition=part)
+    sink.close()
+    return q.query_id
+
+
 # -- Grafana's side: variables and substitution ------------------------------------------------
 
 def _regex_escape(value: str) -> str:
@@ -205,6 +239,8 @@ def test_every_panel_of_every_dashboard_has_data(broker: str, tmp_path: Path, mo
         wait_for(lambda: metric(worker.metrics(), "ptt_epochs_closed_total") >= closed, 60, "every epoch closed")
         late_query = _send_late_record(rs)
         wait_for(lambda: metric(worker.metrics(), "ptt_late_records_total", query=late_query) >= 1, 30, "late")
+        shuffled_query = _send_shuffled_epoch(rs, NORMAL_EPOCHS + REFUSING_EPOCHS)
+        wait_for(lambda: "ptt_query_epsilon_shuffled{" in worker.metrics(), 60, "a shuffled epoch's epsilon")
         text = worker.metrics()
         # the events the overview counts really happened (not just zero-valued series)
         assert metric(text, "ptt_dead_letters_total") == bad
@@ -212,6 +248,8 @@ def test_every_panel_of_every_dashboard_has_data(broker: str, tmp_path: Path, mo
         assert metric(text, "ptt_refused_vehicles_total", query="rr-day") > 0
         assert metric(text, "ptt_refused_vehicles_total", query="alp-day") == 0
         assert metric(text, "ptt_suppressed_estimates_total", query="sp-day") > 0
+        assert metric(text, "ptt_query_epsilon_shuffled", query=shuffled_query) > 0
+        assert metric(text, "ptt_epsilon_shuffled_null_epochs_total", query=shuffled_query) > 0  # the direct epochs
 
         wait_for(lambda: bool(prom.query("ptt_late_records_total")), 30, "Prometheus to scrape it all")
         pending: dict[tuple[str, str, str], tuple[str, str]] = {}

@@ -4,6 +4,7 @@ device reports in, the existing columnar batches and markers out, estimates as w
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -107,6 +108,23 @@ def _assert_cores_estimates(rs: ReplaySettings, ws: WorkerSettings, epochs: int,
                         assert (b.lower, b.upper) == pytest.approx((lo[j], hi[j]), rel=1e-12, abs=1e-9)
 
 
+def _assert_shuffled_epsilon(rs: ReplaySettings, ws: WorkerSettings) -> int:
+    """Every estimate carries the shuffled epsilon of its epoch: the spec's at n, the reports the
+    (one) shuffler mixed per round -- every participant's, in each round -- rounded DOWN to 2
+    significant digits; non-null (the shuffler attests) wherever the spec's value is finite.
+    Returns how many estimates were checked."""
+    queries = {(q.query_id, q.version): q for q in read_queries(rs)}
+    checked = 0
+    for e in read_estimates(ws).values():
+        q = queries[(e.query_id, e.query_version)]
+        n = e.participants
+        rounded = n if n < 100 else n - n % 10 ** (len(str(n)) - 2)
+        want = q.spec.shuffled_epsilon(q.build(), q.n_stations, rounded, ws.shuffle_delta)
+        assert math.isfinite(want) and e.epsilon_shuffled == want, (e, n, rounded, want)
+        checked += 1
+    return checked
+
+
 def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: str, tmp_path: Path) -> None:
     """Every simulated vehicle's report as its own record, through the shuffler: the worker
     publishes, for SP, ALP and RR, exactly what the statistics core computes from the same
@@ -125,6 +143,7 @@ def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: st
         _assert_nothing_links(ss)
         assert [DeadLetter.model_validate_json(r.value) for r in drain(ws, ws.dead_letter_topic, quiet_polls=1)] == []
         _assert_cores_estimates(rs, ws, epochs, bounds=True)
+        assert _assert_shuffled_epsilon(rs, ws) == n_rows
     finally:
         worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
@@ -302,7 +321,8 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     """``ptt demo --via-shuffler`` (the demo starts the shuffler, the replay sends single device
     reports) publishes for the same seeded fleet the same estimates as the demo without it:
     every field, except ``data_quality`` (the shuffler cannot know which stations had no
-    source reading), and nothing withheld -- ALP and RR included."""
+    source reading) and ``epsilon_shuffled`` (null on the direct path, which attests no
+    shuffle; a number through the shuffler), and nothing withheld -- ALP and RR included."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain = _demo_estimates(tmp_path / "a")
@@ -311,5 +331,6 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     assert len(plain) == 6 * 4 * 6 and plain.keys() == via.keys()  # 6 epochs, 4 stations, 6 estimators
     for key, e in plain.items():
         assert e["withheld"] is None and via[key]["withheld"] is None, (e, via[key])
-        assert {k: v for k, v in via[key].items() if k != "data_quality"} == {
-            k: v for k, v in e.items() if k != "data_quality"}, key
+        assert e["epsilon_shuffled"] is None and via[key]["epsilon_shuffled"] is not None, (e, via[key])
+        assert {k: v for k, v in via[key].items() if k not in ("data_quality", "epsilon_shuffled")} == {
+            k: v for k, v in e.items() if k not in ("data_quality", "epsilon_shuffled")}, key

@@ -1273,6 +1273,7 @@ def test_station_dashboard_has_a_panel_per_mechanism_with_bands_and_truth(
     stats = [p for p in _panels(board) if p["type"] == "stat"]
     stat_exprs = " ".join(t["expr"] for p in stats for t in p["targets"])
     assert "ptt_query_epsilon" in stat_exprs
+    assert "ptt_query_epsilon_shuffled{" in stat_exprs  # next to the local epsilon
     assert 'statistic="mean"' in stat_exprs and 'statistic="p01"' in stat_exprs
 
 

@@ -37,6 +37,7 @@ WITH_EXAMPLES = {
     "stream_app.cli.demo": 5,
     "stream_app.cli.errors": 1,
     "stream_app.decode": 5,
+    "stream_app.estimate": 1,
     "stream_app.frames": 10,
     "stream_app.guard": 2,
     "stream_app.introspect": 5,

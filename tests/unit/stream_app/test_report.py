@@ -369,3 +369,28 @@ def test_frames_and_their_long_table_load_as_their_rows(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a long-form estimates file"):
         list(R.estimates_of_long_table(other))
     assert main(["report", "--estimates", str(other), "--no-truth", "--out", str(out)]) == EXIT_INPUT
+
+
+def test_the_shuffled_epsilon_is_the_largest_over_the_epochs_that_carry_one(tmp_path: Path) -> None:
+    """``epsilon_shuffled`` per (query, estimator): the largest over the epochs that carry one,
+    and in how many; "not attested" when none does (the direct replay); a long-form file
+    written before the column existed still loads (as null)."""
+    import pyarrow.parquet as pq
+
+    from stream_app.frames import encode_frame
+    from stream_app.subscribe import write_frames
+    from tests.unit.stream_app.test_frames import make_query, make_result
+
+    shuffled = [_est(e, A, 5.0, (4, 6)).model_copy(update={"epsilon_shuffled": eps})
+                for e, eps in ((0, 0.5), (1, 0.75), (2, None))]
+    (g,) = R.summarize(R.join(R.load_estimates(_lines([*shuffled])).rows, {}))
+    assert (g.epsilon_shuffled, g.shuffled_epochs, g.epochs) == (0.75, 2, 3)
+    assert g.to_json()["epsilon_shuffled"] == 0.75 and g.to_json()["shuffled_epochs"] == 2
+    assert "shuffled epsilon         at most 0.75 per epoch, in 2 of 3 epochs (assumes the shuffler does not " \
+           "collude" in R.format_summary([g])
+    (plain,) = R.summarize(R.join(R.load_estimates(_lines([_est(0, A, 5.0, (4, 6))])).rows, {}))
+    assert plain.epsilon_shuffled is None and "shuffled epsilon         not attested" in R.format_summary([plain])
+    day = tmp_path / "old.parquet"
+    write_frames([encode_frame(make_result(make_query(4)))], day, "parquet")
+    pq.write_table(pq.read_table(day).drop_columns(["epsilon_shuffled"]), day)  # as written before the column
+    assert {r.epsilon_shuffled for r in R.load_estimates(R.estimates_of_long_table(day)).rows} == {None}

@@ -29,6 +29,9 @@ def test_row_format() -> None:
     row = sub.format_row(_est(712377))
     assert "sp-day" in row and "712377" in row and "41.7" in row and "[30.1, 55.2]" in row and "938" in row
     assert "withheld: too few" in sub.format_row(_est(712377, withheld="too few"))
+    assert row.endswith(" 2.70        -")  # no shuffled epsilon: not attested
+    shuffled = _est(712377).model_copy(update={"epsilon_shuffled": 0.4321})
+    assert sub.format_row(shuffled).endswith(" 2.70    0.432")
 
 
 def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
