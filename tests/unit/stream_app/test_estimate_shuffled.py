@@ -117,13 +117,13 @@ def test_the_gauge_follows_the_latest_epoch() -> None:
 
 def test_computed_once_per_query_version_and_rounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = estimators.shuffle.epoch_epsilon
+    real = estimators.shuffle.shuffled_epsilon
 
     def counting(ratios: Any, n: int, delta: float = 1e-6) -> float:
         calls.append(n)
         return real(ratios, n, delta)
 
-    monkeypatch.setattr(estimators.shuffle, "epoch_epsilon", counting)
+    monkeypatch.setattr(estimators.shuffle, "shuffled_epsilon", counting)
     cache = ShuffledEpsilon(DELTA)
     q = QUERIES["alp"]
     values = [cache.get(q, n) for n in (12_345, 12_399, 12_000, 11_999, 12_345)]
@@ -213,7 +213,7 @@ def test_a_failing_bound_is_null_once_never_a_crash(monkeypatch: pytest.MonkeyPa
         calls.append(n)
         raise FloatingPointError("no bound here")
 
-    monkeypatch.setattr(estimators.shuffle, "epoch_epsilon", failing)
+    monkeypatch.setattr(estimators.shuffle, "shuffled_epsilon", failing)
     q = QUERIES["alp"]
     _, w, _ = run(q)
     attest(w, q)

@@ -20,13 +20,13 @@ from tests.unit.stream_app.test_estimate_shuffled import attest
 
 def test_needs_then_warm_then_publish_without_computing(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = estimators.shuffle.epoch_epsilon
+    real = estimators.shuffle.shuffled_epsilon
 
     def counting(ratios: Any, n: int, delta: float = 1e-6) -> float:
         calls.append(n)
         return real(ratios, n, delta)
 
-    monkeypatch.setattr(estimators.shuffle, "epoch_epsilon", counting)
+    monkeypatch.setattr(estimators.shuffle, "shuffled_epsilon", counting)
     q = QUERIES["alp"]
     _, attested, _ = run(q)
     n = min(attest(attested, q).values())
