@@ -40,7 +40,16 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
-from schemas import EndOfEpoch, EndOfEpochSet, Query, WireError, decode_device_report, encode_batch, encode_json
+from schemas import (
+    EndOfEpoch,
+    EndOfEpochSet,
+    Query,
+    SourceEpoch,
+    WireError,
+    decode_device_record,
+    encode_batch,
+    encode_json,
+)
 from schemas.epochs import EPOCH_S
 from schemas.kafka_io import QueryReader, connect, ensure_topics
 
@@ -62,6 +71,7 @@ class ShufflerSummary:
     withheld: Counter[str] = field(default_factory=Counter)
     dead_letters: Counter[str] = field(default_factory=Counter)
     restored: int = 0
+    notes: int = 0  # the replay's source metadata records (SourceEpoch), not device reports
 
     def line(self) -> str:
         w = ", ".join(f"{k}: {v}" for k, v in sorted(self.withheld.items())) or "none"
@@ -174,8 +184,11 @@ class Shuffler:
     def _apply(self, state: dict[str, Any]) -> None:
         self._salt = state.get("salt") or self._salt
         for p, raw in state.get("admit", ()):
-            report = decode_device_report(raw.encode())
-            self.policy.admit(report, self._query(report.query_id, report.query_version), p, time.monotonic())
+            record = decode_device_record(raw.encode())
+            if isinstance(record, SourceEpoch):
+                self.policy.note(record, self._active(record.epoch), p, time.monotonic())
+                continue
+            self.policy.admit(record, self._query(record.query_id, record.query_version), p, time.monotonic())
             self.summary.restored += 1
         for q, v, e in state.get("decided", ()):
             self.policy.mark_decided((q, v, e))
@@ -186,6 +199,16 @@ class Shuffler:
             self._reader.poll(200)
             q = self._reader.queries.get((query_id, version))
         return q
+
+    def _active(self, epoch: int) -> list[Query]:
+        """The queries whose window holds ``epoch``."""
+        self._reader.poll(0)
+        out = []
+        for q in self._reader.queries.values():
+            start, end = q.epoch_range()
+            if start <= epoch < end:
+                out.append(q)
+        return out
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self, fault_hold_s: float) -> None:
@@ -203,12 +226,17 @@ class Shuffler:
                 for rec in records:
                     self.summary.received += 1
                     try:
-                        report = decode_device_report(rec.value)
+                        report = decode_device_record(rec.value)
                     except WireError as exc:
                         letters.append((Rejected(exc.reason, exc.detail), rec))
                         continue
-                    why = self.policy.admit(report, self._query(report.query_id, report.query_version),
-                                            rec.partition, time.monotonic())
+                    if isinstance(report, SourceEpoch):  # fleet metadata, not a device report
+                        self.summary.received -= 1
+                        self.summary.notes += 1
+                        why = self.policy.note(report, self._active(report.epoch), rec.partition, time.monotonic())
+                    else:
+                        why = self.policy.admit(report, self._query(report.query_id, report.query_version),
+                                                rec.partition, time.monotonic())
                     if why is not None:
                         letters.append((why, rec))
                     else:
@@ -297,13 +325,15 @@ class Shuffler:
                 per_part[part][0] += n
                 per_part[part][1] += 1
             per_round.append(per_part)
+        missing = tuple(i + 1 for i, station in enumerate(q.sensors) if station in out.no_data)
         for part in self._out_parts:
             markers = tuple(EndOfEpoch(
                 producer_id=s.transactional_id, producer_index=s.instance_index, producer_count=s.instance_count,
                 query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,
                 reports_to_partition=per_round[r][part][0], batches_to_partition=per_round[r][part][1],
                 reports_total=rnd.reports, batches_total=sum(b for _, b in per_round[r].values()),
-                participants=rnd.devices, refused=0, mode="per-vehicle") for r, rnd in enumerate(out.rounds))
+                participants=rnd.devices, refused=0, mode="per-vehicle", interrupted=out.interrupted,
+                readings_missing=missing) for r, rnd in enumerate(out.rounds))
             self._producer.send(s.reports_topic, key=f"eoe-{s.transactional_id}".encode(), partition=part,
                                 value=encode_json(EndOfEpochSet(markers=markers)), timestamp_ms=stamp,
                                 headers=[(KIND_HEADER, b"end_of_epoch")])

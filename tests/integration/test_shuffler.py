@@ -291,7 +291,7 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
 def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
     out = tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
-                           "--exit-when-done", "--stations", "4", "--out", str(out), *flags],
+                           "--exit-when-done", "--stations", "16", "--out", str(out), *flags],
                           capture_output=True, text=True, timeout=240, cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
@@ -301,15 +301,17 @@ def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], d
 def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     """``ptt demo --via-shuffler`` (the demo starts the shuffler, the replay sends single device
     reports) publishes for the same seeded fleet the same estimates as the demo without it:
-    every field, except ``data_quality`` (the shuffler cannot know which stations had no
-    source reading), and nothing withheld -- ALP and RR included."""
+    every field of every row -- ``data_quality`` too (the replay's per-epoch ``SourceEpoch``
+    carries the stations without a source reading through the shuffler), and nothing withheld
+    -- ALP and RR included."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain = _demo_estimates(tmp_path / "a")
     via = _demo_estimates(tmp_path / "b", "--via-shuffler")
     assert (tmp_path / "b" / "out" / "shuffler.log").exists()
-    assert len(plain) == 6 * 4 * 6 and plain.keys() == via.keys()  # 6 epochs, 4 stations, 6 estimators
+    assert len(plain) == 6 * 16 * 6 and plain.keys() == via.keys()  # 6 epochs, 16 stations, 6 estimators
     for key, e in plain.items():
         assert e["withheld"] is None and via[key]["withheld"] is None, (e, via[key])
-        assert {k: v for k, v in via[key].items() if k != "data_quality"} == {
-            k: v for k, v in e.items() if k != "data_quality"}, key
+        assert via[key] == e, key
+    # the case is exercised: 4 station-epochs of the synthetic day's 16 stations have no source reading
+    assert Counter(e["data_quality"] for e in plain.values())["no_source_data"] == 4 * 6
