@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -16,12 +17,14 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 from kafka.partitioner.default import murmur2
+from prometheus_client.parser import text_string_to_metric_families
 
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas import DecodedBatch, DeviceReport, EndOfEpochSet, Query, decode_record, encode_json
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import ensure_topics, publish_query, read_queries
+from stream_app.cli.local_broker import free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 
@@ -72,7 +75,7 @@ class ShufflerProcess:
 
 
 def _shuffler_settings(rs: ReplaySettings, ws: WorkerSettings, **kw: Any) -> ShufflerSettings:
-    base = {"min_crowd": 1, "idle_release_s": 2.0, "partitions": rs.partitions, **kw}
+    base = {"min_crowd": 1, "idle_release_s": 2.0, "partitions": rs.partitions, "metrics_port": free_port(), **kw}
     return ShufflerSettings(**{**rs.model_dump(include=set(ShufflerSettings.model_fields)), **base},
                             shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic)
 
@@ -172,7 +175,7 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
     permutation of what was sent, neither in the order sent nor sorted (either by chance with
     probability below 1e-26: 60 values, 20 of each of 3 kinds, in one given order),
     and the markers count its devices."""
-    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1)
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, metrics_port=free_port())
     ss = ss.model_copy(update={"device_partitions": 1})
     ensure_topics(ss, {ss.device_topic: 1, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
                        ss.dead_letter_topic: 1})
@@ -224,8 +227,33 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             assert {(x.epoch, x.participants, x.reports_total) for x in m.markers} == {(released, 60, 60)}
         # not a word about a withheld epoch on the reports topic
         assert all(x.epoch != small for _, m in markers for x in m.markers)
+        # its /metrics, scraped: what it read, released, refused and withheld, per committed step
+        letters_wanted = {k: v for k, v in wanted.items() if k != "below_min_crowd"}
+        got = _scrape(ss)
+        assert got["ptt_shuffler_records_total", (("kind", "device_report"),)] == len(values)
+        assert {dict(k[1])["reason"]: v for k, v in got.items()
+                if k[0] == "ptt_shuffler_dead_letters_total" and v} == letters_wanted
+        assert got["ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)] == 1
+        assert got["ptt_shuffler_below_min_crowd_slots_total", ()] == 2
+        assert got["ptt_shuffler_released_epochs_total", ()] == 1
+        assert got["ptt_shuffler_released_reports_total", ()] == 120
+        assert got["ptt_shuffler_last_released_epoch", ()] == released
+        assert got["ptt_shuffler_transactions_total", (("outcome", "committed"),)] >= 1
+        assert got["ptt_shuffler_transactions_total", (("outcome", "aborted"),)] == 0
+        assert got["ptt_shuffler_held_reports", ()] == 0
+        # no label but the fixed codes: nothing that could name or link a vehicle
+        assert {name for k in got if k[0].startswith("ptt_shuffler") for name, _ in k[1]} <= {
+            "kind", "reason", "outcome"}
     finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def _scrape(ss: ShufflerSettings) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The shuffler's /metrics over HTTP: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://{ss.metrics_host}:{ss.metrics_port}/metrics", timeout=10) as resp:  # noqa: S310
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_path: Path) -> None:
