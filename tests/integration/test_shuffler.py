@@ -343,3 +343,81 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
         assert via[key] == e, key
     # the case is exercised: 4 station-epochs of the synthetic day's 16 stations have no source reading
     assert Counter(e["data_quality"] for e in plain.values())["no_source_data"] == 4 * 6
+
+
+def test_two_instances_split_the_device_partitions_and_give_the_single_instances_estimates(
+        broker: str, tmp_path: Path) -> None:
+    """Two ``ptt shuffler`` instances (``--instance-count 2``) split a 4-partition device topic
+    (partitions 0, 2 and 1, 3): every epoch gets both instances' markers, and the worker
+    publishes exactly the statistics core's estimates -- what one instance gives (the first
+    test) -- with the participants of both shares added up; each instance read only its own
+    partitions' records and together they read every one once."""
+    epochs = 3
+    rs, ws, ss = _setup(broker, tmp_path, epochs, instance_count=2)
+    rs = rs.model_copy(update={"device_partitions": 4})
+    ss = ss.model_copy(update={"device_partitions": 4})
+    shufflers = [ShufflerProcess(ss.model_copy(update={"instance_index": i, "metrics_port": free_port()}),
+                                 tmp_path / f"shuffler-{i}.log").start() for i in (0, 1)]
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    try:
+        worker.wait_ready()
+        summary = replay(rs, progress=False)
+        assert summary.epochs == epochs
+        n_rows = _expected_rows(rs, epochs)
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
+        _assert_cores_estimates(rs, ws, epochs, bounds=True)
+        _, markers = _drain_decoded(ss)
+        by_instance = Counter(x.producer_index for _, m in markers for x in m.markers)
+        assert set(by_instance) == {0, 1} and all(x.producer_count == 2 for _, m in markers for x in m.markers)
+        per_partition = Counter(r.partition for r in drain(ss, ss.device_topic, quiet_polls=1)
+                                if r.headers == [("ptt-kind", b"device_report")])
+        read = [_scrape(sh.settings)["ptt_shuffler_records_total", (("kind", "device_report"),)] for sh in shufflers]
+        assert read == [per_partition[0] + per_partition[2], per_partition[1] + per_partition[3]]
+        assert all(read)
+    finally:
+        worker.stop()
+        for sh in shufflers:
+            assert sh.stop() == 130, sh.log.read_text()[-3000:]
+
+
+def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
+    """``min_crowd`` is per instance: an epoch of 4 device reports per round, 3 on device
+    partition 0 (instance 0) and 1 on partition 1 (instance 1), with min_crowd 2 -- one
+    instance would release it (4 >= 2); of two, instance 0 releases its 3 (markers with 3
+    participants, producer 0 of 2) and instance 1 withholds its 1 (dead letter
+    ``below_min_crowd``, no marker of producer 1: the worker withholds the epoch)."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=2, instance_count=2, device_partitions=2)
+    ensure_topics(ss, {ss.device_topic: 2, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
+                       ss.dead_letter_topic: 1})
+    t0 = datetime(2026, 11, 18, tzinfo=UTC)
+    q = Query(query_id="q-split", analyst_id="a", version=1, mechanism="sp", sensors=(400001, 400002),
+              population=60, t_start=t0, t_end=t0 + timedelta(days=1))
+    publish_query(ss, q)
+    e = q.epoch_range()[0]
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    for partition, n in ((0, 3), (1, 1)):
+        for r in (0, 1):
+            for _ in range(n):
+                producer.send(ss.device_topic, key=uuid.uuid4().bytes, partition=partition, value=encode_json(
+                    DeviceReport(query_id="q-split", query_version=1, epoch=e, round=r, value=1)))
+    producer.flush()
+    producer.close()
+    shufflers = [ShufflerProcess(ss.model_copy(update={"instance_index": i, "metrics_port": free_port()}),
+                                 tmp_path / f"shuffler-{i}.log").start() for i in (0, 1)]
+    try:
+        def letters() -> list[DeadLetter]:
+            return [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
+
+        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == ss.partitions, 60,
+                 "instance 1's below_min_crowd and instance 0's markers")
+        assert letters()[0].reason == "below_min_crowd" and "[1, 1]" in letters()[0].detail
+        _, markers = _drain_decoded(ss)
+        assert {(x.producer_index, x.producer_count, x.participants, x.epoch) for _, m in markers
+                for x in m.markers} == {(0, 2, 3, e)}
+        got = [_scrape(sh.settings) for sh in shufflers]
+        assert [g["ptt_shuffler_released_epochs_total", ()] for g in got] == [1, 0]
+        assert [g["ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)] for g in got] == [0, 1]
+    finally:
+        for sh in shufflers:
+            assert sh.stop() == 130, sh.log.read_text()[-3000:]
