@@ -421,3 +421,56 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
     finally:
         for sh in shufflers:
             assert sh.stop() == 130, sh.log.read_text()[-3000:]
+
+
+def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_interrupted(
+        broker: str, tmp_path: Path) -> None:
+    """SIGINT to an unpaced ``ptt replay --via-shuffler`` (always mid-epoch): exit 130; its
+    ``SourceEpoch`` notes flag exactly the stop epoch interrupted; the shuffler releases that
+    epoch as interrupted markers, with no batch, and the worker withholds it as
+    ``interrupted`` -- as without the shuffler -- while every earlier epoch is published."""
+    rs, ws, ss = _setup(broker, tmp_path, 2880)
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    try:
+        worker.wait_ready()
+        wait_for(shuffler.started, 60, "the shuffler to start")
+        proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "0",  # noqa: S603
+                                 "--quiet"], env=env_for(rs), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=tmp_path)
+        try:
+            def notes_read() -> float:
+                try:
+                    return _scrape(ss)["ptt_shuffler_records_total", (("kind", "source_epoch"),)]
+                except OSError:
+                    return 0
+
+            wait_for(lambda: notes_read() >= 1 or proc.poll() is not None, 120, "the replay's first epoch")
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 130, err
+        notes = [json.loads(r.value) for r in drain(ss, ss.device_topic, quiet_polls=1)
+                 if r.headers == [("ptt-kind", b"source_epoch")]]
+        epochs = sorted({n["epoch"] for n in notes})
+        stop = epochs[-1]
+        assert len(epochs) >= 2 and {n["epoch"] for n in notes if n["interrupted"]} == {stop}
+        n_rows = _expected_rows(rs, len(epochs))
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        got = read_estimates(ws)
+        assert len(got) == n_rows
+        for (_, _, epoch, _, _), e in got.items():
+            if epoch == stop:
+                assert e.withheld is not None and "interrupted" in e.withheld, e
+            else:
+                assert e.withheld is None and e.closed_by == "markers", e
+        batches, markers = _drain_decoded(ss)
+        assert stop not in {b.header.epoch for _, b in batches}
+        assert {x.interrupted for _, m in markers for x in m.markers if x.epoch == stop} == {True}
+        assert not any(x.interrupted for _, m in markers for x in m.markers if x.epoch != stop)
+    finally:
+        worker.stop()
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
