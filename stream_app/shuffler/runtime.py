@@ -103,6 +103,7 @@ class Shuffler:
         self.monitor = monitor or ShufflerMonitor(CollectorRegistry())
         self._exit_lost = exit_lost
         self.guard: BrokerGuard | None = None
+        self._queries_read_at = -1e9
         self._stop = threading.Event()
         self._step = 0
         self._step_tp = TopicPartition(settings.state_topic, 0)
@@ -250,9 +251,13 @@ class Shuffler:
             self.policy.mark_decided((q, v, e))
 
     def _query(self, query_id: str, version: int) -> Query | None:
+        """The query version a device report names; an unknown one after the queries topic was
+        read to its end as the broker says now (a query published just before its first reports
+        is then known), at most once a second (a flood of unknown queries costs no more)."""
         q = self._reader.queries.get((query_id, version))
-        if q is None:
-            self._reader.poll(200)
+        if q is None and time.monotonic() - self._queries_read_at >= 1.0:
+            self._reader.read_to_end(5.0)
+            self._queries_read_at = time.monotonic()
             q = self._reader.queries.get((query_id, version))
         return q
 
