@@ -4,6 +4,7 @@ device reports in, the existing columnar batches and markers out, estimates as w
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from stream_app.shuffler.settings import ShufflerSettings
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, core_estimates, env_for, pipeline_settings, read_estimates, wait_for
+from .test_dashboards import Prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -244,6 +246,21 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
         # no label but the fixed codes: nothing that could name or link a vehicle
         assert {name for k in got if k[0].startswith("ptt_shuffler") for name, _ in k[1]} <= {
             "kind", "reason", "outcome"}
+        binary = shutil.which("prometheus")
+        if binary is not None:  # a real Prometheus scrapes it (as the demo's does)
+            (tmp_path / "prom").mkdir()
+            prom = Prometheus(tmp_path / "prom", [f"127.0.0.1:{ss.metrics_port}"], binary).start()
+            try:
+                def scraped(expr: str) -> float | None:
+                    got = prom.query(expr)
+                    return float(got[0]["value"][1]) if got else None
+
+                wait_for(lambda: scraped("ptt_shuffler_released_reports_total") == 120, 60,
+                         "Prometheus to scrape the shuffler")
+                assert scraped('sum(ptt_shuffler_dead_letters_total)') == sum(letters_wanted.values())
+                assert scraped("ptt_shuffler_last_released_epoch") == released
+            finally:
+                prom.stop()
     finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
 
