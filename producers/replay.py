@@ -35,6 +35,7 @@ from schemas import (
     EndOfEpochSet,
     GroundTruth,
     Query,
+    SourceEpoch,
     encode_batch,
     encode_json,
     new_batch_id,
@@ -247,7 +248,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 sink.flush()
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
-            if not settings.via_shuffler:  # the shuffler writes the markers of what it releases
+            if settings.via_shuffler:  # the shuffler writes the markers of what it releases, with this
+                send_source_epoch(sink, epoch, no_data, interrupted)
+            else:
                 send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
                           interrupted, no_data)
             if interrupted:
@@ -336,6 +339,16 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
             record = DeviceReport(query_id=q.query_id, query_version=q.version, epoch=epoch, round=r, **payload)
             sink.send(encode_json(record), key=uuid.uuid4().bytes, headers=[(KIND_HEADER, b"device_report")],
                       reports=1)
+
+
+def send_source_epoch(sink: ReportSink, epoch: int, no_data: set[int], interrupted: bool) -> None:
+    """--via-shuffler: the epoch's source metadata (:class:`~schemas.SourceEpoch`: the stations
+    without a source reading, whether the replay stopped in it) to every device partition,
+    behind this producer's device reports of the epoch; fleet metadata, nothing per vehicle."""
+    value = encode_json(SourceEpoch(epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted))
+    for p in sink.partitions:
+        sink.send(value, key=b"source-epoch", partition=p, headers=[(KIND_HEADER, b"source_epoch")])
+    sink.flush()
 
 
 def send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,

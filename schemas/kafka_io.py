@@ -391,6 +391,21 @@ class QueryReader:
                 return
         raise BrokerUnavailable(f"could not read the queries topic to its end within {timeout_s}s")
 
+    def read_to_end(self, timeout_s: float = 5.0) -> bool:
+        """Poll until every partition's position has reached its end as the broker says now (not
+        the high-water mark of the last fetch, which may be older); False if not within
+        ``timeout_s``. A record that names a query must be checked against what is there."""
+        deadline = time.monotonic() + timeout_s
+        if not self._assign():
+            return False
+        tps = list(self._consumer.assignment())
+        ends = self._consumer.end_offsets(tps)
+        while any(self._consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                return False
+            self.poll(100)
+        return True
+
     def close(self) -> None:
         self._consumer.close()
 

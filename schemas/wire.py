@@ -49,6 +49,8 @@ __all__ = [
     "EndOfEpochSet",
     "GroundTruth",
     "SingleReport",
+    "SourceEpoch",
+    "decode_device_record",
     "WireError",
     "decode_device_report",
     "decode_record",
@@ -162,17 +164,51 @@ class DeviceReport(_Frozen):
         return self
 
 
+class SourceEpoch(_Frozen):
+    """Replays only: the fleet's source metadata of one epoch on the device topic, sent by each
+    replay producer to every device partition after its device reports of that epoch (so a
+    shuffler instance reads it behind them). Nothing in it is per vehicle: the epoch, the
+    stations (sensor ids) whose source reading is missing this epoch (the direct path's
+    markers' ``readings_missing``), and whether the replay stopped in the middle of the epoch
+    (the markers' ``interrupted``). The shuffler carries both into the markers it writes.
+
+    >>> n = SourceEpoch(epoch=9, readings_missing=(400001,), interrupted=True)
+    >>> decode_device_record(encode_json(n)) == n
+    True
+    """
+
+    kind: Literal["source_epoch"] = "source_epoch"
+    epoch: int = Field(ge=0)
+    readings_missing: tuple[Annotated[int, Field(ge=0)], ...] = Field(
+        default=(), max_length=65_000, description="station (sensor) ids without a source reading this epoch")
+    interrupted: bool = False
+
+
 _DEVICE = TypeAdapter(DeviceReport)
+_DEVICE_RECORD = TypeAdapter(Annotated[DeviceReport | SourceEpoch, Field(discriminator="kind")])
 
 
-def decode_device_report(value: bytes | None) -> DeviceReport:
-    """Decode a device-topic record; :class:`WireError` if it is not a valid :class:`DeviceReport`."""
+def _device_json(value: bytes | None) -> bytes:
     if not value:
         raise WireError("empty", "record has no value")
     if value[:1] != b"{":
         raise WireError("bad_encoding", "a device report is a JSON object")
+    return value
+
+
+def decode_device_report(value: bytes | None) -> DeviceReport:
+    """Decode a device-topic record; :class:`WireError` if it is not a valid :class:`DeviceReport`."""
     try:
-        return _DEVICE.validate_json(value)
+        return _DEVICE.validate_json(_device_json(value))
+    except ValidationError as exc:
+        raise WireError("bad_json_record", _short(exc)) from exc
+
+
+def decode_device_record(value: bytes | None) -> DeviceReport | SourceEpoch:
+    """Decode a device-topic record: a :class:`DeviceReport` or a replay's :class:`SourceEpoch`;
+    :class:`WireError` if it is neither."""
+    try:
+        return _DEVICE_RECORD.validate_json(_device_json(value))
     except ValidationError as exc:
         raise WireError("bad_json_record", _short(exc)) from exc
 
@@ -315,7 +351,8 @@ def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[An
     return b"".join([MAGIC, FRAME_LENGTH.pack(len(head)), head, *blobs])
 
 
-def encode_json(record: DeviceReport | SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth) -> bytes:
+def encode_json(record: DeviceReport | SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth
+                | SourceEpoch) -> bytes:
     # a marker without a shuffle size leaves the field out: the bytes a producer that attests
     # nothing sends are those it sent before the field existed
     return record.model_dump_json(exclude_none=isinstance(record, (EndOfEpoch, EndOfEpochSet))).encode()
@@ -412,5 +449,5 @@ def json_safe(v: Any) -> Any:
 def json_schemas() -> dict[str, dict[str, Any]]:
     """JSON Schemas of the JSON records, for subscribers and devices."""
     return {m.__name__: m.model_json_schema() for m in (SingleReport, EndOfEpoch, EndOfEpochSet, GroundTruth,
-                                                        BatchHeader, DeviceReport)}
+                                                        BatchHeader, DeviceReport, SourceEpoch)}
 

@@ -293,6 +293,7 @@ def _run_demo(demo: DemoSettings) -> int:
     worker: subprocess.Popen[bytes] | None = None
     prom: subprocess.Popen[bytes] | None = None
     shuffler: subprocess.Popen[bytes] | None = None
+    shuffler_port = free_port()  # --via-shuffler: the shuffler's /metrics, scraped by the demo's Prometheus
     broker = LocalBroker(port=demo.port, log_path=out / "broker.log", own_group=True)
     broker.start()
     stopped_children = False
@@ -307,7 +308,7 @@ def _run_demo(demo: DemoSettings) -> int:
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         _wait_until(lambda: _ours_metrics(metrics_url), 90, worker, "stream-app worker", worker_log)
         if demo.via_shuffler:
-            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap)
+            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port)
             with (out / "shuffler.log").open("wb") as log:
                 shuffler = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
                                             env={**os.environ, **ss.to_env()}, stdout=log,
@@ -316,7 +317,8 @@ def _run_demo(demo: DemoSettings) -> int:
         prom_url = None
         if prom_bin:
             cfg = (out / "prometheus.yml").absolute()
-            cfg.write_text(prometheus_config([f"127.0.0.1:{metrics_port}"]))
+            cfg.write_text(prometheus_config([f"127.0.0.1:{metrics_port}",
+                                              *([f"127.0.0.1:{shuffler_port}"] if shuffler is not None else [])]))
             prom_log = out / "prometheus.log"
             with prom_log.open("wb") as log:
                 prom = subprocess.Popen(  # noqa: S603
@@ -330,7 +332,8 @@ def _run_demo(demo: DemoSettings) -> int:
                   else f"the synthetic day ({demo.stations} stations)")
         print(f"broker      {broker.bootstrap} (embedded, memory only)")
         if shuffler is not None:
-            print(f"shuffler    device reports -> {ws.reports_topic} (log {out / 'shuffler.log'})")
+            print(f"shuffler    device reports -> {ws.reports_topic} (log {out / 'shuffler.log'}, metrics "
+                  f"http://127.0.0.1:{shuffler_port}/metrics)")
         print(f"metrics     {metrics_url}{metrics_note}")
         print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
         print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")

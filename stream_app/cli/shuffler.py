@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, settings_from_args
-from .errors import EXIT_INTERRUPTED
+from .errors import EXIT_BROKER_LOST, EXIT_INTERRUPTED, error_line
 
-__all__ = ["add_parser", "run"]
+if TYPE_CHECKING:
+    from schemas.kafka_io import BrokerLost
+
+__all__ = ["add_parser", "exit_broker_lost", "run"]
 
 
 def add_parser(sub: Any) -> None:
@@ -24,14 +28,26 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def exit_broker_lost(lost: BrokerLost) -> NoReturn:
+    """The one line and exit code 7, at once: for a shuffler whose stop outlasts its grace (a
+    Kafka call that waits for the gone broker)."""
+    print(error_line("shuffler", str(lost)), file=sys.stderr, flush=True)
+    os._exit(EXIT_BROKER_LOST)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..shuffler.runtime import Shuffler
+    from .local_broker import PortInUse, port_free
 
     settings = settings_from_args(ShufflerSettings, args)
-    shuffler = Shuffler(settings)
+    if settings.metrics_port and not port_free(settings.metrics_port, settings.metrics_host):
+        raise PortInUse(f"the metrics port {settings.metrics_host}:{settings.metrics_port} is already in use; give "
+                        "another --metrics-port (every shuffler instance on a host needs its own), or 0")
+    shuffler = Shuffler(settings, exit_lost=exit_broker_lost)
     shuffler.install_signals()
+    served = (f", /metrics on {settings.metrics_host}:{settings.metrics_port}" if settings.metrics_port else "")
     print(f"shuffler {settings.instance_index + 1} of {settings.instance_count}: {settings.device_topic} -> "
-          f"{settings.reports_topic} (min crowd {settings.min_crowd})", file=sys.stderr, flush=True)
+          f"{settings.reports_topic} (min crowd {settings.min_crowd}{served})", file=sys.stderr, flush=True)
     summary = shuffler.run(signals=False)
     print(summary.line(), flush=True)
     return EXIT_INTERRUPTED

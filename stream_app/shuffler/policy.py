@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from schemas import DeviceReport, Query
+from schemas import DeviceReport, Query, SourceEpoch
 
 from ..decode import Rejected
 
@@ -55,6 +55,7 @@ __all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld"]
 
 EpochKey = tuple[str, int, int]  # (query id, version, epoch)
 IntArray = npt.NDArray[np.int64]
+EPOCHS_KEPT = 120  # source notes of epochs without reports are kept this many epochs behind the clock
 
 
 @dataclass
@@ -83,9 +84,15 @@ class ReleasedRound:
 
 @dataclass(frozen=True)
 class Released:
+    """A decided epoch that gets markers: its rounds, the stations (sensor ids) the replay said
+    had no source reading, and whether the replay stopped in it (then the rounds carry no
+    reports: the worker withholds an interrupted epoch, so nothing of it is released)."""
+
     query: Query
     epoch: int
     rounds: tuple[ReleasedRound, ...]
+    no_data: frozenset[int] = frozenset()
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,8 @@ class ShufflePolicy:
         self._open: dict[EpochKey, _Open] = {}
         self._per_epoch: dict[int, int] = {}
         self.decided: set[EpochKey] = set()
+        self._decided_epochs: set[int] = set()
+        self._notes: dict[int, tuple[frozenset[int], bool]] = {}  # epoch -> (stations without data, interrupted)
 
     @property
     def open_epochs(self) -> list[EpochKey]:
@@ -158,6 +167,29 @@ class ShufflePolicy:
             self.clock = report.epoch
         return None
 
+    def note(self, note: SourceEpoch, queries: Iterable[Query], partition: int, now: float) -> Rejected | None:
+        """Take a replay's source metadata of an epoch (:class:`~schemas.SourceEpoch`): the
+        stations without a source reading and whether the replay stopped in the epoch; several
+        producers' notes of one epoch add up. An interrupted epoch is decided (as interrupted)
+        also for the ``queries`` active then that hold no report. Refused as ``late`` once an
+        epoch of that number was decided."""
+        if note.epoch in self._decided_epochs:
+            return Rejected("late", f"source metadata of epoch {note.epoch}, already released or withheld")
+        missing, interrupted = self._notes.get(note.epoch, (frozenset(), False))
+        self._notes[note.epoch] = (missing | frozenset(note.readings_missing), interrupted or note.interrupted)
+        if note.interrupted:
+            for q in queries:
+                key = (q.query_id, q.version, note.epoch)
+                if key not in self._open and key not in self.decided:
+                    self._open[key] = _Open(q, [_Round() for _ in range(q.n_rounds)])
+        self.last_arrival = now
+        self.newest[partition] = max(self.newest.get(partition, -1), note.epoch)
+        if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no report named, long past: dropped
+            open_epochs = {k[2] for k in self._open}
+            for e in [e for e in self._notes if e < self.clock - EPOCHS_KEPT and e not in open_epochs]:
+                del self._notes[e]
+        return None
+
     def due(self, now: float, caught_up: Collection[int]) -> list[EpochKey]:
         """The open epochs whose deadline has passed (module docstring), oldest first."""
         all_in = self.partitions <= set(caught_up)
@@ -174,8 +206,15 @@ class ShufflePolicy:
     def close(self, key: EpochKey, rng: np.random.Generator) -> Released | Withheld:
         """Decide a due epoch: release its rounds permuted, or withhold it (too small a crowd)."""
         slot = self._open.pop(key)
-        self.decided.add(key)
+        self._decide(key)
         devices = tuple(r.devices for r in slot.rounds)
+        no_data, interrupted = self._notes.get(key[2], (frozenset(), False))
+        if not any(k[2] == key[2] for k in self._open):
+            self._notes.pop(key[2], None)
+        if interrupted:  # withheld by the worker as interrupted, as without the shuffler: nothing released
+            empty = ({"value": np.zeros(0, np.int64)} if slot.query.per_station is None
+                     else {"station": np.zeros(0, np.int64), "output": np.zeros(0, np.int64)})
+            return Released(slot.query, key[2], tuple(ReleasedRound(empty, 0, d) for d in devices), no_data, True)
         if min(devices) < self.min_crowd or max(devices) == 0:
             return Withheld(slot.query, key[2], "below_min_crowd", devices)
         rounds = []
@@ -189,12 +228,18 @@ class ShufflePolicy:
                 pairs = pairs[rng.permutation(len(pairs))]
                 rounds.append(ReleasedRound({"station": pairs[:, 0].copy(), "output": pairs[:, 1].copy()},
                                             int(len(pairs)), r.devices))
-        return Released(slot.query, key[2], tuple(rounds))
+        return Released(slot.query, key[2], tuple(rounds), no_data)
 
     def mark_decided(self, key: EpochKey) -> None:
         """Restoring after a restart: this epoch was decided before (its held reports go)."""
         self._open.pop(key, None)
+        self._decide(key)
+        if not any(k[2] == key[2] for k in self._open):
+            self._notes.pop(key[2], None)
+
+    def _decide(self, key: EpochKey) -> None:
         self.decided.add(key)
+        self._decided_epochs.add(key[2])
 
 
 def _check_payload(report: DeviceReport, query: Query) -> Rejected | None:

@@ -23,6 +23,7 @@ permuted and keyed by those ids, and every record of a release is stamped with i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,20 +32,34 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 import numpy as np
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry, start_http_server
 
-from schemas import EndOfEpoch, EndOfEpochSet, Query, WireError, decode_device_report, encode_batch, encode_json
+from schemas import (
+    EndOfEpoch,
+    EndOfEpochSet,
+    Query,
+    SourceEpoch,
+    WireError,
+    decode_device_record,
+    encode_batch,
+    encode_json,
+)
 from schemas.epochs import EPOCH_S
-from schemas.kafka_io import QueryReader, connect, ensure_topics
+from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
 from ..decode import Rejected
+from ..guard import BrokerGuard, stop_grace_s
+from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .settings import ShufflerSettings
 
@@ -62,6 +77,7 @@ class ShufflerSummary:
     withheld: Counter[str] = field(default_factory=Counter)
     dead_letters: Counter[str] = field(default_factory=Counter)
     restored: int = 0
+    notes: int = 0  # the replay's source metadata records (SourceEpoch), not device reports
 
     def line(self) -> str:
         w = ", ".join(f"{k}: {v}" for k, v in sorted(self.withheld.items())) or "none"
@@ -72,11 +88,22 @@ class ShufflerSummary:
 
 
 class Shuffler:
-    """One shuffler instance; :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT with ``signals``)."""
+    """One shuffler instance; :meth:`run` until :meth:`stop` (or SIGTERM/SIGINT with ``signals``).
 
-    def __init__(self, settings: ShufflerSettings) -> None:
+    A lost broker (:class:`~stream_app.guard.BrokerGuard`: silent for ``broker_loss_timeout_s``,
+    a topic gone or recreated) stops it: :meth:`run` raises :class:`~schemas.kafka_io.BrokerLost`
+    once its loop has ended, or -- a Kafka call that never returns while the broker is gone --
+    ``exit_lost`` is called after :func:`~stream_app.guard.stop_grace_s` and must end the process
+    (the command line's: one line, exit code 7)."""
+
+    def __init__(self, settings: ShufflerSettings, monitor: ShufflerMonitor | None = None,
+                 exit_lost: Callable[[BrokerLost], None] | None = None) -> None:
         self.s = settings
         self.summary = ShufflerSummary()
+        self.monitor = monitor or ShufflerMonitor(CollectorRegistry())
+        self._exit_lost = exit_lost
+        self.guard: BrokerGuard | None = None
+        self._queries_read_at = -1e9
         self._stop = threading.Event()
         self._step = 0
         self._step_tp = TopicPartition(settings.state_topic, 0)
@@ -99,8 +126,48 @@ class Shuffler:
         s = self.s
         if signals:
             self.install_signals()
-        ensure_topics(s, {s.reports_topic: s.partitions, s.queries_topic: 1, s.device_topic: s.device_partitions,
-                          s.dead_letter_topic: 1, s.state_topic: 1})
+        topics = {s.reports_topic: s.partitions, s.queries_topic: 1, s.device_topic: s.device_partitions,
+                  s.dead_letter_topic: 1, s.state_topic: 1}
+        ids = ensure_topics(s, topics)
+        self.guard = guard = BrokerGuard(s, list(topics))
+        guard.know(ids)  # the baseline: the topics as they are once ensured
+        guard.start(self._on_lost)
+        server = None
+        if s.metrics_port:
+            server, _ = start_http_server(s.metrics_port, s.metrics_host, registry=self.monitor.registry)
+        try:
+            self._run()
+        except (KafkaError, OSError, BrokerUnavailable):
+            if guard.lost is None:
+                raise
+        finally:
+            guard.stop()
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+        if guard.lost is not None:
+            if self._exit_lost is not None and not guard.settle():  # the deadline reports it and ends the process
+                threading.Event().wait()
+            raise broker_lost(s, guard.lost)
+        return self.summary
+
+    def _on_lost(self, reason: str) -> None:
+        """The guard's verdict: the loop stops after its step; past the stop grace (a Kafka call
+        that waits for the gone broker forever) ``exit_lost`` ends the process."""
+        self._stop.set()
+        logging.disable(logging.CRITICAL)  # what the stop logs (connection errors) is noise next to the one line
+
+        def deadline() -> None:
+            guard = self.guard
+            if self._exit_lost is not None and guard is not None and guard.settle():
+                self._exit_lost(broker_lost(self.s, guard.lost or reason))
+
+        timer = threading.Timer(stop_grace_s(self.s.broker_loss_timeout_s), deadline)
+        timer.daemon = True
+        timer.start()
+
+    def _run(self) -> None:
+        s = self.s
         self._producer = connect("producer", s, KafkaProducer, transactional_id=s.transactional_id,
                                  enable_idempotence=True, acks="all", linger_ms=5,
                                  max_request_size=8 * 1024 * 1024, batch_size=1024 * 1024)
@@ -119,10 +186,10 @@ class Shuffler:
             self._restore()
             self._loop(s.fault_hold_s)
         finally:
+            lost = self.guard is not None and self.guard.lost is not None
             self._reader.close()
-            self._consumer.close()
-            self._producer.close(timeout=10)
-        return self.summary
+            self._consumer.close(autocommit=False)
+            self._producer.close(timeout=0 if lost else 10)
 
     # -- setup ---------------------------------------------------------------------------------
     def _assign(self) -> list[TopicPartition]:
@@ -174,18 +241,35 @@ class Shuffler:
     def _apply(self, state: dict[str, Any]) -> None:
         self._salt = state.get("salt") or self._salt
         for p, raw in state.get("admit", ()):
-            report = decode_device_report(raw.encode())
-            self.policy.admit(report, self._query(report.query_id, report.query_version), p, time.monotonic())
+            record = decode_device_record(raw.encode())
+            if isinstance(record, SourceEpoch):
+                self.policy.note(record, self._active(record.epoch), p, time.monotonic())
+                continue
+            self.policy.admit(record, self._query(record.query_id, record.query_version), p, time.monotonic())
             self.summary.restored += 1
         for q, v, e in state.get("decided", ()):
             self.policy.mark_decided((q, v, e))
 
     def _query(self, query_id: str, version: int) -> Query | None:
+        """The query version a device report names; an unknown one after the queries topic was
+        read to its end as the broker says now (a query published just before its first reports
+        is then known), at most once a second (a flood of unknown queries costs no more)."""
         q = self._reader.queries.get((query_id, version))
-        if q is None:
-            self._reader.poll(200)
+        if q is None and time.monotonic() - self._queries_read_at >= 1.0:
+            self._reader.read_to_end(5.0)
+            self._queries_read_at = time.monotonic()
             q = self._reader.queries.get((query_id, version))
         return q
+
+    def _active(self, epoch: int) -> list[Query]:
+        """The queries whose window holds ``epoch``."""
+        self._reader.poll(0)
+        out = []
+        for q in self._reader.queries.values():
+            start, end = q.epoch_range()
+            if start <= epoch < end:
+                out.append(q)
+        return out
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self, fault_hold_s: float) -> None:
@@ -199,16 +283,21 @@ class Shuffler:
             got = self._consumer.poll(timeout_ms=200, max_records=s.max_poll_records)
             admitted: list[tuple[int, str]] = []
             letters: list[tuple[Rejected, Any]] = []
+            read = [0, 0]  # device records, source notes
             for records in got.values():
                 for rec in records:
-                    self.summary.received += 1
                     try:
-                        report = decode_device_report(rec.value)
+                        report = decode_device_record(rec.value)
                     except WireError as exc:
+                        read[0] += 1
                         letters.append((Rejected(exc.reason, exc.detail), rec))
                         continue
-                    why = self.policy.admit(report, self._query(report.query_id, report.query_version),
-                                            rec.partition, time.monotonic())
+                    read[isinstance(report, SourceEpoch)] += 1
+                    if isinstance(report, SourceEpoch):  # fleet metadata, not a device report
+                        why = self.policy.note(report, self._active(report.epoch), rec.partition, time.monotonic())
+                    else:
+                        why = self.policy.admit(report, self._query(report.query_id, report.query_version),
+                                                rec.partition, time.monotonic())
                     if why is not None:
                         letters.append((why, rec))
                     else:
@@ -216,7 +305,7 @@ class Shuffler:
             due = self.policy.due(time.monotonic(), self._caught_up()) if self.policy.open_epochs else []
             if not (admitted or letters or due or self._salt_new):
                 continue
-            self._transaction(admitted, letters, due, fault_hold_s)
+            self._transaction(admitted, letters, due, fault_hold_s, read)
 
     def _caught_up(self) -> frozenset[int]:
         """The input partitions read to their end as the broker says now (a fetch's high-water
@@ -225,11 +314,44 @@ class Shuffler:
         return frozenset(tp.partition for tp in self._tps if self._consumer.position(tp) >= ends[tp])
 
     def _transaction(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
-                     due: list[EpochKey], fault_hold_s: float) -> None:
-        s = self.s
+                     due: list[EpochKey], fault_hold_s: float, read: list[int]) -> None:
+        """One step, committed or (a Kafka error: counted, aborted unless the broker is lost) raised."""
         p = self._producer
         self._step += 1
         p.begin_transaction()
+        try:
+            outcomes = self._step_records(admitted, letters, due, fault_hold_s)
+            p.commit_transaction()
+        except KafkaError:
+            self.monitor.on_abort()
+            if self.guard is None or self.guard.lost is None:
+                with contextlib.suppress(KafkaError):
+                    p.abort_transaction()
+            raise
+        self._salt_new = False
+        self.summary.received += read[0]
+        self.summary.notes += read[1]
+        released: list[tuple[int, int]] = []
+        withheld: list[tuple[str, int]] = []
+        for why, _ in letters:
+            self.summary.dead_letters[why.reason] += 1
+        for outcome in outcomes:
+            if isinstance(outcome, Released):
+                n = 0 if outcome.interrupted else sum(r.devices for r in outcome.rounds)
+                self.summary.released_epochs += 1
+                self.summary.released_reports += n
+                released.append((outcome.epoch, n))
+            else:
+                self.summary.withheld[outcome.reason] += 1
+                withheld.append((outcome.reason, sum(d < self.s.min_crowd for d in outcome.devices)))
+        self.monitor.on_step(read[0], read[1], [why.reason for why, _ in letters], released, withheld,
+                             self.policy.held())
+
+    def _step_records(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
+                      due: list[EpochKey], fault_hold_s: float) -> list[Released | Withheld]:
+        """Everything a step sends inside its transaction; what its due epochs became."""
+        s = self.s
+        p = self._producer
         for why, rec in letters:
             letter = why.letter(rec.topic, rec.partition, rec.offset, rec.value)
             p.send(s.dead_letter_topic, key=why.reason.encode(), value=letter.model_dump_json().encode())
@@ -253,16 +375,7 @@ class Shuffler:
         if fault_hold_s:
             p.flush()
             time.sleep(fault_hold_s)
-        p.commit_transaction()
-        self._salt_new = False
-        for why, _ in letters:
-            self.summary.dead_letters[why.reason] += 1
-        for outcome in outcomes:
-            if isinstance(outcome, Released):
-                self.summary.released_epochs += 1
-                self.summary.released_reports += sum(r.devices for r in outcome.rounds)
-            else:
-                self.summary.withheld[outcome.reason] += 1
+        return outcomes
 
     def _slot_rng(self, key: EpochKey) -> np.random.Generator:
         """The permutation's generator: seeded by the instance's secret salt (128 bits from the
@@ -297,13 +410,15 @@ class Shuffler:
                 per_part[part][0] += n
                 per_part[part][1] += 1
             per_round.append(per_part)
+        missing = tuple(i + 1 for i, station in enumerate(q.sensors) if station in out.no_data)
         for part in self._out_parts:
             markers = tuple(EndOfEpoch(
                 producer_id=s.transactional_id, producer_index=s.instance_index, producer_count=s.instance_count,
                 query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,
                 reports_to_partition=per_round[r][part][0], batches_to_partition=per_round[r][part][1],
                 reports_total=rnd.reports, batches_total=sum(b for _, b in per_round[r].values()),
-                participants=rnd.devices, refused=0, mode="per-vehicle",
+                participants=rnd.devices, refused=0, mode="per-vehicle", interrupted=out.interrupted,
+                readings_missing=missing,
                 # the attestation: this round's device reports were permuted together, as one shuffle
                 shuffle_size=rnd.devices or None) for r, rnd in enumerate(out.rounds))
             self._producer.send(s.reports_topic, key=f"eoe-{s.transactional_id}".encode(), partition=part,

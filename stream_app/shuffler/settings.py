@@ -28,6 +28,10 @@ class ShufflerSettings(BrokerLossSettings):
                                                                 "and nothing arrived for this long")
     batch_size: int = Field(default=5000, ge=1, description="reports per released columnar batch")
     max_poll_records: int = Field(default=5000, ge=1, description="device records read per transaction at most")
+    metrics_host: str = Field(default="127.0.0.1", description="where the shuffler's /metrics is served")
+    metrics_port: int = Field(default=6067, ge=0, le=65535,
+                              description="port of the shuffler's Prometheus /metrics (0: not served); every "
+                                          "instance on a host needs its own")
     fault_hold_s: float = Field(default=0.0, ge=0, le=600,
                                 description="testing only (fault injection for the crash tests): hold every "
                                             "transaction this long after its records are sent, before it commits")

@@ -1,5 +1,5 @@
 """Issue 9, case 7: the embedded broker keeps everything in memory, and it dies (SIGKILL) or
-restarts empty under a running replay or worker. Each of them must end within a bound with
+restarts empty under a running replay, worker or shuffler. Each of them must end within a bound with
 one line on stderr (what happened, what to do), exit code 7 and no traceback; the replay's
 summary counts what the broker acknowledged, not what was handed to the producer. And the
 converse: a worker whose broker stays up never declares it lost, even when it started
@@ -14,12 +14,14 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from producers import replay as replay_mod
 from producers.replay import KIND_HEADER, ReplayLost, replay
@@ -28,8 +30,9 @@ from producers.sink import ReportSink
 from schemas import DecodedBatch, decode_record
 from schemas.settings import KafkaSettings
 from stream_app.cli.errors import EXIT_BROKER_LOST
-from stream_app.cli.local_broker import LocalBroker, child_options, terminate_all
+from stream_app.cli.local_broker import LocalBroker, child_options, free_port, terminate_all
 from stream_app.guard import check_interval_s, stop_grace_s
+from stream_app.shuffler.settings import ShufflerSettings
 
 from .kafka_helpers import wait_for_marker
 from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
@@ -259,3 +262,50 @@ def test_worker_started_before_its_topics_exist_on_a_loaded_machine_is_not_lost(
     err = (tmp_path / "worker.err").read_text()
     assert worker.proc is not None and worker.proc.returncode != EXIT_BROKER_LOST, err[-3000:]
     assert "lost the Kafka broker" not in err, err[-3000:]
+
+
+def _shuffler_scrape(ss: ShufflerSettings) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ss.metrics_port}/metrics", timeout=5) as resp:  # noqa: S310
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    return {f"{s.name}{sorted(s.labels.items())}": s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.mark.parametrize("how", ["kill", "restart"])
+def test_shuffler_ends_with_one_line_when_the_broker_is_lost(own_broker: OwnBroker, tmp_path: Path,
+                                                             how: str) -> None:
+    """A running ``ptt shuffler`` whose broker dies (or restarts empty) stops by itself, as the
+    worker does: exit 7 within the loss timeout, a check interval and the stop grace (plus a
+    margin), the one line last on stderr, and no traceback."""
+    ss = ShufflerSettings(bootstrap_servers=own_broker.bootstrap, broker_loss_timeout_s=LOSS_TIMEOUT_S,
+                          metrics_port=free_port(), partitions=2, device_partitions=2)
+    err_path = tmp_path / "shuffler.err"
+    with err_path.open("wb") as err_fh:
+        proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
+                                env=env_for(ss), stdout=subprocess.DEVNULL, stderr=err_fh, cwd=tmp_path)
+    try:
+        # in its loop: its first transaction (the salt's state record) is committed
+        wait_for(lambda: _shuffler_scrape(ss).get("ptt_shuffler_transactions_total[('outcome', 'committed')]", 0)
+                 >= 1 or proc.poll() is not None, 60, "the shuffler's first transaction")
+        assert proc.poll() is None, err_path.read_text()
+        own_broker.lose(how)
+        lost_at = time.monotonic()
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    took = time.monotonic() - lost_at
+    err = err_path.read_text()
+    assert code == EXIT_BROKER_LOST, err[-3000:]
+    assert "Traceback" not in err, err[max(0, err.find("Traceback") - 1000):][:5000]
+    errors = [line for line in err.splitlines() if line.startswith("ptt shuffler: error:")]
+    assert len(errors) == 1, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == errors[0]
+    assert errors[0].startswith("ptt shuffler: error: lost the Kafka broker at ")
+    assert "start the broker again" in errors[0]
+    bound = LOSS_TIMEOUT_S + check_interval_s(LOSS_TIMEOUT_S) + stop_grace_s(LOSS_TIMEOUT_S)
+    assert took < bound + 20, took

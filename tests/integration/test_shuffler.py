@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -17,17 +19,20 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 from kafka.partitioner.default import murmur2
+from prometheus_client.parser import text_string_to_metric_families
 
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas import DecodedBatch, DeviceReport, EndOfEpochSet, Query, decode_record, encode_json
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import ensure_topics, publish_query, read_queries
+from stream_app.cli.local_broker import free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, core_estimates, env_for, pipeline_settings, read_estimates, wait_for
+from .test_dashboards import Prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +78,7 @@ class ShufflerProcess:
 
 
 def _shuffler_settings(rs: ReplaySettings, ws: WorkerSettings, **kw: Any) -> ShufflerSettings:
-    base = {"min_crowd": 1, "idle_release_s": 2.0, "partitions": rs.partitions, **kw}
+    base = {"min_crowd": 1, "idle_release_s": 2.0, "partitions": rs.partitions, "metrics_port": free_port(), **kw}
     return ShufflerSettings(**{**rs.model_dump(include=set(ShufflerSettings.model_fields)), **base},
                             shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic)
 
@@ -191,7 +196,7 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
     permutation of what was sent, neither in the order sent nor sorted (either by chance with
     probability below 1e-26: 60 values, 20 of each of 3 kinds, in one given order),
     and the markers count its devices."""
-    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1)
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, metrics_port=free_port())
     ss = ss.model_copy(update={"device_partitions": 1})
     ensure_topics(ss, {ss.device_topic: 1, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
                        ss.dead_letter_topic: 1})
@@ -243,8 +248,48 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             assert {(x.epoch, x.participants, x.reports_total) for x in m.markers} == {(released, 60, 60)}
         # not a word about a withheld epoch on the reports topic
         assert all(x.epoch != small for _, m in markers for x in m.markers)
+        # its /metrics, scraped: what it read, released, refused and withheld, per committed step
+        letters_wanted = {k: v for k, v in wanted.items() if k != "below_min_crowd"}
+        got = _scrape(ss)
+        assert got["ptt_shuffler_records_total", (("kind", "device_report"),)] == len(values)
+        assert {dict(k[1])["reason"]: v for k, v in got.items()
+                if k[0] == "ptt_shuffler_dead_letters_total" and v} == letters_wanted
+        assert got["ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)] == 1
+        assert got["ptt_shuffler_below_min_crowd_slots_total", ()] == 2
+        assert got["ptt_shuffler_released_epochs_total", ()] == 1
+        assert got["ptt_shuffler_released_reports_total", ()] == 120
+        assert got["ptt_shuffler_last_released_epoch", ()] == released
+        assert got["ptt_shuffler_transactions_total", (("outcome", "committed"),)] >= 1
+        assert got["ptt_shuffler_transactions_total", (("outcome", "aborted"),)] == 0
+        assert got["ptt_shuffler_held_reports", ()] == 0
+        # no label but the fixed codes: nothing that could name or link a vehicle
+        assert {name for k in got if k[0].startswith("ptt_shuffler") for name, _ in k[1]} <= {
+            "kind", "reason", "outcome"}
+        binary = shutil.which("prometheus")
+        if binary is not None:  # a real Prometheus scrapes it (as the demo's does)
+            (tmp_path / "prom").mkdir()
+            prom = Prometheus(tmp_path / "prom", [f"127.0.0.1:{ss.metrics_port}"], binary).start()
+            try:
+                def scraped(expr: str) -> float | None:
+                    got = prom.query(expr)
+                    return float(got[0]["value"][1]) if got else None
+
+                wait_for(lambda: scraped("ptt_shuffler_released_reports_total") == 120, 60,
+                         "Prometheus to scrape the shuffler")
+                assert scraped('sum(ptt_shuffler_dead_letters_total)') == sum(letters_wanted.values())
+                assert scraped("ptt_shuffler_last_released_epoch") == released
+            finally:
+                prom.stop()
     finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def _scrape(ss: ShufflerSettings) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The shuffler's /metrics over HTTP: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://{ss.metrics_host}:{ss.metrics_port}/metrics", timeout=10) as resp:  # noqa: S310
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_path: Path) -> None:
@@ -310,7 +355,7 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
 def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
     out = tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
-                           "--exit-when-done", "--stations", "4", "--out", str(out), *flags],
+                           "--exit-when-done", "--stations", "16", "--out", str(out), *flags],
                           capture_output=True, text=True, timeout=240, cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
@@ -320,17 +365,151 @@ def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], d
 def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     """``ptt demo --via-shuffler`` (the demo starts the shuffler, the replay sends single device
     reports) publishes for the same seeded fleet the same estimates as the demo without it:
-    every field, except ``data_quality`` (the shuffler cannot know which stations had no
-    source reading) and ``epsilon_shuffled`` (null on the direct path, which attests no
-    shuffle; a number through the shuffler), and nothing withheld -- ALP and RR included."""
+    every field of every row -- ``data_quality`` too (the replay's per-epoch ``SourceEpoch``
+    carries the stations without a source reading through the shuffler) -- except
+    ``epsilon_shuffled`` (null on the direct path, which attests no shuffle; a number through the
+    shuffler), and nothing withheld -- ALP and RR included."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain = _demo_estimates(tmp_path / "a")
     via = _demo_estimates(tmp_path / "b", "--via-shuffler")
     assert (tmp_path / "b" / "out" / "shuffler.log").exists()
-    assert len(plain) == 6 * 4 * 6 and plain.keys() == via.keys()  # 6 epochs, 4 stations, 6 estimators
+    assert len(plain) == 6 * 16 * 6 and plain.keys() == via.keys()  # 6 epochs, 16 stations, 6 estimators
     for key, e in plain.items():
         assert e["withheld"] is None and via[key]["withheld"] is None, (e, via[key])
         assert e["epsilon_shuffled"] is None and via[key]["epsilon_shuffled"] is not None, (e, via[key])
-        assert {k: v for k, v in via[key].items() if k not in ("data_quality", "epsilon_shuffled")} == {
-            k: v for k, v in e.items() if k not in ("data_quality", "epsilon_shuffled")}, key
+        assert {k: v for k, v in via[key].items() if k != "epsilon_shuffled"} == {
+            k: v for k, v in e.items() if k != "epsilon_shuffled"}, key
+    # the case is exercised: 4 station-epochs of the synthetic day's 16 stations have no source reading
+    assert Counter(e["data_quality"] for e in plain.values())["no_source_data"] == 4 * 6
+
+
+def test_two_instances_split_the_device_partitions_and_give_the_single_instances_estimates(
+        broker: str, tmp_path: Path) -> None:
+    """Two ``ptt shuffler`` instances (``--instance-count 2``) split a 4-partition device topic
+    (partitions 0, 2 and 1, 3): every epoch gets both instances' markers, and the worker
+    publishes exactly the statistics core's estimates -- what one instance gives (the first
+    test) -- with the participants of both shares added up; each instance read only its own
+    partitions' records and together they read every one once."""
+    epochs = 3
+    rs, ws, ss = _setup(broker, tmp_path, epochs, instance_count=2)
+    rs = rs.model_copy(update={"device_partitions": 4})
+    ss = ss.model_copy(update={"device_partitions": 4})
+    shufflers = [ShufflerProcess(ss.model_copy(update={"instance_index": i, "metrics_port": free_port()}),
+                                 tmp_path / f"shuffler-{i}.log").start() for i in (0, 1)]
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    try:
+        worker.wait_ready()
+        summary = replay(rs, progress=False)
+        assert summary.epochs == epochs
+        n_rows = _expected_rows(rs, epochs)
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
+        _assert_cores_estimates(rs, ws, epochs, bounds=True)
+        _, markers = _drain_decoded(ss)
+        by_instance = Counter(x.producer_index for _, m in markers for x in m.markers)
+        assert set(by_instance) == {0, 1} and all(x.producer_count == 2 for _, m in markers for x in m.markers)
+        per_partition = Counter(r.partition for r in drain(ss, ss.device_topic, quiet_polls=1)
+                                if r.headers == [("ptt-kind", b"device_report")])
+        read = [_scrape(sh.settings)["ptt_shuffler_records_total", (("kind", "device_report"),)] for sh in shufflers]
+        assert read == [per_partition[0] + per_partition[2], per_partition[1] + per_partition[3]]
+        assert all(read)
+    finally:
+        worker.stop()
+        for sh in shufflers:
+            assert sh.stop() == 130, sh.log.read_text()[-3000:]
+
+
+def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
+    """``min_crowd`` is per instance: an epoch of 4 device reports per round, 3 on device
+    partition 0 (instance 0) and 1 on partition 1 (instance 1), with min_crowd 2 -- one
+    instance would release it (4 >= 2); of two, instance 0 releases its 3 (markers with 3
+    participants, producer 0 of 2) and instance 1 withholds its 1 (dead letter
+    ``below_min_crowd``, no marker of producer 1: the worker withholds the epoch)."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=2, instance_count=2, device_partitions=2)
+    ensure_topics(ss, {ss.device_topic: 2, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
+                       ss.dead_letter_topic: 1})
+    t0 = datetime(2026, 11, 18, tzinfo=UTC)
+    q = Query(query_id="q-split", analyst_id="a", version=1, mechanism="sp", sensors=(400001, 400002),
+              population=60, t_start=t0, t_end=t0 + timedelta(days=1))
+    publish_query(ss, q)
+    e = q.epoch_range()[0]
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    for partition, n in ((0, 3), (1, 1)):
+        for r in (0, 1):
+            for _ in range(n):
+                producer.send(ss.device_topic, key=uuid.uuid4().bytes, partition=partition, value=encode_json(
+                    DeviceReport(query_id="q-split", query_version=1, epoch=e, round=r, value=1)))
+    producer.flush()
+    producer.close()
+    shufflers = [ShufflerProcess(ss.model_copy(update={"instance_index": i, "metrics_port": free_port()}),
+                                 tmp_path / f"shuffler-{i}.log").start() for i in (0, 1)]
+    try:
+        def letters() -> list[DeadLetter]:
+            return [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
+
+        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == ss.partitions, 60,
+                 "instance 1's below_min_crowd and instance 0's markers")
+        assert letters()[0].reason == "below_min_crowd" and "[1, 1]" in letters()[0].detail
+        _, markers = _drain_decoded(ss)
+        assert {(x.producer_index, x.producer_count, x.participants, x.epoch) for _, m in markers
+                for x in m.markers} == {(0, 2, 3, e)}
+        got = [_scrape(sh.settings) for sh in shufflers]
+        assert [g["ptt_shuffler_released_epochs_total", ()] for g in got] == [1, 0]
+        assert [g["ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)] for g in got] == [0, 1]
+    finally:
+        for sh in shufflers:
+            assert sh.stop() == 130, sh.log.read_text()[-3000:]
+
+
+def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_interrupted(
+        broker: str, tmp_path: Path) -> None:
+    """SIGINT to an unpaced ``ptt replay --via-shuffler`` (always mid-epoch): exit 130; its
+    ``SourceEpoch`` notes flag exactly the stop epoch interrupted; the shuffler releases that
+    epoch as interrupted markers, with no batch, and the worker withholds it as
+    ``interrupted`` -- as without the shuffler -- while every earlier epoch is published."""
+    rs, ws, ss = _setup(broker, tmp_path, 2880)
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    try:
+        worker.wait_ready()
+        wait_for(shuffler.started, 60, "the shuffler to start")
+        proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "0",  # noqa: S603
+                                 "--quiet"], env=env_for(rs), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=tmp_path)
+        try:
+            def notes_read() -> float:
+                try:
+                    return _scrape(ss)["ptt_shuffler_records_total", (("kind", "source_epoch"),)]
+                except OSError:
+                    return 0
+
+            wait_for(lambda: notes_read() >= 1 or proc.poll() is not None, 120, "the replay's first epoch")
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 130, err
+        notes = [json.loads(r.value) for r in drain(ss, ss.device_topic, quiet_polls=1)
+                 if r.headers == [("ptt-kind", b"source_epoch")]]
+        epochs = sorted({n["epoch"] for n in notes})
+        stop = epochs[-1]
+        assert len(epochs) >= 2 and {n["epoch"] for n in notes if n["interrupted"]} == {stop}
+        n_rows = _expected_rows(rs, len(epochs))
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        got = read_estimates(ws)
+        assert len(got) == n_rows
+        for (_, _, epoch, _, _), e in got.items():
+            if epoch == stop:
+                assert e.withheld is not None and "interrupted" in e.withheld, e
+            else:
+                assert e.withheld is None and e.closed_by == "markers", e
+        batches, markers = _drain_decoded(ss)
+        assert stop not in {b.header.epoch for _, b in batches}
+        assert {x.interrupted for _, m in markers for x in m.markers if x.epoch == stop} == {True}
+        assert not any(x.interrupted for _, m in markers for x in m.markers if x.epoch != stop)
+    finally:
+        worker.stop()
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]

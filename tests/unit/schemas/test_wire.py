@@ -611,7 +611,7 @@ def _object_schemas(node: Any, path: str = "$") -> list[tuple[str, dict[str, Any
 def test_json_schemas_forbid_additional_properties() -> None:
     schemas = json_schemas()
     assert set(schemas) == {"SingleReport", "EndOfEpoch", "EndOfEpochSet", "GroundTruth", "BatchHeader",
-                            "DeviceReport"}
+                            "DeviceReport", "SourceEpoch"}
     checked = 0
     for name, schema in [*schemas.items(), ("Query", Query.model_json_schema())]:
         for path, obj in _object_schemas(schema):
@@ -621,7 +621,7 @@ def test_json_schemas_forbid_additional_properties() -> None:
             else:  # a free-form mapping: only Query.params (checked by name at validation)
                 assert (name, path) == ("Query", "$.properties.params"), f"{name} {path} is an open object"
                 assert obj["additionalProperties"] == {"type": "number"}
-    assert checked == 9  # 7 top-level models + ArraySpec inside BatchHeader + EndOfEpoch inside EndOfEpochSet
+    assert checked == 10  # 8 top-level models + ArraySpec inside BatchHeader + EndOfEpoch inside EndOfEpochSet
     assert "ArraySpec" in schemas["BatchHeader"]["$defs"]
 
 

@@ -3,7 +3,8 @@
 Checked: the deadline rules (event time with a quorum, every partition past or read to its
 end; end of input after the idle wait); a forged far epoch from one device does not move the
 clock; the slot bound; late reports; min_crowd withholds; and that the release is a uniform
-permutation (chi-square over positions, fixed seed)."""
+permutation (chi-square over positions, fixed seed); a replay's source notes (stations
+without a reading, interrupted) reach the released epoch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from scipy import stats
 
-from schemas import DeviceReport, Query
+from schemas import DeviceReport, Query, SourceEpoch
 from stream_app.shuffler.policy import Released, ShufflePolicy, Withheld
 
 T0 = datetime(2026, 11, 18, tzinfo=UTC)
@@ -95,3 +96,29 @@ def test_release_is_a_uniform_permutation() -> None:
         assert sorted(values.tolist()) == list(range(6))
         landed[int(np.flatnonzero(values == 0)[0])] += 1
     assert stats.chisquare(landed).pvalue > 1e-4, landed
+
+
+def test_source_notes_reach_the_release() -> None:
+    """Two producers' notes of an epoch add up into its release (stations without a source
+    reading); an interrupted epoch is released with its devices counted but no report, also
+    for a query that holds none; a note for a decided epoch is late."""
+    q = _query()
+    e = q.epoch_range()[0]
+    p = ShufflePolicy(min_crowd=2, lateness_epochs=1, idle_release_s=5.0, partitions=(0,))
+    _fill(p, q, e, 3)
+    assert p.note(SourceEpoch(epoch=e, readings_missing=(2,)), [q], 0, 0.0) is None
+    assert p.note(SourceEpoch(epoch=e, readings_missing=(3,)), [q], 0, 0.0) is None
+    out = p.close(("q", 1, e), np.random.default_rng(0))
+    assert isinstance(out, Released) and out.no_data == {2, 3} and not out.interrupted
+    assert out.rounds[0].reports == 3
+    why = p.note(SourceEpoch(epoch=e), [q], 0, 0.0)
+    assert why is not None and why.reason == "late"
+    _fill(p, q, e + 1, 1)  # below min_crowd, but interrupted: released empty, flagged
+    assert p.note(SourceEpoch(epoch=e + 1, interrupted=True), [q], 0, 0.0) is None
+    out = p.close(("q", 1, e + 1), np.random.default_rng(0))
+    assert isinstance(out, Released) and out.interrupted
+    assert [(r.reports, r.devices, r.arrays["value"].size) for r in out.rounds] == [(0, 1, 0), (0, 1, 0)]
+    assert p.note(SourceEpoch(epoch=e + 2, interrupted=True), [q], 0, 0.0) is None  # nothing sent of it
+    assert p.open_epochs == [("q", 1, e + 2)]
+    out = p.close(("q", 1, e + 2), np.random.default_rng(0))
+    assert isinstance(out, Released) and out.interrupted and [r.devices for r in out.rounds] == [0, 0]
