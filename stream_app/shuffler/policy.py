@@ -126,6 +126,21 @@ class ShufflePolicy:
     def open_epochs(self) -> list[EpochKey]:
         return sorted(self._open, key=lambda k: (k[2], k[0], k[1]))
 
+    def restore_clock(self, clock: int, newest: dict[int, int]) -> None:
+        """Restoring after a restart: the epoch clock and each partition's newest epoch as they
+        were (the reports that advanced them may be gone from a compacted state topic)."""
+        self.clock = max(self.clock, clock)
+        for p, e in newest.items():
+            self.newest[p] = max(self.newest.get(p, -1), e)
+
+    def is_open(self, key: EpochKey) -> bool:
+        """Whether ``key``'s epoch still holds reports (not decided)."""
+        return key in self._open
+
+    def has_note(self, epoch: int) -> bool:
+        """Whether a replay's note of ``epoch`` is still kept (not yet used by every close)."""
+        return epoch in self._notes
+
     def held(self) -> int:
         """Device reports held in open epochs."""
         return sum(r.devices for o in self._open.values() for r in o.rounds)

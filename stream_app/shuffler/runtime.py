@@ -62,6 +62,7 @@ from ..guard import BrokerGuard, stop_grace_s
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .settings import ShufflerSettings
+from .state import StateRecord, decided_key, fold, from_kafka, headers, step_key
 
 __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary"]
 
@@ -109,6 +110,9 @@ class Shuffler:
         self._step_tp = TopicPartition(settings.state_topic, 0)
         self._salt = ""
         self._salt_new = False
+        self._inc = secrets.token_hex(8)  # this incarnation, on every state record (module state.py)
+        # the steps whose state record is live: the epoch keys and note epochs its records went to
+        self._live: dict[int, tuple[frozenset[EpochKey], frozenset[int]]] = {}
 
     def stop(self) -> None:
         self._stop.set()
@@ -128,7 +132,7 @@ class Shuffler:
             self.install_signals()
         topics = {s.reports_topic: s.partitions, s.queries_topic: 1, s.device_topic: s.device_partitions,
                   s.dead_letter_topic: 1, s.state_topic: 1}
-        ids = ensure_topics(s, topics)
+        ids = ensure_topics(s, topics, compacted={s.queries_topic, s.state_topic})
         self.guard = guard = BrokerGuard(s, list(topics))
         guard.know(ids)  # the baseline: the topics as they are once ensured
         guard.start(self._on_lost)
@@ -212,7 +216,8 @@ class Shuffler:
         return mine
 
     def _restore(self) -> None:
-        """Rebuild the held reports and decided epochs from the state records of committed steps."""
+        """Rebuild the held reports and decided epochs from the state records of committed steps
+        (stream_app/shuffler/state.py: what a compacted state topic keeps folds the same)."""
         s = self.s
         consumer = connect("consumer", s, KafkaConsumer, group_id=None, enable_auto_commit=False,
                            isolation_level="read_committed", max_partition_fetch_bytes=16 * 1024 * 1024)
@@ -221,34 +226,43 @@ class Shuffler:
             consumer.assign([tp])
             consumer.seek(tp, 0)
             end = consumer.end_offsets([tp])[tp]
-            states: list[dict[str, Any]] = []
+            log: list[StateRecord] = []
             while consumer.position(tp) < end:
                 for records in consumer.poll(timeout_ms=500, max_records=10_000).values():
-                    states.extend(json.loads(rec.value) for rec in records)
+                    log.extend(from_kafka(rec.key, rec.value, rec.headers) for rec in records)
         finally:
             consumer.close()
-        # the committed steps: 1 .. the step committed with the offsets; of several records of
-        # one step (an aborted incarnation's, the broker shows them, then its successor's) the last
-        newest: dict[int, dict[str, Any]] = {}
-        for state in states:
-            if state["s"] <= self._step:
-                newest[state["s"]] = state
-        for step in sorted(newest):
-            self._apply(newest[step])
+        clock: dict[str, Any] = {}
+        for record in fold(log, self._step):
+            value = record.value or {}
+            if record.key == "clock":
+                clock = value
+                continue
+            self._salt = value.get("salt") or self._salt
+            slots, notes = self._apply(value)
+            if value.get("admit"):
+                self._live[record.s] = (slots, notes)
+        newest = {int(p): int(e) for p, e in clock.get("newest", {}).items()}
+        self.policy.restore_clock(int(clock.get("clock", -1)), newest)
         if not self._salt:
             self._salt, self._salt_new = secrets.token_hex(16), True
 
-    def _apply(self, state: dict[str, Any]) -> None:
-        self._salt = state.get("salt") or self._salt
+    def _apply(self, state: dict[str, Any]) -> tuple[frozenset[EpochKey], frozenset[int]]:
+        """Restore one record's admitted reports and decided epochs; the keys the reports went to."""
+        slots: set[EpochKey] = set()
+        notes: set[int] = set()
         for p, raw in state.get("admit", ()):
             record = decode_device_record(raw.encode())
             if isinstance(record, SourceEpoch):
                 self.policy.note(record, self._active(record.epoch), p, time.monotonic())
+                notes.add(record.epoch)
                 continue
             self.policy.admit(record, self._query(record.query_id, record.query_version), p, time.monotonic())
+            slots.add((record.query_id, record.query_version, record.epoch))
             self.summary.restored += 1
         for q, v, e in state.get("decided", ()):
             self.policy.mark_decided((q, v, e))
+        return frozenset(slots), frozenset(notes)
 
     def _query(self, query_id: str, version: int) -> Query | None:
         """The query version a device report names; an unknown one after the queries topic was
@@ -282,6 +296,8 @@ class Shuffler:
                 last_queries = now
             got = self._consumer.poll(timeout_ms=200, max_records=s.max_poll_records)
             admitted: list[tuple[int, str]] = []
+            slots: set[EpochKey] = set()
+            notes: set[int] = set()
             letters: list[tuple[Rejected, Any]] = []
             read = [0, 0]  # device records, source notes
             for records in got.values():
@@ -300,11 +316,16 @@ class Shuffler:
                                                 rec.partition, time.monotonic())
                     if why is not None:
                         letters.append((why, rec))
+                        continue
+                    admitted.append((rec.partition, report.model_dump_json()))
+                    if isinstance(report, SourceEpoch):
+                        notes.add(report.epoch)
                     else:
-                        admitted.append((rec.partition, report.model_dump_json()))
+                        slots.add((report.query_id, report.query_version, report.epoch))
             due = self.policy.due(time.monotonic(), self._caught_up()) if self.policy.open_epochs else []
             if not (admitted or letters or due or self._salt_new):
                 continue
+            self._live[self._step + 1] = (frozenset(slots), frozenset(notes))
             self._transaction(admitted, letters, due, fault_hold_s, read)
 
     def _caught_up(self) -> frozenset[int]:
@@ -365,10 +386,7 @@ class Shuffler:
                 self._release(outcome)
             else:
                 self._withhold(outcome)
-        state: dict[str, Any] = {"s": self._step, "admit": admitted, "decided": decided}
-        if self._salt_new:
-            state["salt"] = self._salt
-        p.send(s.state_topic, value=json.dumps(state, separators=(",", ":")).encode(), partition=0)
+        self._send_state(admitted, decided)
         offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in self._tps}
         offsets[self._step_tp] = OffsetAndMetadata(self._step, "", -1)
         p.send_offsets_to_transaction(offsets, s.transactional_id)
@@ -376,6 +394,30 @@ class Shuffler:
             p.flush()
             time.sleep(fault_hold_s)
         return outcomes
+
+    def _send_state(self, admitted: list[tuple[int, str]], decided: list[list[Any]]) -> None:
+        """This step's state records (stream_app/shuffler/state.py): what it admitted, while any
+        of it is in an open epoch; the epochs it decided; the salt once; the clock; and a
+        tombstone for every earlier step whose reports' epochs are all decided now."""
+        def send(key: str, value: dict[str, Any] | None) -> None:
+            self._producer.send(self.s.state_topic, key=key.encode(), partition=0, headers=hdrs,
+                                value=None if value is None else json.dumps(value, separators=(",", ":")).encode())
+
+        hdrs = headers(self._step, self._inc)
+        for step in [t for t, (slots, notes) in self._live.items() if self._obsolete(slots, notes)]:
+            del self._live[step]
+            if step != self._step:  # this step's own records, all decided already, are not written
+                send(step_key(step), None)
+        if self._step in self._live:
+            send(step_key(self._step), {"admit": admitted})
+        for q, v, e in decided:
+            send(decided_key(q, v, e), {"decided": [[q, v, e]]})
+        if self._salt_new:
+            send("salt", {"salt": self._salt})
+        send("clock", {"clock": self.policy.clock, "newest": {str(k): e for k, e in self.policy.newest.items()}})
+
+    def _obsolete(self, slots: frozenset[EpochKey], notes: frozenset[int]) -> bool:
+        return not any(self.policy.is_open(k) for k in slots) and not any(self.policy.has_note(e) for e in notes)
 
     def _slot_rng(self, key: EpochKey) -> np.random.Generator:
         """The permutation's generator: seeded by the instance's secret salt (128 bits from the
