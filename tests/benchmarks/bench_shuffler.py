@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import pstats
-import re
 import signal
 import subprocess
 import sys
@@ -119,15 +118,15 @@ class _Shuffler:
 _STARTED: list[WorkerProcess | _Shuffler] = []  # every process a run started: main() stops them however it ends
 
 
-def _profile_top(path: Path, n: int = 15) -> dict[str, list[list[Any]]]:
+def _profile_top(path: Path, n: int = 15) -> dict[str, Any]:
     stats = pstats.Stats(str(path))
-    rows = []
+    rows: list[tuple[str, int, float, float]] = []
     for (file, line, func), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
         where = f"{Path(file).name}:{line}({func})" if line else func
         rows.append((where, calls, tottime, cumtime))
 
     def top(col: int) -> list[list[Any]]:
-        return [[w, c, round(t, 2), round(cu, 2)] for w, c, t, cu in sorted(rows, key=lambda r: -r[col])[:n]]
+        return [[w, c, round(t, 2), round(cu, 2)] for w, c, t, cu in sorted(rows, key=lambda r: -float(r[col]))[:n]]
 
     return {"columns": ["function", "calls", "own_s", "cumulative_s"], "by_own_time": top(2),
             "by_cumulative_time": top(3)}
