@@ -41,6 +41,7 @@ estimate. A report for an epoch already decided is refused as ``late``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -147,10 +148,10 @@ class ShufflePolicy:
         rnd.devices += 1
         if report.value is not None:
             rnd.values.append(report.value)
-        else:
-            for s, o in report.pairs or ():
-                rnd.stations.append(s)
-                rnd.outputs.append(o)
+        elif report.pairs:  # whole columns at once (no per-pair Python loop)
+            stations, outputs = zip(*report.pairs, strict=True)
+            rnd.stations.extend(stations)
+            rnd.outputs.extend(outputs)
         self.last_arrival = now
         self.newest[partition] = max(self.newest.get(partition, -1), report.epoch)
         n = self._per_epoch[report.epoch] = self._per_epoch.get(report.epoch, 0) + 1
@@ -184,11 +185,13 @@ class ShufflePolicy:
                 values = np.sort(np.asarray(r.values, dtype=np.int64))
                 rounds.append(ReleasedRound({"value": values[rng.permutation(values.size)]}, int(values.size),
                                             r.devices))
-            else:
-                pairs = np.asarray(sorted(zip(r.stations, r.outputs, strict=True)), dtype=np.int64).reshape(-1, 2)
-                pairs = pairs[rng.permutation(len(pairs))]
-                rounds.append(ReleasedRound({"station": pairs[:, 0].copy(), "output": pairs[:, 1].copy()},
-                                            int(len(pairs)), r.devices))
+            else:  # sorted by (station, output), on arrays
+                stations = np.array(r.stations, dtype=np.int64)
+                outputs = np.array(r.outputs, dtype=np.int64)
+                order = np.lexsort((outputs, stations))
+                order = order[rng.permutation(order.size)]
+                rounds.append(ReleasedRound({"station": stations[order], "output": outputs[order]},
+                                            int(order.size), r.devices))
         return Released(slot.query, key[2], tuple(rounds))
 
     def mark_decided(self, key: EpochKey) -> None:
@@ -207,15 +210,18 @@ def _check_payload(report: DeviceReport, query: Query) -> Rejected | None:
         return None
     if report.pairs is None:
         return Rejected("wrong_layout", f"a value for a {query.mechanism} query (a device sends its pairs)")
-    seen = set()
+    if not report.pairs:
+        return None
+    # whole columns through builtins (C loops), not a Python loop per pair
+    stations, outputs = zip(*report.pairs, strict=True)
+    if max(stations) > v:
+        return Rejected("out_of_range", f"station index {max(stations)} > {v}")
     n_out = query.n_outputs
     default = query.default_report
-    for s, o in report.pairs:
-        if s > v:
-            return Rejected("out_of_range", f"station index {s} > {v}")
-        if o >= n_out or o == default:
-            return Rejected("out_of_range", f"report {o}: pairs carry non-default reports below {n_out}")
-        if s in seen:
-            return Rejected("bad_pairs", f"station {s} twice in one device's report")
-        seen.add(s)
+    if max(outputs) >= n_out or default in outputs:
+        bad = next(o for o in outputs if o >= n_out or o == default)
+        return Rejected("out_of_range", f"report {bad}: pairs carry non-default reports below {n_out}")
+    if len(set(stations)) != len(stations):
+        twice = next(s for s, n in Counter(stations).items() if n > 1)
+        return Rejected("bad_pairs", f"station {twice} twice in one device's report")
     return None

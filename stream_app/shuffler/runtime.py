@@ -82,6 +82,7 @@ class Shuffler:
         self._step_tp = TopicPartition(settings.state_topic, 0)
         self._salt = ""
         self._salt_new = False
+        self._queries_read_at = float("-inf")  # when an unknown query last made it read the queries topic to its end
 
     def stop(self) -> None:
         self._stop.set()
@@ -181,9 +182,13 @@ class Shuffler:
             self.policy.mark_decided((q, v, e))
 
     def _query(self, query_id: str, version: int) -> Query | None:
+        """The query a report names. An unknown one: the queries topic is read to its end
+        (a query published before its first report is then known, however slow the fetch),
+        at most once a second, so reports naming made-up queries cannot stall the loop."""
         q = self._reader.queries.get((query_id, version))
-        if q is None:
-            self._reader.poll(200)
+        if q is None and time.monotonic() - self._queries_read_at >= 1.0:
+            self._reader.catch_up(timeout_s=30.0)
+            self._queries_read_at = time.monotonic()
             q = self._reader.queries.get((query_id, version))
         return q
 
@@ -211,8 +216,8 @@ class Shuffler:
                                             rec.partition, time.monotonic())
                     if why is not None:
                         letters.append((why, rec))
-                    else:
-                        admitted.append((rec.partition, report.model_dump_json()))
+                    else:  # the record as read: it decoded to this report (and decodes again on restore)
+                        admitted.append((rec.partition, rec.value.decode()))
             due = self.policy.due(time.monotonic(), self._caught_up()) if self.policy.open_epochs else []
             if not (admitted or letters or due or self._salt_new):
                 continue
