@@ -28,9 +28,9 @@ Every line of a path has:
 * ``estimates == expected_estimates`` (nothing lost), ``dead_letters``, ``device_records``
   (the replay's records through the shuffler), ``shuffler_summary`` (its last line).
 
-``--profile`` runs the shuffler under ``python -m cProfile`` (slower: its figures are marked
-``profiled``) and adds ``shuffler_profile``: the top functions by own time and by cumulative
-time, in seconds.
+``--profile`` runs the shuffler under ``python -m cProfile`` and the replay under
+:class:`cProfile.Profile` (slower: the line is marked ``profiled``) and adds ``shuffler_profile``
+and ``replay_profile``: the top functions by own time and by cumulative time, in seconds.
 
 Measured (docs/operations.md, "Benchmarks", has the figures and the machine's load).
 
@@ -41,6 +41,7 @@ Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2] [--epochs-s1 10]
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import pstats
@@ -189,7 +190,13 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     t0 = time.time()
     replay_cpu0 = time.process_time()
+    replay_prof = cProfile.Profile() if profile else None
+    if replay_prof is not None:
+        replay_prof.enable()
     summary = replay(rs, progress=False)
+    if replay_prof is not None:
+        replay_prof.disable()
+        replay_prof.dump_stats(tmp / f"replay-{tag}.prof")
     replay_s = time.time() - t0
     cpu = {"replay": time.process_time() - replay_cpu0}
     deadline = time.time() + max(600.0, 20 * replay_s)
@@ -220,6 +227,8 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         if prof_path is not None:
             out["profiled"] = True
             out["shuffler_profile"] = _profile_top(prof_path) if prof_path.exists() else "no profile written"
+    if profile:
+        out["replay_profile"] = _profile_top(tmp / f"replay-{tag}.prof")
     return out, (_estimate_rows(ws) if keep_rows else {})
 
 
