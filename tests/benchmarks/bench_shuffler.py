@@ -32,7 +32,17 @@ Every line of a path has:
 :class:`cProfile.Profile` (slower: the line is marked ``profiled``) and adds ``shuffler_profile``
 and ``replay_profile``: the top functions by own time and by cumulative time, in seconds.
 
-Measured (docs/operations.md, "Benchmarks", has the figures and the machine's load).
+Measured on 2 cores shared with other sessions (load average 3-5; docs/operations.md,
+"Benchmarks", has the table):
+
+* s1, 5 epochs, 398,560 device records: direct 0.37 s/epoch (82x real time), through the
+  shuffler 8.8 s/epoch (3.4x): 24x the direct path's wall time per epoch; CPU s replay 23.0,
+  shuffler 12.6 (17.4 before its hot path went to whole columns), worker 1.3, broker 4.4. All
+  15,000 estimates on both paths, equal but ``data_quality`` and ``consistent`` on the 6 cells
+  the direct path marks ``no_source_data``.
+* s2, 2 epochs, 1,089,288 device records: through the shuffler 74.8 s/epoch, 0.40x real time
+  (goal 1x not met), 7.0x the direct path (10.7 s/epoch, 2.8x); CPU s replay 124 (59%),
+  shuffler 72 (34%), worker 5, broker 11. All 38,640 estimates.
 
 Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2] [--epochs-s1 10] [--epochs-s2 5]
 [--direct-s2] [--profile]``
@@ -271,6 +281,10 @@ def main() -> None:
                     "rows_no_source_data_direct": sum(r["data_quality"] == "no_source_data" for r in d_rows.values()),
                     "fields_differing": dict(fields), "example": example,
                     "same_estimates": not differ and d_rows.keys() == v_rows.keys(),
+                    # the shuffler cannot know the cells without a source reading: there, and only
+                    # there, the direct path publishes no consistent value
+                    "same_but_no_source_data_cells": d_rows.keys() == v_rows.keys() and set(fields) <= {"consistent"}
+                    and all(d_rows[k]["data_quality"] == "no_source_data" for k in differ),
                     **({"profiled": True} if args.profile else {})}), flush=True)
             if "s2" in wanted:
                 kw = {"stations": 3220, "epochs": args.epochs_s2, "vehicles": 47_719, **common}
