@@ -41,6 +41,7 @@ estimate. A report for an epoch already decided is refused as ``late``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -171,10 +172,10 @@ class ShufflePolicy:
         rnd.devices += 1
         if report.value is not None:
             rnd.values.append(report.value)
-        else:
-            for s, o in report.pairs or ():
-                rnd.stations.append(s)
-                rnd.outputs.append(o)
+        elif report.pairs:  # whole columns at once (no per-pair Python loop)
+            stations, outputs = zip(*report.pairs, strict=True)
+            rnd.stations.extend(stations)
+            rnd.outputs.extend(outputs)
         self.last_arrival = now
         self.newest[partition] = max(self.newest.get(partition, -1), report.epoch)
         n = self._per_epoch[report.epoch] = self._per_epoch.get(report.epoch, 0) + 1
@@ -235,14 +236,14 @@ class ShufflePolicy:
         rounds = []
         for r in slot.rounds:  # sorted first: the result depends on the reports and rng only, not on arrival
             if slot.query.per_station is None:
-                values = np.sort(np.asarray(r.values, dtype=np.int64))
+                values = _sorted(np.array(r.values, dtype=np.int64))
                 rounds.append(ReleasedRound({"value": values[rng.permutation(values.size)]}, int(values.size),
                                             r.devices))
-            else:
-                pairs = np.asarray(sorted(zip(r.stations, r.outputs, strict=True)), dtype=np.int64).reshape(-1, 2)
-                pairs = pairs[rng.permutation(len(pairs))]
-                rounds.append(ReleasedRound({"station": pairs[:, 0].copy(), "output": pairs[:, 1].copy()},
-                                            int(len(pairs)), r.devices))
+            else:  # sorted by (station, output): one key per pair, admitted outputs are below n_outputs
+                n_out = slot.query.n_outputs
+                keys = _sorted(np.array(r.stations, dtype=np.int64) * n_out + np.array(r.outputs, dtype=np.int64))
+                station, output = np.divmod(keys[rng.permutation(keys.size)], n_out)
+                rounds.append(ReleasedRound({"station": station, "output": output}, int(keys.size), r.devices))
         return Released(slot.query, key[2], tuple(rounds), no_data)
 
     def mark_decided(self, key: EpochKey) -> None:
@@ -257,6 +258,13 @@ class ShufflePolicy:
         self._decided_epochs.add(key[2])
 
 
+def _sorted(keys: IntArray) -> IntArray:
+    """``np.sort(keys)`` for small non-negative keys (admitted station indices and outputs), by
+    counting: O(n) instead of a comparison sort of a round's millions of pairs."""
+    counts = np.bincount(keys)
+    return np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+
+
 def _check_payload(report: DeviceReport, query: Query) -> Rejected | None:
     v = query.n_stations
     if query.per_station is None:
@@ -267,15 +275,18 @@ def _check_payload(report: DeviceReport, query: Query) -> Rejected | None:
         return None
     if report.pairs is None:
         return Rejected("wrong_layout", f"a value for a {query.mechanism} query (a device sends its pairs)")
-    seen = set()
+    if not report.pairs:
+        return None
+    # whole columns through builtins (C loops), not a Python loop per pair
+    stations, outputs = zip(*report.pairs, strict=True)
+    if max(stations) > v:
+        return Rejected("out_of_range", f"station index {max(stations)} > {v}")
     n_out = query.n_outputs
     default = query.default_report
-    for s, o in report.pairs:
-        if s > v:
-            return Rejected("out_of_range", f"station index {s} > {v}")
-        if o >= n_out or o == default:
-            return Rejected("out_of_range", f"report {o}: pairs carry non-default reports below {n_out}")
-        if s in seen:
-            return Rejected("bad_pairs", f"station {s} twice in one device's report")
-        seen.add(s)
+    if max(outputs) >= n_out or default in outputs:
+        bad = next(o for o in outputs if o >= n_out or o == default)
+        return Rejected("out_of_range", f"report {bad}: pairs carry non-default reports below {n_out}")
+    if len(set(stations)) != len(stations):
+        twice = next(s for s, n in Counter(stations).items() if n > 1)
+        return Rejected("bad_pairs", f"station {twice} twice in one device's report")
     return None

@@ -317,7 +317,8 @@ class Shuffler:
                     if why is not None:
                         letters.append((why, rec))
                         continue
-                    admitted.append((rec.partition, report.model_dump_json()))
+                    # the record as read: it decoded to this report (and decodes again on restore)
+                    admitted.append((rec.partition, rec.value.decode()))
                     if isinstance(report, SourceEpoch):
                         notes.add(report.epoch)
                     else:

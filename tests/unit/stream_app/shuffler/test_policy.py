@@ -122,3 +122,44 @@ def test_source_notes_reach_the_release() -> None:
     assert p.open_epochs == [("q", 1, e + 2)]
     out = p.close(("q", 1, e + 2), np.random.default_rng(0))
     assert isinstance(out, Released) and out.interrupted and [r.devices for r in out.rounds] == [0, 0]
+
+
+def _pairs(epoch: int, pairs: tuple[tuple[int, int], ...]) -> DeviceReport:
+    return DeviceReport(query_id="q", query_version=1, epoch=epoch, round=0, pairs=pairs)
+
+
+def test_pairs_are_checked_and_a_round_released_as_the_same_pairs() -> None:
+    """Per-sensor reports (ALP): a station above V, the implied default report or one at or above
+    the outputs, a station twice are refused with their reasons; an empty report counts as a
+    participant; the released round holds exactly the admitted pairs, permuted (and the same
+    seed gives the same release: it depends on the reports, not their arrival order)."""
+    q = _query("alp")
+    e = q.epoch_range()[0]
+    default = q.default_report
+    good, other = (o for o in range(q.n_outputs) if o != default)  # ALP: the two non-default reports
+    Pairs = tuple[tuple[int, int], ...]
+    refused: dict[str, list[Pairs]] = {"out_of_range": [((4, good),), ((1, good), (2, q.n_outputs))],
+               "bad_pairs": [((1, good), (2, good), (1, good))]}
+    if default is not None:
+        refused["out_of_range"].append(((2, good), (3, default)))
+    sent: list[Pairs] = [((1, good), (3, other)), (), ((2, good),), ((3, good), (1, other), (2, good))]
+
+    def fill(order: list[int]) -> Released:
+        p = ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,))
+        for reason, bad in refused.items():
+            for pairs in bad:
+                rej = p.admit(_pairs(e, pairs), q, 0, 0.0)
+                assert rej is not None and rej.reason == reason, (pairs, rej)
+        for i in order:
+            assert p.admit(_pairs(e, sent[i]), q, 0, 0.0) is None
+        out = p.close(("q", 1, e), np.random.default_rng(7))
+        assert isinstance(out, Released)
+        return out
+
+    out = fill([0, 1, 2, 3])
+    rnd = out.rounds[0]
+    assert rnd.devices == 4 and rnd.reports == 6
+    got = sorted(zip(rnd.arrays["station"].tolist(), rnd.arrays["output"].tolist(), strict=True))
+    assert got == sorted(pair for pairs in sent for pair in pairs)
+    again = fill([3, 1, 0, 2]).rounds[0]
+    assert all(np.array_equal(rnd.arrays[k], again.arrays[k]) for k in ("station", "output"))

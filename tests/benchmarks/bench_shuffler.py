@@ -1,0 +1,307 @@
+"""Benchmark: per-vehicle reports through the shuffler (``ptt shuffler``) against the direct path.
+One JSON line per run.
+
+Scenarios (``--only`` picks some):
+
+* ``s1``  -- 500 stations, per vehicle, SP + ALP + RR (the demo's three default queries), the
+  same fleet and epochs twice in one run: the direct path (``ptt replay`` batches the reports)
+  and through the shuffler (``ptt replay --via-shuffler``: one record per device report, the
+  shuffler permutes each (query, version, epoch, round) and releases columnar batches and markers
+  in Kafka transactions). Per path: wall time per epoch, ``realtime_factor``, the CPU seconds of
+  each process; then ``shuffler_vs_direct`` (wall time per epoch through the shuffler / direct)
+  and whether both paths published the same estimates (``same_estimates``: every row equal,
+  field for field, but ``data_quality``, which the shuffler cannot know -- docs/operations.md);
+* ``s2``  -- the papers' scale, 3,220 stations and ``--expand-to 47,719`` vehicles, through the
+  shuffler (and the direct path in the same run with ``--direct-s2``). The synthetic day's peak
+  flow (136,161 vehicles) is above 47,719, so the fleet is that peak (``vehicles`` says so):
+  ~2.9x the paper's fleet.
+
+Every line of a path has:
+
+* ``realtime_factor = epochs x 30 / last_estimate_s`` (30 s of data per epoch), with
+  ``last_estimate_s`` from the replay's start to the last estimate written (the broker's record
+  timestamps); ``wall_s_per_epoch = last_estimate_s / epochs``. Through the shuffler the last
+  epochs are released ``idle_release_s`` (here 1 s) after the input stops, which is counted;
+* ``cpu_s``: CPU seconds (user + system, from /proc) of the replay (this process, its producer
+  thread included), the shuffler, the worker and the broker over the run, and ``cpu_share`` of
+  their sum -- on 2 cores, the process with the largest share is the wall;
+* ``estimates == expected_estimates`` (nothing lost), ``dead_letters``, ``device_records``
+  (the replay's records through the shuffler), ``shuffler_summary`` (its last line).
+
+``--profile`` runs the shuffler under ``python -m cProfile`` and the replay under
+:class:`cProfile.Profile` (slower: the line is marked ``profiled``) and adds ``shuffler_profile``
+and ``replay_profile``: the top functions by own time and by cumulative time, in seconds.
+
+Measured on 2 cores shared with other sessions (load average 3-5; docs/operations.md,
+"Benchmarks", has the table):
+
+* s1, 5 epochs, 398,560 device records: direct 0.37 s/epoch (82x real time), through the
+  shuffler 8.8 s/epoch (3.4x): 24x the direct path's wall time per epoch; CPU s replay 23.0,
+  shuffler 12.6 (17.4 before its hot path went to whole columns), worker 1.3, broker 4.4. All
+  15,000 estimates on both paths, equal but ``data_quality`` and ``consistent`` on the 6 cells
+  the direct path marks ``no_source_data``.
+* s2, 2 epochs, 1,089,288 device records: through the shuffler 74.8 s/epoch, 0.40x real time
+  (goal 1x not met), 7.0x the direct path (10.7 s/epoch, 2.8x); CPU s replay 124 (59%),
+  shuffler 72 (34%), worker 5, broker 11. All 38,640 estimates.
+
+Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2] [--epochs-s1 10] [--epochs-s2 5]
+[--direct-s2] [--profile]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from producers.replay import default_queries, fleet_size_for, load_day, replay
+from producers.settings import ReplaySettings
+from schemas.kafka_io import ensure_topics, publish_query, read_to_end
+from stream_app.app import ensure_stream_topics
+from stream_app.cli.local_broker import LocalBroker, free_port
+from stream_app.settings import WorkerSettings
+from stream_app.shuffler.settings import ShufflerSettings
+from tests.benchmarks.bench_scale import _closed_epochs, _dead, _scrape, _wait_url
+from tests.integration.stream_helpers import WorkerProcess, env_for
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    if pid is None:
+        return float("nan")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class _Shuffler:
+    """``ptt shuffler`` in a subprocess (under cProfile with ``profile``), its output in a log."""
+
+    def __init__(self, settings: ShufflerSettings, log: Path, profile: Path | None) -> None:
+        self.settings = settings
+        self.log = log
+        self.profile = profile
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> _Shuffler:
+        prefix = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
+        with self.log.open("ab") as fh:
+            self.proc = subprocess.Popen([sys.executable, *prefix, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
+                                         env=env_for(self.settings), stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while "shuffler " not in self.log.read_text(errors="replace"):  # its signal handlers are in
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"the shuffler did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM (it ends after its current step and writes its summary; cProfile then writes
+        the profile), SIGKILL after 60 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def summary(self) -> str:
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.startswith("shuffler: ")]
+        return lines[-1] if lines else ""
+
+
+_STARTED: list[WorkerProcess | _Shuffler] = []  # every process a run started: main() stops them however it ends
+
+
+def _profile_top(path: Path, n: int = 15) -> dict[str, Any]:
+    stats = pstats.Stats(str(path))
+    rows: list[tuple[str, int, float, float]] = []
+    for (file, line, func), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{Path(file).name}:{line}({func})" if line else func
+        rows.append((where, calls, tottime, cumtime))
+
+    def top(col: int) -> list[list[Any]]:
+        return [[w, c, round(t, 2), round(cu, 2)] for w, c, t, cu in sorted(rows, key=lambda r: -float(r[col]))[:n]]
+
+    return {"columns": ["function", "calls", "own_s", "cumulative_s"], "by_own_time": top(2),
+            "by_cumulative_time": top(3)}
+
+
+def _estimate_rows(ws: WorkerSettings) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The latest estimate row per (query, version, epoch, station, estimator)."""
+    out = {}
+    for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5):
+        row = json.loads(r.value)
+        out[(row["query_id"], row["query_version"], row["epoch"], row["station"], row["estimator"])] = row
+    return out
+
+
+def _without(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A row without ``data_quality``: the shuffler cannot know which stations had no source
+    reading (docs/operations.md), so through it every row says ``ok``."""
+    return None if row is None else {k: v for k, v in row.items() if k != "data_quality"}
+
+
+def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stations: int, epochs: int,
+             vehicles: int | None, via_shuffler: bool, data_dir: Path, profile: bool = False,
+             keep_rows: bool = False) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
+    tag = f"{name}-{'shuffler' if via_shuffler else 'direct'}-{uuid.uuid4().hex[:8]}"
+    rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir, truth=False, default_queries=False,
+                        reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
+                        synthetic_stations=stations, mode="per-vehicle", max_epochs=epochs,
+                        start_epoch=max(0, min(14 * 120, 2880 - epochs)), expand_to=vehicles, batch_size=50_000,
+                        via_shuffler=via_shuffler, device_topic=f"dev-{tag}", device_partitions=4)
+    t_load = time.perf_counter()
+    day = load_day(rs)
+    load_s = time.perf_counter() - t_load
+    fleet = fleet_size_for(day, rs)
+    queries = default_queries(day, fleet)
+    ensure_topics(rs)
+    base = {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
+    ws = WorkerSettings(**base, app_id=f"bench-{tag}", estimates_topic=f"e-{tag}", dead_letter_topic=f"d-{tag}",
+                        web_port=free_port(), min_participants=1, estimate_output="rows")
+    ensure_stream_topics(ws)
+    for q in queries:
+        publish_query(rs, q)
+    worker = WorkerProcess(ws, tmp / f"worker-{tag}.log")
+    _STARTED.append(worker)
+    worker.start()
+    worker.wait_ready(120)
+    _wait_url(worker.url.replace("/metrics", "/ready"), 120)
+    shuffler = None
+    prof_path = tmp / f"shuffler-{tag}.prof" if profile else None
+    if via_shuffler:
+        ss = ShufflerSettings(**rs.model_dump(include=set(ShufflerSettings.model_fields)),
+                              shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic,
+                              min_crowd=1, idle_release_s=1.0)
+        shuffler = _Shuffler(ss, tmp / f"shuffler-{tag}.log", prof_path)
+        _STARTED.append(shuffler)
+        shuffler.start()
+    pids = {"shuffler": shuffler.proc.pid if shuffler and shuffler.proc else None,
+            "worker": worker.proc.pid if worker.proc else None, "broker": broker_pid}
+    cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
+    expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
+    t0 = time.time()
+    replay_cpu0 = time.process_time()
+    replay_prof = cProfile.Profile() if profile else None
+    if replay_prof is not None:
+        replay_prof.enable()
+    summary = replay(rs, progress=False)
+    if replay_prof is not None:
+        replay_prof.disable()
+        replay_prof.dump_stats(tmp / f"replay-{tag}.prof")
+    replay_s = time.time() - t0
+    cpu = {"replay": time.process_time() - replay_cpu0}
+    deadline = time.time() + max(600.0, 20 * replay_s)
+    while time.time() < deadline:
+        if _closed_epochs(_scrape(worker, "ptt_epochs_closed_total")) >= epochs * len(queries):
+            break
+        time.sleep(0.5)
+    cpu.update({k: _cpu_s(p) - cpu0[k] for k, p in pids.items() if p is not None})
+    rows = [(r.timestamp, r.value) for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)]
+    last_s = max(t for t, _ in rows) / 1000.0 - t0 if rows else float("nan")
+    total_cpu = sum(cpu.values())
+    out: dict[str, Any] = {
+        "scenario": name, "path": "shuffler" if via_shuffler else "direct", "stations": stations,
+        "vehicles": fleet, "mode": "per-vehicle", "queries": [q.mechanism for q in queries], "epochs": epochs,
+        "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
+        "last_estimate_s": round(last_s, 2), "wall_s_per_epoch": round(last_s / epochs, 3),
+        "realtime_factor": round(epochs * 30 / last_s, 3), "estimates": len(rows), "expected_estimates": expected,
+        "dead_letters": int(_dead(_scrape(worker, "ptt_dead_letters_total"))),
+        "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
+        "cpu_share": {k: round(v / total_cpu, 3) for k, v in cpu.items()},
+    }
+    if via_shuffler:
+        out["device_records"] = summary.records
+    worker.stop()
+    if shuffler is not None:
+        shuffler.stop()
+        out["shuffler_summary"] = shuffler.summary()
+        if prof_path is not None:
+            out["profiled"] = True
+            out["shuffler_profile"] = _profile_top(prof_path) if prof_path.exists() else "no profile written"
+    if profile:
+        out["replay_profile"] = _profile_top(tmp / f"replay-{tag}.prof")
+    return out, (_estimate_rows(ws) if keep_rows else {})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="s1,s2")
+    parser.add_argument("--epochs-s1", type=int, default=10)
+    parser.add_argument("--epochs-s2", type=int, default=5)
+    parser.add_argument("--direct-s2", action="store_true", help="S2 also on the direct path, in the same run")
+    parser.add_argument("--profile", action="store_true", help="the shuffler under cProfile (its figures are slower)")
+    parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
+                        help="where synthetic days and their parse cache are kept between runs")
+    args = parser.parse_args()
+    wanted = set(args.only.split(","))
+    with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
+        tmp = Path(tmp_name)
+        common = {"data_dir": args.data_dir}
+        try:
+            if "s1" in wanted:
+                kw: dict[str, Any] = {"stations": 500, "epochs": args.epochs_s1, "vehicles": None, **common}
+                direct, d_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=False,
+                                          keep_rows=True, **kw)
+                print(json.dumps(direct), flush=True)
+                via, v_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=True, keep_rows=True,
+                                       profile=args.profile, **kw)
+                print(json.dumps(via), flush=True)
+                differ = [k for k, row in d_rows.items() if _without(v_rows.get(k)) != _without(row)]
+                fields = Counter(f for k in differ for f in d_rows[k]
+                                 if f != "data_quality" and d_rows[k].get(f) != v_rows.get(k, {}).get(f))
+                example = ({f: [d_rows[differ[0]].get(f), v_rows.get(differ[0], {}).get(f)]
+                            for f in fields} | {"key": list(differ[0])}) if differ else None
+                print(json.dumps({
+                    "scenario": "s1", "compare": "shuffler vs direct, same fleet and epochs, same run",
+                    "shuffler_vs_direct": round(via["wall_s_per_epoch"] / direct["wall_s_per_epoch"], 2),
+                    "realtime_factor_direct": direct["realtime_factor"],
+                    "realtime_factor_shuffler": via["realtime_factor"],
+                    "estimates_direct": len(d_rows), "estimates_shuffler": len(v_rows),
+                    "rows_differing": len(differ),
+                    "of_them_no_source_data": sum(d_rows[k]["data_quality"] == "no_source_data" for k in differ),
+                    "rows_no_source_data_direct": sum(r["data_quality"] == "no_source_data" for r in d_rows.values()),
+                    "fields_differing": dict(fields), "example": example,
+                    "same_estimates": not differ and d_rows.keys() == v_rows.keys(),
+                    # the shuffler cannot know the cells without a source reading: there, and only
+                    # there, the direct path publishes no consistent value
+                    "same_but_no_source_data_cells": d_rows.keys() == v_rows.keys() and set(fields) <= {"consistent"}
+                    and all(d_rows[k]["data_quality"] == "no_source_data" for k in differ),
+                    **({"profiled": True} if args.profile else {})}), flush=True)
+            if "s2" in wanted:
+                kw = {"stations": 3220, "epochs": args.epochs_s2, "vehicles": 47_719, **common}
+                if args.direct_s2:
+                    direct, _ = run_path("s2", broker.bootstrap, broker.pid, tmp, via_shuffler=False, **kw)
+                    print(json.dumps(direct), flush=True)
+                via, _ = run_path("s2", broker.bootstrap, broker.pid, tmp, via_shuffler=True, profile=args.profile,
+                                  **kw)
+                print(json.dumps(via), flush=True)
+                if args.direct_s2:
+                    print(json.dumps({"scenario": "s2", "compare": "shuffler vs direct, same run",
+                                      "shuffler_vs_direct": round(via["wall_s_per_epoch"]
+                                                                  / direct["wall_s_per_epoch"], 2)}), flush=True)
+        finally:  # a run that failed leaves no worker or shuffler behind
+            for p in _STARTED:
+                p.stop()
+
+
+if __name__ == "__main__":
+    main()
