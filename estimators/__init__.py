@@ -58,6 +58,7 @@ from .privacy import (
     per_sensor_joint_table,
     per_sensor_report_epsilon,
     rr_epsilon_closed_form,
+    smallest_epsilon,
     sp_binary_epsilon_closed_form,
     sp_epsilon_closed_form,
 )
@@ -169,6 +170,7 @@ __all__ = [
     "sp_binary",
     "sp_binary_epsilon_closed_form",
     "sp_difference",
+    "smallest_epsilon",
     "sp_epsilon_closed_form",
     "station_counts",
     "station_view",

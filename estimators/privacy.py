@@ -11,7 +11,7 @@ form leaves outputs out.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +41,7 @@ __all__ = [
     "per_sensor_report_epsilon",
     "rr_epsilon_closed_form",
     "sp_binary_epsilon_closed_form",
+    "smallest_epsilon",
     "sp_epsilon_closed_form",
 ]
 
@@ -274,7 +275,18 @@ def optimal_composition(epsilon: float, epochs: int, delta: float = 1e-6) -> flo
     def delta_at(e: float) -> float:
         return float(np.sum(weight * np.maximum(0.0, -np.expm1(np.minimum(e - loss, 0.0)))))
 
-    lo, hi = 0.0, k * epsilon  # delta_at(k eps) = 0
+    return smallest_epsilon(delta_at, delta, k * epsilon, 1e-9)  # delta_at(k eps) = 0
+
+
+def smallest_epsilon(delta_at: Callable[[float], float], delta: float, upper: float, tol: float = 1e-10) -> float:
+    """The smallest ``eps`` in ``[0, upper]`` with ``delta_at(eps) <= delta``, by bisection, for
+    a ``delta_at`` non-increasing in ``eps`` with ``delta_at(upper) <= delta`` (a privacy
+    profile). Returns the upper end of the final bracket: never below the true value.
+
+    >>> round(smallest_epsilon(lambda e: math.exp(-e), 1e-3, 20.0), 6)  # ln 1000
+    6.907755
+    """
+    lo, hi = 0.0, upper
     if delta_at(lo) <= delta:
         return 0.0
     for _ in range(200):
@@ -283,7 +295,7 @@ def optimal_composition(epsilon: float, epochs: int, delta: float = 1e-6) -> flo
             hi = mid
         else:
             lo = mid
-        if hi - lo < 1e-9 * max(1.0, hi):
+        if hi - lo < tol * max(1.0, hi):
             break
     return hi
 

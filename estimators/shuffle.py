@@ -68,7 +68,7 @@ from scipy.special import gammaln
 from scipy.stats import binom
 
 from ._types import FloatArray
-from .privacy import optimal_composition, per_sensor_report_epsilon
+from .privacy import optimal_composition, per_sensor_report_epsilon, smallest_epsilon
 
 __all__ = [
     "N_CAP",
@@ -200,18 +200,8 @@ class Pld:
             raise ValueError("delta must be in (0, 1)")
         if self.infinity_mass > delta:
             return math.inf
-        if self.delta(0.0) <= delta:
-            return 0.0
-        lo, hi = 0.0, float(self.loss[-1])  # delta(max loss) = infinity mass <= delta
-        for _ in range(100):
-            mid = (lo + hi) / 2
-            if self.delta(mid) <= delta:
-                hi = mid
-            else:
-                lo = mid
-            if hi - lo < 1e-10 * max(1.0, hi):
-                break
-        return hi
+        # delta(max loss) = the infinite-loss mass <= delta
+        return smallest_epsilon(self.delta, delta, max(float(self.loss[-1]), 0.0))
 
 
 @dataclass(frozen=True)

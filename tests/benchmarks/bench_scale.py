@@ -61,13 +61,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from producers.replay import default_queries, fleet_size_for, load_day, replay
+from producers.replay import replay
 from producers.settings import ReplaySettings
 from schemas.kafka_io import ensure_topics, publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
-from tests.benchmarks.common import compress_cpu_s, raw_produce, stored_batches
+from tests.benchmarks.common import compress_cpu_s, load_scenario, raw_produce, stored_batches
 from tests.integration.stream_helpers import WorkerProcess
 
 
@@ -267,13 +267,7 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
                         synthetic_stations=stations, mode=mode, max_epochs=epochs,
                         start_epoch=max(0, min(14 * 120, 2880 - epochs)),
                         expand_to=vehicles, batch_size=50_000)
-    t_load = time.perf_counter()
-    day = load_day(rs)
-    load_s = time.perf_counter() - t_load
-    fleet = fleet_size_for(day, rs)
-    queries = default_queries(day, fleet)
-    ensure_topics(rs)
-    base = {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
+    day, load_s, fleet, queries, base = load_scenario(rs)
     procs = []
     for i in range(workers):
         ws = WorkerSettings(**base, app_id=f"bench-{tag}", estimates_topic=f"e-{tag}", dead_letter_topic=f"d-{tag}",

@@ -10,7 +10,7 @@ Scenarios (``--only`` picks some):
   in Kafka transactions). Per path: wall time per epoch, ``realtime_factor``, the CPU seconds of
   each process; then ``shuffler_vs_direct`` (wall time per epoch through the shuffler / direct)
   and whether both paths published the same estimates (``same_estimates``: every row equal,
-  field for field, but ``data_quality``, which the shuffler cannot know -- docs/operations.md);
+  field for field, but ``epsilon_shuffled``, null on the direct path, which attests no shuffle);
 * ``s2``  -- the papers' scale, 3,220 stations and ``--expand-to 47,719`` vehicles, through the
   shuffler (and the direct path in the same run with ``--direct-s2``). The synthetic day's peak
   flow (136,161 vehicles) is above 47,719, so the fleet is that peak (``vehicles`` says so):
@@ -65,14 +65,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from producers.replay import default_queries, fleet_size_for, load_day, replay
+from producers.replay import replay
 from producers.settings import ReplaySettings
-from schemas.kafka_io import ensure_topics, publish_query, read_to_end
+from schemas.kafka_io import publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.benchmarks.bench_scale import _closed_epochs, _dead, _scrape, _wait_url
+from tests.benchmarks.common import load_scenario
 from tests.integration.stream_helpers import WorkerProcess, env_for
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -154,9 +155,8 @@ def _estimate_rows(ws: WorkerSettings) -> dict[tuple[Any, ...], dict[str, Any]]:
 
 
 def _without(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A row without ``data_quality``: the shuffler cannot know which stations had no source
-    reading (docs/operations.md), so through it every row says ``ok``."""
-    return None if row is None else {k: v for k, v in row.items() if k != "data_quality"}
+    """A row without ``epsilon_shuffled``: the direct path attests no shuffle (null there)."""
+    return None if row is None else {k: v for k, v in row.items() if k != "epsilon_shuffled"}
 
 
 def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stations: int, epochs: int,
@@ -168,13 +168,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
                         synthetic_stations=stations, mode="per-vehicle", max_epochs=epochs,
                         start_epoch=max(0, min(14 * 120, 2880 - epochs)), expand_to=vehicles, batch_size=50_000,
                         via_shuffler=via_shuffler, device_topic=f"dev-{tag}", device_partitions=4)
-    t_load = time.perf_counter()
-    day = load_day(rs)
-    load_s = time.perf_counter() - t_load
-    fleet = fleet_size_for(day, rs)
-    queries = default_queries(day, fleet)
-    ensure_topics(rs)
-    base = {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
+    day, load_s, fleet, queries, base = load_scenario(rs)
     ws = WorkerSettings(**base, app_id=f"bench-{tag}", estimates_topic=f"e-{tag}", dead_letter_topic=f"d-{tag}",
                         web_port=free_port(), min_participants=1, estimate_output="rows")
     ensure_stream_topics(ws)
@@ -267,7 +261,7 @@ def main() -> None:
                 print(json.dumps(via), flush=True)
                 differ = [k for k, row in d_rows.items() if _without(v_rows.get(k)) != _without(row)]
                 fields = Counter(f for k in differ for f in d_rows[k]
-                                 if f != "data_quality" and d_rows[k].get(f) != v_rows.get(k, {}).get(f))
+                                 if f != "epsilon_shuffled" and d_rows[k].get(f) != v_rows.get(k, {}).get(f))
                 example = ({f: [d_rows[differ[0]].get(f), v_rows.get(differ[0], {}).get(f)]
                             for f in fields} | {"key": list(differ[0])}) if differ else None
                 print(json.dumps({
@@ -281,10 +275,7 @@ def main() -> None:
                     "rows_no_source_data_direct": sum(r["data_quality"] == "no_source_data" for r in d_rows.values()),
                     "fields_differing": dict(fields), "example": example,
                     "same_estimates": not differ and d_rows.keys() == v_rows.keys(),
-                    # the shuffler cannot know the cells without a source reading: there, and only
-                    # there, the direct path publishes no consistent value
-                    "same_but_no_source_data_cells": d_rows.keys() == v_rows.keys() and set(fields) <= {"consistent"}
-                    and all(d_rows[k]["data_quality"] == "no_source_data" for k in differ),
+                    "epsilon_shuffled_published": sum(r.get("epsilon_shuffled") is not None for r in v_rows.values()),
                     **({"profiled": True} if args.profile else {})}), flush=True)
             if "s2" in wanted:
                 kw = {"stations": 3220, "epochs": args.epochs_s2, "vehicles": 47_719, **common}

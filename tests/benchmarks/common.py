@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
+from producers.replay import default_queries, fleet_size_for, load_day
+from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas.kafka_io import ensure_topics
 from schemas.settings import KafkaSettings
+
+
+def load_scenario(rs: ReplaySettings) -> tuple[Any, float, int, list[Any], dict[str, Any]]:
+    """A scenario's day (and its load time in s), its fleet, its default queries and the
+    replay settings a worker shares; the topics exist afterwards."""
+    from stream_app.settings import WorkerSettings
+
+    t_load = time.perf_counter()
+    day = load_day(rs)
+    load_s = time.perf_counter() - t_load
+    fleet = fleet_size_for(day, rs)
+    queries = default_queries(day, fleet)
+    ensure_topics(rs)
+    return day, load_s, fleet, queries, {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
 
 
 def raw_produce(settings: KafkaSettings, topic: str, sizes: list[int], partitions: int = 4,

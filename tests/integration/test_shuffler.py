@@ -131,6 +131,15 @@ def _assert_shuffled_epsilon(rs: ReplaySettings, ws: WorkerSettings) -> int:
     return checked
 
 
+def _replay_until_estimated(rs: ReplaySettings, ws: WorkerSettings, worker: WorkerProcess, epochs: int) -> None:
+    """Once the worker is ready, replay ``epochs`` and wait for every estimate they imply."""
+    worker.wait_ready()
+    summary = replay(rs, progress=False)
+    assert summary.epochs == epochs
+    n_rows = _expected_rows(rs, epochs)
+    wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+
+
 def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: str, tmp_path: Path) -> None:
     """Every simulated vehicle's report as its own record, through the shuffler: the worker
     publishes, for SP, ALP and RR, exactly what the statistics core computes from the same
@@ -141,15 +150,11 @@ def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: st
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
     try:
-        worker.wait_ready()
-        summary = replay(rs, progress=False)
-        assert summary.epochs == epochs
-        n_rows = _expected_rows(rs, epochs)
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        _replay_until_estimated(rs, ws, worker, epochs)
         _assert_nothing_links(ss)
         assert [DeadLetter.model_validate_json(r.value) for r in drain(ws, ws.dead_letter_topic, quiet_polls=1)] == []
         _assert_cores_estimates(rs, ws, epochs, bounds=True)
-        assert _assert_shuffled_epsilon(rs, ws) == n_rows
+        assert _assert_shuffled_epsilon(rs, ws) == _expected_rows(rs, epochs)
     finally:
         worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
@@ -408,11 +413,7 @@ def test_two_instances_split_the_device_partitions_and_give_the_single_instances
                                  tmp_path / f"shuffler-{i}.log").start() for i in (0, 1)]
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
     try:
-        worker.wait_ready()
-        summary = replay(rs, progress=False)
-        assert summary.epochs == epochs
-        n_rows = _expected_rows(rs, epochs)
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        _replay_until_estimated(rs, ws, worker, epochs)
         assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
         _assert_cores_estimates(rs, ws, epochs, bounds=True)
         _, markers = _drain_decoded(ss)

@@ -23,7 +23,7 @@ WITH_EXAMPLES = {
     "estimators.linear": 3,
     "estimators.mechanisms": 5,
     "estimators.planning": 2,
-    "estimators.privacy": 8,
+    "estimators.privacy": 9,
     "estimators.registry": 4,
     "estimators.shuffle": 6,
     "schemas.connection": 4,

@@ -115,7 +115,8 @@ def test_the_gauge_follows_the_latest_epoch() -> None:
     assert monitor.registry.get_sample_value("ptt_query_epsilon_shuffled", labels) is None  # no stale number
 
 
-def test_computed_once_per_query_version_and_rounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def count_bound_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The shuffle sizes the bound is computed at from now on (it still computes)."""
     calls: list[int] = []
     real = estimators.shuffle.shuffled_epsilon
 
@@ -124,6 +125,11 @@ def test_computed_once_per_query_version_and_rounded_size(monkeypatch: pytest.Mo
         return real(ratios, n, delta)
 
     monkeypatch.setattr(estimators.shuffle, "shuffled_epsilon", counting)
+    return calls
+
+
+def test_computed_once_per_query_version_and_rounded_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = count_bound_calls(monkeypatch)
     cache = ShuffledEpsilon(DELTA)
     q = QUERIES["alp"]
     values = [cache.get(q, n) for n in (12_345, 12_399, 12_000, 11_999, 12_345)]

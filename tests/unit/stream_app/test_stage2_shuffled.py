@@ -5,28 +5,18 @@ publishes every closed epoch's value from the cache, computing nothing more."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-import estimators.shuffle
 from schemas import Query
 from stream_app.estimate import ShuffledEpsilon
 from stream_app.stage2 import OutputSettings, epoch_outputs, shuffled_needs
 from stream_app.windows import Outcome
 from tests.unit.stream_app.test_estimate import CONF, N_PARTITIONS, QE, QUERIES, run
-from tests.unit.stream_app.test_estimate_shuffled import attest
+from tests.unit.stream_app.test_estimate_shuffled import attest, count_bound_calls
 
 
 def test_needs_then_warm_then_publish_without_computing(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    real = estimators.shuffle.shuffled_epsilon
-
-    def counting(ratios: Any, n: int, delta: float = 1e-6) -> float:
-        calls.append(n)
-        return real(ratios, n, delta)
-
-    monkeypatch.setattr(estimators.shuffle, "shuffled_epsilon", counting)
+    calls = count_bound_calls(monkeypatch)
     q = QUERIES["alp"]
     _, attested, _ = run(q)
     n = min(attest(attested, q).values())
