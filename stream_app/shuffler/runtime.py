@@ -226,14 +226,14 @@ class Shuffler:
             consumer.assign([tp])
             consumer.seek(tp, 0)
             end = consumer.end_offsets([tp])[tp]
-            log: list[StateRecord] = []
+            read: list[StateRecord] = []
             while consumer.position(tp) < end:
                 for records in consumer.poll(timeout_ms=500, max_records=10_000).values():
-                    log.extend(from_kafka(rec.key, rec.value, rec.headers) for rec in records)
+                    read.extend(from_kafka(rec.key, rec.value, rec.headers) for rec in records)
         finally:
             consumer.close()
         clock: dict[str, Any] = {}
-        for record in fold(log, self._step):
+        for record in fold(read, self._step):
             value = record.value or {}
             if record.key == "clock":
                 clock = value
@@ -254,10 +254,17 @@ class Shuffler:
         for p, raw in state.get("admit", ()):
             record = decode_device_record(raw.encode())
             if isinstance(record, SourceEpoch):
-                self.policy.note(record, self._active(record.epoch), p, time.monotonic())
+                why = self.policy.note(record, self._active(record.epoch), p, time.monotonic())
+            else:
+                why = self.policy.admit(record, self._query(record.query_id, record.query_version), p,
+                                        time.monotonic())
+            if why is not None:  # held before the restart, refused now (e.g. its query version is gone)
+                log.warning("shuffler: a restored record is refused now (%s: %s); it is dropped", why.reason,
+                            why.detail)
+                continue
+            if isinstance(record, SourceEpoch):
                 notes.add(record.epoch)
                 continue
-            self.policy.admit(record, self._query(record.query_id, record.query_version), p, time.monotonic())
             slots.add((record.query_id, record.query_version, record.epoch))
             self.summary.restored += 1
         for q, v, e in state.get("decided", ()):
