@@ -7,8 +7,10 @@
 # (kafka-acls.sh --remove, see deploy/README.md).
 #
 # READ and WRITE imply DESCRIBE on the same resource (Kafka's rule), so DESCRIBE is listed
-# only where it is the sole grant. Names are the defaults of KafkaSettings / WorkerSettings
-# (PTT_APP_ID=ptt-stream); tests/unit/project/test_deploy.py runs this script against a fake
+# only where it is the sole grant (WRITE on a transactional id implies its DESCRIBE too). No
+# IdempotentWrite on the cluster: since Kafka 3.0 (KIP-679) an idempotent or transactional
+# producer needs only WRITE on a topic or its transactional id. Names are the defaults of
+# KafkaSettings / WorkerSettings / ShufflerSettings (PTT_APP_ID=ptt-stream, PTT_SHUFFLER_ID=ptt-shuffler); tests/unit/project/test_deploy.py runs this script against a fake
 # kafka-acls.sh and compares the grants with what each principal's code uses.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,6 +23,7 @@ KAFKA_ACLS="${KAFKA_ACLS:-/opt/kafka/bin/kafka-acls.sh}"
 # principal   operations          resource  name               pattern   why
 ACLS='
 device        Write               topic     ptt.reports        literal   # report batches and end-of-epoch markers
+device        Write               topic     ptt.device-reports literal   # single reports to the shuffler (all it needs then)
 replay        Write               topic     ptt.reports        literal   # the simulated fleet: a device gateway
 replay        Write               topic     ptt.truth          literal   # ground truth (evaluation only)
 replay        Read                topic     ptt.queries        literal   # which queries the devices answer
@@ -32,6 +35,13 @@ worker        Write               topic     ptt.estimate-frames literal  # PTT_E
 worker        Write               topic     ptt.dead-letter    literal
 worker        Read,Write,Create   topic     ptt-stream-        prefixed  # its own: partials, changelog, assignor
 worker        Read                group     ptt-stream         prefixed  # its consumer group (PTT_APP_ID)
+shuffler      Read                topic     ptt.device-reports literal   # its input: single device reports
+shuffler      Read                topic     ptt.queries        literal   # which queries the reports answer
+shuffler      Write               topic     ptt.reports        literal   # permuted batches and end-of-epoch markers
+shuffler      Write               topic     ptt.dead-letter    literal
+shuffler      Read,Write          topic     ptt-shuffler-state- prefixed # its state log, one per instance
+shuffler      Read                group     ptt-shuffler-      prefixed  # its consumer group (<shuffler_id>-<index>)
+shuffler      Write               transactional-id ptt-shuffler- prefixed # its transactional id (<shuffler_id>-<index>)
 analyst       Read,Write          topic     ptt.queries        literal   # publish, and read versions back
 analyst       Read                topic     ptt.estimates      literal
 analyst       Read                topic     ptt.estimate-frames literal

@@ -5,7 +5,9 @@
 # replay starts. Idempotent (--if-not-exists). Fails (exit 1) if a topic already exists with
 # another partition count: Faust refuses such topics, and a re-keyed stage with the wrong
 # count would silently split epochs. The names and counts are the defaults of WorkerSettings /
-# ReplaySettings (PTT_PARTITIONS=4, PTT_INTERNAL_PARTITIONS=4, PTT_APP_ID=ptt-stream);
+# ReplaySettings / ShufflerSettings (PTT_PARTITIONS=4, PTT_INTERNAL_PARTITIONS=4, PTT_APP_ID=ptt-stream,
+# PTT_DEVICE_PARTITIONS=4; one shuffler instance, PTT_SHUFFLER_ID=ptt-shuffler: its state topic
+# ptt-shuffler-state-0; another instance N needs ptt-shuffler-state-N added here);
 # tests/unit/project/test_deploy.py runs this script against a fake kafka-topics.sh and compares.
 # Runs as the admin principal (PTT_* client settings, see client-properties.sh): topic creation
 # is granted to no other principal.
@@ -28,6 +30,8 @@ ptt.truth                           1
 ptt.estimates                       4
 ptt.estimate-frames                 4
 ptt.dead-letter                     1
+ptt.device-reports                  4
+ptt-shuffler-state-0                1           cleanup.policy=compact
 ptt-stream-partials                 4
 ptt-stream-windows-changelog        4           cleanup.policy=compact
 ptt-stream-__assignor-__leader      1

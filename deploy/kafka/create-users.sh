@@ -21,6 +21,7 @@ USERS='
 device         DEVICE_PASSWORD
 replay         REPLAY_PASSWORD
 worker         WORKER_PASSWORD
+shuffler       SHUFFLER_PASSWORD
 analyst        ANALYST_PASSWORD
 subscriber     SUBSCRIBER_PASSWORD
 '

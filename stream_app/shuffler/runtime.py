@@ -64,7 +64,7 @@ from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .settings import ShufflerSettings
 from .state import StateRecord, decided_key, fold, from_kafka, headers, step_key
 
-__all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary"]
+__all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
@@ -86,6 +86,14 @@ class ShufflerSummary:
         return (f"shuffler: {self.received:,} device reports read ({self.restored:,} restored), "
                 f"{self.released_epochs:,} epochs released with {self.released_reports:,} reports; "
                 f"withheld epochs: {w}; dead letters: {d}")
+
+
+def shuffler_topics(s: ShufflerSettings) -> tuple[dict[str, int], set[str]]:
+    """The topics an instance ensures on start (name -> partitions) and those of them compacted:
+    what deploy/kafka/create-topics.sh must create for it (tests/unit/project/test_deploy.py)."""
+    topics = {s.reports_topic: s.partitions, s.queries_topic: 1, s.device_topic: s.device_partitions,
+              s.dead_letter_topic: 1, s.state_topic: 1}
+    return topics, {s.queries_topic, s.state_topic}
 
 
 class Shuffler:
@@ -130,9 +138,8 @@ class Shuffler:
         s = self.s
         if signals:
             self.install_signals()
-        topics = {s.reports_topic: s.partitions, s.queries_topic: 1, s.device_topic: s.device_partitions,
-                  s.dead_letter_topic: 1, s.state_topic: 1}
-        ids = ensure_topics(s, topics, compacted={s.queries_topic, s.state_topic})
+        topics, compacted = shuffler_topics(s)
+        ids = ensure_topics(s, topics, compacted=compacted)
         self.guard = guard = BrokerGuard(s, list(topics))
         guard.know(ids)  # the baseline: the topics as they are once ensured
         guard.start(self._on_lost)

@@ -30,6 +30,7 @@ from stream_app.cli import build_parser
 from stream_app.cli.base import settings_from_args
 from stream_app.metrics import StreamMonitor
 from stream_app.settings import WorkerSettings
+from stream_app.shuffler.settings import ShufflerSettings
 from tests.paths import ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -48,7 +49,7 @@ ADMIN_JOBS = ("kafka-users", "kafka-acls", "topics")  # one-shot, as the admin p
 # the services that run the project's code, and the settings their PTT_* variables must be
 CLIENTS: dict[str, type[KafkaSettings]] = {"worker": WorkerSettings, "replay": ReplaySettings,
                                            "queries": ReplaySettings, "analyst": KafkaSettings,
-                                           "subscriber": KafkaSettings}
+                                           "subscriber": KafkaSettings, "shuffler": ShufflerSettings}
 SECURITY_FIELDS = {"PTT_SECURITY_PROTOCOL", "PTT_SASL_MECHANISM", "PTT_SASL_PLAIN_USERNAME",
                    "PTT_SASL_PLAIN_PASSWORD"}
 
@@ -175,6 +176,13 @@ def _worker_settings(services: dict[str, dict[str, Any]], monkeypatch: pytest.Mo
     return settings_from_args(WorkerSettings, args)
 
 
+def _shuffler_settings(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> ShufflerSettings:
+    """What `ptt shuffler` in the shuffler container runs with: its command line and environment."""
+    _settings_in_env(monkeypatch, _env(services["shuffler"]))
+    args = build_parser().parse_args(services["shuffler"]["command"][1:])
+    return settings_from_args(ShufflerSettings, args)
+
+
 def _replay_settings(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> ReplaySettings:
     _settings_in_env(monkeypatch, _env(services["replay"]))
     args = build_parser().parse_args(services["replay"]["command"][1:])
@@ -186,16 +194,16 @@ def _replay_settings(services: dict[str, dict[str, Any]], monkeypatch: pytest.Mo
 def test_compose_services_have_an_image_or_a_build(compose: dict[str, Any],
                                                    services: dict[str, dict[str, Any]]) -> None:
     assert "version" not in compose  # the compose spec has no version
-    assert {"kafka", "topics", "worker", "replay", "prometheus", "grafana"} <= set(services)
+    assert {"kafka", "topics", "worker", "shuffler", "replay", "prometheus", "grafana"} <= set(services)
     for name, svc in services.items():
         assert svc.get("image") or svc.get("build"), f"{name}: neither image nor build"
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert services["topics"]["image"] == services["kafka"]["image"]
     assert services["prometheus"]["image"].startswith("prom/prometheus:")
     assert services["grafana"]["image"].startswith("grafana/grafana:")
-    for name in ("worker", "replay"):  # the project image, built from deploy/Dockerfile
+    for name in ("worker", "shuffler", "replay"):  # the project image, built from deploy/Dockerfile
         assert services[name]["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
-    assert services["worker"]["image"] == services["replay"]["image"]
+    assert services["worker"]["image"] == services["replay"]["image"] == services["shuffler"]["image"]
 
 
 def test_kafka_runs_in_kraft_mode(services: dict[str, dict[str, Any]]) -> None:
@@ -307,7 +315,7 @@ def test_dependencies_exist_and_wait_for_what_they_need(services: dict[str, dict
         assert services[job]["depends_on"]["kafka"]["condition"] == "service_healthy"
         assert services[job].get("restart") == "no"
     # users, ACLs and topics exist before any client of the project runs
-    for name in ("worker", "replay", "queries"):
+    for name in ("worker", "shuffler", "replay", "queries"):
         for job in ADMIN_JOBS:
             assert services[name]["depends_on"][job]["condition"] == "service_completed_successfully", (name, job)
     for name in ("analyst", "subscriber"):
@@ -319,6 +327,9 @@ def test_dependencies_exist_and_wait_for_what_they_need(services: dict[str, dict
     assert services["replay"]["depends_on"]["worker"]["condition"] == "service_healthy"
     for name in ("replay", "queries"):
         assert services[name].get("restart") == "no"
+    for name in ("worker", "shuffler"):  # long-running, restarted; only after the broker is healthy
+        assert services[name]["depends_on"]["kafka"]["condition"] == "service_healthy", name
+        assert services[name]["restart"] == "unless-stopped", name
 
 
 def test_the_worker_scales(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -330,6 +341,21 @@ def test_the_worker_scales(services: dict[str, dict[str, Any]], monkeypatch: pyt
     assert ws.bootstrap_servers == "kafka:9092" and ws.web_host == "0.0.0.0"  # noqa: S104 - in the container
     assert [str(ws.web_port)] == [str(p) for p in worker["expose"]]
     assert f"127.0.0.1:{ws.web_port}/metrics" in " ".join(worker["healthcheck"]["test"])
+
+
+def test_the_shuffler_runs_one_instance_with_its_metrics_served(services: dict[str, dict[str, Any]],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    shuffler = services["shuffler"]
+    assert shuffler["command"][:2] == ["ptt", "shuffler"]
+    assert "ports" not in shuffler and "deploy" not in shuffler  # one instance: its index is in its settings
+    ss = _shuffler_settings(services, monkeypatch)
+    assert ss.bootstrap_servers == "kafka:9092" and ss.metrics_host == "0.0.0.0"  # noqa: S104 - in the container
+    assert (ss.instance_index, ss.instance_count) == (0, 1)
+    assert ss.transactional_id == "ptt-shuffler-0" and ss.state_topic == "ptt-shuffler-state-0"
+    assert ss.fault_hold_s == 0  # the fault injection of the crash tests stays off
+    assert ss.metrics_port and [str(ss.metrics_port)] == [str(p) for p in shuffler["expose"]]
+    assert f"127.0.0.1:{ss.metrics_port}/metrics" in " ".join(shuffler["healthcheck"]["test"])
+    assert ss.metrics_port != _worker_settings(services, monkeypatch).web_port
 
 
 def test_replay_command_and_environment_are_valid(services: dict[str, dict[str, Any]],
@@ -359,7 +385,7 @@ def test_environment_variables_are_settings_fields(services: dict[str, dict[str,
 def test_every_client_authenticates_as_its_own_principal(services: dict[str, dict[str, Any]],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     principals = {"worker": "worker", "replay": "replay", "queries": "analyst", "analyst": "analyst",
-                  "subscriber": "subscriber"}
+                  "subscriber": "subscriber", "shuffler": "shuffler"}
     for name, user in principals.items():
         _settings_in_env(monkeypatch, _env(services[name]))
         settings = CLIENTS[name]()
@@ -368,6 +394,7 @@ def test_every_client_authenticates_as_its_own_principal(services: dict[str, dic
         assert kw["security_protocol"] == "SASL_PLAINTEXT" and kw["sasl_mechanism"] == "SCRAM-SHA-512", name
         assert kw["sasl_plain_password"], name
     assert _worker_settings(services, monkeypatch).sasl_plain_username == "worker"
+    assert _shuffler_settings(services, monkeypatch).sasl_plain_username == "shuffler"
     assert _replay_settings(services, monkeypatch).default_queries is False  # the gateway writes no query
 
 
@@ -415,17 +442,26 @@ class _FakeAdmin:
         pass
 
 
-def _topics_the_code_creates(services: dict[str, dict[str, Any]],
-                             monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[int, dict[str, str]]]:
-    """What `ptt worker` and `ptt replay` would create themselves (ensure_stream_topics /
-    ensure_topics) with the compose settings, captured from a fake admin client."""
+def _topics_the_code_creates(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+                             commands: tuple[str, ...] = ("worker", "replay", "shuffler"),
+                             ) -> dict[str, tuple[int, dict[str, str]]]:
+    """What `ptt worker`, `ptt replay` and `ptt shuffler` would create themselves
+    (ensure_stream_topics / ensure_topics) with the compose settings, captured from a fake admin
+    client (``commands``: only those)."""
     import schemas.kafka_io as kafka_io
     from stream_app.app import ensure_stream_topics
+    from stream_app.shuffler.runtime import shuffler_topics
 
     created: dict[str, tuple[int, dict[str, str]]] = {}
     monkeypatch.setattr(kafka_io, "connect", lambda *a, **kw: _FakeAdmin(created))
-    ensure_stream_topics(_worker_settings(services, monkeypatch))
-    kafka_io.ensure_topics(_replay_settings(services, monkeypatch))
+    if "worker" in commands:
+        ensure_stream_topics(_worker_settings(services, monkeypatch))
+    if "replay" in commands:
+        kafka_io.ensure_topics(_replay_settings(services, monkeypatch))
+    if "shuffler" in commands:
+        ss = _shuffler_settings(services, monkeypatch)
+        topics, compacted = shuffler_topics(ss)
+        kafka_io.ensure_topics(ss, topics, compacted=compacted)
     return created
 
 
@@ -531,6 +567,9 @@ def test_topics_service_creates_exactly_the_topics_of_the_code(services: dict[st
     want_cfg = {n: ",".join(f"{k}={v}" for k, v in cfg.items()) for n, (_, cfg) in expected.items()}
     assert {name: cfg for name, (_, cfg) in created.items()} == want_cfg
     assert want_cfg[ws.queries_topic] == want_cfg[ws.changelog_topic] == "cleanup.policy=compact"
+    ss = _shuffler_settings(services, monkeypatch)  # the shuffler's input and its (compacted) state log
+    assert created[ss.device_topic] == (ss.device_partitions, "") and ss.device_topic == "ptt.device-reports"
+    assert created[ss.state_topic] == (1, "cleanup.policy=compact") and ss.state_topic == "ptt-shuffler-state-0"
     lines = calls.splitlines()
     assert len(lines) == len(expected) + 1  # one --create per topic, one --describe
     for line in lines:
@@ -620,7 +659,7 @@ def _users_and_quotas(services: dict[str, dict[str, Any]], tmp_path: Path
 def test_every_client_credential_matches_a_scram_user_of_the_users_job(services: dict[str, dict[str, Any]],
                                                                         tmp_path: Path) -> None:
     scram, _ = _users_and_quotas(services, tmp_path)
-    assert set(scram) == {"device", "replay", "worker", "analyst", "subscriber"}
+    assert set(scram) == {"device", "replay", "worker", "analyst", "subscriber", "shuffler"}
     assert "admin" not in scram  # the admin is not a SCRAM user: it cannot log in on the services' listener
     for name in CLIENTS:
         env = _env(services[name])
@@ -643,7 +682,7 @@ def test_every_client_credential_matches_a_scram_user_of_the_users_job(services:
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_quotas_cap_the_writers(services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     _, quotas = _users_and_quotas(services, tmp_path)
-    assert set(quotas) == {"device", "replay", "analyst", "subscriber"}  # the worker is not throttled
+    assert set(quotas) == {"device", "replay", "analyst", "subscriber"}  # the worker and shuffler are not throttled
     assert 0 < int(quotas["device"]["producer_byte_rate"]) <= 10 * 1024 * 1024
     assert 0 < float(quotas["device"]["request_percentage"]) <= 100
     assert int(quotas["device"]["producer_byte_rate"]) < int(quotas["replay"]["producer_byte_rate"])
@@ -868,6 +907,45 @@ def _worker_uses(cluster: _Cluster, ws: WorkerSettings) -> None:
             reached(obj)
 
 
+def _shuffler_uses(cluster: _Cluster, ss: ShufflerSettings) -> None:
+    """What `ptt shuffler` asks of the broker. Its own topic check (ensure_topics of
+    shuffler_topics: DESCRIBE) and its query reader (QueryReader: READ the queries) run against
+    the recorder; its transactional loop is read off its source (stream_app/shuffler/runtime.py):
+    every topic it sends to is WRITE, every topic whose partitions it assigns or whose committed
+    offset it keeps (the device topic; the state topic, read back on a restart) is READ, the
+    consumer group it commits offsets in (in the transaction) is READ, and its transactional id
+    is WRITE (init, add partitions and offsets, commit) and DESCRIBE."""
+    import schemas.kafka_io as kafka_io
+    import stream_app.shuffler.runtime as runtime
+
+    topics, compacted = runtime.shuffler_topics(ss)
+    kafka_io.ensure_topics(ss, topics, compacted=compacted)
+    reader = kafka_io.QueryReader(ss)
+    reader.catch_up()
+    reader.close()
+    source = inspect.getsource(runtime.Shuffler)
+    assert "QueryReader(s)" in source  # the reader just run is the one it uses
+
+    def field(name: str) -> str:
+        value = getattr(ss, name)
+        assert isinstance(value, str), name
+        return value
+
+    sent = set(re.findall(r"\.send\((?:self\.)?s\.(\w+)", source))
+    assert sent == {"reports_topic", "dead_letter_topic", "state_topic"}, sent  # a new output needs an ACL
+    for name in sent:
+        cluster.use(ss, "WRITE", "TOPIC", field(name))
+    read = set(re.findall(r"TopicPartition\((?:settings|self\.s|s)\.(\w+)", source))
+    assert read == {"device_topic", "state_topic"}, read
+    for name in read:
+        cluster.use(ss, "READ", "TOPIC", field(name))
+    (group,) = set(re.findall(r"group_id=s\.(\w+)", source))
+    cluster.use(ss, "READ", "GROUP", field(group))
+    (txn,) = set(re.findall(r"transactional_id=s\.(\w+)", source))
+    for op in ("WRITE", "DESCRIBE"):
+        cluster.use(ss, op, "TXN", field(txn))
+
+
 def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
                             tmp_path: Path) -> set[Use]:
     """Run what each principal runs in the deployment against the recorder; its uses.
@@ -878,8 +956,10 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     * subscriber: the `subscriber` service's command (`ptt subscribe`) and `ptt subscribe --parquet`;
     * replay: the `replay` service's `ptt replay` (two epochs, as fast as possible);
     * worker: `ptt worker`, see :func:`_worker_uses`;
+    * shuffler: `ptt shuffler`, see :func:`_shuffler_uses`;
     * device: a vehicle sends its own reports: the writes of `ptt replay` without ground truth
-      (what it answers reaches it from its gateway, not from Kafka)."""
+      (what it answers reaches it from its gateway, not from Kafka), once directly to the
+      reports topic and once through the shuffler (`--via-shuffler`: the device topic)."""
     import schemas.kafka_io as kafka_io
     import stream_app.subscribe as subscribe_mod
     from producers import sink as sink_mod
@@ -915,7 +995,10 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     device = ReplaySettings().model_copy(update={"max_epochs": 2, "truth": False, "data_dir": tmp_path / "data"})
     before = set(cluster.uses)
     replay(device, progress=False)
+    replay(device.model_copy(update={"via_shuffler": True}), progress=False)
     cluster.uses = before | {u for u in cluster.uses - before if u[1] == "WRITE"}
+    assert ("device", "WRITE", "TOPIC", ReplaySettings().device_topic) in cluster.uses
+    _shuffler_uses(cluster, _shuffler_settings(services, monkeypatch))
     ws = _worker_settings(services, monkeypatch).model_copy(update={"worker_dir": tmp_path / "worker"})
     _worker_uses(cluster, ws)
     return cluster.uses
@@ -970,7 +1053,7 @@ def test_acls_grant_what_the_code_uses_and_nothing_more(services: dict[str, dict
     assert len(granted) == len(set(granted)), "a grant repeated"
 
     uses = _uses_of_the_principals(services, monkeypatch, tmp_path / "run")
-    assert {u[0] for u in uses} == {"device", "replay", "worker", "analyst", "subscriber"}
+    assert {u[0] for u in uses} == {"device", "replay", "worker", "analyst", "subscriber", "shuffler"}
     missing = sorted(u for u in uses if not _grants(granted, u))
     assert not missing, f"used but not granted: {missing}"
     unused = sorted(g for g in granted if not any(
@@ -996,7 +1079,13 @@ def test_acls_grant_what_the_code_uses_and_nothing_more(services: dict[str, dict
     assert {(p, n, pat) for p, op, _, n, pat in granted if op == "CREATE"} == {("worker", f"{w.app_id}-", "PREFIXED")}
     assert not {op for _, op, _, _, _ in granted} & {"ALL", "ALTER", "DELETE", "ALTER_CONFIGS", "CLUSTER_ACTION",
                                                      "IDEMPOTENT_WRITE", "DESCRIBE_CONFIGS"}
-    assert not any(kind == "CLUSTER" for _, _, kind, _, _ in granted)
+    assert not any(kind == "CLUSTER" for _, _, kind, _, _ in granted)  # no IdempotentWrite: Kafka >= 3.0
+    # only the shuffler holds a transactional id, and only its own (<shuffler_id>-<index>)
+    ss = ShufflerSettings()
+    assert {(p, k, n) for p, _, k, n, _ in granted if k == "TXN"} == {("shuffler", "TXN", f"{ss.shuffler_id}-")}
+    # through the shuffler a device needs the device topic only; nobody but the shuffler reads it
+    assert {p for p, op, _, n, _ in granted if op == "WRITE" and n == ss.device_topic} == {"device"}
+    assert {p for p, op, _, n, _ in granted if op == "READ" and n == ss.device_topic} == {"shuffler"}
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -1012,11 +1101,15 @@ def test_acls_cover_what_each_client_lists_and_uses(services: dict[str, dict[str
         return any(p == principal and kind == "TOPIC" and op in ("READ", "WRITE", "DESCRIBE")
                    and (n == topic if pat == "LITERAL" else topic.startswith(n)) for p, op, kind, n, pat in granted)
 
-    worker_topics = _topics_the_code_creates(services, monkeypatch)
+    worker_topics = _topics_the_code_creates(services, monkeypatch, ("worker",))
     assert all(visible("worker", t) for t in worker_topics), worker_topics
     k = KafkaSettings()
     for principal in ("replay", "analyst"):  # ensure_topics(settings): reports, queries, truth
         assert all(visible(principal, t) for t in (k.reports_topic, k.queries_topic, k.truth_topic)), principal
+    from stream_app.shuffler.runtime import shuffler_topics
+
+    topics, _ = shuffler_topics(_shuffler_settings(services, monkeypatch))
+    assert all(visible("shuffler", t) for t in topics), topics
 
 
 def test_demo_queries_job_publishes_the_replays_queries_as_the_analyst(services: dict[str, dict[str, Any]],
@@ -1053,22 +1146,29 @@ def test_prometheus_scrapes_every_worker_replica(services: dict[str, dict[str, A
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _yaml(PROMETHEUS)
     assert cfg["global"]["scrape_interval"] == "5s"
-    port = _worker_settings(services, monkeypatch).web_port
+    # the port each scraped service serves /metrics on, from its settings
+    ports = {"worker": _worker_settings(services, monkeypatch).web_port,
+             "shuffler": _shuffler_settings(services, monkeypatch).metrics_port}
     jobs = cfg["scrape_configs"]
     assert jobs
     hosts = []
     for job in jobs:
         assert job.get("metrics_path", "/metrics") == "/metrics"
         for sd in job.get("dns_sd_configs", []):
-            assert sd.get("type", "SRV") == "A" and int(sd["port"]) == port
+            assert sd.get("type", "SRV") == "A"
+            for name in sd["names"]:
+                assert int(sd["port"]) == ports[name], (job["job_name"], name)
             hosts += sd["names"]
         for static in job.get("static_configs", []):
             for target in static["targets"]:
                 host, _, tport = target.rpartition(":")
-                assert int(tport) == port, target
+                assert int(tport) == ports[host], target
                 hosts.append(host)
     assert hosts and set(hosts) <= set(services), hosts
     assert "worker" in hosts  # the service name: Docker's DNS answers with every replica
+    assert "shuffler" in hosts
+    names = [job["job_name"] for job in jobs]
+    assert len(names) == len(set(names))
     prom = services["prometheus"]
     assert ("./prometheus/prometheus.yml", "/etc/prometheus/prometheus.yml") in _mounts(prom)
     assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
