@@ -80,7 +80,6 @@ __all__ = [
     "clone_pair",
     "closed_form_clone_epsilon",
     "compose",
-    "shuffled_day_epsilon",
     "dominating_pld",
     "shuffled_epsilon",
     "per_sensor_variation_ratio",
@@ -432,11 +431,6 @@ def shuffled_day(ratios: tuple[VariationRatio, ...], n: int, epochs: int, delta:
     per_day = [compose(p, epochs).epsilon(delta) for p in (clones, varratio)]
     return ShuffledDay(n, delta, epochs, min(local, per_epoch[0]),
                        min(optimal_composition(local, epochs, delta), per_day[0]), per_epoch[1], per_day[1])
-
-
-def shuffled_day_epsilon(ratios: tuple[VariationRatio, ...], n: int, epochs: int, delta: float = 1e-6) -> float:
-    """The day's central epsilon at ``delta``: see :func:`shuffled_day`."""
-    return shuffled_day(ratios, n, epochs, delta).epsilon_day
 
 
 def closed_form_clone_epsilon(epsilon0: float, n: int, delta: float) -> float:

@@ -19,9 +19,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -36,6 +34,7 @@ from schemas import (
     GroundTruth,
     Query,
     SourceEpoch,
+    active_queries,
     encode_batch,
     encode_json,
     new_batch_id,
@@ -106,15 +105,6 @@ def default_queries(day: TrafficDay, population: int) -> list[Query]:
     common: dict[str, Any] = {"analyst_id": "demo", "version": 1, "sensors": sensors, "population": population,
                               "t_start": t0, "t_end": t1}
     return [Query(query_id=f"{m}-day", mechanism=m, **common) for m in default_query_mechanisms()]
-
-
-def active_queries(queries: Iterable[Query], when: datetime) -> list[Query]:
-    """Per query id, the newest version whose T_start has passed, if ``when`` is before its T_end."""
-    newest: dict[str, Query] = {}
-    for q in queries:
-        if q.t_start <= when and (q.query_id not in newest or q.version > newest[q.query_id].version):
-            newest[q.query_id] = q
-    return [q for _, q in sorted(newest.items()) if when < q.t_end]
 
 
 @dataclass

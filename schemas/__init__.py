@@ -1,6 +1,6 @@
 """The wire contract: frozen pydantic models and their encodings. JSON Schema for subscribers."""
 
-from .query import MECHANISM_NAMES, Query, QueryMechanism
+from .query import MECHANISM_NAMES, Query, QueryMechanism, active_queries
 from .wire import (
     MAGIC,
     MAX_MARKERS_PER_SET,
@@ -37,6 +37,7 @@ __all__ = [
     "GroundTruth",
     "Query",
     "QueryMechanism",
+    "active_queries",
     "SingleReport",
     "SourceEpoch",
     "WireError",

@@ -6,7 +6,8 @@ it before answering (epsilon limit, sensor blacklist).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import datetime
 from functools import cached_property
 from typing import Annotated, Literal
 
@@ -17,7 +18,7 @@ from estimators.registry import MechanismSpec, get_spec, mechanism_names
 
 from .epochs import EPOCH_S
 
-__all__ = ["MECHANISM_NAMES", "Query", "QueryMechanism"]
+__all__ = ["MECHANISM_NAMES", "Query", "QueryMechanism", "active_queries"]
 
 MECHANISM_NAMES = mechanism_names(queryable_only=True)
 
@@ -145,3 +146,12 @@ class Query(BaseModel):
     def station_index(self) -> dict[int, int]:
         """PeMS station id -> station index on the wire (1-based)."""
         return {s: i + 1 for i, s in enumerate(self.sensors)}
+
+
+def active_queries(queries: Iterable[Query], when: datetime) -> list[Query]:
+    """Per query id, the newest version whose T_start has passed, if ``when`` is before its T_end."""
+    newest: dict[str, Query] = {}
+    for q in queries:
+        if q.t_start <= when and (q.query_id not in newest or q.version > newest[q.query_id].version):
+            newest[q.query_id] = q
+    return [q for _, q in sorted(newest.items()) if when < q.t_end]

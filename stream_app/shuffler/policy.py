@@ -159,7 +159,9 @@ class ShufflePolicy:
         key = (query.query_id, query.version, report.epoch)
         if key in self.decided:
             return Rejected("late", f"{query.record_key} epoch {report.epoch} was already released or withheld")
-        bad = _check_payload(report, query)
+        # a device's pairs as two columns, split once (through builtins, no per-pair Python loop)
+        stations, outputs = zip(*report.pairs, strict=True) if report.pairs else ((), ())
+        bad = _check_payload(report, query, stations, outputs)
         if bad is not None:
             return bad
         slot = self._open.get(key)
@@ -172,8 +174,7 @@ class ShufflePolicy:
         rnd.devices += 1
         if report.value is not None:
             rnd.values.append(report.value)
-        elif report.pairs:  # whole columns at once (no per-pair Python loop)
-            stations, outputs = zip(*report.pairs, strict=True)
+        else:
             rnd.stations.extend(stations)
             rnd.outputs.extend(outputs)
         self.last_arrival = now
@@ -265,7 +266,10 @@ def _sorted(keys: IntArray) -> IntArray:
     return np.repeat(np.arange(counts.size, dtype=np.int64), counts)
 
 
-def _check_payload(report: DeviceReport, query: Query) -> Rejected | None:
+def _check_payload(report: DeviceReport, query: Query, stations: tuple[int, ...],
+                   outputs: tuple[int, ...]) -> Rejected | None:
+    """Why a report's payload does not fit its query (None: it fits); ``stations`` and
+    ``outputs``: its pairs' columns."""
     v = query.n_stations
     if query.per_station is None:
         if report.value is None:
@@ -277,8 +281,6 @@ def _check_payload(report: DeviceReport, query: Query) -> Rejected | None:
         return Rejected("wrong_layout", f"a value for a {query.mechanism} query (a device sends its pairs)")
     if not report.pairs:
         return None
-    # whole columns through builtins (C loops), not a Python loop per pair
-    stations, outputs = zip(*report.pairs, strict=True)
     if max(stations) > v:
         return Rejected("out_of_range", f"station index {max(stations)} > {v}")
     n_out = query.n_outputs

@@ -50,11 +50,12 @@ from schemas import (
     Query,
     SourceEpoch,
     WireError,
+    active_queries,
     decode_device_record,
     encode_batch,
     encode_json,
 )
-from schemas.epochs import EPOCH_S
+from schemas.epochs import EPOCH_S, epoch_start
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
 from ..decode import Rejected
@@ -290,14 +291,10 @@ class Shuffler:
         return q
 
     def _active(self, epoch: int) -> list[Query]:
-        """The queries whose window holds ``epoch``."""
+        """The queries a replay answers in ``epoch`` (:func:`schemas.active_queries`: per id, the
+        newest version whose window holds the epoch's start)."""
         self._reader.poll(0)
-        out = []
-        for q in self._reader.queries.values():
-            start, end = q.epoch_range()
-            if start <= epoch < end:
-                out.append(q)
-        return out
+        return active_queries(self._reader.queries.values(), epoch_start(epoch))
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self, fault_hold_s: float) -> None:

@@ -193,6 +193,18 @@ def _drain_decoded(s: ShufflerSettings) -> tuple[list[tuple[Any, DecodedBatch]],
     return batches, markers
 
 
+def _hand_fed_query(ss: ShufflerSettings, query_id: str, device_partitions: int) -> Query:
+    """The topics and a published two-station SP query (population 60) for device reports a
+    test writes itself."""
+    ensure_topics(ss, {ss.device_topic: device_partitions, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
+                       ss.dead_letter_topic: 1})
+    t0 = datetime(2026, 11, 18, tzinfo=UTC)
+    q = Query(query_id=query_id, analyst_id="a", version=1, mechanism="sp", sensors=(400001, 400002),
+              population=60, t_start=t0, t_end=t0 + timedelta(days=1))
+    publish_query(ss, q)
+    return q
+
+
 def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permuted(broker: str,
                                                                                    tmp_path: Path) -> None:
     """Hand-made device records on a one-partition device topic: every bad one is dead-lettered
@@ -204,12 +216,7 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
     and the markers count its devices."""
     rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, metrics_port=free_port())
     ss = ss.model_copy(update={"device_partitions": 1})
-    ensure_topics(ss, {ss.device_topic: 1, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
-                       ss.dead_letter_topic: 1})
-    t0 = datetime(2026, 11, 18, tzinfo=UTC)
-    q = Query(query_id="q-crowd", analyst_id="a", version=1, mechanism="sp", sensors=(400001, 400002),
-              population=60, t_start=t0, t_end=t0 + timedelta(days=1))
-    publish_query(ss, q)
+    q = _hand_fed_query(ss, "q-crowd", 1)
     first = q.epoch_range()[0]
     released, small = first + 1, first + 2
 
@@ -437,12 +444,7 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
     participants, producer 0 of 2) and instance 1 withholds its 1 (dead letter
     ``below_min_crowd``, no marker of producer 1: the worker withholds the epoch)."""
     rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=2, instance_count=2, device_partitions=2)
-    ensure_topics(ss, {ss.device_topic: 2, ss.reports_topic: ss.partitions, ss.queries_topic: 1,
-                       ss.dead_letter_topic: 1})
-    t0 = datetime(2026, 11, 18, tzinfo=UTC)
-    q = Query(query_id="q-split", analyst_id="a", version=1, mechanism="sp", sensors=(400001, 400002),
-              population=60, t_start=t0, t_end=t0 + timedelta(days=1))
-    publish_query(ss, q)
+    q = _hand_fed_query(ss, "q-split", 2)
     e = q.epoch_range()[0]
     producer = KafkaProducer(**ss.client_kwargs(), acks="all")
     for partition, n in ((0, 3), (1, 1)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from estimators import SparseReports, linear, mechanisms
 from producers.fleet import Device, privatize
 from schemas import Query, encode_batch, new_batch_id
 from stream_app.decode import to_partials
-from stream_app.estimate import QueryEstimators, epoch_result
+from stream_app.estimate import EpochResult, QueryEstimators, epoch_result
 from stream_app.records import BatchPartial, MarkerPartial
 from stream_app.windows import Watermarks, WindowPolicy
 from tests.station_counts import pair_counts
@@ -43,6 +44,20 @@ def with_my_rr(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(query_module, "MECHANISM_NAMES", (*query_module.MECHANISM_NAMES, "my-rr"))
 
 
+def one_epoch_through_the_stream(q: Query, epoch: int, er: Any) -> EpochResult:
+    """A one-round query's privatized epoch (``er``, from :func:`privatize`) as one batch and its
+    marker through stage 1, the window policy and the estimate: what the worker publishes."""
+    value = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": q.version, "epoch": epoch,
+                          "round": 0, "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[0],
+                          "layout": er.layout, "n_stations": q.n_stations, "n_outputs": q.n_outputs}, er.rounds[0])
+    (part,) = to_partials(value, 0, lambda qid, ver: q)
+    assert isinstance(part, BatchPartial)
+    marker = MarkerPartial(q.query_id, q.version, epoch, 0, 0, "p0", 0, 1, er.reports[0], 1, q.population, 0, False)
+    out = WindowPolicy(1).apply(Watermarks(), lambda w: None, lambda w: (q.n_rounds, q.width), [part, marker])
+    (state, reason), = out.closed
+    return epoch_result(QueryEstimators.build(q), state, reason, (0.95,), 20)
+
+
 def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     v, n = 4, 2000
     q = Query(query_id="q-new", analyst_id="a", version=1, sensors=(11, 12, 13, 14), mechanism="my-rr",
@@ -52,15 +67,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     truth = np.array([n - 400, 100, 100, 100, 100])
     er = privatize(q, truth, np.random.default_rng(5), "per-vehicle", Device())
     arrays = er.rounds[0]
-    value = encode_batch({"kind": "reports", "query_id": "q-new", "query_version": 1, "epoch": epoch, "round": 0,
-                          "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[0],
-                          "layout": "pairs", "n_stations": v, "n_outputs": 2}, arrays)
-    (part,) = to_partials(value, 0, lambda qid, ver: q)
-    assert isinstance(part, BatchPartial)
-    marker = MarkerPartial("q-new", 1, epoch, 0, 0, "p0", 0, 1, er.reports[0], 1, n, 0, False)
-    out = WindowPolicy(1).apply(Watermarks(), lambda w: None, lambda w: (q.n_rounds, q.width), [part, marker])
-    (state, reason), = out.closed
-    res = epoch_result(QueryEstimators.build(q), state, reason, (0.95,), 20)
+    res = one_epoch_through_the_stream(q, epoch, er)
     assert res.withheld is None
     est = res.values["my_rr"].estimate
     # the core's own count estimator on the core's own tally of the same pairs

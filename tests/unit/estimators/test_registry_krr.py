@@ -15,11 +15,8 @@ import pytest
 
 import estimators as E
 from producers.fleet import Device, privatize
-from schemas import Query, encode_batch, new_batch_id
-from stream_app.decode import to_partials
-from stream_app.estimate import QueryEstimators, epoch_result
-from stream_app.records import BatchPartial, MarkerPartial
-from stream_app.windows import Watermarks, WindowPolicy
+from schemas import Query
+from tests.unit.estimators.test_registry_add_mechanism import one_epoch_through_the_stream
 
 SPEC = E.get_spec("krr")
 
@@ -91,15 +88,7 @@ def test_a_krr_query_runs_end_to_end() -> None:
     er = privatize(q, truth, np.random.default_rng(7), "per-vehicle", Device())
     assert er.layout == "values"
     arrays = er.rounds[0]
-    value = encode_batch({"kind": "reports", "query_id": "q-krr", "query_version": 1, "epoch": epoch, "round": 0,
-                          "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[0],
-                          "layout": "values", "n_stations": v, "n_outputs": q.n_outputs}, arrays)
-    (part,) = to_partials(value, 0, lambda qid, ver: q)
-    assert isinstance(part, BatchPartial)
-    marker = MarkerPartial("q-krr", 1, epoch, 0, 0, "p0", 0, 1, er.reports[0], 1, n, 0, False)
-    out = WindowPolicy(1).apply(Watermarks(), lambda w: None, lambda w: (q.n_rounds, q.width), [part, marker])
-    (state, reason), = out.closed
-    res = epoch_result(QueryEstimators.build(q), state, reason, (0.95,), 20)
+    res = one_epoch_through_the_stream(q, epoch, er)
     assert res.withheld is None and list(res.values) == ["krr"]
     mech = q.build()
     counts = E.station_counts(mech, np.bincount(arrays["value"], minlength=v + 1)[None, :])

@@ -144,6 +144,14 @@ def test_epsilon_never_grows_with_the_shuffle() -> None:
     assert eps[0] <= math.log(3.69) + 1e-12  # never above the local epsilon
 
 
+@pytest.mark.parametrize("eps0,n,delta", [(0.5, 10_000, 1e-6), (1.0, 47_719, 1e-6), (1.3068, 200_000, 1e-8)])
+def test_the_numerical_clone_bound_is_below_its_closed_form(eps0: float, n: int, delta: float) -> None:
+    """Feldman-McMillan-Talwar's closed form (Thm 3.1) bounds the same pair, more loosely."""
+    closed = S.closed_form_clone_epsilon(eps0, n, delta)
+    assert closed < eps0  # inside the closed form's regime
+    assert S.dominating_pld(S.clone_pair(eps0), n).epsilon(delta) <= closed
+
+
 def test_one_report_alone_is_not_amplified() -> None:
     """n = 1: the release is the report; delta(eps) = (e^eps0 - e^eps) / (e^eps0 + 1) exactly."""
     pld = S.dominating_pld(S.clone_pair(1.0), 1)

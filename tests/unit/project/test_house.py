@@ -1,4 +1,4 @@
-"""The house's size limits (README, "Layout"): no module of the four packages is longer than
+"""The house's size limits (docs/layout.md): no module of the four packages is longer than
 600 lines, and no function of the worker's runtime (``stream_app/app.py``: read, call the pure
 parts, write, emit) is longer than 40."""
 

@@ -1,4 +1,4 @@
-"""The tests' own layout (README, "Layout"): unit tests live in ``tests/unit/<package>/`` or
+"""The tests' own layout (docs/layout.md): unit tests live in ``tests/unit/<package>/`` or
 ``tests/unit/project/``, are named after a module of that package, and import no private name
 (one starting with ``_``) of the project's packages -- they test the public seams."""
 
