@@ -67,6 +67,11 @@ class Estimate(BaseModel):
                                   "the shuffler does not collude with the analyst and mixed each report among the n "
                                   "reports of its epoch and round; null when a producer of the epoch attests no "
                                   "shuffle size (the direct path), attests one it cannot have, or it is infinite")
+    release: Literal["permuted", "aggregate"] | None = Field(
+        default=None, description="what the shuffler released for this epoch, as its markers attest: 'permuted' (the "
+                                  "device reports, permuted) or 'aggregate' (only their per-station or per-value "
+                                  "counts); epsilon_shuffled is that release's; null when not attested (the direct "
+                                  "path)")
     withheld: str | None = None
     data_quality: Literal["ok", "no_source_data"] = Field(
         default="ok", description="no_source_data: the replayed source had no reading for this station in this "
