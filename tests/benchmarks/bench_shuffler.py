@@ -5,12 +5,14 @@ Scenarios (``--only`` picks some):
 
 * ``s1``  -- 500 stations, per vehicle, SP + ALP + RR (the demo's three default queries), the
   same fleet and epochs twice in one run: the direct path (``ptt replay`` batches the reports)
-  and through the shuffler (``ptt replay --via-shuffler``: one record per device report, the
-  shuffler permutes each (query, version, epoch, round) and releases columnar batches and markers
-  in Kafka transactions). Per path: wall time per epoch, ``realtime_factor``, the CPU seconds of
-  each process; then ``shuffler_vs_direct`` (wall time per epoch through the shuffler / direct)
-  and whether both paths published the same estimates (``same_estimates``: every row equal,
-  field for field, but ``epsilon_shuffled``, null on the direct path, which attests no shuffle);
+  and through the shuffler once per ``--releases`` value (``ptt replay --via-shuffler``: one
+  record per device report; the shuffler releases each (query, version, epoch, round) as its
+  counts, one tally, or permuted columnar batches, with markers, in Kafka transactions; each
+  run's line has ``release`` and ``reports_topic_bytes``). Per path: wall time per epoch,
+  ``realtime_factor``, the CPU seconds of each process; then ``shuffler_vs_direct`` (wall time
+  per epoch through the shuffler / direct) and whether both paths published the same estimates
+  (``same_estimates``: every row equal, field for field, but ``epsilon_shuffled`` and
+  ``release``, null on the direct path, which attests no shuffle);
 * ``s2``  -- the papers' scale, 3,220 stations and ``--expand-to 47,719`` vehicles, through the
   shuffler (and the direct path in the same run with ``--direct-s2``). The synthetic day's peak
   flow (136,161 vehicles) is above 47,719, so the fleet is that peak (``vehicles`` says so):
@@ -44,8 +46,12 @@ Measured on 2 cores shared with other sessions (load average 3-5; docs/operation
   (goal 1x not met), 7.0x the direct path (10.7 s/epoch, 2.8x); CPU s replay 124 (59%),
   shuffler 72 (34%), worker 5, broker 11. All 38,640 estimates.
 
+* s1 with ``--releases aggregate,permuted`` (load average 9-10): direct 1.87 s/epoch; aggregate
+  39.6 s/epoch, 180,023 B on the reports topic; permuted 44.6 s/epoch, 14,069,631 B; CPU s of
+  the shuffler 26.3 vs 25.0, worker 4.2 vs 4.7. Both ``same_estimates`` (15,000 rows).
+
 Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2] [--epochs-s1 10] [--epochs-s2 5]
-[--direct-s2] [--profile]``
+[--direct-s2] [--releases aggregate,permuted] [--profile]``
 """
 
 from __future__ import annotations
