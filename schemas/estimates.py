@@ -57,7 +57,8 @@ class Estimate(BaseModel):
         default=None, description="the estimate made consistent: the estimator's estimates of the epoch's stations "
                                   "projected onto {x >= 0, sum(x) <= participants} (never negative; biased; the "
                                   "bounds stay those of the unbiased estimate); null when withheld or no_source_data")
-    reports: int = Field(ge=0, description="reports counted in the epoch (all rounds)")
+    reports: int = Field(ge=0, description="reports counted in the epoch (all rounds; per-sensor mechanisms: the "
+                                          "non-default answers, however their counts travelled)")
     participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
     epsilon: float | None = Field(description="per-epoch epsilon of a device's whole report (brute force over "
                                               "its report vector); null when infinite")
