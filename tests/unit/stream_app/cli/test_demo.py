@@ -37,3 +37,20 @@ def test_the_demo_wraps_stdout_and_stderr_while_it_runs() -> None:
     with output_may_close():
         assert isinstance(sys.stdout, DropWhenClosed) and isinstance(sys.stderr, DropWhenClosed)
     assert (sys.stdout, sys.stderr) == before
+
+
+def test_after_the_pipe_closed_the_lines_go_to_the_fallback() -> None:
+    """``make run | tee run.log`` and Ctrl-C: the line that met the closed pipe and every later
+    one ("saved ...", "report ...") reach the fallback (stderr: the terminal), not /dev/null."""
+    r, w = os.pipe()
+    fr, fw = os.pipe()
+    with os.fdopen(w, "w") as stream, os.fdopen(fw, "w") as fallback:
+        safe = DropWhenClosed(stream, fallback)
+        print("seen", file=safe, flush=True)
+        assert os.read(r, 100) == b"seen\n"
+        os.close(r)  # tee is gone
+        print("saved 12 estimates", file=safe, flush=True)
+        print("report      summary.txt", file=safe, flush=True)
+        assert safe.closed_pipe
+        assert os.read(fr, 1000) == b"saved 12 estimates\nreport      summary.txt\n"
+    os.close(fr)
