@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 #: seconds the helpers get to stop gracefully once asked (then SIGKILL); the topics are saved meanwhile
 STOP_GRACE_S = 2.0
+#: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
+REPORT_INTERRUPTED = "(Ctrl-C)"
 
 __all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
            "run_demo", "save_frames", "save_topics", "write_report"]
@@ -220,8 +222,8 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
         return f"no report: {error_line('report', str(exc))}"
     except KeyboardInterrupt:
         if not summary.exists():
-            return "none (Ctrl-C)"
-        return (f"{summary}; plots skipped (Ctrl-C): `ptt report --estimates {estimates} --truth {truth} "
+            return f"none {REPORT_INTERRUPTED}"
+        return (f"{summary}; plots skipped {REPORT_INTERRUPTED}: `ptt report --estimates {estimates} --truth {truth} "
                 f"--out {out}` draws them")
     return f"{summary} and {len(plots)} plots in {out}/"
 
@@ -453,7 +455,7 @@ def _run_demo(demo: DemoSettings) -> int:
             if counts[ws.estimates_topic]:
                 stop.event.set()  # from here a Ctrl-C raises KeyboardInterrupt: it skips the plots
                 done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True))
-                if "plots skipped (Ctrl-C)" in done or done == "none (Ctrl-C)":
+                if REPORT_INTERRUPTED in done:
                     code = EXIT_INTERRUPTED
                 print(f"report      {done}", flush=True)
             else:
