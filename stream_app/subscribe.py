@@ -30,6 +30,7 @@ SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stations':>8} {'N':>8} {'
 NEGATIVE_NOTE = ("estimates are unbiased, so a quiet station's can fall below 0; its bounds are clipped at 0 (no count "
                  "is negative), so such an estimate lies below its own bound")
 IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it is (marked partial)
+HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of its query to show up
 
 
 def format_row(e: Estimate) -> str:
@@ -85,9 +86,10 @@ class EpochGroups:
     """The estimates of each (query, version, epoch), gathered until all of them came (or none
     came for ``idle_s``): the rows of an epoch arrive spread over the topic's partitions and
     mixed with other queries' and epochs'. ``expected(e)``: how many rows a group of ``e``
-    holds (None: unknown, the group waits for ``idle_s``). A complete group waits for the older
-    epochs of its query still open, so each query's epochs come out in order (a consumer reads
-    its partitions unevenly). Pure: the caller gives the time.
+    holds (None: unknown, the group waits for ``idle_s``). A complete group waits ``hold_s``, and
+    for the older epochs of its query still open, so each query's epochs come out in order: the
+    worker closes epochs on several partitions at once, and a consumer reads its partitions
+    unevenly. Pure: the caller gives the time.
 
     >>> from datetime import UTC, datetime
     >>> def est(station):
@@ -96,17 +98,19 @@ class EpochGroups:
     ...                     sd=1.0, bounds=(), reports=9, participants=9, epsilon=1.0, closed_by="markers",
     ...                     round_count_mismatch=0, late=0, refused=0, missing_batches=0)
     >>> groups = EpochGroups(lambda e: 2)
-    >>> groups.add(est(7), now=0.0)
-    []
-    >>> [[r.station for r in g] for g in groups.add(est(8), now=0.1)]
+    >>> groups.add(est(7), now=0.0), groups.add(est(8), now=0.1)
+    ([], [])
+    >>> [[r.station for r in g] for g in groups.due(now=1.1)]
     [[7, 8]]
     """
 
-    def __init__(self, expected: Callable[[Estimate], int | None], idle_s: float = IDLE_S) -> None:
+    def __init__(self, expected: Callable[[Estimate], int | None], idle_s: float = IDLE_S,
+                 hold_s: float = HOLD_S) -> None:
         self._expected = expected
         self.idle_s = idle_s
+        self.hold_s = hold_s
         self._groups: dict[tuple[str, int, int], _Group] = {}
-        self._ready: dict[tuple[str, int, int], list[Estimate]] = {}
+        self._ready: dict[tuple[str, int, int], tuple[float, list[Estimate]]] = {}
 
     def expected(self, e: Estimate) -> int | None:
         return self._expected(e)
@@ -119,22 +123,27 @@ class EpochGroups:
         group.last = now
         want = self._expected(e)
         if want is not None and len(group.rows) >= want:
-            self._ready[key] = self._pop(key)
-        return self._release()
+            self._ready[key] = (now, self._pop(key))
+        return self._release(now)
 
     def due(self, now: float) -> list[list[Estimate]]:
         """The groups that got nothing for ``idle_s`` (and the complete ones they held back),
         oldest epoch first."""
         for k in [k for k, g in self._groups.items() if now - g.last >= self.idle_s]:
-            self._ready[k] = self._pop(k)
-        return self._release()
+            self._ready[k] = (-math.inf, self._pop(k))  # waited long enough already
+        return self._release(now)
 
-    def _release(self) -> list[list[Estimate]]:
+    def _release(self, now: float) -> list[list[Estimate]]:
         oldest_open: dict[str, int] = {}
         for q, _, epoch in self._groups:
             oldest_open[q] = min(epoch, oldest_open.get(q, epoch))
-        out = [k for k in sorted(self._ready, key=lambda k: (k[2], k)) if k[2] < oldest_open.get(k[0], math.inf)]
-        return [self._ready.pop(k) for k in out]
+        out = []
+        for query in {k[0] for k in self._ready}:  # per query, the ready epochs in order up to the first held
+            for k in sorted((k for k in self._ready if k[0] == query), key=lambda k: (k[2], k)):
+                if k[2] >= oldest_open.get(query, math.inf) or now - self._ready[k][0] < self.hold_s:
+                    break
+                out.append(k)
+        return [self._ready.pop(k)[1] for k in sorted(out, key=lambda k: (k[2], k))]
 
     def rest(self) -> list[list[Estimate]]:
         """Every group still open (at the end), oldest epoch first."""

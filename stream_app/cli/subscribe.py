@@ -4,6 +4,8 @@ frames in an Arrow IPC or Parquet file (``--arrow``/``--parquet FILE``)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,19 @@ def run(args: argparse.Namespace) -> int:
                   idle_timeout_s=args.idle_timeout)
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:  # `ptt subscribe | head`: the reader has what it wanted
+        _quiet_stdout()
+        return EXIT_OK
     return EXIT_OK
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the exit's flush into the closed pipe would fail again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
 
 
 def _keep(settings: KafkaSettings, args: argparse.Namespace) -> int:

@@ -73,10 +73,10 @@ def test_the_default_table_is_one_ordered_line_per_closed_query_and_epoch(monkey
     assert sub.subscribe(KafkaSettings(), "t", out=out) == len(arriving)
     header, note, *lines = out.getvalue().splitlines()
     assert header == sub.SUMMARY_HEADER and sub.NEGATIVE_NOTE in note and "--rows" in note
-    assert len(lines) == 4
-    assert "rr-day v1" in lines[0] and lines[0].endswith("rr -9.4 (1 below 0)")  # epoch 1 of rr closed first
-    assert "sp-day v1" in lines[1] and "08:00:00" in lines[1]
-    assert lines[1].endswith("sp_difference 49.0 (1 below 0); 1 station without source data")
+    assert len(lines) == 4  # oldest epoch first (all came at once, faster than the 1 s hold)
+    assert "sp-day v1" in lines[0] and "08:00:00" in lines[0]
+    assert lines[0].endswith("sp_difference 49.0 (1 below 0); 1 station without source data")
+    assert "rr-day v1" in lines[1] and lines[1].endswith("rr -9.4 (1 below 0)")
     for line, start in zip(lines[2:], ("08:00:30", "08:01:00"), strict=True):  # never completed: at the end
         assert start in line and line.endswith("sp_difference 41.7 (partial: 1 of 3 estimates)")
     withheld = sub.format_summary([_est(1, withheld="too few")])
@@ -88,8 +88,10 @@ def test_epoch_groups_print_what_went_quiet_oldest_first() -> None:
     assert groups.add(_q(1, 5), now=0.0) == [] and groups.add(_q(1, 4), now=1.0) == []
     assert groups.due(now=2.5) == []  # epoch 5 went quiet, but waits for epoch 4 (a row at 1.0)
     assert groups.due(now=3.0) == [[_q(1, 4)], [_q(1, 5)]]
-    complete = sub.EpochGroups(lambda e: 1)
-    assert complete.add(_q(1, 4, "a"), now=0.0) == [[_q(1, 4, "a")]]
+    complete = sub.EpochGroups(lambda e: 1, hold_s=1.0)  # complete, then held 1 s for an older epoch
+    assert complete.add(_q(1, 5, "a"), now=0.0) == [] and complete.add(_q(1, 4, "b"), now=0.2) == []
+    assert complete.add(_q(1, 4, "a"), now=0.5) == [] and complete.due(now=1.1) == []  # a5 waits for a4
+    assert complete.due(now=1.5) == [[_q(1, 4, "a")], [_q(1, 4, "b")], [_q(1, 5, "a")]]  # a4 came late: in order
     groups.add(_q(1, 6), now=0.0)
     groups.add(_q(1, 6, estimate=1.0), now=0.1)  # a repeated estimate replaces the earlier one
     assert groups.rest() == [[_q(1, 6, estimate=1.0)]]
