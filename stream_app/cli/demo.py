@@ -441,6 +441,8 @@ def _run_demo(demo: DemoSettings) -> int:
                     p.terminate()
             asked = time.monotonic()
             estimates, truth = out / "estimates.jsonl", out / "truth.jsonl"
+            again = " (Ctrl-C again quits without them)" if stop.requested else ""
+            print(f"saving the estimates and the ground truth into {out}/{again}", flush=True)
             counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
             table = out / "estimates.parquet"
             frames = save_frames(rs, ws.frames_topic, table)
