@@ -9,15 +9,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TextIO
-
-from kafka import KafkaConsumer, TopicPartition
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 from schemas.estimates import Estimate
-from schemas.kafka_io import connect
 from schemas.settings import KafkaSettings
 
 __all__ = ["HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "EpochGroups", "FrameCounts", "LongWriter", "format_row",
@@ -181,13 +178,19 @@ def _query_sizes(settings: KafkaSettings, station: int | None, estimator: str | 
 def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
              ) -> Iterator[bytes]:
     """Connects at once (so an unreachable broker fails before anything is printed)."""
+    from kafka import KafkaConsumer
+
+    from schemas.kafka_io import connect
+
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        max_partition_fetch_bytes=16 << 20,  # an estimate frame may exceed the 1 MiB default
                        consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
     return _values(consumer, topic, from_beginning)
 
 
-def _values(consumer: KafkaConsumer, topic: str, from_beginning: bool) -> Iterator[bytes]:
+def _values(consumer: Any, topic: str, from_beginning: bool) -> Iterator[bytes]:
+    from kafka import TopicPartition
+
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
@@ -204,6 +207,10 @@ def _polled(settings: KafkaSettings, topic: str, from_beginning: bool, idle_time
             ) -> Iterator[bytes | None]:
     """The topic's record values as they come, and ``None`` at least every half second when
     nothing comes (so a caller can act on time); ends after ``idle_timeout_s`` without data."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from schemas.kafka_io import connect
+
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        max_partition_fetch_bytes=16 << 20)
     try:
