@@ -190,9 +190,23 @@ def _metrics_page(app: faust.App, registry: CollectorRegistry, arrays: StationAr
         return Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
 
 
+class _App(faust.App):
+    """Faust's app, with closers run once it has stopped (``on_shutdown`` runs after its agents,
+    consumer and producer have stopped): the worker's own producers (:class:`BatchSink`), which
+    aiokafka otherwise reports as ``Unclosed AIOKafkaProducer`` errors when the process ends."""
+
+    closers: list[Callable[[], Awaitable[None]]]
+
+    async def on_shutdown(self) -> None:
+        await super().on_shutdown()
+        for close in getattr(self, "closers", ()):
+            with contextlib.suppress(Exception):  # a broker gone meanwhile: nothing left to flush to
+                await close()
+
+
 def _faust_app(s: WorkerSettings) -> faust.App:
     s.worker_dir.mkdir(parents=True, exist_ok=True)
-    return faust.App(
+    return _App(
         s.app_id,
         **faust_options(s),
         store=s.store,
@@ -251,6 +265,12 @@ class StreamWorker:
                 await sink.start()
         await self.forward.start()
         await self.state.start()
+
+    async def close(self) -> None:
+        """Stop every producer of this worker (once Faust has stopped: nothing publishes any more)."""
+        for sink in (self.sink, self.frames, self.forward, self.state):
+            if sink is not None:
+                await sink.stop()
 
     async def publishing(self, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """Run ``attempt`` until it succeeds; broker errors are retried (a re-send is harmless:
@@ -433,6 +453,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 
     app.timer(interval=s.tick_interval_s)(w.tick)
     app.task(w.start)
+    app.closers = [w.close]  # type: ignore[attr-defined]
     _ready_page(app)
     _debug_page(app)
     app.metrics_registry = registry  # type: ignore[attr-defined]
