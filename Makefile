@@ -54,12 +54,19 @@ plan: $(STAMP)
 	$(BIN)/ptt plan alp --population 10047719 --expected-yes 100 --param pisNo=0.000025
 
 lint: setup
+	@echo "== ruff: lint every Python file"
 	$(BIN)/ruff check .
+	@echo "== mypy --strict: type-check estimators, producers, stream_app, schemas (~1 min)"
 	$(BIN)/mypy
 
-# The whole test suite: lint, types, then every test.
+# The whole test suite: lint, types, then every test, on TEST_WORKERS parallel pytest-xdist
+# workers (each with its own broker, ports, topics and temporary directory; tests/conftest.py
+# keeps a module's shared fixture on one worker). One line per finished test: worker, share of
+# the suite done, result, file::test. TEST_WORKERS=0 runs the tests in this process, one by one.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/pytest
+	@echo "== pytest: every test on $(TEST_WORKERS) workers (the first lines come after ~1 min of collection)"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v
 
 # Every benchmark script in tests/benchmarks/ (bench_*.py), one after the other.
 bench: $(STAMP)

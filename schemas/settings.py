@@ -10,6 +10,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .connection import kafka_python_options
+
 __all__ = ["BrokerLossSettings", "Codec", "KafkaSettings"]
 
 # the record-batch codecs that work end to end with the embedded broker (Tansu 0.6.0) and every
@@ -68,8 +70,6 @@ class KafkaSettings(BaseSettings):
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection and security options for any kafka-python client (schemas.connection)."""
-        from .connection import kafka_python_options
-
         return kafka_python_options(self)
 
 
