@@ -39,7 +39,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.kafka_io import BrokerLost, QueryReader, broker_lost, ensure_topics, publish_query
+from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
@@ -376,6 +376,11 @@ def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters
     except ReplayLost as exc:  # counted (counters[_LOST]); the parent reports it
         if reason is not None:
             reason.value = str(exc).encode()[:_REASON_BYTES - 1]
+    except BrokerUnavailable as exc:  # lost before its loop (connecting, reading the queries): the same loss
+        counters[_LOST] = 1
+        if reason is not None:
+            why = f"no answer from the broker: {str(exc).split(';')[0]}"
+            reason.value = str(broker_lost(settings, why)).encode()[:_REASON_BYTES - 1]
 
 
 class Progress:
