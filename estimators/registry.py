@@ -33,11 +33,12 @@ Adding a mechanism = one :class:`MechanismSpec` in :data:`REGISTRY` (see the REA
 >>> get_spec("nope")
 Traceback (most recent call last):
 ...
-estimators.registry.UnknownMechanism: unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, fresh, krr
+estimators.registry.UnknownMechanism: unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, unary, fresh, krr
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -349,6 +350,16 @@ _SPECS = (
         closed_form_fn=lambda m: privacy.rr_epsilon_closed_form(m.params["pi1"], m.params["pi2"]),
         references="Differential Privacy by Sampling §1 and App. A, eq. 30; Gaboardi's lecture notes",
         title="Randomized response", default_query=True),
+    MechanismSpec(
+        name="unary", summary="symmetric unary randomized response: each sensor's truth bit flipped w.p. q",
+        defaults={"q": 0.2}, n_rounds=1, per_sensor=True,
+        estimator_names=("unary",), headline="unary",
+        build_fn=lambda p, v: mechanisms.symmetric_unary(p["q"]),
+        estimators_fn=lambda m, st, d: {"unary": rr_estimator(m, name="unary")},
+        closed_form_fn=lambda m: math.log((1 - m.params["q"]) / m.params["q"]),
+        references="Wang et al., Locally Differentially Private Protocols for Frequency Estimation "
+                   "(symmetric unary encoding)",
+        title="Symmetric unary RR"),
     MechanismSpec(
         name="fresh", summary="two-round fresh-sample variant asked about each sensor (a baseline)",
         defaults={"pisYes1": 0.5, "pisNo1": 0.05, "pisYes2": 0.05, "pisNo2": 0.05}, n_rounds=2, per_sensor=True,
