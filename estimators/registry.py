@@ -47,6 +47,7 @@ from typing import Literal
 
 import numpy as np
 
+import estimators.aggregate as aggregate
 import estimators.mechanisms as mechanisms  # the submodules, not through the package (no import cycle)
 import estimators.privacy as privacy
 import estimators.shuffle as shuffle
@@ -280,14 +281,53 @@ class MechanismSpec:
                          for m in self.round_mechanisms(mech))
         return tuple(shuffle.variation_ratio(mech.output_table(r)) for r in range(mech.n_rounds))
 
-    def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6) -> float:
+    def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6,
+                         release: str = "permuted") -> float:
         """Central epsilon at ``delta`` of one epoch whose reports were each shuffled among ``n``
-        (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`."""
-        return shuffle.shuffled_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
+        (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`.
+
+        ``release``: ``"permuted"`` (the reports, permuted: the clone bound) or ``"aggregate"``
+        (only the counts: :mod:`estimators.aggregate`, exact where :meth:`aggregate_plds` is,
+        else the permuted figure, valid by post-processing). The aggregate figure is computed
+        at ``n`` rounded down to two significant digits (cached; a smaller shuffle is a valid,
+        slightly looser bound, since adding devices only post-processes the counts)."""
+        permuted = shuffle.shuffled_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
+        if release == "permuted":
+            return permuted
+        if release != "aggregate":
+            raise PlanError(f"unknown release {release!r}; choose permuted or aggregate")
+        plds = self.aggregate_plds(mech, n_stations, _two_digits(n))
+        if plds is None:
+            return permuted
+        return min(permuted, aggregate.epsilon_of(plds, 1, delta))
+
+    def aggregate_plds(self, mech: Mechanism, n_stations: int, n: int,
+                       stride: int | None = None) -> list[shuffle.Pld] | None:
+        """One epoch's dominating PLDs of the aggregate release at ``n`` devices (per round: the
+        two stations a move changes), worst case over the other devices' data; ``None`` where
+        no exact accounting exists (ALP's 2-D per-station count, station-valued histograms):
+        then the clone bound of the permuted release applies. ``stride``: see
+        :func:`aggregate.covering_ks` (1: every assignment of the others searched directly)."""
+        if not self.per_sensor:
+            return None
+        tables = tuple(m.output_table(0) for m in self.round_mechanisms(mech))
+        return aggregate.epoch_plds(tables, n, stride)
 
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
         """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""
         return self.extra_fn(mech, participants)
+
+
+def _two_digits(n: int) -> int:
+    """``n`` rounded down to two significant digits (at least 1).
+
+    >>> _two_digits(47_719), _two_digits(99), _two_digits(0)
+    (47000, 99, 1)
+    """
+    if n < 100:
+        return max(int(n), 1)
+    scale = 10 ** (len(str(int(n))) - 2)
+    return int(n) // int(scale) * int(scale)
 
 
 @lru_cache(maxsize=256)
