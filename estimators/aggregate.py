@@ -30,8 +30,7 @@ dominates under composition. The move a -> b composes station a's (``p1`` vs ``p
 station b's (``p0`` vs ``p1``) worst cases, each taken independently (``k_a + k_b <= m`` is
 relaxed: a valid, slightly pessimistic bound); "at a vs at none" is a post-processing of it.
 
-Binomial mass outside each window (8 standard deviations either side: ~1e-15; the exact
-missing mass of each row) and an FFT round-off
+Binomial mass outside each window (at most ~1e-17 a side; the exact missing mass of each row) and an FFT round-off
 allowance of 1e-12 per curve are counted at infinite loss.
 
 **Other mechanisms** (ALP's per-station release is the 2-D count (C1, C0); Sampling Privacy
@@ -75,9 +74,15 @@ def binary_rates(table: FloatArray) -> tuple[float, float] | None:
 
 
 def _window(trials: int, p: float) -> tuple[int, int]:
-    """A count window ``[lo, hi]`` holding all but a negligible part of Bin(trials, p)."""
+    """A count window ``[lo, hi]`` leaving out at most ~1e-17 of Bin(trials, p) on each side
+    (8 sd, widened where the binomial is skewed: a small mean has a heavy right tail)."""
     mean, sd = trials * p, math.sqrt(trials * p * (1 - p))
-    return max(0, math.floor(mean - _Z * sd) - 1), min(trials, math.ceil(mean + _Z * sd) + 1)
+    z = _Z
+    while True:
+        lo, hi = max(0, math.floor(mean - z * sd) - 1), min(trials, math.ceil(mean + z * sd) + 1)
+        if (lo == 0 or binom.cdf(lo - 1, trials, p) <= 1e-17) and (hi == trials or binom.sf(hi, trials, p) <= 1e-17):
+            return lo, hi
+        z *= 1.5
 
 
 def _binom_block(first: int, count: int, p: float) -> tuple[int, FloatArray]:

@@ -36,7 +36,7 @@ from .mechanisms import Mechanism
 from .registry import MechanismSpec, PlanError
 
 __all__ = ["FAMILIES", "RELEASES", "EpochAccount", "Family", "central_limit_sd", "day_epsilon", "epoch_account",
-           "fit_budget", "gaussian_delta", "headline_sd", "release_figures"]
+           "can_fit", "fit_budget", "gaussian_delta", "headline_sd", "release_figures"]
 
 RELEASES = ("aggregate", "permuted")
 _COARSE = 2  # the search composes on a grid this much coarser (still an upper bound), the result on the fine one
@@ -103,7 +103,7 @@ def release_figures(acc: EpochAccount, epochs: int, delta: float) -> dict[str, A
         return {"release": acc.release, "epsilon_shuffled": math.inf, "epsilon_day_shuffled": math.inf,
                 "accounting": acc.note}
     plds = list(acc.plds)
-    epoch = aggregate.epsilon_of(plds, 1, delta)
+    epoch = plds[0].epsilon(delta) if len(plds) == 1 else aggregate.epsilon_of(plds, 1, delta)
     day = day_epsilon(plds, epochs, delta)
     return {"release": acc.release, "epsilon_shuffled": min(acc.local, epoch),
             "epsilon_day_shuffled": min(privacy.optimal_composition(acc.local, epochs, delta), day),
@@ -154,6 +154,23 @@ def _params(fam: Family, value: float) -> dict[str, float]:
     return {**fam.fixed, fam.param: value}
 
 
+def can_fit(spec: MechanismSpec, n_stations: int, population: int, budget_: float, release: str, epochs: int,
+            delta: float) -> tuple[bool, str]:
+    """Whether the family's most private member fits ``budget_`` alone (one day evaluation)."""
+    fam = FAMILIES.get(spec.name)
+    if fam is None:
+        return False, f"{spec.name}: no parameter family to search"
+    ends = ([fam.hi if fam.private_when_larger else fam.lo] if fam.bisect else [min(fam.grid)])
+    mech = spec.build(_params(fam, ends[0]), n_stations)
+    acc = epoch_account(spec, mech, n_stations, population, release)
+    d = min(privacy.optimal_composition(acc.local, epochs, delta),
+            day_epsilon(list(acc.plds), epochs, delta, coarse=True))
+    if d <= budget_:
+        return True, ""
+    return False, (f"even its most private setting ({fam.param} = {ends[0]:g}) costs {d:.4g} over the day "
+                   f"through the {release} release, more than {budget_:g}")
+
+
 def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_yes: float, budget: float,
                release: str, epochs: int, delta: float, tol: float = 1e-3) -> dict[str, Any]:
     """The family member with the smallest headline sd whose day epsilon (the release's, a valid
@@ -184,10 +201,13 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
                 return d - budget
 
             root = float(brentq(gap, private_end, loose_end, xtol=tol * 0.1, rtol=tol))
-            step = tol * (private_end - loose_end)
             chosen = root
-            while day_of(chosen, True) > budget:
-                chosen += step
+            for _ in range(20):  # step toward the private end (which fits) until it fits
+                if day_of(chosen, True) <= budget:
+                    break
+                chosen += (private_end - chosen) * max(tol, 0.01) * 4
+            else:
+                chosen = private_end
     else:
         best: tuple[float, float] | None = None
         for value in fam.grid:

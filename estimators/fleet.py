@@ -28,6 +28,8 @@ from .registry import PlanError, default_query_mechanisms, get_spec
 
 __all__ = ["fleet_plan", "share_epsilon"]
 
+_FLEET_TOL = 1e-2  # parameter precision of each query's fit (relative): ~1% of sd, a third of the time
+
 
 def share_epsilon(total: float, share: float, delta: float) -> float:
     """The epsilon at ``delta`` of a ``sqrt(share) mu``-GDP mechanism, ``mu`` meeting (total, delta).
@@ -61,19 +63,25 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
     fitting = list(names)
     factor = 1.0
     if day_budget is not None:
+        for name in names:  # a query that cannot fit even the whole budget alone is left out, and said so
+            ok, why = budget.can_fit(get_spec(name), stations, population, day_budget, release, epochs, delta)
+            if not ok:
+                queries[name] = {"fits": False, "budget_share": day_budget, "why": why,
+                                 "search": budget.FAMILIES[name].why if name in budget.FAMILIES else ""}
+        fitting = [n for n in names if n not in queries]
         for _ in range(6):
             share = factor / max(len(fitting), 1)
             target = share_epsilon(day_budget, share, delta)
             still: list[str] = []
             for name in fitting:
                 fit = budget.fit_budget(get_spec(name), stations, population, expected_yes, target, release,
-                                        epochs, delta)
+                                        epochs, delta, tol=_FLEET_TOL)
                 queries[name] = {"fits": fit["fits"], "budget_share": target, "search": fit["search"]}
                 if fit["fits"]:
                     params[name] = fit["params"]
                     still.append(name)
                 else:
-                    queries[name]["why"] = fit["why"]
+                    queries[name]["why"] = fit["why"] + f" (its share: {target:.4g})"
             if len(still) < len(fitting):  # re-split among those that fit
                 fitting = still
                 continue
@@ -81,6 +89,8 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
             if _vehicle_day(accs, epochs, delta)[1] <= day_budget:
                 break
             factor *= 0.95
+        else:
+            raise PlanError("could not split the day budget so that the composed day fits; give a larger one")
     accounts = {}
     for name in fitting:
         spec = get_spec(name)

@@ -113,7 +113,9 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["epsilon_day_shuffled_permuted"] = out["epsilon_day_shuffled"]
     out["release"] = release
     if release == "aggregate":
+        permuted_epoch = out["epsilon_shuffled"]
         out.update(budget.release_figures(budget.epoch_account(spec, mech, stations, n, release), epochs, delta))
+        out["epsilon_shuffled"] = min(out["epsilon_shuffled"], permuted_epoch)
         # both are valid bounds for the counts (the permuted one by post-processing)
         out["epsilon_day_shuffled"] = min(out["epsilon_day_shuffled"], out["epsilon_day_shuffled_permuted"])
     else:
