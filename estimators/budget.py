@@ -202,10 +202,10 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
 
             root = float(brentq(gap, private_end, loose_end, xtol=tol * 0.1, rtol=tol))
             chosen = root
-            for _ in range(20):  # step toward the private end (which fits) until it fits
+            for _ in range(50):  # step toward the private end (which fits) until it fits
                 if day_of(chosen, True) <= budget:
                     break
-                chosen += (private_end - chosen) * max(tol, 0.01) * 4
+                chosen += (private_end - chosen) * tol
             else:
                 chosen = private_end
     else:
@@ -226,5 +226,5 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
         chosen = best[0]
     params = _params(fam, chosen)
     mech = spec.build(params, n_stations)
-    return {"fits": True, "search": fam.why, "params": dict(mech.params), "chosen": {fam.param: chosen},
+    return {"fits": True, "search": fam.why, "params": params, "chosen": {fam.param: chosen},
             "sd": headline_sd(spec, mech, expected_yes, population), "tried": tried}
