@@ -334,6 +334,22 @@ def two_coin_rr(pi1: float = 0.8, pi2: float = 0.2) -> Mechanism:
     )
 
 
+def symmetric_unary(q: float = 0.2) -> Mechanism:
+    """Symmetric unary randomized response: the truth bit flipped with probability ``q < 1/2``.
+
+    Asked about each sensor, a device's sparse report is the stations whose (flipped) bit is 1.
+    One answer's epsilon is ``ln((1 - q) / q)``; a move from station a to b flips two answers,
+    so the report's is twice that.
+
+    >>> symmetric_unary(0.2).output_table().round(2).tolist()  # rows: truth No, Yes
+    [[0.8, 0.2], [0.2, 0.8]]
+    """
+    q = _check_prob("q", q)
+    if not 0.0 < q < 0.5:
+        raise ValueError(f"q must be in (0, 1/2), got {q}")
+    return table_mechanism("unary", np.array([[1 - q, q], [q, 1 - q]]), {"q": q}, output_labels=("0", "1"))
+
+
 def epsilon_rr(epsilon: float) -> Mechanism:
     """epsilon-randomized response (Gaboardi's lecture notes): keep the truth w.p. e^eps / (1 + e^eps).
 

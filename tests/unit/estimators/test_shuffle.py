@@ -195,7 +195,7 @@ def test_composition_matches_the_exact_composition_theorem(eps: float, k: int) -
     """A pure eps-DP release's worst case is randomized response (Kairouz-Oh-Viswanath): the
     composed grid never goes below the exact figure and stays within its rounding."""
     exact = privacy.optimal_composition(eps, k, 1e-6)
-    step = S._grid_step([_rr_pld(eps)], k)
+    step = S.grid_step([_rr_pld(eps)], k)
     got = S.compose([_rr_pld(eps)], k, step).epsilon(1e-6)
     assert exact - 1e-6 <= got <= exact + k * step + 1e-6
 
