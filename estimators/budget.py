@@ -39,6 +39,9 @@ __all__ = ["FAMILIES", "RELEASES", "EpochAccount", "Family", "central_limit_sd",
            "can_fit", "fit_budget", "gaussian_delta", "headline_sd", "release_figures"]
 
 RELEASES = ("aggregate", "permuted")
+NO_BOUND_NOTE = ("no shuffled bound: a report, or the rounds together, can be possible under one truth and "
+                 "impossible under another (Sampling Privacy's rounds share one die: the difference of their "
+                 "counts is the exact histogram of the devices that drew the sampling face)")
 _COARSE = 2  # the search composes on a grid this much coarser (still an upper bound), the result on the fine one
 
 
@@ -69,6 +72,8 @@ class EpochAccount:
 
     @property
     def note(self) -> str:
+        if math.isinf(self.local):
+            return NO_BOUND_NOTE
         if self.release == "permuted":
             return "the clone bound of the permuted release"
         return aggregate.EXACT_NOTE if self.exact else aggregate.FALLBACK_NOTE

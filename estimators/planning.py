@@ -120,6 +120,8 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         out["epsilon_day_shuffled"] = min(out["epsilon_day_shuffled"], out["epsilon_day_shuffled_permuted"])
     else:
         out["accounting"] = "the clone bound of the permuted release"
+    if math.isinf(out["epsilon_day_shuffled"]):
+        out["accounting"] = budget.NO_BOUND_NOTE
     out["epsilon_day_vehicle"] = out["epsilon_day_shuffled"]
     out["headline_epsilon"] = "epsilon_day_vehicle"
     out["day_budget"] = day_budget

@@ -275,7 +275,12 @@ class MechanismSpec:
 
     def shuffle_ratios(self, mech: Mechanism, n_stations: int) -> tuple[shuffle.VariationRatio, ...]:
         """Per round, the variation-ratio parameters of what one device sends (its whole report),
-        the input of the shuffled accounting (:mod:`estimators.shuffle`)."""
+        the input of the shuffled accounting (:mod:`estimators.shuffle`). Rounds that share the
+        device's randomness (Sampling Privacy's one die) cannot be accounted round by round: one
+        ratio with ``p = inf`` then stands for the epoch, so every shuffled figure is infinite
+        (:func:`privacy.rounds_independent` says why)."""
+        if not privacy.rounds_independent(mech):
+            return (shuffle.VariationRatio(math.inf, 1.0, math.inf),)
         if self.per_sensor:
             return tuple(shuffle.per_sensor_variation_ratio(m.output_table(0), n_stations)
                          for m in self.round_mechanisms(mech))
