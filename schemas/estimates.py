@@ -49,6 +49,9 @@ class Estimate(BaseModel):
     estimator: EstimatorName
     epoch: int = Field(ge=0, description="absolute epoch index: Unix seconds // epoch length")
     epoch_start: AwareDatetime
+    span_s: int = Field(default=30, gt=0, description="seconds the estimate covers from epoch_start: 30 for one "
+                                                       "epoch, 300 or 3600 for a rollup (the sum of that many "
+                                                       "seconds' epochs; epoch is its first)")
     station: int = Field(description="PeMS station id")
     estimate: float | None
     sd: float | None = Field(description="standard deviation of the estimate at max(estimate, 0)")

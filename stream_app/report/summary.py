@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
 from schemas.wire import GroundTruth, json_safe
 
@@ -196,7 +197,7 @@ def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
                 table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise ValueError(f"{path} is not a Parquet or Arrow file: {exc}") from None
-    optional = ("epsilon_shuffled",)  # added later: a file written before it lacks the column (null)
+    optional = ("epsilon_shuffled", "span_s")  # added later: a file written before lacks them (null, 30)
     missing = [f for f in LONG_SCHEMA.names if f not in table.column_names and f not in optional]
     if missing:
         raise ValueError(f"{path} is not a long-form estimates file (no column {', '.join(missing)})")
@@ -221,7 +222,7 @@ def load_estimates(values: Iterable[bytes | str | Estimate], selection: Selectio
         if e is None:
             invalid += 1
             continue
-        if e not in sel:
+        if e not in sel or e.span_s != EPOCH_S:  # rollups are not scored here (one span: the epoch's)
             filtered += 1
             continue
         row = Row.of(e, starts)

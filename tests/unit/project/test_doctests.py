@@ -42,6 +42,7 @@ WITH_EXAMPLES = {
     "stream_app.guard": 2,
     "stream_app.introspect": 5,
     "stream_app.records": 8,
+    "stream_app.rollups": 9,
     "stream_app.shuffler.metrics": 6,
     "stream_app.shuffler.policy": 11,
     "stream_app.shuffler.state": 2,
