@@ -143,9 +143,15 @@ def main() -> int:
           f"peak epoch truth {out['peak_epoch_truth']:.0f}, {out['seconds']} s")
     for r in out["sd"]:
         print(f"  sd  {r['query']:10} {r['estimator']:15} span {r['span_s']:>5} s  median sd {r['median_sd']}")
+    table: dict[tuple[str, str, int], dict[str, dict[float, tuple[float, int]]]] = defaultdict(dict)
     for r in out["coverage"]:
-        print(f"  cov {r['query']:10} {r['estimator']:15} span {r['span_s']:>5} s  truth {r['truth_bin']:>11}  "
-              f"{r['confidence']:.2f}: {100 * r['coverage']:6.2f}%  of {r['cells']}")
+        cell = table[(r["query"], r["estimator"], r["span_s"])].setdefault(r["truth_bin"], {})
+        cell[r["confidence"]] = (r["coverage"], r["cells"])
+    print("coverage 95% / 99% (cells) by truth bin")
+    for (q, n, sp), bins in sorted(table.items()):
+        parts = [f"{b} {100 * v[0.95][0]:.1f}/{100 * v[0.99][0]:.1f} ({v[0.95][1]})" for b, v in
+                 sorted(bins.items(), key=lambda kv: int(kv[0].strip("[>=").split(",")[0]))]
+        print(f"  {q:8} {n:14} {sp:>5} s  " + "  ".join(parts))
     return 0
 
 

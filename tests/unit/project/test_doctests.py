@@ -46,6 +46,7 @@ WITH_EXAMPLES = {
     "stream_app.shuffler.metrics": 6,
     "stream_app.shuffler.policy": 11,
     "stream_app.shuffler.state": 2,
+    "stream_app.report.summary": 2,
     "stream_app.stage2": 1,
     "stream_app.windows": 9,
 }
