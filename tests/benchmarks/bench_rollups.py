@@ -99,9 +99,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for j, c in enumerate(CONF):
                 inside = (v.lower[j] <= tot) & (tot <= v.upper[j])
                 for s in np.flatnonzero(ok):
-                    h = hits[(qid, name, res.span_s, bin_of(float(tot[s])), c)]
-                    h[0] += int(inside[s])
-                    h[1] += 1
+                    for b in (bin_of(float(tot[s])), "all"):
+                        h = hits[(qid, name, res.span_s, b, c)]
+                        h[0] += int(inside[s])
+                        h[1] += 1
     for qid, results in epochs.items():  # the epochs themselves, for comparison
         for k, res in enumerate(results):
             if res.withheld is not None:
@@ -111,9 +112,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for j, c in enumerate(CONF):
                     inside = (v.lower[j] <= truth[k]) & (truth[k] <= v.upper[j])
                     for s in np.flatnonzero(has[k]):
-                        h = hits[(qid, name, 30, bin_of(float(truth[k][s])), c)]
-                        h[0] += int(inside[s])
-                        h[1] += 1
+                        for b in (bin_of(float(truth[k][s])), "all"):
+                            h = hits[(qid, name, 30, b, c)]
+                            h[0] += int(inside[s])
+                            h[1] += 1
     rows = [{"query": q, "estimator": n, "span_s": sp, "truth_bin": b, "confidence": c, "cells": t,
              "coverage": round(h / t, 4)} for (q, n, sp, b, c), (h, t) in sorted(hits.items())]
     sds = [{"query": q, "estimator": n, "span_s": sp, "median_sd": round(float(np.median(v)), 2)}
@@ -150,7 +152,7 @@ def main() -> int:
     print("coverage 95% / 99% (cells) by truth bin")
     for (q, n, sp), bins in sorted(table.items()):
         parts = [f"{b} {100 * v[0.95][0]:.1f}/{100 * v[0.99][0]:.1f} ({v[0.95][1]})" for b, v in
-                 sorted(bins.items(), key=lambda kv: int(kv[0].strip("[>=").split(",")[0]))]
+                 sorted(bins.items(), key=lambda kv: -1 if kv[0] == "all" else int(kv[0].strip("[>=").split(",")[0]))]
         print(f"  {q:8} {n:14} {sp:>5} s  " + "  ".join(parts))
     return 0
 

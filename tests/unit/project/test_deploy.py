@@ -1420,4 +1420,5 @@ def test_template_variables_are_defined(dashboards: dict[str, dict[str, Any]]) -
                 assert var in defined or var in GRAFANA_GLOBALS, f"{name}: ${var} is not defined ({text})"
     station = {v["name"]: v for v in dashboards["station.json"]["templating"]["list"]}
     assert station["station"]["query"] == "label_values(ptt_estimate_vehicles, station)"
-    assert set(station) == {"station", "query"}
+    assert set(station) == {"station", "query", "span"}
+    assert station["span"]["query"] == "label_values(ptt_rollup_vehicles, span_s)"
