@@ -60,7 +60,7 @@ from .introspect import describe
 from .metrics import StationArrays, StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, EpochSummary, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
-from .rollups import RollupId, RollupOutcome, RollupPolicy, RollupState, route_key, summary_of
+from .rollups import RollupId, RollupOutcome, RollupPolicy, RollupState, route_key, summary_of, version_window
 from .settings import WorkerSettings
 from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks, rollup_outputs, shuffled_needs
 from .windows import Watermarks, WindowPolicy, WindowState
@@ -387,7 +387,7 @@ class StreamWorker:
         this partition's rollups and publish the rollups they decide (acknowledged)."""
         forward = [(route_key(x), encode_partial(x)) for x in decided]
         await self.forward.publish(forward, [self.forward.partition_for(k) for k, _ in forward])
-        rolled = self.rollup_policy.apply(self.load_rollup, arrived)
+        rolled = self.rollup_policy.apply(self.load_rollup, arrived, partial(version_window, self.queries.known))
         results = rollup_outputs(rolled, self.queries.known, self.queries.estimators, self.output)
         for rows, frames, done in publish_chunks(results, PUBLISH_CHUNK, self.s.rows_on, self.s.frames_on):
             await self.send_estimates(rows, frames)

@@ -43,14 +43,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from schemas import Query
 from schemas.epochs import EPOCH_S
 from schemas.wire import FRAME_LENGTH
 
 from .estimate import EpochResult, QueryEstimators, StationEstimates
 from .records import EpochSummary
 
-__all__ = ["SPANS", "RollupId", "RollupOutcome", "RollupPolicy", "RollupState", "rollup_result", "route_key",
-           "summary_of"]
+__all__ = ["SPANS", "RollupId", "RollupOutcome", "RollupPolicy", "RollupState", "Window", "rollup_result",
+           "route_key", "summary_of", "version_window"]
 
 FloatArray = npt.NDArray[np.float64]
 SPANS = (10, 120)  # epochs per rollup: 5 minutes, an hour
@@ -85,9 +86,39 @@ def rollups_of(query_id: str, version: int, epoch: int, spans: Sequence[int] = S
 
 
 def route_key(s: EpochSummary) -> bytes:
-    """The partials-topic key of an epoch's summary: its hour, so that all the rollups it feeds
-    (every span divides an hour) are on one stage-2 partition."""
-    return RollupId(s.query_id, s.query_version, HOUR, s.epoch - s.epoch % HOUR).key
+    """The partials-topic key of an epoch's summary: its query and hour (not its version), so
+    that all the rollups it feeds (every span divides an hour), and those of the query's other
+    versions in that hour, are on one stage-2 partition."""
+    return _PREFIX + f"{s.query_id}\x1f{s.epoch - s.epoch % HOUR}".encode()
+
+
+Window = Callable[[str, int], "tuple[int, int] | None"]
+
+
+def version_window(known: Callable[[str, int], Query | None], query_id: str, version: int) -> tuple[int, int] | None:
+    """The epochs ``[first, end)`` in which a query version is the one answered, as far as the
+    known versions tell (``schemas.query.active_queries``): its own window, cut where a newer
+    version's starts. None if the version is unknown.
+
+    >>> from datetime import UTC, datetime, timedelta
+    >>> t0 = datetime(2026, 11, 18, 16, tzinfo=UTC)
+    >>> v1 = Query(query_id="q", analyst_id="a", version=1, sensors=(1,), mechanism="rr", population=9,
+    ...            t_start=t0, t_end=t0 + timedelta(hours=2))
+    >>> v2 = v1.model_copy(update={"version": 2, "t_start": t0 + timedelta(minutes=7)})
+    >>> versions = {1: v1, 2: v2}
+    >>> first, end = version_window(lambda q, v: versions.get(v), "q", 1)
+    >>> end - first  # seven minutes, then version 2
+    14
+    """
+    q = known(query_id, version)
+    if q is None:
+        return None
+    first, end = q.epoch_range()
+    later = version + 1
+    while (w := known(query_id, later)) is not None:
+        end = min(end, -(-int(w.t_start.timestamp()) // EPOCH_S))  # from its first epoch starting at/after T_start
+        later += 1
+    return first, max(first, end)
 
 
 def summary_of(res: EpochResult) -> EpochSummary:
@@ -189,6 +220,23 @@ class RollupState:
         self.estimate = self.variance = None  # nothing of it will be published
         return True
 
+    def outside(self, first: int, end: int) -> bool:
+        """Mark the epochs outside the version's ``[first, end)`` as decided and withhold the
+        rollup for them (they will never come); True if that changed anything."""
+        lo, hi = self.rid.start, self.rid.start + self.rid.span
+        gone = [i for i in range(self.rid.span) if not self.done[i] and not first <= lo + i < end]
+        if not gone:
+            return False
+        for i in gone:
+            self.done[i] = True
+        e = lo + gone[0]
+        if self.withheld is None or e < self.withheld[0]:
+            why = f"{len(gone)} of its epochs [{lo}, {hi}) are outside the query version's [{first}, {end})"
+            self.withheld = (e, "outside_query_window", why)
+        self.withheld_epochs += 1
+        self.estimate = self.variance = None
+        return True
+
     @property
     def complete(self) -> bool:
         return all(self.done)
@@ -262,22 +310,43 @@ class RollupPolicy:
 
     spans: tuple[int, ...] = SPANS
 
-    def apply(self, load: Callable[[RollupId], RollupState | None], items: Sequence[EpochSummary]) -> RollupOutcome:
+    def apply(self, load: Callable[[RollupId], RollupState | None], items: Sequence[EpochSummary],
+              window: Window | None = None) -> RollupOutcome:
+        """Add ``items``; ``window`` (:func:`version_window`) gives a version's epochs: a rollup
+        reaching outside them is withheld once its epochs inside are decided (the others never
+        come), also for the older versions of the query a newer one cuts short."""
         out = RollupOutcome()
+
+        def decide(st: RollupState) -> None:
+            out.touched[st.rid] = st
+            if not st.decided and st.complete:
+                st.decided = True
+                st.published = st.withheld is None
+                out.decided.append(st)
+
         for s in items:
             for rid in rollups_of(s.query_id, s.query_version, s.epoch, self.spans):
                 st = out.touched.get(rid) or load(rid) or RollupState.new(rid)
                 was_published = st.published
-                if not st.add(s):
+                span = window(s.query_id, s.query_version) if window is not None else None
+                changed = st.add(s)
+                changed = (span is not None and not st.decided and st.outside(*span)) or changed
+                if not changed:
                     continue
                 out.touched[rid] = st
                 if st.decided:
                     if was_published and st.retracted:
                         out.retracted.append(st)
-                elif st.complete:
-                    st.decided = True
-                    st.published = st.withheld is None
-                    out.decided.append(st)
+                    continue
+                decide(st)
+                if window is None:
+                    continue
+                for v in range(1, s.query_version):  # the older versions' rollup here: cut short by this one?
+                    old = RollupId(s.query_id, v, rid.span, rid.start)
+                    prev = out.touched.get(old) or load(old)
+                    older = window(s.query_id, v)
+                    if prev is not None and older is not None and not prev.decided and prev.outside(*older):
+                        decide(prev)
         return out
 
 

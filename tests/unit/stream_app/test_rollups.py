@@ -4,7 +4,9 @@ restart from the stored state, withdrawals; and the Monte Carlo coverage of the 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from stream_app.rollups import (
     rollup_result,
     route_key,
     summary_of,
+    version_window,
 )
 from tests.unit import _mc
 
@@ -176,11 +179,43 @@ def test_an_epoch_withdrawn_after_publication_withdraws_its_rollups() -> None:
 def test_summaries_travel_as_stage_records_keyed_by_their_hour() -> None:
     s = summary_of(hour(seed=8)[121])
     assert decode_partials(encode_bundle([encode_partial(s)] * 2)) == [s, s]
-    assert route_key(s) == RollupId("q-rr", 1, 120, E0 + 120).key
+    assert route_key(s) == route_key(summary_of(hour(seed=8)[239]))  # one hour, one key
+    assert route_key(s) != route_key(summary_of(hour(seed=8)[119]))
     withheld = summary_of(epoch(E0, np.random.default_rng(0), withheld="late"))
     assert decode_partial(encode_partial(withheld)) == withheld and withheld.estimate.shape == (0, 0)
     with pytest.raises(ValueError):
         decode_partial(encode_partial(s)[:-8])  # an array cut short
+
+
+def test_rollups_reaching_outside_a_version_are_withheld_and_a_newer_version_cuts_the_older_short() -> None:
+    """Version 1 runs from E0 + 3; version 2 takes over at E0 + 14 (7 minutes in). Rollups that
+    reach outside a version's epochs are withheld once the epochs inside are decided, with the
+    reason -- for version 1's, when version 2's first summary says it was cut short -- and never
+    left waiting for epochs that will not come."""
+    v1 = Q.model_copy(update={"t_start": T0 + timedelta(seconds=90)})
+    v2 = Q.model_copy(update={"version": 2, "t_start": T0 + timedelta(minutes=7)})
+    versions = {1: v1}
+    window = partial(version_window, lambda q, v: versions.get(v))
+    rng = np.random.default_rng(9)
+    first = [summary_of(epoch(E0 + i, rng)) for i in range(3, 14)]  # version 1's epochs
+    policy = RollupPolicy()
+    store: dict[RollupId, RollupState] = {}
+    out = policy.apply(store.get, first, window)
+    store.update(out.touched)
+    assert [(st.rid.start, st.withheld and st.withheld[1]) for st in out.decided] == \
+        [(E0, "outside_query_window")]  # epochs 0-2 were never version 1's
+    assert "3 of its epochs" in str(rollup_result(QE, out.decided[0], CONF).withheld)
+    versions[2] = v2
+    later = [dataclasses.replace(summary_of(epoch(E0 + i, rng)), query_version=2) for i in range(14, 30)]
+    out = policy.apply(store.get, later, window)
+    decided = {(st.rid.query_version, st.rid.span, st.rid.start): st for st in out.decided}
+    assert decided.keys() == {(1, 10, E0 + 10), (1, 120, E0), (2, 10, E0 + 10), (2, 10, E0 + 20)}
+    first_withheld = {k: st.withheld and st.withheld[:2] for k, st in decided.items()}
+    assert first_withheld == {(1, 10, E0 + 10): (E0 + 14, "outside_query_window"),  # cut short by version 2
+                              (1, 120, E0): (E0, "outside_query_window"),
+                              (2, 10, E0 + 10): (E0 + 10, "outside_query_window"),  # before version 2 began
+                              (2, 10, E0 + 20): None}
+    assert route_key(first[0]) == route_key(later[0])  # every version's rollups of an hour: one partition
 
 
 # The Monte Carlo coverage of a rollup's bounds: 10 epochs with different true counts through
