@@ -15,6 +15,10 @@ Topology (one or many workers in one consumer group give the same result):
   acknowledged), then writes each touched window once. Offsets are committed only after
   that (Faust acks the batch's events when the loop body returns, and flushes the producer
   before committing).
+* **rollups** (:mod:`stream_app.rollups`), inside stage 2: each decided epoch's summary goes
+  back to ``partials`` keyed by its query and hour (acknowledged before its window is
+  written); the partition of that key adds it to the rollups' states in the same table and
+  publishes the 5-minute and hourly rollups it completes, before writing them.
 
 A lost broker (silent for ``broker_loss_timeout_s``, or its topics gone: an embedded
 broker restarted) stops the worker with one line and exit code 7 (:mod:`stream_app.guard`,
