@@ -15,10 +15,9 @@ Topology (one or many workers in one consumer group give the same result):
   acknowledged), then writes each touched window once. Offsets are committed only after
   that (Faust acks the batch's events when the loop body returns, and flushes the producer
   before committing).
-* **rollups** (:mod:`stream_app.rollups`), inside stage 2: each decided epoch's summary goes
-  back to ``partials`` keyed by its query and hour (acknowledged before its window is
-  written); the partition of that key adds it to the rollups' states in the same table and
-  publishes the 5-minute and hourly rollups it completes, before writing them.
+* **rollups** (:mod:`stream_app.rollups`): stage 2 sends each decided epoch's summary back to
+  ``partials`` keyed by query and hour; that key's partition adds it to the rollups in the
+  same table and publishes the 5-minute and hourly rollups it completes.
 
 A lost broker (silent for ``broker_loss_timeout_s``, or its topics gone: an embedded
 broker restarted) stops the worker with one line and exit code 7 (:mod:`stream_app.guard`,
@@ -407,8 +406,7 @@ class StreamWorker:
         await self.sink.wait(pending)
 
     def load_rollup(self, rid: RollupId) -> RollupState | None:
-        raw = self.windows.data.get(rid.key)
-        return None if raw is None else RollupState.decode(raw)
+        return None if (raw := self.windows.data.get(rid.key)) is None else RollupState.decode(raw)
 
     async def write(self, part: int, writes: list[tuple[bytes, bytes]]) -> None:
         """Write window states: to the changelog, acknowledged, then to the local store. The
