@@ -25,12 +25,13 @@ HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'
 
 
 def format_row(e: Estimate) -> str:
+    span = "" if e.span_s == 30 else f"  sum over {e.span_s // 60} min"  # a rollup (stream_app.rollups)
     if e.withheld:
         head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
-        return f"{head} withheld: {e.withheld}"
+        return f"{head} withheld: {e.withheld}{span}"
     b95 = next((b for b in e.bounds if abs(b.confidence - 0.95) < 1e-9), e.bounds[0] if e.bounds else None)
     bound = f"[{b95.lower:.1f}, {b95.upper:.1f}]" if b95 else ""
-    flag = "  no source data" if e.data_quality != "ok" else ""
+    flag = ("  no source data" if e.data_quality != "ok" else "") + span
     return (f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8} "
             f"{e.estimate or 0.0:>10.1f} {bound:>20} {e.participants:>8} "
             f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6} "

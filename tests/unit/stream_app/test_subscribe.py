@@ -32,6 +32,8 @@ def test_row_format() -> None:
     assert row.endswith(" 2.70        -")  # no shuffled epsilon: not attested
     shuffled = _est(712377).model_copy(update={"epsilon_shuffled": 0.4321})
     assert sub.format_row(shuffled).endswith(" 2.70    0.432")
+    hour = _est(712377).model_copy(update={"span_s": 3600})
+    assert sub.format_row(hour).endswith("  sum over 60 min") and "sum over" not in row  # a rollup says so
 
 
 def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
