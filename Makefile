@@ -36,9 +36,15 @@ $(STAMP): pyproject.toml
 
 # The main job: embedded broker + replay of the synthetic day (DEMO_ARGS to change, e.g.
 # DEMO_ARGS="--speed 0 --max-epochs 120"). `make plan` prints the planner at the papers' settings.
+# Ctrl-C is the demo's normal end: it saves, stops and exits 130 (a clean stop). The recipe's
+# shell waits for it (the trap keeps the shell alive; the demo still gets the default SIGINT)
+# and says so on stderr (a `| tee` may be gone) instead of make's "Error 130"; other codes fail.
 DEMO_ARGS ?=
 run: setup
-	$(BIN)/ptt demo $(DEMO_ARGS)
+	@echo "$(BIN)/ptt demo $(DEMO_ARGS)"
+	@trap : INT; $(BIN)/ptt demo $(DEMO_ARGS) || { code=$$?; if [ $$code -eq 130 ]; then \
+	  echo "make run: stopped by Ctrl-C (a clean stop: what the demo saved is listed above)" >&2; \
+	  else exit $$code; fi; }
 
 plan: $(STAMP)
 	$(BIN)/ptt plan sp --population 47719 --expected-yes 100 --stations 3220

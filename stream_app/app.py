@@ -59,7 +59,7 @@ from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pas
 from .estimate import QueryEstimators, ShuffledEpsilon
 from .faust_recovery import install as install_recovery_fix
 from .guard import BrokerGuard, stop_grace_s
-from .introspect import describe
+from .introspect import consumer_state, describe
 from .metrics import StationArrays, StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, EpochSummary, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
@@ -194,9 +194,23 @@ def _metrics_page(app: faust.App, registry: CollectorRegistry, arrays: StationAr
         return Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
 
 
+class _App(faust.App):
+    """Faust's app, with closers run once it has stopped (``on_shutdown`` runs after its agents,
+    consumer and producer have stopped): the worker's own producers (:class:`BatchSink`), which
+    aiokafka otherwise reports as ``Unclosed AIOKafkaProducer`` errors when the process ends."""
+
+    closers: list[Callable[[], Awaitable[None]]]
+
+    async def on_shutdown(self) -> None:
+        await super().on_shutdown()
+        for close in getattr(self, "closers", ()):
+            with contextlib.suppress(Exception):  # a broker gone meanwhile: nothing left to flush to
+                await close()
+
+
 def _faust_app(s: WorkerSettings) -> faust.App:
     s.worker_dir.mkdir(parents=True, exist_ok=True)
-    return faust.App(
+    return _App(
         s.app_id,
         **faust_options(s),
         store=s.store,
@@ -256,6 +270,12 @@ class StreamWorker:
                 await sink.start()
         await self.forward.start()
         await self.state.start()
+
+    async def close(self) -> None:
+        """Stop every producer of this worker (once Faust has stopped: nothing publishes any more)."""
+        for sink in (self.sink, self.frames, self.forward, self.state):
+            if sink is not None:
+                await sink.stop()
 
     async def publishing(self, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """Run ``attempt`` until it succeeds; broker errors are retried (a re-send is harmless:
@@ -466,6 +486,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 
     app.timer(interval=s.tick_interval_s)(w.tick)
     app.task(w.start)
+    app.closers = [w.close]  # type: ignore[attr-defined]
     _ready_page(app)
     _debug_page(app)
     app.metrics_registry = registry  # type: ignore[attr-defined]
@@ -482,38 +503,6 @@ def _debug_page(app: faust.App) -> None:
         from aiohttp.web import Response
 
         return Response(text=describe(consumer_state(app)))
-
-
-def consumer_state(app: faust.App) -> list[str]:
-    """Faust's consumer as the fetcher sees it: flow, paused partitions, and per partition
-    the offset read, committed and the high-water mark (for ``/debug/tasks``)."""
-    c: Any = app.consumer
-    lines = [f"CONSUMER flow {'suspended' if c.suspend_flow.is_set() else 'running'}, "
-             f"can resume {c.can_resume_flow.is_set()}, paused {sorted(map(tuple, c._paused_partitions))}"]
-    for tp in sorted(c.assignment()):
-        try:
-            high = c.highwater(tp)
-        except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
-            high = f"? ({type(exc).__name__})"
-        lines.append(f"  {tp.topic}[{tp.partition}] read {c._read_offset.get(tp)} "
-                     f"committed {c._committed_offset.get(tp)} highwater {high} {_fetch_state(c, tp)}")
-    return lines
-
-
-def _fetch_state(c: Any, tp: Any) -> str:
-    """Whether Faust asks for ``tp`` (its active set) and aiokafka's own view of it: the fetch
-    position, paused, awaiting an offset reset -- a partition never read shows which side idles."""
-    active = tp in (c._active_partitions or ())
-    try:
-        from aiokafka import TopicPartition
-
-        assignment = c._thread._consumer._subscription.subscription.assignment
-        st = assignment.state_value(TopicPartition(tp.topic, tp.partition))
-        fetch = ("position " + (str(st.position) if st.has_valid_position else "none") +
-                 f", paused {st.paused}, awaiting reset {st.awaiting_reset}")
-    except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
-        fetch = f"fetch state ? ({type(exc).__name__})"
-    return f"(faust active {active}; aiokafka {fetch})"
 
 
 def _ready_page(app: faust.App) -> None:

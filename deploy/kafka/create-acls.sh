@@ -49,6 +49,7 @@ analyst       Describe            topic     ptt.reports        literal   # metad
 analyst       Describe            topic     ptt.truth          literal   #   that the pipeline topics exist
 subscriber    Read                topic     ptt.estimates      literal
 subscriber    Read                topic     ptt.estimate-frames literal  # ptt subscribe --arrow/--parquet
+subscriber    Read                topic     ptt.queries        literal   # the ptt subscribe table: how many estimates an epoch has
 '
 
 props="$(mktemp)"

@@ -88,6 +88,17 @@ def test_report_from_the_topics_and_from_saved_lines(broker: str, tmp_path: Path
                    ws.estimates_topic, "--bootstrap-servers", broker, stdout=fh)
     assert sub.returncode == 0, sub.stderr
     assert len(saved.read_text().splitlines()) == N_ESTIMATES
+    # the default table: one line per closed (query, epoch), each query's epochs in order, none partial
+    table = _ptt(ws, "subscribe", "--from-beginning", "--idle-timeout", "3", "--topic", ws.estimates_topic,
+                 "--bootstrap-servers", broker)
+    assert table.returncode == 0, table.stderr
+    header, note, *lines = table.stdout.splitlines()
+    assert header.startswith("epoch start") and "clipped at 0" in note
+    assert len(lines) == EPOCHS * len(ESTIMATORS) and not any("partial" in line for line in lines), lines
+    for qid, names in ESTIMATORS.items():
+        mine = [line for line in lines if line.split()[1] == qid]
+        assert len(mine) == EPOCHS and mine == sorted(mine), mine
+        assert all(line.split()[3] == str(STATIONS) and all(f"{n} " in line for n in names) for line in mine)
     truth = tmp_path / "truth.jsonl"
     truth.write_bytes(b"\n".join(rec.value for rec in drain(rs, rs.truth_topic)) + b"\n")
     file_out = tmp_path / "from-file"

@@ -48,6 +48,7 @@ WITH_EXAMPLES = {
     "stream_app.shuffler.state": 2,
     "stream_app.report.summary": 2,
     "stream_app.stage2": 1,
+    "stream_app.subscribe": 5,
     "stream_app.windows": 9,
 }
 

@@ -422,3 +422,35 @@ def test_rollups_are_not_scored_as_epochs() -> None:
     instead of letting it replace that epoch's row."""
     loaded = R.load_estimates(_lines([_est(0, A, 10.0, (8, 12)), _est(0, A, 300.0, (250, 350), span_s=300)]))
     assert [r.estimate for r in loaded.rows] == [10.0] and loaded.filtered_out == 1
+
+
+def test_no_source_data_cells_are_counted_apart_never_scored_against_a_placeholder_truth() -> None:
+    """A dead detector's cells (data_quality no_source_data) are neither compared with the
+    truth nor "without ground truth", even when the truth file gives them a flow: a truth
+    record without ``no_truth`` (an older replay, another producer) says 0 for a dead station,
+    and scoring that 0 would file a dead road's noise under quiet roads."""
+    dead = [_est(e, B, est, (0, 6), (0, 9)).model_copy(update={"data_quality": "no_source_data"})
+            for e, est in ((0, 40.0), (1, -3.0))]
+    live = [_est(0, A, 10.0, (8, 12), (6, 14)), _est(1, A, 20.0, (18, 22), (15, 25))]
+    truth = R.load_truth(_lines([_truth(0, {A: 11, B: 0}), _truth(1, {A: 30, B: 0})]))
+    loaded = R.load_estimates(_lines([*live, *dead]))
+    (g,) = R.summarize(R.join(loaded.rows, truth.truth))
+    assert (g.cells, g.no_source_data, g.without_truth, g.with_truth) == (4, 2, 0, 2)
+    assert g.coverage == {0.95: 0.5, 0.99: 0.5} and g.mae == 5.5  # A only: 11 in [8, 12], 30 outside
+    text = R.format_summary([g], loaded, truth)
+    assert "no source data           2" in text
+    assert R.summary_json([g])["groups"][0]["no_source_data"] == 2
+
+
+def test_the_summary_says_which_truth_epochs_have_no_estimate_and_why() -> None:
+    """After a Ctrl-C the replay has sent the truth of epochs the worker had not closed yet:
+    the summary names them (the last ones) instead of leaving 'ground truth: N epochs' unexplained."""
+    loaded = R.load_estimates(_lines([_est(e, A, 10.0, (8, 12)) for e in (1, 2)]))
+    truth = R.load_truth(_lines([_truth(e, {A: 10}) for e in range(6)]))
+    assert truth.epoch_ids == frozenset(range(E0, E0 + 6))
+    text = R.format_summary(R.summarize(R.join(loaded.rows, truth.truth)), loaded, truth)
+    assert ("the last 3 of them (2026-11-18T08:01:30-08:00 .. 2026-11-18T08:02:30-08:00) have no estimate: "
+            "the worker had not closed them") in text
+    assert "1 earlier ones (2026-11-18T08:00:00-08:00) have no estimate: no query was active" in text
+    complete = R.load_truth(_lines([_truth(e, {A: 10}) for e in (1, 2)]))
+    assert "have no estimate" not in R.format_summary([], loaded, complete)
