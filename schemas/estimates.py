@@ -75,7 +75,8 @@ class Estimate(BaseModel):
         default=None, description="what the shuffler released for this epoch, as its markers attest: 'permuted' (the "
                                   "device reports, permuted) or 'aggregate' (only their per-station or per-value "
                                   "counts); epsilon_shuffled is that release's; null when not attested (the direct "
-                                  "path)")
+                                  "path). A rollup's is its epochs' ('permuted' if they disagree: the aggregate "
+                                  "counts are a function of the permuted reports; null if any epoch's is null)")
     withheld: str | None = None
     data_quality: Literal["ok", "no_source_data"] = Field(
         default="ok", description="no_source_data: the replayed source had no reading for this station in this "

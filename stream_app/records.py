@@ -150,6 +150,7 @@ class EpochSummary(_Windowed):
     estimators: tuple[str, ...]
     estimate: FloatArray
     variance: FloatArray
+    release: str | None = None  # what the shuffler released (wire.RELEASES); None: not attested (the direct path)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EpochSummary):
@@ -221,6 +222,8 @@ def decode_partial(data: bytes) -> StageRecord:
             var = np.frombuffer(data, dtype="<f8", count=cells, offset=9 + hlen + 8 * cells).reshape(shape)
             for name in ("round_reports", "no_source_data", "estimators"):
                 head[name] = tuple(head[name])
+            if head.get("release") not in (None, *RELEASES):  # absent: a summary written before the field
+                raise ValueError(f"bad release {head.get('release')!r}")
             return EpochSummary(estimate=est, variance=var.astype(np.float64), **head)
         if kind == "marker":
             head["readings_missing"] = tuple(head.get("readings_missing", ()))

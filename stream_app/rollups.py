@@ -14,7 +14,10 @@ neither lose nor double an epoch. Once every epoch of a rollup is decided the ro
 *decided*: published as the sum of its epochs' estimates -- sd from the summed variances
 (the epochs' estimates are independent), bounds from the score interval of the sum
 (:func:`rollup_result`; docs/statistics.md, "Rollups") -- or, if any epoch was withheld,
-withheld with the first such epoch and its code. A station without source data in any of its
+withheld with the first such epoch and its code. Its ``release`` is its epochs' (``permuted`` if
+they disagree: the aggregate counts are a function of the permuted reports, so ``permuted``
+bounds what was released of every epoch; null if any epoch's is null, as ``epsilon_shuffled``
+is). A station without source data in any of its
 epochs is ``no_source_data`` in the rollup (missing is not zero). An epoch withdrawn after
 its rollup was published withdraws the rollup too.
 
@@ -59,6 +62,8 @@ HOUR = 120
 _PREFIX = b"__ru__\x1f"
 _STATE_MAGIC = b"PTR1"
 _CLOSE_ORDER = ("markers", "wall_clock", "watermark")  # a rollup's closed_by: the weakest of its epochs'
+# a rollup's release: the most revealing of its epochs' (the aggregate counts are a function of the permuted reports)
+_RELEASE_ORDER = ("aggregate", "permuted")
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ def summary_of(res: EpochResult) -> EpochSummary:
     return EpochSummary(q.query_id, q.version, res.epoch, res.closed_by, res.withheld_code, res.withheld,
                         res.retracted, res.participants, res.reports, tuple(res.round_reports), res.late,
                         res.refused, res.missing_batches, res.epsilon_shuffled, tuple(sorted(res.no_source_data)),
-                        names, est.astype(np.float64), var.astype(np.float64))
+                        names, est.astype(np.float64), var.astype(np.float64), res.release)
 
 
 @dataclass
@@ -153,6 +158,8 @@ class RollupState:
     missing_batches: int = 0
     epsilon_shuffled: float | None = None
     unshuffled: bool = False  # some epoch had no shuffled epsilon: the rollup's is null
+    release: str | None = None  # the most revealing of its epochs' releases (_RELEASE_ORDER)
+    unreleased: bool = False  # some epoch had no attested release: the rollup's is null
     closed_by: str = "markers"
     withheld: tuple[int, str, str] | None = None  # (epoch, code, reason) of the first withheld epoch
     withheld_epochs: int = 0
@@ -186,6 +193,10 @@ class RollupState:
             self.unshuffled = True
         else:
             self.epsilon_shuffled = max(self.epsilon_shuffled or 0.0, s.epsilon_shuffled)
+        if s.release is None:
+            self.unreleased = True
+        elif self.release is None or _RELEASE_ORDER.index(s.release) > _RELEASE_ORDER.index(self.release):
+            self.release = s.release
         if _CLOSE_ORDER.index(s.closed_by) > _CLOSE_ORDER.index(self.closed_by):
             self.closed_by = s.closed_by
         if s.withheld is not None:
@@ -257,7 +268,8 @@ class RollupState:
                 "no_source": self.no_source, "participants": self.participants, "reports": self.reports,
                 "round_reports": self.round_reports, "late": self.late, "refused": self.refused,
                 "missing_batches": self.missing_batches, "epsilon_shuffled": self.epsilon_shuffled,
-                "unshuffled": self.unshuffled, "closed_by": self.closed_by,
+                "unshuffled": self.unshuffled, "release": self.release, "unreleased": self.unreleased,
+                "closed_by": self.closed_by,
                 "withheld": None if self.withheld is None else list(self.withheld),
                 "withheld_epochs": self.withheld_epochs, "decided": self.decided, "published": self.published,
                 "retracted": self.retracted, "shape": None}
@@ -281,6 +293,8 @@ class RollupState:
                  round_reports=list(h["round_reports"]), late=h["late"], refused=h["refused"],
                  missing_batches=h["missing_batches"], epsilon_shuffled=h["epsilon_shuffled"],
                  unshuffled=h["unshuffled"], closed_by=h["closed_by"],
+                 # a state written before the release fields: the release of the epochs it holds is unknown
+                 release=h.get("release"), unreleased=h.get("unreleased", h["done"] != 0),
                  withheld=None if h["withheld"] is None else
                  (int(h["withheld"][0]), str(h["withheld"][1]), str(h["withheld"][2])),
                  withheld_epochs=h["withheld_epochs"], decided=h["decided"], published=h["published"],
@@ -352,7 +366,7 @@ class RollupPolicy:
 
 def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[float]) -> EpochResult:
     """A decided rollup as an estimate result (rendered as rows and frames like an epoch's):
-    ``epoch`` its first epoch, ``span_s`` its length; per estimator the summed estimates, the
+    ``epoch`` its first epoch, ``span_s`` its length, ``release`` its epochs'; per estimator the summed estimates, the
     sd of the summed variances, and the score interval of the sum at ``participants`` summed
     over its epochs (docs/statistics.md, "Rollups")."""
     q = qe.query
@@ -362,7 +376,8 @@ def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[fl
                       missing_batches=st.missing_batches, withheld=st.reason(),
                       withheld_code=None if st.withheld is None else st.withheld[1],
                       no_source_data=frozenset(st.no_source), retracted=st.retracted, span_s=st.rid.span_s,
-                      epsilon_shuffled=None if st.unshuffled else st.epsilon_shuffled)
+                      epsilon_shuffled=None if st.unshuffled else st.epsilon_shuffled,
+                      release=None if st.unreleased else st.release)
     if res.withheld is not None or st.estimate is None or st.variance is None:
         if res.withheld is None:
             res.withheld, res.withheld_code = "internal: a rollup without sums", "internal"

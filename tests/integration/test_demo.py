@@ -147,8 +147,8 @@ def test_demo_on_busy_default_ports_saves_estimates_and_report(tmp_path: Path, h
 
 def assert_rollups_sum_their_epochs(path: Path, starts: int) -> None:
     """The long form holds ``starts`` 5-minute rollups (``span_s`` 300) per query, station and
-    estimator, each the sum of its ten epochs: estimate, variance, participants; withheld if an
-    epoch is; no_source_data if an epoch is; no hourly one (the replay is shorter than an hour)."""
+    estimator, each the sum of its ten epochs: estimate, variance, participants; release its
+    epochs'; withheld if an epoch is; no_source_data if an epoch is; no hourly one (the replay is shorter than an hour)."""
     import pyarrow.parquet as pq
 
     rows = pq.read_table(path).to_pylist()
@@ -162,6 +162,8 @@ def assert_rollups_sum_their_epochs(path: Path, starts: int) -> None:
         part = [epochs[(r["query_id"], r["query_version"], r["epoch"] + i, r["station"], r["estimator"])]
                 for i in range(10)]
         assert r["participants"] == sum(p["participants"] for p in part)
+        releases = {p["release"] for p in part}  # its epochs' release, the more revealing if they disagree
+        assert r["release"] == (None if None in releases else "permuted" if "permuted" in releases else "aggregate")
         assert (r["data_quality"] == "no_source_data") == any(p["data_quality"] == "no_source_data" for p in part)
         if any(p["withheld"] is not None for p in part):
             assert r["withheld"] is not None and r["estimate"] is None, r

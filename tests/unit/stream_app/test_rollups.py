@@ -5,6 +5,7 @@ restart from the stored state, withdrawals; and the Monte Carlo coverage of the 
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from schemas import Query
+from schemas.wire import FRAME_LENGTH
 from stream_app.estimate import EpochResult, QueryEstimators, StationEstimates
 from stream_app.records import EpochSummary, decode_partial, decode_partials, encode_bundle, encode_partial
 from stream_app.rollups import (
@@ -185,6 +187,44 @@ def test_summaries_travel_as_stage_records_keyed_by_their_hour() -> None:
     assert decode_partial(encode_partial(withheld)) == withheld and withheld.estimate.shape == (0, 0)
     with pytest.raises(ValueError):
         decode_partial(encode_partial(s)[:-8])  # an array cut short
+
+
+def _rollup_of(releases: list[str | None], batches: int = 3) -> EpochResult:
+    """The 5-minute rollup of ten epochs with these releases (fed in ``batches``, the state stored between)."""
+    rng = np.random.default_rng(3)
+    results = [dataclasses.replace(epoch(E0 + i, rng), release=r) for i, r in enumerate(releases)]
+    (st,) = run(results, batches=batches)[0]
+    return rollup_result(QE, st, CONF)
+
+
+def test_a_rollup_says_which_release_its_epochs_came_from() -> None:
+    """All aggregate: aggregate. One permuted among them, wherever: permuted (the more revealing:
+    the aggregate counts are a function of the permuted reports). One epoch not attested (the
+    direct path): null, as its epsilon_shuffled would be. Through the summaries' and the states'
+    encodings, into the rows' and frames' header."""
+    agg = _rollup_of(["aggregate"] * 10)
+    assert agg.release == "aggregate" and agg.header()["release"] == "aggregate"
+    assert _rollup_of(["aggregate"] * 9 + ["permuted"]).release == "permuted"
+    assert _rollup_of(["permuted"] + ["aggregate"] * 9, batches=1).release == "permuted"
+    assert _rollup_of([None] * 10).release is None
+    assert _rollup_of(["aggregate"] * 5 + [None] + ["aggregate"] * 4).release is None
+    s = summary_of(dataclasses.replace(hour(seed=8)[3], release="aggregate"))
+    assert decode_partial(encode_partial(s)).release == "aggregate"  # type: ignore[union-attr]
+    bad = encode_partial(s).replace(b'"release":"aggregate"', b'"release":"aggregatx"')
+    with pytest.raises(ValueError, match="bad release"):
+        decode_partial(bad)
+    cut = b',"release":"aggregate"'
+    old = encode_partial(s).replace(cut, b"")  # a summary written before the field
+    assert decode_partial(old[:5] + FRAME_LENGTH.pack(FRAME_LENGTH.unpack_from(old, 5)[0] - len(cut)) + old[9:]) \
+        == dataclasses.replace(s, release=None)
+    st = RollupState.new(RollupId(Q.query_id, 1, 10, E0))
+    st.add(s)  # a state written before the release fields: its epochs' release is unknown
+    head_len = FRAME_LENGTH.unpack_from(data := st.encode(), 4)[0]
+    head = json.loads(data[8:8 + head_len])
+    del head["release"], head["unreleased"]
+    h = json.dumps(head, separators=(",", ":")).encode()
+    older = RollupState.decode(data[:4] + FRAME_LENGTH.pack(len(h)) + h + data[8 + head_len:])
+    assert older.unreleased and RollupState.decode(data).release == "aggregate"
 
 
 def test_rollups_reaching_outside_a_version_are_withheld_and_a_newer_version_cuts_the_older_short() -> None:
