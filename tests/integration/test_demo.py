@@ -148,7 +148,8 @@ def test_demo_on_busy_default_ports_saves_estimates_and_report(tmp_path: Path, h
 def assert_rollups_sum_their_epochs(path: Path, starts: int) -> None:
     """The long form holds ``starts`` 5-minute rollups (``span_s`` 300) per query, station and
     estimator, each the sum of its ten epochs: estimate, variance, participants; release its
-    epochs'; withheld if an epoch is; no_source_data if an epoch is; no hourly one (the replay is shorter than an hour)."""
+    epochs'; withheld if an epoch is; no_source_data if an epoch is; no hourly one (the replay is
+    shorter than an hour)."""
     import pyarrow.parquet as pq
 
     rows = pq.read_table(path).to_pylist()
