@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from estimators import LinearEstimator, project_capped_simplex
 from schemas import Query
-from schemas.epochs import epoch_start
+from schemas.epochs import EPOCH_S, epoch_start
 
 from .windows import CloseReason, WindowState
 
@@ -84,6 +84,7 @@ class EpochResult:
     # None when not attested (``shuffle_null`` says why, SHUFFLE_NULL_CODES) or infinite
     epsilon_shuffled: float | None = None
     shuffle_null: str | None = None
+    span_s: int = EPOCH_S  # seconds covered: an epoch's, or a rollup's (stream_app.rollups)
     release: str | None = None  # what the shuffler released ("permuted", "aggregate"); None: not attested
 
     @property
@@ -97,7 +98,7 @@ class EpochResult:
         """The fields every estimate record of this epoch shares (and a frame carries once)."""
         q = self.query
         return {"query_id": q.query_id, "query_version": q.version, "mechanism": q.mechanism,
-                "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(),
+                "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(), "span_s": self.span_s,
                 "reports": self.reports, "participants": self.participants,
                 "epsilon": q.epsilon if math.isfinite(q.epsilon) else None,
                 "epsilon_shuffled": self.epsilon_shuffled, "release": self.release,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 if TYPE_CHECKING:
     import pyarrow as pa
 
+from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 
@@ -31,12 +32,13 @@ HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of 
 
 
 def format_row(e: Estimate) -> str:
+    span = "" if e.span_s == EPOCH_S else f"  sum over {e.span_s // 60} min"  # a rollup (stream_app.rollups)
     if e.withheld:
         head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
-        return f"{head} withheld: {e.withheld}"
+        return f"{head} withheld: {e.withheld}{span}"
     b95 = next((b for b in e.bounds if abs(b.confidence - 0.95) < 1e-9), e.bounds[0] if e.bounds else None)
     bound = f"[{b95.lower:.1f}, {b95.upper:.1f}]" if b95 else ""
-    flag = "  no source data" if e.data_quality != "ok" else ""
+    flag = ("  no source data" if e.data_quality != "ok" else "") + span
     return (f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8} "
             f"{e.estimate or 0.0:>10.1f} {bound:>20} {e.participants:>8} "
             f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6} "
@@ -70,6 +72,8 @@ def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str
             body += f"; {gaps} station{'s' if gaps > 1 else ''} without source data"
     if expected is not None and len(rows) < expected:
         body += f" (partial: {len(rows)} of {expected} estimates)"
+    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups): its own line, after the epochs it sums
+        body += f"  sum over {e.span_s // 60} min"
     return head + body
 
 
@@ -80,7 +84,7 @@ class _Group:
 
 
 class EpochGroups:
-    """The estimates of each (query, version, epoch), gathered until all of them came (or none
+    """The estimates of each (query, version, epoch, span), gathered until all of them came (or none
     came for ``idle_s``): the rows of an epoch arrive spread over the topic's partitions and
     mixed with other queries' and epochs'. ``expected(e)``: how many rows a group of ``e``
     holds (None: unknown, the group waits for ``idle_s``). A complete group waits ``hold_s``, and
@@ -106,15 +110,17 @@ class EpochGroups:
         self._expected = expected
         self.idle_s = idle_s
         self.hold_s = hold_s
-        self._groups: dict[tuple[str, int, int], _Group] = {}
-        self._ready: dict[tuple[str, int, int], tuple[float, list[Estimate]]] = {}
+        # keyed (query, version, last epoch covered, span_s): a rollup (span_s > 30) has the epoch of its
+        # first epoch, so it is its own group, ordered after the last epoch it sums
+        self._groups: dict[tuple[str, int, int, int], _Group] = {}
+        self._ready: dict[tuple[str, int, int, int], tuple[float, list[Estimate]]] = {}
 
     def expected(self, e: Estimate) -> int | None:
         return self._expected(e)
 
     def add(self, e: Estimate, now: float) -> list[list[Estimate]]:
         """Take one estimate (a repeated one replaces the earlier); the groups it completes."""
-        key = (e.query_id, e.query_version, e.epoch)
+        key = (e.query_id, e.query_version, e.epoch + e.span_s // EPOCH_S - 1, e.span_s)
         group = self._groups.setdefault(key, _Group({}, now))
         group.rows[(e.station, e.estimator)] = e
         group.last = now
@@ -132,21 +138,22 @@ class EpochGroups:
 
     def _release(self, now: float) -> list[list[Estimate]]:
         oldest_open: dict[str, int] = {}
-        for q, _, epoch in self._groups:
-            oldest_open[q] = min(epoch, oldest_open.get(q, epoch))
+        for q, _, epoch, span_s in self._groups:
+            if span_s == EPOCH_S:  # an open rollup holds nothing back
+                oldest_open[q] = min(epoch, oldest_open.get(q, epoch))
         out = []
         for query in {k[0] for k in self._ready}:  # per query, the ready epochs in order up to the first held
-            for k in sorted((k for k in self._ready if k[0] == query), key=lambda k: (k[2], k)):
+            for k in sorted((k for k in self._ready if k[0] == query), key=lambda k: (k[2], k[3], k)):
                 if k[2] >= oldest_open.get(query, math.inf) or now - self._ready[k][0] < self.hold_s:
                     break
                 out.append(k)
-        return [self._ready.pop(k)[1] for k in sorted(out, key=lambda k: (k[2], k))]
+        return [self._ready.pop(k)[1] for k in sorted(out, key=lambda k: (k[2], k[3], k))]
 
     def rest(self) -> list[list[Estimate]]:
         """Every group still open (at the end), oldest epoch first."""
         return self.due(math.inf)
 
-    def _pop(self, key: tuple[str, int, int]) -> list[Estimate]:
+    def _pop(self, key: tuple[str, int, int, int]) -> list[Estimate]:
         rows = self._groups.pop(key).rows
         return [rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))]  # by estimator, then station
 

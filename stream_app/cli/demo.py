@@ -129,11 +129,30 @@ def _ours_prometheus(base: str, config: Path) -> bool:
         return False
 
 
-def _closed_epochs(metrics_url: str) -> float:
-    """Epochs the worker has closed so far, every query and reason."""
+def _closed_epochs(metrics_url: str, families: tuple[bytes, ...] = (b"ptt_epochs_closed_total{",)) -> float:
+    """Epochs (or with ``families``, other outcomes) the worker has counted so far, every query and reason."""
     body = _get(metrics_url) or b""
-    return sum(float(line.rsplit(b" ", 1)[1]) for line in body.splitlines()
-               if line.startswith(b"ptt_epochs_closed_total{"))
+    return sum(float(line.rsplit(b" ", 1)[1]) for line in body.splitlines() if line.startswith(families))
+
+
+def expected_rollups(queries: list[Query], epochs: Iterable[int]) -> int:
+    """The rollups (:mod:`stream_app.rollups`) a replay of ``epochs`` completes: those whose
+    every epoch it marks for the same query version.
+
+    >>> from schemas import Query
+    >>> from schemas.epochs import epoch_start
+    >>> day = Query(query_id="q", analyst_id="a", version=1, sensors=(1, 2), mechanism="sp",
+    ...             population=100, t_start=epoch_start(60_000), t_end=epoch_start(61_000))
+    >>> expected_rollups([day], range(60_000, 60_025))  # 5-minute rollups from 60,000 and 60,010
+    2
+    """
+    from producers.replay import active_queries
+
+    from ..rollups import SPANS
+
+    active = {e: {(q.query_id, q.version) for q in active_queries(queries, epoch_start(e))} for e in epochs}
+    return sum(len(set.intersection(*(active.get(start + i, set()) for i in range(span))))
+               for span in SPANS for start in {e - e % span for e in active})
 
 
 def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
@@ -153,13 +172,14 @@ def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
     return sum(len(active_queries(queries, epoch_start(e))) for e in epochs)
 
 
-def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0) -> None:
-    """After the replay: until the worker has closed every window the replay marked (or a
-    stop). Each stage-2 partition closes its own epochs, so the newest closed epoch says
-    nothing of the older ones: the closed epochs are counted."""
+def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0) -> None:
+    """After the replay: until the worker has closed every window the replay marked and decided
+    every rollup it completes (or a stop). Each stage-2 partition closes its own epochs, so the
+    newest closed epoch says nothing of the older ones: the closed epochs are counted."""
     deadline = time.monotonic() + timeout_s
+    decided = (b"ptt_rollups_total{", b"ptt_withheld_rollups_total{")
     while time.monotonic() < deadline and not stop.requested:
-        if _closed_epochs(metrics_url) >= windows:
+        if _closed_epochs(metrics_url) >= windows and _closed_epochs(metrics_url, decided) >= rollups:
             return
         stop.wait(0.5)
 
@@ -429,8 +449,10 @@ def _run_demo(demo: DemoSettings) -> int:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()
             if not summary.interrupted and summary.epochs:
-                replayed = (int(e) for e in day.epochs[:summary.epochs])
-                _wait_closed(metrics_url, expected_windows(read_queries(rs), replayed), stop)
+                replayed = [int(e) for e in day.epochs[:summary.epochs]]
+                queries = read_queries(rs)
+                _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
+                             rollups=expected_rollups(queries, replayed))
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
                 while not stop.wait(0.5):

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
 from schemas.wire import GroundTruth, json_safe
 
@@ -70,6 +71,7 @@ class Row:
     participants: int
     withheld: str | None
     epsilon_shuffled: float | None = None  # null on the wire: not attested (or infinite)
+    sd: float | None = None
     no_source_data: bool = False  # data_quality "no_source_data": the source had no reading, nothing to score
 
     @classmethod
@@ -82,7 +84,7 @@ class Row:
         return cls(sys.intern(e.query_id), e.query_version, sys.intern(e.mechanism), sys.intern(e.estimator),
                    e.epoch, start, e.station, e.estimate, tuple((b.confidence, b.lower, b.upper) for b in e.bounds),
                    math.inf if e.epsilon is None else e.epsilon,  # null on the wire = infinite
-                   e.participants, None if e.withheld is None else sys.intern(e.withheld), e.epsilon_shuffled,
+                   e.participants, None if e.withheld is None else sys.intern(e.withheld), e.epsilon_shuffled, e.sd,
                    e.data_quality == "no_source_data")
 
     @property
@@ -199,7 +201,7 @@ def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
                 table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise ValueError(f"{path} is not a Parquet or Arrow file: {exc}") from None
-    optional = ("epsilon_shuffled",)  # added later: a file written before it lacks the column (null)
+    optional = ("epsilon_shuffled", "span_s", "release")  # added later: absent from older files (null, 30, null)
     missing = [f for f in LONG_SCHEMA.names if f not in table.column_names and f not in optional]
     if missing:
         raise ValueError(f"{path} is not a long-form estimates file (no column {', '.join(missing)})")
@@ -224,7 +226,7 @@ def load_estimates(values: Iterable[bytes | str | Estimate], selection: Selectio
         if e is None:
             invalid += 1
             continue
-        if e not in sel:
+        if e not in sel or e.span_s != EPOCH_S:  # rollups are not scored here (one span: the epoch's)
             filtered += 1
             continue
         row = Row.of(e, starts)
@@ -311,6 +313,7 @@ class GroupSummary:
     # the largest shuffled epsilon over the epochs that have one, and how many epochs have one
     epsilon_shuffled: float | None = None
     shuffled_epochs: int = 0
+    noise: str | None = None  # noise_note of its published cells
     no_source_data: int = 0  # published cells flagged no_source_data: neither scored nor "without truth"
 
     @property
@@ -332,6 +335,7 @@ class GroupSummary:
             "mae": self.mae, "bias": self.bias, "rmse": self.rmse,
             "withheld_reasons": dict(self.withheld_reasons),
             "epsilon_shuffled": self.epsilon_shuffled, "shuffled_epochs": self.shuffled_epochs,
+            "noise": self.noise,
             "no_source_data": self.no_source_data,
         }
 
@@ -379,8 +383,30 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupS
         mae=_mean([abs(e) for e in errors]), bias=_mean(errors), rmse=None if mse is None else math.sqrt(mse),
         withheld_reasons=dict(sorted(reasons.items())),
         epsilon_shuffled=max(shuffled.values()) if shuffled else None, shuffled_epochs=len(shuffled),
+        noise=noise_note([c.row.sd for c in published if c.row.sd is not None], [float(c.truth) for c in scored
+                                                                                  if c.truth is not None]),
         no_source_data=len(no_source),
     )
+
+
+NOISE_RATIO = 0.5  # noise-dominated: the median sd is at least this fraction of the largest true count
+
+
+def noise_note(sds: Sequence[float], truths: Sequence[float]) -> str | None:
+    """``"noise-dominated: sd X against counts up to Y"`` when the median per-epoch sd of the
+    published estimates is at least half the largest true count -- a band of one sd either side
+    of the truth then spans its whole range, and single epochs show noise, not traffic -- else
+    None (also without an sd or a truth).
+
+    >>> noise_note([130.0, 140.0, 150.0], [0, 10, 80])
+    'noise-dominated: sd 140 against counts up to 80'
+    >>> noise_note([7.0, 8.0], [0, 80]) is None
+    True
+    """
+    if not sds or not truths:
+        return None
+    sd, top = float(sorted(sds)[len(sds) // 2]), max(truths)
+    return f"noise-dominated: sd {sd:.3g} against counts up to {top:.3g}" if sd >= NOISE_RATIO * top else None
 
 
 def _f(v: float | None, spec: str = ".2f") -> str:
@@ -457,6 +483,9 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             f"at most {g.epsilon_shuffled:.4g} per epoch, in {g.shuffled_epochs:,} of {g.epochs:,} epochs "
             f"(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
             f"of its epoch and round)"))
+        if g.noise is not None:
+            lines.append(f"  noise                    {g.noise} (single epochs show noise, not traffic; the "
+                         f"5-minute and hourly rollups sum them)")
         if g.no_source_data:
             lines.append(f"  no source data           {g.no_source_data:,}  (no reading from the station: not compared "
                          "with the truth)")

@@ -5,6 +5,7 @@ and Ctrl-C sent to the whole process group (as a terminal does) stops every chil
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import select
@@ -141,6 +142,38 @@ def test_demo_on_busy_default_ports_saves_estimates_and_report(tmp_path: Path, h
     assert (out / "report" / "summary.txt").exists() and list((out / "report").glob("*.png"))
     assert (out / "worker.log").exists() and (out / "broker.log").exists()
     assert not (tmp_path / "ptt-error.log").exists()
+    assert_rollups_sum_their_epochs(out / "estimates.parquet", starts=2)
+
+
+def assert_rollups_sum_their_epochs(path: Path, starts: int) -> None:
+    """The long form holds ``starts`` 5-minute rollups (``span_s`` 300) per query, station and
+    estimator, each the sum of its ten epochs: estimate, variance, participants; release its
+    epochs'; withheld if an epoch is; no_source_data if an epoch is; no hourly one (the replay is
+    shorter than an hour)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pylist()
+    assert {r["span_s"] for r in rows} == {30, 300}
+    epochs = {(r["query_id"], r["query_version"], r["epoch"], r["station"], r["estimator"]): r
+              for r in rows if r["span_s"] == 30}
+    rollups = [r for r in rows if r["span_s"] == 300]
+    assert len({r["epoch"] for r in rollups}) == starts
+    assert len(rollups) * 10 == len(epochs)  # every cell of every complete rollup (the replay: whole rollups)
+    for r in rollups:
+        part = [epochs[(r["query_id"], r["query_version"], r["epoch"] + i, r["station"], r["estimator"])]
+                for i in range(10)]
+        assert r["participants"] == sum(p["participants"] for p in part)
+        releases = {p["release"] for p in part}  # its epochs' release, the more revealing if they disagree
+        assert r["release"] == (None if None in releases else "permuted" if "permuted" in releases else "aggregate")
+        assert (r["data_quality"] == "no_source_data") == any(p["data_quality"] == "no_source_data" for p in part)
+        if any(p["withheld"] is not None for p in part):
+            assert r["withheld"] is not None and r["estimate"] is None, r
+            continue
+        assert r["withheld"] is None, r
+        assert r["estimate"] == pytest.approx(sum(p["estimate"] for p in part), rel=1e-12, abs=1e-9)
+        assert r["sd"] == pytest.approx(math.sqrt(sum(p["sd"] ** 2 for p in part)), rel=1e-12)
+        for b in r["bounds"]:
+            assert 0 <= b["lower"] <= b["upper"] <= r["participants"]
 
 
 def _read_until(fd: int, marker: bytes, timeout_s: float) -> bytes:

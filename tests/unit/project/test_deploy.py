@@ -961,12 +961,11 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
       (what it answers reaches it from its gateway, not from Kafka), once directly to the
       reports topic and once through the shuffler (`--via-shuffler`: the device topic)."""
     import schemas.kafka_io as kafka_io
-    import stream_app.subscribe as subscribe_mod
     from producers import sink as sink_mod
     from producers.replay import replay
 
     cluster = _Cluster({name: parts for name, (parts, _) in _topics_the_code_creates(services, monkeypatch).items()})
-    for module in (kafka_io, sink_mod, subscribe_mod):
+    for module in (kafka_io, sink_mod):  # stream_app.subscribe imports kafka_io's connect when it connects
         monkeypatch.setattr(module, "connect", cluster.connect)
 
     def run(service: str, command: list[str], **extra: str) -> None:
@@ -1420,4 +1419,5 @@ def test_template_variables_are_defined(dashboards: dict[str, dict[str, Any]]) -
                 assert var in defined or var in GRAFANA_GLOBALS, f"{name}: ${var} is not defined ({text})"
     station = {v["name"]: v for v in dashboards["station.json"]["templating"]["list"]}
     assert station["station"]["query"] == "label_values(ptt_estimate_vehicles, station)"
-    assert set(station) == {"station", "query"}
+    assert set(station) == {"station", "query", "span"}
+    assert station["span"]["query"] == "label_values(ptt_rollup_vehicles, span_s)"

@@ -32,6 +32,8 @@ def test_row_format() -> None:
     assert row.endswith(" 2.70        -")  # no shuffled epsilon: not attested
     shuffled = _est(712377).model_copy(update={"epsilon_shuffled": 0.4321})
     assert sub.format_row(shuffled).endswith(" 2.70    0.432")
+    hour = _est(712377).model_copy(update={"span_s": 3600})
+    assert sub.format_row(hour).endswith("  sum over 60 min") and "sum over" not in row  # a rollup says so
 
 
 def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,6 +97,20 @@ def test_epoch_groups_print_what_went_quiet_oldest_first() -> None:
     groups.add(_q(1, 6), now=0.0)
     groups.add(_q(1, 6, estimate=1.0), now=0.1)  # a repeated estimate replaces the earlier one
     assert groups.rest() == [[_q(1, 6, estimate=1.0)]]
+
+
+def test_a_rollup_is_its_own_marked_line_after_the_epochs_it_sums() -> None:
+    """A 5-minute rollup has the epoch of its first epoch: it must neither replace that epoch's
+    rows nor come out before the last epoch it sums."""
+    groups = sub.EpochGroups(lambda e: 2 if e.epoch == 59832969 else 1, hold_s=0.0)  # epoch 9: two rows
+    rollup, other = _q(1, 0, estimate=417.0, span_s=300), _q(1, 9, estimator="rr")
+    assert groups.add(_q(1, 0), now=0.0) == [[_q(1, 0)]]
+    assert groups.add(other, now=0.1) == []  # epoch 9 open: one of its two rows came
+    assert groups.add(rollup, now=0.2) == [] and groups.due(now=0.3) == []  # waits for epoch 9
+    assert groups.add(_q(1, 9), now=0.4) == [[other, _q(1, 9)], [rollup]]  # epoch 9, then the rollup
+    line = sub.format_summary([rollup], 1)
+    assert line.endswith("sp_difference 417.0  sum over 5 min") and "08:00:00" in line
+    assert "sum over" not in sub.format_summary([_q(1, 0)], 1)
 
 
 def _frames() -> list[bytes]:
