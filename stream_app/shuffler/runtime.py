@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
@@ -45,6 +46,7 @@ from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, start_http_server
 
 from schemas import (
+    DeviceReport,
     EndOfEpoch,
     EndOfEpochSet,
     Query,
@@ -55,7 +57,7 @@ from schemas import (
     encode_batch,
     encode_json,
 )
-from schemas.epochs import EPOCH_S, epoch_start
+from schemas.epochs import EPOCH_S, epoch_of, epoch_start
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
 from ..decode import Rejected
@@ -63,12 +65,24 @@ from ..guard import BrokerGuard, stop_grace_s
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .settings import ShufflerSettings
-from .state import StateRecord, decided_key, fold, from_kafka, headers, step_key
+from .state import StateRecord, decided_key, fold, from_kafka, headers, logged_step, step_key
 
 __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
+
+
+@dataclass
+class _Step:
+    """What one step read: admitted records ([partition (-1: a source note), value]), the slots
+    and note epochs they went to, the dead letters, and the device records and notes read."""
+
+    admitted: list[tuple[int, str]] = field(default_factory=list)
+    slots: set[EpochKey] = field(default_factory=set)
+    notes: set[int] = field(default_factory=set)
+    letters: list[tuple[Rejected, Any]] = field(default_factory=list)
+    read: list[int] = field(default_factory=lambda: [0, 0])
 
 
 @dataclass
@@ -93,7 +107,7 @@ def shuffler_topics(s: ShufflerSettings) -> tuple[dict[str, int], set[str]]:
     """The topics an instance ensures on start (name -> partitions) and those of them compacted:
     what deploy/kafka/create-topics.sh must create for it (tests/unit/project/test_deploy.py)."""
     topics = {s.reports_topic: s.partitions, s.queries_topic: 1, s.device_topic: s.device_partitions,
-              s.dead_letter_topic: 1, s.state_topic: 1}
+              s.source_topic: 1, s.dead_letter_topic: 1, s.state_topic: 1}
     return topics, {s.queries_topic, s.state_topic}
 
 
@@ -194,7 +208,7 @@ class Shuffler:
             self._out_parts = parts
             self._tps = self._assign()
             self.policy = ShufflePolicy(s.min_crowd, s.lateness_epochs, s.idle_release_s,
-                                        [tp.partition for tp in self._tps])
+                                        [tp.partition for tp in self._tps], s.ahead_epochs)
             self._restore()
             self._loop(s.fault_hold_s)
         finally:
@@ -213,15 +227,24 @@ class Shuffler:
             if not parts:
                 time.sleep(0.1)
         mine = [TopicPartition(s.device_topic, p) for p in sorted(parts) if p % s.instance_count == s.instance_index]
-        self._consumer.assign(mine)
-        for tp in mine:
-            got = self._consumer.committed(tp)
-            self._consumer.seek(tp, got if got is not None and got >= 0 else 0)
+        self._notes_tp = TopicPartition(s.source_topic, 0)  # the trusted clock: every instance reads it whole
+        self._consumer.assign([*mine, self._notes_tp])
         # the step counter travels as the committed "offset" of the state topic's partition: in
-        # the same transaction as the input offsets (a broker need not keep offset metadata)
+        # the same transaction as the input offsets (a broker need not keep offset metadata); it
+        # is in the state log too (_restore), for when the group's offsets have expired
         step = self._consumer.committed(self._step_tp)
-        self._step = step if step is not None and step > 0 else 0
+        self._group_step = step if step is not None and step > 0 else None
+        self._step = self._group_step or 0
         return mine
+
+    def _seek(self, kept: dict[str, int]) -> None:
+        """Read the input from the group's committed offsets or, if they are gone (expired), from
+        those the state log's ``clock`` record of the committed step kept (``kept``)."""
+        for tp in [*self._tps, self._notes_tp]:
+            got = self._consumer.committed(tp) if self._group_step is not None else None
+            if got is None or got < 0:
+                got = kept.get(f"{tp.topic}:{tp.partition}", 0)
+            self._consumer.seek(tp, got)
 
     def _restore(self) -> None:
         """Rebuild the held reports and decided epochs from the state records of committed steps
@@ -240,18 +263,23 @@ class Shuffler:
                     read.extend(from_kafka(rec.key, rec.value, rec.headers) for rec in records)
         finally:
             consumer.close()
-        clock: dict[str, Any] = {}
-        for record in fold(read, self._step):
+        if self._group_step is None and read:  # the group's offsets are gone: the state log's step
+            self._step = logged_step(read)
+            log.warning("shuffler: no committed offsets in group %s; resuming from the state log's step %d",
+                        s.transactional_id, self._step)
+        live = fold(read, self._step)
+        clock = next((r.value or {} for r in live if r.key == "clock"), {})
+        self.policy.restore_clock(clock)  # first: the reports restored were admitted under it
+        for record in live:
             value = record.value or {}
             if record.key == "clock":
-                clock = value
                 continue
             self._salt = value.get("salt") or self._salt
             slots, notes = self._apply(value)
             if value.get("admit"):
                 self._live[record.s] = (slots, notes)
-        newest = {int(p): int(e) for p, e in clock.get("newest", {}).items()}
-        self.policy.restore_clock(int(clock.get("clock", -1)), newest)
+        self.policy.reopen(self._active_fn())
+        self._seek(clock.get("offsets", {}))
         if not self._salt:
             self._salt, self._salt_new = secrets.token_hex(16), True
 
@@ -259,13 +287,12 @@ class Shuffler:
         """Restore one record's admitted reports and decided epochs; the keys the reports went to."""
         slots: set[EpochKey] = set()
         notes: set[int] = set()
-        for p, raw in state.get("admit", ()):
+        for _, raw in state.get("admit", ()):  # [partition (-1: the source notes), record]
             record = decode_device_record(raw.encode())
             if isinstance(record, SourceEpoch):
-                why = self.policy.note(record, self._active(record.epoch), p, time.monotonic())
+                why = self.policy.note(record, self._active_fn(), time.monotonic())
             else:
-                why = self.policy.admit(record, self._query(record.query_id, record.query_version), p,
-                                        time.monotonic())
+                why = self.policy.admit(record, self._query(record.query_id, record.query_version), time.monotonic())
             if why is not None:  # held before the restart, refused now (e.g. its query version is gone)
                 log.warning("shuffler: a restored record is refused now (%s: %s); it is dropped", why.reason,
                             why.detail)
@@ -290,11 +317,12 @@ class Shuffler:
             q = self._reader.queries.get((query_id, version))
         return q
 
-    def _active(self, epoch: int) -> list[Query]:
-        """The queries a replay answers in ``epoch`` (:func:`schemas.active_queries`: per id, the
-        newest version whose window holds the epoch's start)."""
+    def _active_fn(self) -> Callable[[int], list[Query]]:
+        """The queries active in an epoch (:func:`schemas.active_queries`: per id, the newest
+        version whose window holds the epoch's start), as the queries topic says now."""
         self._reader.poll(0)
-        return active_queries(self._reader.queries.values(), epoch_start(epoch))
+        queries = list(self._reader.queries.values())
+        return lambda epoch: active_queries(queries, epoch_start(epoch))
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self, fault_hold_s: float) -> None:
@@ -305,40 +333,86 @@ class Shuffler:
             if now - last_queries > 1.0:
                 self._reader.poll(0)
                 last_queries = now
+            if s.clock == "wall":  # live devices: the last epoch that ended on this host's clock
+                self.policy.advance(epoch_of(datetime.now(UTC)) - 1, self._active_fn())
             got = self._consumer.poll(timeout_ms=200, max_records=s.max_poll_records)
-            admitted: list[tuple[int, str]] = []
-            slots: set[EpochKey] = set()
-            notes: set[int] = set()
-            letters: list[tuple[Rejected, Any]] = []
-            read = [0, 0]  # device records, source notes
-            for records in got.values():
+            step = _Step()
+            for rec in got.get(self._notes_tp, ()):  # the trusted clock first: what the reports behind it need
+                self._take_note(rec, step)
+            caught = False
+            for tp, records in got.items():
+                if tp == self._notes_tp:
+                    continue
                 for rec in records:
-                    try:
-                        report = decode_device_record(rec.value)
-                    except WireError as exc:
-                        read[0] += 1
-                        letters.append((Rejected(exc.reason, exc.detail), rec))
+                    report = self._decode(rec, step)
+                    if report is None:
                         continue
-                    read[isinstance(report, SourceEpoch)] += 1
-                    if isinstance(report, SourceEpoch):  # fleet metadata, not a device report
-                        why = self.policy.note(report, self._active(report.epoch), rec.partition, time.monotonic())
-                    else:
-                        why = self.policy.admit(report, self._query(report.query_id, report.query_version),
-                                                rec.partition, time.monotonic())
+                    query = self._query(report.query_id, report.query_version)
+                    why = self.policy.admit(report, query, time.monotonic())
+                    if why is not None and why.reason == "outside_open_window" and not caught and s.clock == "source":
+                        caught = True  # the notes the replay wrote before this report may be unread: read them
+                        self._catch_up_notes(step)
+                        why = self.policy.admit(report, query, time.monotonic())
                     if why is not None:
-                        letters.append((why, rec))
+                        step.letters.append((why, rec))
                         continue
                     # the record as read: it decoded to this report (and decodes again on restore)
-                    admitted.append((rec.partition, rec.value.decode()))
-                    if isinstance(report, SourceEpoch):
-                        notes.add(report.epoch)
-                    else:
-                        slots.add((report.query_id, report.query_version, report.epoch))
-            due = self.policy.due(time.monotonic(), self._caught_up()) if self.policy.open_epochs else []
-            if not (admitted or letters or due or self._salt_new):
+                    step.admitted.append((rec.partition, rec.value.decode()))
+                    step.slots.add((report.query_id, report.query_version, report.epoch))
+            due = (self.policy.due(time.monotonic(), self._caught_up(), self._positions())
+                   if self.policy.open_epochs else [])
+            if not (step.admitted or step.letters or due or self._salt_new):
                 continue
-            self._live[self._step + 1] = (frozenset(slots), frozenset(notes))
-            self._transaction(admitted, letters, due, fault_hold_s, read)
+            self._live[self._step + 1] = (frozenset(step.slots), frozenset(step.notes))
+            self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read)
+
+    def _decode(self, rec: Any, step: _Step) -> DeviceReport | None:
+        """A device-topic record's report; None (dead-lettered) if it is none: undecodable, or a
+        source note, which only the source-notes topic carries."""
+        step.read[0] += 1
+        try:
+            report = decode_device_record(rec.value)
+        except WireError as exc:
+            step.letters.append((Rejected(exc.reason, exc.detail), rec))
+            return None
+        if isinstance(report, SourceEpoch):
+            step.letters.append((Rejected("untrusted_note", f"a source note of epoch {report.epoch} on the device "
+                                          f"topic (only {self.s.source_topic} carries them)"), rec))
+            return None
+        return report
+
+    def _take_note(self, rec: Any, step: _Step) -> None:
+        step.read[1] += 1
+        try:
+            note = decode_device_record(rec.value)
+        except WireError as exc:
+            step.letters.append((Rejected(exc.reason, exc.detail), rec))
+            return
+        if not isinstance(note, SourceEpoch):
+            step.letters.append((Rejected("unexpected_record", "a device report on the source-notes topic"), rec))
+            return
+        why = self.policy.note(note, self._active_fn(), time.monotonic())
+        if why is not None:
+            step.letters.append((why, rec))
+            return
+        step.admitted.append((-1, rec.value.decode()))
+        step.notes.add(note.epoch)
+
+    def _catch_up_notes(self, step: _Step) -> None:
+        """Read the source notes to their end as the broker says now (the device partitions paused)."""
+        c = self._consumer
+        end = c.end_offsets([self._notes_tp])[self._notes_tp]
+        c.pause(*self._tps)
+        try:
+            deadline = time.monotonic() + 5.0
+            while c.position(self._notes_tp) < end and time.monotonic() < deadline:
+                for rec in c.poll(timeout_ms=100, max_records=1000).get(self._notes_tp, ()):
+                    self._take_note(rec, step)
+        finally:
+            c.resume(*self._tps)
+
+    def _positions(self) -> dict[int, int]:
+        return {tp.partition: self._consumer.position(tp) for tp in self._tps}
 
     def _caught_up(self) -> frozenset[int]:
         """The input partitions read to their end as the broker says now (a fetch's high-water
@@ -376,7 +450,8 @@ class Shuffler:
                 released.append((outcome.epoch, n))
             else:
                 self.summary.withheld[outcome.reason] += 1
-                withheld.append((outcome.reason, sum(d < self.s.min_crowd for d in outcome.devices)))
+                below = sum(d < self.s.min_crowd for d in outcome.devices) if outcome.reason == "below_min_crowd" else 0
+                withheld.append((outcome.reason, below))
         self.monitor.on_step(read[0], read[1], [why.reason for why, _ in letters], released, withheld,
                              self.policy.held())
 
@@ -399,7 +474,7 @@ class Shuffler:
             else:
                 self._withhold(outcome)
         self._send_state(admitted, decided)
-        offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in self._tps}
+        offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in [*self._tps, self._notes_tp]}
         offsets[self._step_tp] = OffsetAndMetadata(self._step, "", -1)
         p.send_offsets_to_transaction(offsets, s.transactional_id)
         if fault_hold_s:
@@ -426,7 +501,8 @@ class Shuffler:
             send(decided_key(q, v, e), {"decided": [[q, v, e]]})
         if self._salt_new:
             send("salt", {"salt": self._salt})
-        send("clock", {"clock": self.policy.clock, "newest": {str(k): e for k, e in self.policy.newest.items()}})
+        offsets = {f"{tp.topic}:{tp.partition}": self._consumer.position(tp) for tp in [*self._tps, self._notes_tp]}
+        send("clock", {**self.policy.clock_state(), "offsets": offsets})
 
     def _obsolete(self, slots: frozenset[EpochKey], notes: frozenset[int]) -> bool:
         return not any(self.policy.is_open(k) for k in slots) and not any(self.policy.has_note(e) for e in notes)
@@ -482,8 +558,9 @@ class Shuffler:
     def _withhold(self, out: Withheld) -> None:
         s = self.s
         q = out.query
-        detail = (f"{q.record_key} epoch {out.epoch}: device reports per round {list(out.devices)}, below "
-                  f"min_crowd {s.min_crowd}; not released, no estimate")
+        detail = (f"{q.record_key} epoch {out.epoch}: device reports per round {list(out.devices)}, "
+                  + ("none at all" if out.reason == "no_reports" else f"below min_crowd {s.min_crowd}")
+                  + "; not released, no estimate")
         log.warning("withheld %s", detail)
         letter = Rejected(out.reason, detail).letter(s.device_topic, -1, -1, None)
         self._producer.send(s.dead_letter_topic, key=out.reason.encode(), value=letter.model_dump_json().encode())

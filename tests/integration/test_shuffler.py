@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
-from schemas import DecodedBatch, DeviceReport, EndOfEpochSet, Query, decode_record, encode_json
+from schemas import DecodedBatch, DeviceReport, EndOfEpochSet, Query, SourceEpoch, decode_record, encode_json
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import ensure_topics, publish_query, read_queries
 from stream_app.cli.local_broker import free_port
@@ -205,6 +205,18 @@ def _hand_fed_query(ss: ShufflerSettings, query_id: str, device_partitions: int)
     return q
 
 
+def _send_notes(ss: ShufflerSettings, first: int, last: int) -> None:
+    """A replay's source notes (the shuffler's trusted clock): it begins with ``first`` and
+    has finished every epoch up to ``last``."""
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    ensure_topics(ss, {ss.source_topic: 1})
+    notes = [SourceEpoch(epoch=first, opens=True)] + [SourceEpoch(epoch=e) for e in range(first, last + 1)]
+    for note in notes:
+        producer.send(ss.source_topic, key=b"source-epoch", value=encode_json(note), partition=0)
+    producer.flush()
+    producer.close()
+
+
 def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permuted(broker: str,
                                                                                    tmp_path: Path) -> None:
     """Hand-made device records on a one-partition device topic: every bad one is dead-lettered
@@ -237,6 +249,7 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
         producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=v)
     producer.flush()
     producer.close()
+    _send_notes(ss, released, small)
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     try:
         wanted = Counter({"bad_encoding": 1, "bad_json_record": 2, "out_of_range": 1, "unknown_query": 1,

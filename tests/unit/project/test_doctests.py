@@ -29,6 +29,7 @@ WITH_EXAMPLES = {
     "schemas.connection": 4,
     "schemas.epochs": 2,
     "schemas.kafka_io": 11,
+    "schemas.settings": 1,
     "schemas.wire": 6,
     "producers.pems.decimals": 4,
     "producers.pems.grid": 5,
@@ -43,8 +44,8 @@ WITH_EXAMPLES = {
     "stream_app.introspect": 5,
     "stream_app.records": 8,
     "stream_app.shuffler.metrics": 6,
-    "stream_app.shuffler.policy": 11,
-    "stream_app.shuffler.state": 2,
+    "stream_app.shuffler.policy": 14,
+    "stream_app.shuffler.state": 4,
     "stream_app.stage2": 1,
     "stream_app.windows": 9,
 }
