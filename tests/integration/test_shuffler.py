@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -386,6 +386,65 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
             shuffler.kill()
 
 
+def _delete_group(ss: ShufflerSettings) -> None:
+    """The instance's consumer group deleted (what an offsets expiry leaves: no committed
+    offset; Tansu has no OffsetDelete), checked gone."""
+    admin = KafkaAdminClient(**ss.client_kwargs())
+    try:
+        assert admin.delete_groups([ss.transactional_id]) == {ss.transactional_id: "OK"}
+    finally:
+        admin.close()
+    consumer = KafkaConsumer(**ss.client_kwargs(), group_id=ss.transactional_id, enable_auto_commit=False)
+    try:
+        assert consumer.committed(TopicPartition(ss.device_topic, 0)) is None
+        assert consumer.committed(TopicPartition(ss.state_topic, 0)) is None
+    finally:
+        consumer.close()
+
+
+def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker: str, tmp_path: Path) -> None:
+    """The shuffler is SIGKILLed twice while a transaction it has sent is held open (after one
+    release, after three) and its consumer group is deleted before each restart (the group's
+    offsets expired): it resumes from the step and input offsets its state log keeps. The
+    worker's estimates are exactly the core's -- what a clean run gives (the first test) -- for
+    every epoch: no held report dropped, nothing released twice under another salt; no record is
+    dead-lettered (nothing read again is late)."""
+    epochs = 6
+    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000)
+    assert replay(rs, progress=False).epochs == epochs
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    log = tmp_path / "shuffler.log"
+    shuffler: ShufflerProcess | None = None
+    try:
+        worker.wait_ready()
+
+        def released_epochs() -> int:
+            return len({x.epoch for _, m in _drain_decoded(ss)[1] for x in m.markers})
+
+        for at_least in (1, 3):
+            shuffler = ShufflerProcess(ss, log, "--fault-hold-s", "2").start()
+            wait_for(lambda n=at_least: released_epochs() >= n, 60, f"{at_least} released epochs")  # type: ignore[misc]
+            shuffler.kill()
+            _delete_group(ss)
+        shuffler = ShufflerProcess(ss, log).start()
+        n_rows = _expected_rows(rs, epochs)
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        assert log.read_text().count("no committed offsets") >= 2  # the state log's step was used
+        assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
+        _assert_cores_estimates(rs, ws, epochs, bounds=False)
+        assert len(read_estimates(ws)) == n_rows
+        batches, _ = _drain_decoded(ss)
+        copies: dict[str, set[bytes]] = {}
+        for rec, b in batches:
+            copies.setdefault(b.header.batch_id, set()).add(rec.value)
+        assert all(len(v) == 1 for v in copies.values())  # a repeated release is the same bytes
+        assert shuffler.stop() == 130, log.read_text()[-3000:]
+    finally:
+        worker.stop()
+        if shuffler is not None and shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
+
+
 def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
     out = tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
@@ -467,6 +526,7 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
                     DeviceReport(query_id="q-split", query_version=1, epoch=e, round=r, value=1)))
     producer.flush()
     producer.close()
+    _send_notes(ss, e, e)
     shufflers = [ShufflerProcess(ss.model_copy(update={"instance_index": i, "metrics_port": free_port()}),
                                  tmp_path / f"shuffler-{i}.log").start() for i in (0, 1)]
     try:
@@ -490,7 +550,8 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
 def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_interrupted(
         broker: str, tmp_path: Path) -> None:
     """SIGINT to an unpaced ``ptt replay --via-shuffler``: exit 130; its ``SourceEpoch`` notes
-    flag the stop epoch interrupted (none when the signal lands between two epochs); the shuffler releases that
+    (on the source-notes topic) flag the stop epoch interrupted (none when the signal lands
+    between two epochs); the shuffler releases that
     epoch as interrupted markers, with no batch, and the worker withholds it as
     ``interrupted`` -- as without the shuffler -- while every earlier epoch is published."""
     rs, ws, ss = _setup(broker, tmp_path, 2880)
@@ -517,8 +578,8 @@ def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_int
                 proc.kill()
                 proc.communicate()
         assert proc.returncode == 130, err
-        notes = [json.loads(r.value) for r in drain(ss, ss.device_topic, quiet_polls=1)
-                 if r.headers == [("ptt-kind", b"source_epoch")]]
+        notes = [n for n in (json.loads(r.value) for r in drain(ss, ss.source_topic, quiet_polls=1))
+                 if not n["opens"]]
         epochs = sorted({n["epoch"] for n in notes})
         # the stop epoch is the last noted one, flagged; a signal that lands between two epochs
         # stops the replay with every noted epoch complete (as on the direct path)
