@@ -202,6 +202,7 @@ class Shuffler:
                                  enable_auto_commit=False, isolation_level="read_committed",
                                  auto_offset_reset="earliest", max_poll_records=s.max_poll_records)
         self._reader = QueryReader(s)
+        self._notes_reader: KafkaConsumer | None = None
         try:
             self._reader.catch_up()
             parts = sorted(self._producer.partitions_for(s.reports_topic) or [])
@@ -214,6 +215,8 @@ class Shuffler:
         finally:
             lost = self.guard is not None and self.guard.lost is not None
             self._reader.close()
+            if self._notes_reader is not None:
+                self._notes_reader.close()
             self._consumer.close(autocommit=False)
             self._producer.close(timeout=0 if lost else 10)
 
@@ -399,17 +402,22 @@ class Shuffler:
         step.notes.add(note.epoch)
 
     def _catch_up_notes(self, step: _Step) -> None:
-        """Read the source notes to their end as the broker says now (the device partitions paused)."""
+        """Read the source notes to their end as the broker says now, with a reader of their own
+        (pausing the device partitions of the main consumer stalls kafka-python's fetches),
+        then move the main consumer past them."""
         c = self._consumer
-        end = c.end_offsets([self._notes_tp])[self._notes_tp]
-        c.pause(*self._tps)
-        try:
-            deadline = time.monotonic() + 5.0
-            while c.position(self._notes_tp) < end and time.monotonic() < deadline:
-                for rec in c.poll(timeout_ms=100, max_records=1000).get(self._notes_tp, ()):
-                    self._take_note(rec, step)
-        finally:
-            c.resume(*self._tps)
+        if self._notes_reader is None:
+            self._notes_reader = connect("consumer", self.s, KafkaConsumer, group_id=None, enable_auto_commit=False,
+                                         isolation_level="read_committed")
+            self._notes_reader.assign([self._notes_tp])
+        reader = self._notes_reader
+        reader.seek(self._notes_tp, c.position(self._notes_tp))
+        end = reader.end_offsets([self._notes_tp])[self._notes_tp]
+        deadline = time.monotonic() + 5.0
+        while reader.position(self._notes_tp) < end and time.monotonic() < deadline:
+            for rec in reader.poll(timeout_ms=100, max_records=1000).get(self._notes_tp, ()):
+                self._take_note(rec, step)
+        c.seek(self._notes_tp, reader.position(self._notes_tp))
 
     def _positions(self) -> dict[int, int]:
         return {tp.partition: self._consumer.position(tp) for tp in self._tps}
