@@ -17,7 +17,11 @@ the ones that closed, with the reason. An epoch closes when
    seen from it -- has passed the epoch by more than the allowed lateness, and the window has
    been idle (no record added) for ``watermark_idle_s`` of the workers' tick clock
    ("watermark"), or
-3. for live data, a wall-clock grace after the epoch's end has passed ("wall_clock"),
+3. for live data, a wall-clock grace after the epoch's end has passed ("wall_clock"), or
+4. the stream stalled: the window has received nothing for ``stall_close_s`` of the tick
+   clock (a producer died before it marked the epoch and nothing later comes to move the
+   watermark past it): it closes as by the watermark, and its incomplete markers withhold it
+   -- no epoch is left without an outcome ("watermark"),
 
 whichever comes first. After closing only a small record stays (to count late records).
 The Faust agent only reads, calls, writes and emits.
@@ -418,6 +422,7 @@ class WindowPolicy:
     live_horizon_s: float = 3600.0
     horizon_epochs: int = 720
     watermark_idle_s: float = 0.0
+    stall_close_s: float = 0.0  # 0: a stalled window waits for the watermark forever
     epoch_s: int = EPOCH_S
 
     @property
@@ -431,6 +436,19 @@ class WindowPolicy:
         single partition -- and no writer on a minority of partitions -- can drag time forward."""
         seen = sorted(wm.newest.values(), reverse=True)
         return seen[self.quorum - 1] if len(seen) >= self.quorum else None
+
+    def _close_stalled(self, wm: Watermarks, get: Callable[[WindowId], WindowState | None],
+                       close: Callable[[WindowState, CloseReason], None]) -> None:
+        """Rule 4 (module doc): windows that received nothing for ``stall_close_s`` of the tick clock."""
+        clock = wm.clock_s
+        if self.stall_close_s <= 0 or clock is None:
+            return
+        for wid in [w for w in wm.open if clock - wm.active.get(w, clock) >= self.stall_close_s]:
+            st = get(wid)
+            if st is None or st.closed:
+                wm.untrack(wid)
+                continue
+            close(st, "watermark")
 
     def apply(self, wm: Watermarks, load: Loader, shape: Shape, items: Sequence[Partial]) -> Outcome:
         """Apply ``items`` in order. ``load`` reads a window's stored state (None if new);
@@ -468,6 +486,7 @@ class WindowPolicy:
                     if st is not None and not st.closed and self.wall_clock_grace_s < age < self.live_horizon_s:
                         close(st, "wall_clock")
                 close_due()
+                self._close_stalled(wm, get, close)
                 continue
             wid = item.window
             qid = wid.query_id
