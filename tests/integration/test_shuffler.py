@@ -570,7 +570,8 @@ def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_int
                 except OSError:
                     return 0
 
-            wait_for(lambda: notes_read() >= 1 or proc.poll() is not None, 120, "the replay's first epoch")
+            # its opening note, then its first epoch's
+            wait_for(lambda: notes_read() >= 2 or proc.poll() is not None, 120, "the replay's first epoch")
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=60)
         finally:
