@@ -279,9 +279,16 @@ class MechanismSpec:
                          for m in self.round_mechanisms(mech))
         return tuple(shuffle.variation_ratio(mech.output_table(r)) for r in range(mech.n_rounds))
 
-    def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6) -> float:
+    def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6,
+                         release: str = "permuted") -> float:
         """Central epsilon at ``delta`` of one epoch whose reports were each shuffled among ``n``
-        (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`."""
+        (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`.
+        ``release``: what the shuffler released -- ``"permuted"`` (the reports, permuted) or
+        ``"aggregate"`` (only the per-station or per-value counts, a post-processing of the
+        permuted multiset, so the permuted bound holds for it too)."""
+        if release not in ("permuted", "aggregate"):
+            raise ValueError(f"unknown release {release!r}: permuted or aggregate")
+        # release == "aggregate": the permuted clone bound for now; the exact accounting of the counts replaces it
         return shuffle.shuffled_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
 
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:

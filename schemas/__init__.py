@@ -4,6 +4,7 @@ from .query import MECHANISM_NAMES, Query, QueryMechanism, active_queries
 from .wire import (
     MAGIC,
     MAX_MARKERS_PER_SET,
+    RELEASES,
     ArraySpec,
     BatchHeader,
     DecodedBatch,
@@ -32,6 +33,7 @@ __all__ = [
     "DecodedBatch",
     "DeviceReport",
     "MAX_MARKERS_PER_SET",
+    "RELEASES",
     "EndOfEpoch",
     "EndOfEpochSet",
     "GroundTruth",

@@ -57,7 +57,8 @@ class Estimate(BaseModel):
         default=None, description="the estimate made consistent: the estimator's estimates of the epoch's stations "
                                   "projected onto {x >= 0, sum(x) <= participants} (never negative; biased; the "
                                   "bounds stay those of the unbiased estimate); null when withheld or no_source_data")
-    reports: int = Field(ge=0, description="reports counted in the epoch (all rounds)")
+    reports: int = Field(ge=0, description="reports counted in the epoch (all rounds; per-sensor mechanisms: the "
+                                          "non-default answers, however their counts travelled)")
     participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
     epsilon: float | None = Field(description="per-epoch epsilon of a device's whole report (brute force over "
                                               "its report vector); null when infinite")
@@ -67,6 +68,11 @@ class Estimate(BaseModel):
                                   "the shuffler does not collude with the analyst and mixed each report among the n "
                                   "reports of its epoch and round; null when a producer of the epoch attests no "
                                   "shuffle size (the direct path), attests one it cannot have, or it is infinite")
+    release: Literal["permuted", "aggregate"] | None = Field(
+        default=None, description="what the shuffler released for this epoch, as its markers attest: 'permuted' (the "
+                                  "device reports, permuted) or 'aggregate' (only their per-station or per-value "
+                                  "counts); epsilon_shuffled is that release's; null when not attested (the direct "
+                                  "path)")
     withheld: str | None = None
     data_quality: Literal["ok", "no_source_data"] = Field(
         default="ok", description="no_source_data: the replayed source had no reading for this station in this "

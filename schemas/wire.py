@@ -45,6 +45,8 @@ __all__ = [
     "DeviceReport",
     "MAX_DEVICE_PAIRS",
     "MAX_MARKERS_PER_SET",
+    "RELEASES",
+    "Release",
     "EndOfEpoch",
     "EndOfEpochSet",
     "GroundTruth",
@@ -69,6 +71,9 @@ _ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _DTYPES = {"u1": np.uint8, "u2": np.uint16, "u4": np.uint32, "i8": np.int64}
 DTypeName = Literal["u1", "u2", "u4", "i8"]
 Round = Annotated[int, Field(ge=0, le=1)]
+#: what a shuffler releases per (query, version, epoch, round): the reports permuted, or only their counts
+Release = Literal["permuted", "aggregate"]
+RELEASES: tuple[Release, ...] = ("aggregate", "permuted")
 
 
 class WireError(ValueError):
@@ -257,6 +262,12 @@ class EndOfEpoch(_Frozen):
         description="optional: the number of device reports this producer mixed in one uniform shuffle for this "
                     "(query, version, epoch, round) -- a shuffler's attestation (absent: not attested; the worker "
                     "bounds it by the query's population and by the reports the producer released in the round)")
+    release: Release | None = Field(
+        default=None,
+        description="optional, with shuffle_size: what the shuffler released for this (query, version, epoch, "
+                    "round) -- 'permuted' (the device reports, permuted: reports batches) or 'aggregate' (only their "
+                    "counts: tally batches); absent: a direct producer, or a shuffler from before the field "
+                    "(permuted)")
 
 
 class GroundTruth(_Frozen):

@@ -176,7 +176,8 @@ def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> Mark
                                       f"slot holds at most one report per device)")
     return MarkerPartial(m.query_id, m.query_version, m.epoch, m.round, partition, m.producer_id, m.producer_index,
                          m.producer_count, m.reports_to_partition, m.batches_to_partition, m.participants,
-                         m.refused, m.interrupted, tuple(m.readings_missing), m.shuffle_size)
+                         m.refused, m.interrupted, tuple(m.readings_missing), m.shuffle_size,
+                         m.release)
 
 
 Stage1Result = BatchPartial | MarkerPartial | Rejected

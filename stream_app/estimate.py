@@ -84,6 +84,7 @@ class EpochResult:
     # None when not attested (``shuffle_null`` says why, SHUFFLE_NULL_CODES) or infinite
     epsilon_shuffled: float | None = None
     shuffle_null: str | None = None
+    release: str | None = None  # what the shuffler released ("permuted", "aggregate"); None: not attested
 
     @property
     def round_count_mismatch(self) -> int:
@@ -99,7 +100,7 @@ class EpochResult:
                 "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(),
                 "reports": self.reports, "participants": self.participants,
                 "epsilon": q.epsilon if math.isfinite(q.epsilon) else None,
-                "epsilon_shuffled": self.epsilon_shuffled,
+                "epsilon_shuffled": self.epsilon_shuffled, "release": self.release,
                 "withheld": self.withheld, "closed_by": self.closed_by,
                 "round_count_mismatch": self.round_count_mismatch, "late": self.late, "refused": self.refused,
                 "missing_batches": self.missing_batches}
@@ -149,8 +150,8 @@ def round_down_2sig(n: int) -> int:
 
 
 class ShuffledEpsilon:
-    """The central epsilon of an epoch's release, ``spec.shuffled_epsilon(mech, V, n, delta)``,
-    cached per (query, version) and ``n`` rounded DOWN to two significant digits: one call may
+    """The central epsilon of an epoch's release, ``spec.shuffled_epsilon(mech, V, n, delta, release)``,
+    cached per (query, version), release and ``n`` rounded DOWN to two significant digits: one call may
     take about a second, and epochs of one query see many nearby sizes. Rounding down is safe:
     the shuffled epsilon decreases as the shuffle grows, so the value at the rounded-down size
     is an upper bound of the value at the true size (never an understatement; at most ~10 %
@@ -164,23 +165,23 @@ class ShuffledEpsilon:
             raise ValueError(f"delta {delta} is not in (0, 1)")
         self.delta = delta
         self.max_entries = max_entries
-        self._values: dict[tuple[str, int, int], float] = {}
+        self._values: dict[tuple[str, int, int, str], float] = {}
         self._lock = threading.Lock()
 
     @staticmethod
-    def key(q: Query, n: int) -> tuple[str, int, int]:
-        return q.query_id, q.version, round_down_2sig(n)
+    def key(q: Query, n: int, release: str = "permuted") -> tuple[str, int, int, str]:
+        return q.query_id, q.version, round_down_2sig(n), release
 
-    def cached(self, q: Query, n: int) -> bool:
-        return self.key(q, n) in self._values
+    def cached(self, q: Query, n: int, release: str = "permuted") -> bool:
+        return self.key(q, n, release) in self._values
 
-    def get(self, q: Query, n: int) -> float:
-        """The shuffled epsilon of ``q`` at shuffle size ``n`` (computed now if not cached)."""
-        k = self.key(q, n)
+    def get(self, q: Query, n: int, release: str = "permuted") -> float:
+        """The shuffled epsilon of ``q``'s ``release`` at shuffle size ``n`` (computed now if not cached)."""
+        k = self.key(q, n, release)
         value = self._values.get(k)
         if value is None:
             try:
-                value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta))
+                value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta, release=release))
             except Exception:  # a bound that fails is published as null (NaN is not finite), never a crash
                 log.exception("shuffled epsilon of %s at n=%d failed", q.record_key, k[2])
                 value = math.nan  # cached too: not tried again on the event loop
@@ -190,10 +191,10 @@ class ShuffledEpsilon:
                 self._values[k] = value
         return value
 
-    def warm(self, needed: Sequence[tuple[Query, int]]) -> None:
-        """Compute what ``needed`` lacks (call it off the event loop)."""
-        for q, n in needed:
-            self.get(q, n)
+    def warm(self, needed: Sequence[tuple[Query, int, str]]) -> None:
+        """Compute what ``needed`` (query, shuffle size, release) lacks (call it off the event loop)."""
+        for q, n, release in needed:
+            self.get(q, n, release)
 
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
@@ -274,27 +275,49 @@ def epoch_result(qe: QueryEstimators, w: WindowState, closed_by: CloseReason, co
     return epoch_results(qe, [(w, closed_by)], confidences, min_participants, n_partitions, shuffled)[0]
 
 
-def _shuffled(q: Query, w: WindowState, n_partitions: int,
-              shuffled: ShuffledEpsilon | None) -> tuple[float | None, str | None]:
-    """(epsilon_shuffled, why null) of a closed window; (None, None) without a cache."""
-    if shuffled is None:
-        return None, None
+def _attested(q: Query, w: WindowState, n_partitions: int) -> tuple[int | None, str | None, str | None]:
+    """(shuffle size, release, why null) of a closed window: the size and release its producers attest."""
     n, code = w.shuffle_size(n_partitions, q.spec.per_sensor)
     if n is None:
-        return None, code
-    eps = shuffled.get(q, n)  # NaN when the bound failed: null, never a lost epoch
-    return (eps if math.isfinite(eps) else None), None
+        return None, None, code
+    release = w.release()
+    return (n, release, None) if release is not None else (None, None, "mixed_release")
+
+
+def _shuffled(q: Query, w: WindowState, n_partitions: int,
+              shuffled: ShuffledEpsilon | None) -> tuple[float | None, str | None, str | None]:
+    """(epsilon_shuffled, why null, release) of a closed window; all None without a cache."""
+    if shuffled is None:
+        return None, None, None
+    n, release, code = _attested(q, w, n_partitions)
+    if n is None or release is None:
+        return None, code, None
+    eps = shuffled.get(q, n, release)  # NaN when the bound failed: null, never a lost epoch
+    return (eps if math.isfinite(eps) else None), None, release
 
 
 def shuffle_needs(q: Query, windows: Sequence[WindowState], n_partitions: int,
-                  shuffled: ShuffledEpsilon) -> list[tuple[Query, int]]:
-    """The (query, shuffle size) pairs the closing ``windows`` need and ``shuffled`` lacks."""
-    out: list[tuple[Query, int]] = []
+                  shuffled: ShuffledEpsilon) -> list[tuple[Query, int, str]]:
+    """The (query, shuffle size, release) the closing ``windows`` need and ``shuffled`` lacks."""
+    out: list[tuple[Query, int, str]] = []
     for w in windows:
-        n, _ = w.shuffle_size(n_partitions, q.spec.per_sensor)
-        if n is not None and not shuffled.cached(q, n):
-            out.append((q, n))
+        n, release, _ = _attested(q, w, n_partitions)
+        if n is not None and release is not None and not shuffled.cached(q, n, release):
+            out.append((q, n, release))
     return out
+
+
+def _round_reports(q: Query, w: WindowState) -> list[int]:
+    """Reports per round as published. Station-valued: the reports counted. Per-sensor: the
+    non-default answers counted -- what per-vehicle ``pairs`` carry, and what an exact tally (the
+    shuffler's aggregate release, ``--mode tally``) holds beside its implied default answers -- so
+    the figure does not depend on how the counts travelled."""
+    if not q.spec.per_sensor:
+        return [int(x) for x in w.reports]
+    mech = q.build()
+    default = q.spec.default_report(mech)
+    c = w.counts.reshape(w.n_rounds, q.n_stations, mech.n_outputs)
+    return [int(x) for x in c.sum(axis=(1, 2)) - c[:, :, default].sum(axis=1)]
 
 
 def epoch_results(qe: QueryEstimators, closed: Sequence[tuple[WindowState, CloseReason]],
@@ -316,12 +339,13 @@ def epoch_results(qe: QueryEstimators, closed: Sequence[tuple[WindowState, Close
         n = (participants or 0) if spec.per_sensor else max(participants or 0, *w.reports.tolist())
         row_totals = spec.row_totals(mech, q.n_stations, w.counts)
         why = _withheld(w, q, participants, missing, n, min_participants, row_totals, n_partitions)
+        per_round = _round_reports(q, w)
         res = EpochResult(query=q, epoch=w.wid.epoch, closed_by=closed_by, confidences=tuple(confidences),
-                          participants=n, reports=int(w.reports.sum()), round_reports=w.reports.tolist(),
+                          participants=n, reports=sum(per_round), round_reports=per_round,
                           late=w.late, refused=w.refused(), missing_batches=w.missing_batches(),
                           withheld=None if why is None else why[1], no_source_data=w.no_source_data(),
                           withheld_code=None if why is None else why[0])
-        res.epsilon_shuffled, res.shuffle_null = _shuffled(q, w, n_partitions, shuffled)
+        res.epsilon_shuffled, res.shuffle_null, res.release = _shuffled(q, w, n_partitions, shuffled)
         results.append(res)
         if why is None:
             live.append((res, spec.complete(mech, q.n_stations, w.counts, n), n))

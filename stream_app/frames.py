@@ -9,8 +9,8 @@ Schema version :data:`FRAME_SCHEMA_VERSION` (docs/wire.md, "Estimate frames"):
   ``mechanism``, ``epoch``, ``epoch_start``, ``reports``, ``participants``, ``epsilon``,
   ``withheld``, ``closed_by``, ``round_count_mismatch``, ``late``, ``refused``,
   ``missing_batches``) plus ``withheld_code``, ``retracted``, ``estimators`` and
-  ``confidences`` (which name the columns), and the optional ``epsilon_shuffled`` (added within
-  version 2: a header from before it lacks it, read as null);
+  ``confidences`` (which name the columns), and the optional ``epsilon_shuffled`` and
+  ``release`` (added within version 2: a header from before them lacks them, read as null);
 * columns: ``station`` (int64), ``no_source_data`` (bool), and per estimator ``E``:
   ``E.estimate``, ``E.sd`` and, per confidence level ``c``, ``E.lower[c]`` and ``E.upper[c]``
   (float64; ``c`` written as in the rows, e.g. ``0.95``); then per estimator ``E.consistent``
@@ -182,7 +182,7 @@ def decode_frame(data: bytes) -> Frame:
 
 
 SHARED = HEADER_FIELDS[:14]  # the header fields a per-row estimate record repeats
-OPTIONAL_SHARED = ("epsilon_shuffled",)  # shared fields added within a version: absent reads as null
+OPTIONAL_SHARED = ("epsilon_shuffled", "release")  # shared fields added within a version: absent reads as null
 
 
 def frame_rows(frame: Frame) -> Iterator[dict[str, Any]]:
@@ -218,15 +218,15 @@ LONG_SCHEMA = pa.schema([
     ("reports", pa.int64()), ("participants", pa.int64()), ("epsilon", pa.float64()), ("withheld", pa.string()),
     ("withheld_code", pa.string()), ("closed_by", pa.string()), ("round_count_mismatch", pa.int64()),
     ("late", pa.int64()), ("refused", pa.int64()), ("missing_batches", pa.int64()), ("retracted", pa.bool_()),
-    ("consistent", pa.float64()), ("epsilon_shuffled", pa.float64()),
+    ("consistent", pa.float64()), ("epsilon_shuffled", pa.float64()), ("release", pa.string()),
 ])
 
 
 def long_table(frame: Frame) -> pa.Table:
     """The frame in long form (:data:`LONG_SCHEMA`), built column-wise: its rows' values,
     ``epoch_start`` as a timestamp (the same instant), plus ``withheld_code``, ``retracted`` and
-    ``consistent`` (null from a version-1 frame) and ``epsilon_shuffled`` (null from a frame
-    whose header lacks it)."""
+    ``consistent`` (null from a version-1 frame), ``epsilon_shuffled`` and ``release`` (null
+    from a frame whose header lacks them)."""
     parts = [_long_part(frame, name) for name in frame.estimators]
     return pa.concat_tables(parts) if parts else LONG_SCHEMA.empty_table()
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from schemas.wire import FRAME_LENGTH
+from schemas.wire import FRAME_LENGTH, RELEASES
 
 __all__ = ["BUNDLE_BYTES", "BatchPartial", "MarkerPartial", "Partial", "Tick", "WindowId", "bundle",
            "decode_partial", "decode_partials", "encode_bundle", "encode_partial", "split_bundle"]
@@ -115,6 +115,7 @@ class MarkerPartial(_Windowed):
     interrupted: bool
     readings_missing: tuple[int, ...] = ()
     shuffle_size: int | None = None  # a shuffler's attested shuffle size for this round (None: not attested)
+    release: str | None = None  # what that shuffler released: "permuted" or "aggregate" (None: not said)
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,9 @@ def encode_partial(p: Partial) -> bytes:
         kind = b"B"
     else:  # flat dataclasses: their fields by name (dataclasses.asdict deep-copies: slow)
         head = {name: getattr(p, name) for name in _FIELDS[type(p)]}
-        if head.get("shuffle_size", 0) is None:  # not attested: the record a worker wrote before the field
-            del head["shuffle_size"]
+        for optional in ("shuffle_size", "release"):  # unset: the record a worker wrote before the field
+            if head.get(optional, 0) is None:
+                del head[optional]
         blob = b""
         kind = b"M" if isinstance(p, MarkerPartial) else b"T"
     h = json.dumps(head, separators=(",", ":")).encode()
@@ -169,6 +171,8 @@ def decode_partial(data: bytes) -> Partial:
             size = head.get("shuffle_size")
             if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
                 raise ValueError(f"bad shuffle size {size!r}")
+            if head.get("release") not in (None, *RELEASES):
+                raise ValueError(f"bad release {head.get('release')!r}")
             return MarkerPartial(**head)
         dt = head.pop("dtype")
         if dt not in _DTYPES:

@@ -80,12 +80,12 @@ def epoch_outputs(outcome: Outcome, known: Callable[[str, int], Query | None],
 
 
 def shuffled_needs(outcome: Outcome, known: Callable[[str, int], Query | None],
-                   out: OutputSettings) -> list[tuple[Query, int]]:
+                   out: OutputSettings) -> list[tuple[Query, int, str]]:
     """The shuffled epsilons the outcome's closed epochs need that the cache lacks: the caller
     computes them (:meth:`ShuffledEpsilon.warm`) off the event loop before :func:`epoch_outputs`."""
     if out.shuffled is None:
         return []
-    need: list[tuple[Query, int]] = []
+    need: list[tuple[Query, int, str]] = []
     for st, _ in outcome.closed:
         q = known(st.wid.query_id, st.wid.query_version)
         if q is not None:

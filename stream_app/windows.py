@@ -86,30 +86,34 @@ class Marker:
     interrupted: bool
     readings_missing: tuple[int, ...] = ()
     shuffle_size: int | None = None  # attested by a shuffler (None: not attested)
+    release: str | None = None  # what that shuffler released, "permuted" or "aggregate" (None: not said)
 
 
 def _order(m: Marker) -> tuple[Any, ...]:
-    """A total order on markers (``astuple``, with an absent shuffle size below any size)."""
-    return (*astuple(m)[:-1], -1 if m.shuffle_size is None else m.shuffle_size)
+    """A total order on markers (``astuple``, with an absent shuffle size or release below any)."""
+    return (*astuple(m)[:-2], -1 if m.shuffle_size is None else m.shuffle_size, m.release or "")
 
 
 #: why an epoch's shuffled epsilon is null (a metric label): no producer's attestation for some
-#: (round, producer) -- the direct path -- or an attested size above what that producer released
-SHUFFLE_NULL_CODES = ("not_attested", "exceeds_released")
+#: (round, producer) -- the direct path --, an attested size above what that producer released, or
+#: producers that attest different releases (shufflers run with different ``--release``)
+SHUFFLE_NULL_CODES = ("not_attested", "exceeds_released", "mixed_release")
 
 MarkerSlot = tuple[int, int, int]  # (round, producer index, source partition)
 
 
 def _decoded_marker(f: list[Any]) -> Marker:
-    # state written before a field existed has fewer entries: readings_missing (7), shuffle_size (8)
+    # state written before a field existed has fewer entries: readings_missing (7), shuffle_size (8),
+    # release (9)
     return Marker(str(f[0]), int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]), bool(f[6]),
                   tuple(int(i) for i in f[7]) if len(f) > 7 else (),
-                  int(f[8]) if len(f) > 8 and f[8] is not None else None)
+                  int(f[8]) if len(f) > 8 and f[8] is not None else None,
+                  str(f[9]) if len(f) > 9 and f[9] is not None else None)
 
 
 def _marker(p: MarkerPartial) -> Marker:
     return Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused, p.interrupted,
-                  tuple(p.readings_missing), p.shuffle_size)
+                  tuple(p.readings_missing), p.shuffle_size, p.release)
 
 
 @dataclass
@@ -258,6 +262,13 @@ class WindowState:
             return None, "not_attested"
         return min(sizes.values()), None
 
+    def release(self) -> str | None:
+        """What the attesting producers released: ``"permuted"`` or ``"aggregate"`` (a marker that
+        attests a shuffle size without naming its release comes from a shuffler from before the
+        field, which permuted); None when no marker attests, or when they name different ones."""
+        kinds = {m.release or "permuted" for m in self.markers.values() if m.shuffle_size is not None}
+        return kinds.pop() if len(kinds) == 1 else None
+
     def close(self, reason: CloseReason) -> None:
         self.closed_by = reason
 
@@ -272,10 +283,12 @@ class WindowState:
         # late one) and the report counts, not the batch ids or the count arrays
         head["reports"] = self.reports.tolist()
         head["tallied"] = self.tallied.tolist()
-        # an unattested marker is stored as before the shuffle size existed (state stays readable both ways)
+        # an unattested marker is stored as before the shuffle size and release existed (state stays
+        # readable both ways)
         head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
                             m.refused, m.interrupted, list(m.readings_missing),
-                            *(() if m.shuffle_size is None else (m.shuffle_size,))]
+                            *(() if m.shuffle_size is None and m.release is None else (m.shuffle_size,)),
+                            *(() if m.release is None else (m.release,))]
                            for slot, m in self.markers.items()]
         head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
         if self.closed_by is None:

@@ -293,6 +293,7 @@ def _run_demo(demo: DemoSettings) -> int:
     worker: subprocess.Popen[bytes] | None = None
     prom: subprocess.Popen[bytes] | None = None
     shuffler: subprocess.Popen[bytes] | None = None
+    released = ""  # --via-shuffler: what the shuffler releases
     shuffler_port = free_port()  # --via-shuffler: the shuffler's /metrics, scraped by the demo's Prometheus
     broker = LocalBroker(port=demo.port, log_path=out / "broker.log", own_group=True)
     broker.start()
@@ -309,6 +310,9 @@ def _run_demo(demo: DemoSettings) -> int:
         _wait_until(lambda: _ours_metrics(metrics_url), 90, worker, "stream-app worker", worker_log)
         if demo.via_shuffler:
             ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port)
+            if demo.release is not None:
+                ss = ss.model_copy(update={"release": demo.release})
+            released = ss.release
             with (out / "shuffler.log").open("wb") as log:
                 shuffler = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
                                             env={**os.environ, **ss.to_env()}, stdout=log,
@@ -332,8 +336,8 @@ def _run_demo(demo: DemoSettings) -> int:
                   else f"the synthetic day ({demo.stations} stations)")
         print(f"broker      {broker.bootstrap} (embedded, memory only)")
         if shuffler is not None:
-            print(f"shuffler    device reports -> {ws.reports_topic} (log {out / 'shuffler.log'}, metrics "
-                  f"http://127.0.0.1:{shuffler_port}/metrics)")
+            print(f"shuffler    device reports -> {ws.reports_topic}, {released} release (log "
+                  f"{out / 'shuffler.log'}, metrics http://127.0.0.1:{shuffler_port}/metrics)")
         print(f"metrics     {metrics_url}{metrics_note}")
         print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
         print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")

@@ -10,6 +10,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.wire import Release
+
 __all__ = ["DEFAULT_METRICS_PORT", "DEFAULT_PROMETHEUS_PORT", "DemoSettings"]
 
 DEFAULT_METRICS_PORT = 6066
@@ -44,9 +46,15 @@ class DemoSettings(BaseSettings):
     via_shuffler: bool = Field(default=False, description="every device sends its report alone to the device topic; "
                                                           "a `ptt shuffler` started with the demo anonymizes and "
                                                           "batches them (same estimates)")
+    release: Release | None = Field(default=None,
+                                    description="with --via-shuffler: what the shuffler releases, 'aggregate' (only "
+                                                "the counts) or 'permuted' (the reports, permuted); default: the "
+                                                "shuffler's (aggregate)")
 
     @model_validator(mode="after")
     def _one_source(self) -> DemoSettings:
         if self.pems_raw is not None and self.pems_5min is not None:
             raise ValueError("give --pems-raw or --pems-5min, not both")
+        if self.release is not None and not self.via_shuffler:
+            raise ValueError("--release chooses what the shuffler releases: it needs --via-shuffler")
         return self

@@ -1,4 +1,4 @@
-"""``ptt shuffler``: the anonymizing shuffler tier (device reports in, permuted batches out)."""
+"""``ptt shuffler``: the anonymizing shuffler tier (device reports in, their counts or permuted batches out)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ __all__ = ["add_parser", "exit_broker_lost", "run"]
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("shuffler", help="run a shuffler instance: single device reports in, anonymized batches out",
                        description="Read single device reports from the device topic, hold each (query, version, "
-                                   "epoch) until its deadline, permute them uniformly at random and release them "
-                                   "as columnar batches with end-of-epoch markers on the reports topic (Kafka "
-                                   "transactions). Epochs with fewer than --min-crowd reports in a round are "
-                                   "withheld. Runs until Ctrl-C or SIGTERM.")
+                                   "epoch) until its deadline and release, with end-of-epoch markers on the reports "
+                                   "topic (Kafka transactions), only their counts (--release aggregate, the "
+                                   "default: one exact-tally batch per round) or the reports permuted uniformly at "
+                                   "random (--release permuted: columnar batches); the worker's estimates are the "
+                                   "same. Epochs with fewer than --min-crowd reports in a round are withheld. Runs "
+                                   "until Ctrl-C or SIGTERM.")
     add_settings_flags(p, ShufflerSettings)
     p.set_defaults(func=run)
 
@@ -47,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     shuffler.install_signals()
     served = (f", /metrics on {settings.metrics_host}:{settings.metrics_port}" if settings.metrics_port else "")
     print(f"shuffler {settings.instance_index + 1} of {settings.instance_count}: {settings.device_topic} -> "
-          f"{settings.reports_topic} (min crowd {settings.min_crowd}{served})", file=sys.stderr, flush=True)
+          f"{settings.reports_topic} ({settings.release} release, min crowd {settings.min_crowd}{served})",
+          file=sys.stderr, flush=True)
     summary = shuffler.run(signals=False)
     print(summary.line(), flush=True)
     return EXIT_INTERRUPTED

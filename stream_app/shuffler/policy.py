@@ -21,11 +21,13 @@ When an epoch is due:
 2. *end of input*: the epoch is at most the clock, every input partition has been read to its
    end and nothing arrived for ``idle_release_s`` (the last epochs of a replay, a quiet night).
 
-A due epoch whose every round holds at least ``min_crowd`` device reports is released: each
-round's reports sorted (arrival order is gone) and then permuted uniformly at random by the
-generator the runtime passes; a smaller crowd is withheld with the reason ``below_min_crowd``,
-an epoch nobody reported for as ``no_reports``; neither gets an estimate. A report for an
-epoch already decided is refused as ``late``.
+A due epoch whose every round holds at least ``min_crowd`` device reports is released, as the
+runtime's ``release`` says: ``permuted``, each round's reports sorted (arrival order is gone) and
+then permuted uniformly at random by the generator the runtime passes; or ``aggregate``, only each
+round's counts -- per value (station-valued mechanisms) or per (station, report) with the implied
+default reports filled in (per-sensor), the wire's exact-tally layout. A smaller crowd is withheld
+with the reason ``below_min_crowd``, an epoch nobody reported for as ``no_reports``; neither gets
+an estimate. A report for an epoch already decided is refused as ``late``.
 
 >>> from datetime import datetime, timezone
 >>> from schemas import DeviceReport, Query
@@ -48,6 +50,12 @@ epoch already decided is refused as ``late``.
 >>> out = p.close(('q', 1, e), np.random.default_rng(1))
 >>> sorted(out.rounds[0].arrays["value"].tolist()), out.rounds[0].devices
 ([1, 2], 2)
+>>> for v in (1, 2, 2):
+...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=0, value=v), q, 0.0) is None
+...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=1, value=0), q, 0.0) is None
+>>> agg = p.close(('q', 1, e + 1), np.random.default_rng(1), release="aggregate")
+>>> [(r.arrays["counts"].tolist(), r.reports, r.devices) for r in agg.rounds]
+[([0, 1, 2], 3, 3), ([3, 0, 0], 3, 3)]
 """
 
 from __future__ import annotations
@@ -88,8 +96,10 @@ class _Open:
 
 @dataclass(frozen=True)
 class ReleasedRound:
-    """One round of a released epoch: the permuted arrays in the wire layout, how many reports
-    (values or pairs) they hold and how many devices sent them (the markers' participants)."""
+    """One round of a released epoch: the permuted arrays in the wire layout (``value``, or
+    ``station`` and ``output``) and how many reports (values or pairs) they hold -- or, released
+    as an aggregate, one array ``counts`` in the exact-tally layout and ``reports`` = its devices
+    (what a tally's header counts) -- and how many devices sent them (the markers' participants)."""
 
     arrays: dict[str, IntArray]
     reports: int
@@ -288,8 +298,9 @@ class ShufflePolicy:
         horizon = self.passed - self.lateness_epochs
         return [k for k in self.open_epochs if k[2] <= horizon or (idle and k[2] <= min(self.clock, self.passed))]
 
-    def close(self, key: EpochKey, rng: np.random.Generator) -> Released | Withheld:
-        """Decide a due epoch: release its rounds permuted, or withhold it (too small a crowd)."""
+    def close(self, key: EpochKey, rng: np.random.Generator, release: str = "permuted") -> Released | Withheld:
+        """Decide a due epoch: release its rounds -- ``"permuted"`` (the reports, by ``rng``) or
+        ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd)."""
         slot = self._open.pop(key)
         self._decide(key)
         devices = tuple(r.devices for r in slot.rounds)
@@ -304,6 +315,11 @@ class ShufflePolicy:
             return Withheld(slot.query, key[2], "no_reports", devices)
         if min(devices) < self.min_crowd:
             return Withheld(slot.query, key[2], "below_min_crowd", devices)
+        if release == "aggregate":
+            return Released(slot.query, key[2], tuple(ReleasedRound({"counts": _counts(slot.query, r)}, r.devices,
+                                                                    r.devices) for r in slot.rounds), no_data)
+        if release != "permuted":
+            raise ValueError(f"unknown release {release!r}: permuted or aggregate")
         rounds = []
         for r in slot.rounds:  # sorted first: the result depends on the reports and rng only, not on arrival
             if slot.query.per_station is None:
@@ -327,6 +343,23 @@ class ShufflePolicy:
     def _decide(self, key: EpochKey) -> None:
         self.decided.add(key)
         self._decided_epochs.add(key[2])
+
+
+def _counts(query: Query, r: _Round) -> IntArray:
+    """A round's exact tally (``schemas.wire``, layout ``counts``): station-valued, how many
+    devices sent each value 0..V; per-sensor, ``(V, O)`` row-major, how many devices gave each
+    report at each station -- the pairs counted, the devices without a pair at a station counted
+    at the implied default report -- so every row sums to the devices."""
+    n_out = query.n_outputs
+    if query.per_station is None:
+        return np.bincount(np.array(r.values, dtype=np.int64), minlength=n_out).astype(np.int64)
+    flat = (np.array(r.stations, dtype=np.int64) - 1) * n_out + np.array(r.outputs, dtype=np.int64)
+    table = np.bincount(flat, minlength=query.n_stations * n_out).astype(np.int64).reshape(query.n_stations, n_out)
+    default = query.default_report
+    if default is None:  # every per-sensor mechanism has one (the registry's)
+        raise ValueError(f"{query.mechanism} has no implied default report")
+    table[:, default] += r.devices - table.sum(axis=1)
+    return table.ravel()
 
 
 def _sorted(keys: IntArray) -> IntArray:

@@ -474,7 +474,7 @@ class Shuffler:
         decided = []
         outcomes: list[Released | Withheld] = []
         for key in due:
-            outcome = self.policy.close(key, self._slot_rng(key))
+            outcome = self.policy.close(key, self._slot_rng(key), self.s.release)
             decided.append(list(key))
             outcomes.append(outcome)
             if isinstance(outcome, Released):
@@ -523,28 +523,37 @@ class Shuffler:
         return np.random.default_rng(int.from_bytes(digest, "little"))
 
     def _batch_id(self, q: Query, epoch: int, rnd: int, index: int) -> str:
-        text = f"{self._salt}\x1f{q.query_id}\x1f{q.version}\x1f{epoch}\x1f{rnd}\x1f{index}"
+        # an aggregate's id differs from every permuted batch's: a release an aborted transaction
+        # left visible under the other --release is never taken for this one (the worker counts an id once)
+        kind = "\x1faggregate" if self.s.release == "aggregate" else ""
+        text = f"{self._salt}\x1f{q.query_id}\x1f{q.version}\x1f{epoch}\x1f{rnd}\x1f{index}{kind}"
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def _release(self, out: Released) -> None:
         s = self.s
         q = out.query
         stamp = (out.epoch + 1) * EPOCH_S * 1000  # every record of a release: the epoch's end
+        aggregate = s.release == "aggregate"  # one exact tally per round, else reports batches
+        kind = "tally" if aggregate else "reports"
         base = {"query_id": q.query_id, "query_version": q.version, "epoch": out.epoch,
                 "producer_id": s.transactional_id, "n_stations": q.n_stations, "n_outputs": q.n_outputs,
-                "kind": "reports", "layout": q.spec.layout}
+                "kind": kind, "layout": "counts" if aggregate else q.spec.layout}
         per_round: list[dict[int, list[int]]] = []
         for r, rnd in enumerate(out.rounds):
             per_part = {part: [0, 0] for part in self._out_parts}
-            for i, start in enumerate(range(0, rnd.reports, s.batch_size)):
-                n = min(s.batch_size, rnd.reports - start)
+            if aggregate:  # the round's counts, one record (none for an interrupted epoch's empty round)
+                chunks = [(rnd.reports, rnd.arrays)] if rnd.reports else []
+            else:
+                chunks = [(min(s.batch_size, rnd.reports - start),
+                           {k: v[start:start + s.batch_size] for k, v in rnd.arrays.items()})
+                          for start in range(0, rnd.reports, s.batch_size)]
+            for i, (n, chunk) in enumerate(chunks):
                 batch_id = self._batch_id(q, out.epoch, r, i)
                 key = batch_id.encode()
                 part = self._out_parts[(murmur2(key) & 0x7FFFFFFF) % len(self._out_parts)]
-                chunk = {k: v[start:start + n] for k, v in rnd.arrays.items()}
                 value = encode_batch({**base, "round": r, "batch_id": batch_id, "reports": n}, chunk)
                 self._producer.send(s.reports_topic, key=key, value=value, partition=part, timestamp_ms=stamp,
-                                    headers=[(KIND_HEADER, b"reports")])
+                                    headers=[(KIND_HEADER, kind.encode())])
                 per_part[part][0] += n
                 per_part[part][1] += 1
             per_round.append(per_part)
@@ -555,10 +564,11 @@ class Shuffler:
                 query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,
                 reports_to_partition=per_round[r][part][0], batches_to_partition=per_round[r][part][1],
                 reports_total=rnd.reports, batches_total=sum(b for _, b in per_round[r].values()),
-                participants=rnd.devices, refused=0, mode="per-vehicle", interrupted=out.interrupted,
-                readings_missing=missing,
-                # the attestation: this round's device reports were permuted together, as one shuffle
-                shuffle_size=rnd.devices or None) for r, rnd in enumerate(out.rounds))
+                participants=rnd.devices, refused=0, mode="tally" if aggregate else "per-vehicle",
+                interrupted=out.interrupted, readings_missing=missing,
+                # the attestation: this round's device reports were mixed together, as one shuffle, and
+                # released as that (permuted, or only counted)
+                shuffle_size=rnd.devices or None, release=s.release) for r, rnd in enumerate(out.rounds))
             self._producer.send(s.reports_topic, key=f"eoe-{s.transactional_id}".encode(), partition=part,
                                 value=encode_json(EndOfEpochSet(markers=markers)), timestamp_ms=stamp,
                                 headers=[(KIND_HEADER, b"end_of_epoch")])

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from schemas.settings import BrokerLossSettings, source_topic
+from schemas.wire import Release
 
 __all__ = ["ShufflerSettings"]
 
@@ -35,7 +36,12 @@ class ShufflerSettings(BrokerLossSettings):
                                           "newest finished epoch; later ones are dead-lettered outside_open_window")
     idle_release_s: float = Field(default=5.0, gt=0, description="release every open epoch once all input is read "
                                                                 "and nothing arrived for this long")
-    batch_size: int = Field(default=5000, ge=1, description="reports per released columnar batch")
+    release: Release = Field(
+        default="aggregate",
+        description="what an epoch's release holds per (query, version, epoch, round): 'aggregate', only the "
+                    "per-value or per-station counts (one exact-tally batch); 'permuted', the device reports "
+                    "themselves, permuted (reports batches)")
+    batch_size: int = Field(default=5000, ge=1, description="reports per released columnar batch (permuted release)")
     max_poll_records: int = Field(default=5000, ge=1, description="device records read per transaction at most")
     metrics_host: str = Field(default="127.0.0.1", description="where the shuffler's /metrics is served")
     metrics_port: int = Field(default=6067, ge=0, le=65535,

@@ -5,12 +5,14 @@ Scenarios (``--only`` picks some):
 
 * ``s1``  -- 500 stations, per vehicle, SP + ALP + RR (the demo's three default queries), the
   same fleet and epochs twice in one run: the direct path (``ptt replay`` batches the reports)
-  and through the shuffler (``ptt replay --via-shuffler``: one record per device report, the
-  shuffler permutes each (query, version, epoch, round) and releases columnar batches and markers
-  in Kafka transactions). Per path: wall time per epoch, ``realtime_factor``, the CPU seconds of
-  each process; then ``shuffler_vs_direct`` (wall time per epoch through the shuffler / direct)
-  and whether both paths published the same estimates (``same_estimates``: every row equal,
-  field for field, but ``epsilon_shuffled``, null on the direct path, which attests no shuffle);
+  and through the shuffler once per ``--releases`` value (``ptt replay --via-shuffler``: one
+  record per device report; the shuffler releases each (query, version, epoch, round) as its
+  counts, one tally, or permuted columnar batches, with markers, in Kafka transactions; each
+  run's line has ``release`` and ``reports_topic_bytes``). Per path: wall time per epoch,
+  ``realtime_factor``, the CPU seconds of each process; then ``shuffler_vs_direct`` (wall time
+  per epoch through the shuffler / direct) and whether both paths published the same estimates
+  (``same_estimates``: every row equal, field for field, but ``epsilon_shuffled`` and
+  ``release``, null on the direct path, which attests no shuffle);
 * ``s2``  -- the papers' scale, 3,220 stations and ``--expand-to 47,719`` vehicles, through the
   shuffler (and the direct path in the same run with ``--direct-s2``). The synthetic day's peak
   flow (136,161 vehicles) is above 47,719, so the fleet is that peak (``vehicles`` says so):
@@ -44,8 +46,12 @@ Measured on 2 cores shared with other sessions (load average 3-5; docs/operation
   (goal 1x not met), 7.0x the direct path (10.7 s/epoch, 2.8x); CPU s replay 124 (59%),
   shuffler 72 (34%), worker 5, broker 11. All 38,640 estimates.
 
+* s1 with ``--releases aggregate,permuted`` (load average 9-10): direct 1.87 s/epoch; aggregate
+  39.6 s/epoch, 180,023 B on the reports topic; permuted 44.6 s/epoch, 14,069,631 B; CPU s of
+  the shuffler 26.3 vs 25.0, worker 4.2 vs 4.7. Both ``same_estimates`` (15,000 rows).
+
 Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2] [--epochs-s1 10] [--epochs-s2 5]
-[--direct-s2] [--profile]``
+[--direct-s2] [--releases aggregate,permuted] [--profile]``
 """
 
 from __future__ import annotations
@@ -154,15 +160,24 @@ def _estimate_rows(ws: WorkerSettings) -> dict[tuple[Any, ...], dict[str, Any]]:
     return out
 
 
+_SHUFFLE_FIELDS = ("epsilon_shuffled", "release")  # null on the direct path, which attests no shuffle
+
+
 def _without(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A row without ``epsilon_shuffled``: the direct path attests no shuffle (null there)."""
-    return None if row is None else {k: v for k, v in row.items() if k != "epsilon_shuffled"}
+    """A row without ``epsilon_shuffled`` and ``release``: the direct path attests no shuffle (null there)."""
+    return None if row is None else {k: v for k, v in row.items() if k not in _SHUFFLE_FIELDS}
+
+
+def _topic_bytes(settings: ReplaySettings, topic: str) -> int:
+    """Bytes of the record values on ``topic`` (what the shuffler released, markers included)."""
+    return sum(len(r.value or b"") for r in read_to_end(settings, topic, idle_timeout_s=2))
 
 
 def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stations: int, epochs: int,
              vehicles: int | None, via_shuffler: bool, data_dir: Path, profile: bool = False,
-             keep_rows: bool = False) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
-    tag = f"{name}-{'shuffler' if via_shuffler else 'direct'}-{uuid.uuid4().hex[:8]}"
+             keep_rows: bool = False, release: str = "aggregate"
+             ) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
+    tag = f"{name}-{'shuffler-' + release if via_shuffler else 'direct'}-{uuid.uuid4().hex[:8]}"
     rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir, truth=False, default_queries=False,
                         reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
                         synthetic_stations=stations, mode="per-vehicle", max_epochs=epochs,
@@ -184,7 +199,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     if via_shuffler:
         ss = ShufflerSettings(**rs.model_dump(include=set(ShufflerSettings.model_fields)),
                               shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic,
-                              min_crowd=1, idle_release_s=1.0)
+                              min_crowd=1, idle_release_s=1.0, release=release)
         shuffler = _Shuffler(ss, tmp / f"shuffler-{tag}.log", prof_path)
         _STARTED.append(shuffler)
         shuffler.start()
@@ -213,7 +228,8 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     last_s = max(t for t, _ in rows) / 1000.0 - t0 if rows else float("nan")
     total_cpu = sum(cpu.values())
     out: dict[str, Any] = {
-        "scenario": name, "path": "shuffler" if via_shuffler else "direct", "stations": stations,
+        "scenario": name, "path": "shuffler" if via_shuffler else "direct",
+        **({"release": release} if via_shuffler else {}), "stations": stations,
         "vehicles": fleet, "mode": "per-vehicle", "queries": [q.mechanism for q in queries], "epochs": epochs,
         "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
         "last_estimate_s": round(last_s, 2), "wall_s_per_epoch": round(last_s / epochs, 3),
@@ -224,6 +240,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     }
     if via_shuffler:
         out["device_records"] = summary.records
+    out["reports_topic_bytes"] = _topic_bytes(rs, rs.reports_topic)
     worker.stop()
     if shuffler is not None:
         shuffler.stop()
@@ -236,12 +253,40 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     return out, (_estimate_rows(ws) if keep_rows else {})
 
 
+def _compare(direct: dict[str, Any], d_rows: dict[tuple[Any, ...], dict[str, Any]], via: dict[str, Any],
+             v_rows: dict[tuple[Any, ...], dict[str, Any]], profiled: bool) -> dict[str, Any]:
+    """S1's comparison line: the shuffler's run (one release) against the direct path's."""
+    differ = [k for k, row in d_rows.items() if _without(v_rows.get(k)) != _without(row)]
+    fields = Counter(f for k in differ for f in d_rows[k]
+                     if f not in _SHUFFLE_FIELDS and d_rows[k].get(f) != v_rows.get(k, {}).get(f))
+    example = ({f: [d_rows[differ[0]].get(f), v_rows.get(differ[0], {}).get(f)]
+                for f in fields} | {"key": list(differ[0])}) if differ else None
+    return {
+        "scenario": "s1", "compare": "shuffler vs direct, same fleet and epochs, same run", "release": via["release"],
+        "shuffler_vs_direct": round(via["wall_s_per_epoch"] / direct["wall_s_per_epoch"], 2),
+        "realtime_factor_direct": direct["realtime_factor"],
+        "realtime_factor_shuffler": via["realtime_factor"],
+        "reports_topic_bytes_direct": direct["reports_topic_bytes"],
+        "reports_topic_bytes_shuffler": via["reports_topic_bytes"],
+        "estimates_direct": len(d_rows), "estimates_shuffler": len(v_rows),
+        "rows_differing": len(differ),
+        "of_them_no_source_data": sum(d_rows[k]["data_quality"] == "no_source_data" for k in differ),
+        "rows_no_source_data_direct": sum(r["data_quality"] == "no_source_data" for r in d_rows.values()),
+        "fields_differing": dict(fields), "example": example,
+        "same_estimates": not differ and d_rows.keys() == v_rows.keys(),
+        "epsilon_shuffled_published": sum(r.get("epsilon_shuffled") is not None for r in v_rows.values()),
+        "release_published": sorted({str(r.get("release")) for r in v_rows.values()}),
+        **({"profiled": True} if profiled else {})}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="s1,s2")
     parser.add_argument("--epochs-s1", type=int, default=10)
     parser.add_argument("--epochs-s2", type=int, default=5)
     parser.add_argument("--direct-s2", action="store_true", help="S2 also on the direct path, in the same run")
+    parser.add_argument("--releases", default="aggregate,permuted",
+                        help="the shuffler's --release values to run (s1: each against the direct path; s2: the first)")
     parser.add_argument("--profile", action="store_true", help="the shuffler under cProfile (its figures are slower)")
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
@@ -256,34 +301,18 @@ def main() -> None:
                 direct, d_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=False,
                                           keep_rows=True, **kw)
                 print(json.dumps(direct), flush=True)
-                via, v_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=True, keep_rows=True,
-                                       profile=args.profile, **kw)
-                print(json.dumps(via), flush=True)
-                differ = [k for k, row in d_rows.items() if _without(v_rows.get(k)) != _without(row)]
-                fields = Counter(f for k in differ for f in d_rows[k]
-                                 if f != "epsilon_shuffled" and d_rows[k].get(f) != v_rows.get(k, {}).get(f))
-                example = ({f: [d_rows[differ[0]].get(f), v_rows.get(differ[0], {}).get(f)]
-                            for f in fields} | {"key": list(differ[0])}) if differ else None
-                print(json.dumps({
-                    "scenario": "s1", "compare": "shuffler vs direct, same fleet and epochs, same run",
-                    "shuffler_vs_direct": round(via["wall_s_per_epoch"] / direct["wall_s_per_epoch"], 2),
-                    "realtime_factor_direct": direct["realtime_factor"],
-                    "realtime_factor_shuffler": via["realtime_factor"],
-                    "estimates_direct": len(d_rows), "estimates_shuffler": len(v_rows),
-                    "rows_differing": len(differ),
-                    "of_them_no_source_data": sum(d_rows[k]["data_quality"] == "no_source_data" for k in differ),
-                    "rows_no_source_data_direct": sum(r["data_quality"] == "no_source_data" for r in d_rows.values()),
-                    "fields_differing": dict(fields), "example": example,
-                    "same_estimates": not differ and d_rows.keys() == v_rows.keys(),
-                    "epsilon_shuffled_published": sum(r.get("epsilon_shuffled") is not None for r in v_rows.values()),
-                    **({"profiled": True} if args.profile else {})}), flush=True)
+                for release in args.releases.split(","):
+                    via, v_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=True,
+                                           keep_rows=True, profile=args.profile, release=release, **kw)
+                    print(json.dumps(via), flush=True)
+                    print(json.dumps(_compare(direct, d_rows, via, v_rows, args.profile)), flush=True)
             if "s2" in wanted:
                 kw = {"stations": 3220, "epochs": args.epochs_s2, "vehicles": 47_719, **common}
                 if args.direct_s2:
                     direct, _ = run_path("s2", broker.bootstrap, broker.pid, tmp, via_shuffler=False, **kw)
                     print(json.dumps(direct), flush=True)
                 via, _ = run_path("s2", broker.bootstrap, broker.pid, tmp, via_shuffler=True, profile=args.profile,
-                                  **kw)
+                                  release=args.releases.split(",")[0], **kw)
                 print(json.dumps(via), flush=True)
                 if args.direct_s2:
                     print(json.dumps({"scenario": "s2", "compare": "shuffler vs direct, same run",

@@ -1,5 +1,6 @@
 """The anonymizing shuffler (``ptt shuffler``) with a real broker, real shuffler and worker processes:
-device reports in, the existing columnar batches and markers out, estimates as without it."""
+device reports in, the existing exact-tally batches (``--release aggregate``, the default) or
+columnar batches (``--release permuted``) and markers out, estimates as without it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
@@ -23,7 +25,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
-from schemas import DecodedBatch, DeviceReport, EndOfEpochSet, Query, SourceEpoch, decode_record, encode_json
+from schemas import (
+    DecodedBatch,
+    DeviceReport,
+    EndOfEpochSet,
+    Query,
+    SourceEpoch,
+    decode_device_record,
+    decode_record,
+    encode_json,
+)
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import ensure_topics, publish_query, read_queries
 from stream_app.cli.local_broker import free_port
@@ -38,6 +49,7 @@ from .test_dashboards import Prometheus
 pytestmark = pytest.mark.integration
 
 ESTIMATORS_PER_QUERY = {"sp": 1, "alp": 4, "rr": 1}
+RELEASES = ("aggregate", "permuted")
 
 
 class ShufflerProcess:
@@ -114,19 +126,19 @@ def _assert_cores_estimates(rs: ReplaySettings, ws: WorkerSettings, epochs: int,
                         assert (b.lower, b.upper) == pytest.approx((lo[j], hi[j]), rel=1e-12, abs=1e-9)
 
 
-def _assert_shuffled_epsilon(rs: ReplaySettings, ws: WorkerSettings) -> int:
-    """Every estimate carries the shuffled epsilon of its epoch: the spec's at n, the reports the
-    (one) shuffler mixed per round -- every participant's, in each round -- rounded DOWN to 2
-    significant digits; non-null (the shuffler attests) wherever the spec's value is finite.
-    Returns how many estimates were checked."""
+def _assert_shuffled_epsilon(rs: ReplaySettings, ws: WorkerSettings, release: str) -> int:
+    """Every estimate carries the shuffled epsilon of its epoch: the spec's for ``release`` at n,
+    the reports the (one) shuffler mixed per round -- every participant's, in each round --
+    rounded DOWN to 2 significant digits; non-null (the shuffler attests) wherever the spec's
+    value is finite; and says which release it was. Returns how many estimates were checked."""
     queries = {(q.query_id, q.version): q for q in read_queries(rs)}
     checked = 0
     for e in read_estimates(ws).values():
         q = queries[(e.query_id, e.query_version)]
         n = e.participants
         rounded = n if n < 100 else n - n % 10 ** (len(str(n)) - 2)
-        want = q.spec.shuffled_epsilon(q.build(), q.n_stations, rounded, ws.shuffle_delta)
-        assert math.isfinite(want) and e.epsilon_shuffled == want, (e, n, rounded, want)
+        want = q.spec.shuffled_epsilon(q.build(), q.n_stations, rounded, ws.shuffle_delta, release=release)
+        assert math.isfinite(want) and e.epsilon_shuffled == want and e.release == release, (e, n, rounded, want)
         checked += 1
     return checked
 
@@ -140,13 +152,16 @@ def _replay_until_estimated(rs: ReplaySettings, ws: WorkerSettings, worker: Work
     wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
 
 
-def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: str, tmp_path: Path) -> None:
-    """Every simulated vehicle's report as its own record, through the shuffler: the worker
-    publishes, for SP, ALP and RR, exactly what the statistics core computes from the same
-    seeded fleet (so what the same replay gives without the shuffler), closed by the
-    shuffler's markers and not withheld."""
+@pytest.mark.parametrize("release", RELEASES)
+def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: str, tmp_path: Path,
+                                                                      release: str) -> None:
+    """Every simulated vehicle's report as its own record, through the shuffler, under either
+    release: the worker publishes, for SP, ALP and RR, exactly what the statistics core computes
+    from the same seeded fleet (so what the same replay gives without the shuffler), closed by the
+    shuffler's markers and not withheld, with the release's shuffled epsilon; nothing on the
+    reports topic links a report to its device."""
     epochs = 3
-    rs, ws, ss = _setup(broker, tmp_path, epochs)
+    rs, ws, ss = _setup(broker, tmp_path, epochs, release=release)
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
     try:
@@ -154,7 +169,7 @@ def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: st
         _assert_nothing_links(ss)
         assert [DeadLetter.model_validate_json(r.value) for r in drain(ws, ws.dead_letter_topic, quiet_polls=1)] == []
         _assert_cores_estimates(rs, ws, epochs, bounds=True)
-        assert _assert_shuffled_epsilon(rs, ws) == _expected_rows(rs, epochs)
+        assert _assert_shuffled_epsilon(rs, ws, release) == _expected_rows(rs, epochs)
     finally:
         worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
@@ -164,21 +179,54 @@ def _assert_nothing_links(ss: ShufflerSettings) -> None:
     """Drained from the broker: no device record's key reaches the reports topic; batches are
     keyed by their (fresh, distinct) batch ids and markers by the shuffler's producer id; the
     only header is the kind; every record of an epoch carries the same timestamp, the epoch's
-    end (arrival times do not survive); the partitions of batches are their keys' hash."""
-    device_keys = {r.key for r in drain(ss, ss.device_topic, quiet_polls=1)}
+    end (arrival times do not survive); the partitions of batches are their keys' hash; markers
+    name the shuffler's release. The aggregate release writes one tally per (query, version,
+    epoch, round) equal to the counts of the device reports sent for it (the worker's registry
+    completes both to the same per-station counts): a function of the multiset of reports, so
+    nothing in it can tell which device sent what."""
+    device = drain(ss, ss.device_topic, quiet_polls=1)
+    device_keys = {r.key for r in device}
     assert len(device_keys) > 100
     batches, markers = _drain_decoded(ss)
     ids = [b.header.batch_id for _, b in batches]
     assert len(set(ids)) == len(ids)
+    kind = "tally" if ss.release == "aggregate" else "reports"
     for rec, b in batches:
         assert rec.key == b.header.batch_id.encode() and rec.key not in device_keys
-        assert rec.headers == [("ptt-kind", b"reports")]
+        assert rec.headers == [("ptt-kind", kind.encode())] and b.header.kind == kind
         assert rec.timestamp == (b.header.epoch + 1) * 30_000
         assert rec.partition == (murmur2(rec.key) & 0x7FFFFFFF) % ss.partitions
     for rec, m in markers:
         assert rec.key == f"eoe-{ss.transactional_id}".encode()
         assert rec.headers == [("ptt-kind", b"end_of_epoch")]
         assert {rec.timestamp} == {(x.epoch + 1) * 30_000 for x in m.markers}
+        assert {x.release for x in m.markers} == {ss.release}
+    if ss.release != "aggregate":
+        return
+    queries = {(q.query_id, q.version): q for q in read_queries(ss)}
+    sent: dict[tuple[str, int, int, int], list[DeviceReport]] = {}
+    for rec in device:
+        if rec.headers == [("ptt-kind", b"device_report")]:
+            d = decode_device_record(rec.value)
+            assert isinstance(d, DeviceReport)
+            sent.setdefault((d.query_id, d.query_version, d.epoch, d.round), []).append(d)
+    released = Counter((b.header.query_id, b.header.query_version, b.header.epoch, b.header.round) for _, b in batches)
+    assert set(released) == set(sent) and set(released.values()) == {1}
+    for _, b in batches:
+        h = b.header
+        q = queries[(h.query_id, h.query_version)]
+        mech, spec, reports = q.build(), q.spec, sent[(h.query_id, h.query_version, h.epoch, h.round)]
+        assert h.reports == len(reports)
+        if q.per_station is None:
+            want = spec.accumulate(mech, q.n_stations, "values", {"value": np.array([d.value for d in reports])},
+                                   len(reports))
+        else:
+            pairs = np.array([p for d in reports for p in d.pairs or ()], dtype=np.int64).reshape(-1, 2)
+            want = spec.accumulate(mech, q.n_stations, "pairs", {"station": pairs[:, 0], "output": pairs[:, 1]},
+                                   len(pairs))
+            table = want.reshape(q.n_stations, mech.n_outputs)  # the devices without a pair: the default report
+            table[:, spec.default_report(mech)] += len(reports) - table.sum(axis=1)
+        assert np.array_equal(spec.accumulate(mech, q.n_stations, "counts", b.arrays, h.reports), want), h
 
 
 def _drain_decoded(s: ShufflerSettings) -> tuple[list[tuple[Any, DecodedBatch]], list[tuple[Any, EndOfEpochSet]]]:
@@ -217,16 +265,19 @@ def _send_notes(ss: ShufflerSettings, first: int, last: int) -> None:
     producer.close()
 
 
-def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permuted(broker: str,
-                                                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permuted(broker: str, tmp_path: Path,
+                                                                                   release: str) -> None:
     """Hand-made device records on a one-partition device topic: every bad one is dead-lettered
     with its reason and the good ones behind it still count; a slot takes at most the query's
-    population; an epoch with fewer than min_crowd reports in a round is withheld (a dead letter
-    ``below_min_crowd``, nothing on the reports topic); the released epoch's values are a
-    permutation of what was sent, neither in the order sent nor sorted (either by chance with
-    probability below 1e-26: 60 values, 20 of each of 3 kinds, in one given order),
-    and the markers count its devices."""
-    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, metrics_port=free_port())
+    population; an epoch with fewer than min_crowd reports in a round is withheld under either
+    release (a dead letter ``below_min_crowd``, nothing on the reports topic); the released
+    epoch is, permuted, a permutation of what was sent, neither in the order sent nor sorted
+    (either by chance with probability below 1e-26: 60 values, 20 of each of 3 kinds, in one
+    given order) -- or, aggregate, one tally per round holding exactly its counts -- and the
+    markers count its devices."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, metrics_port=free_port(),
+                        release=release)
     ss = ss.model_copy(update={"device_partitions": 1})
     q = _hand_fed_query(ss, "q-crowd", 1)
     first = q.epoch_range()[0]
@@ -267,11 +318,17 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
         batches, markers = _drain_decoded(ss)
         assert {b.header.epoch for _, b in batches} == {released}
         for rnd in (0, 1):
-            got = [int(x) for _, b in batches if b.header.round == rnd for x in b.arrays["value"]]
+            mine = [b for _, b in batches if b.header.round == rnd]
+            if release == "aggregate":
+                assert len(mine) == 1 and mine[0].header.reports == 60
+                assert mine[0].arrays["counts"].tolist() == np.bincount(sent_order, minlength=3).tolist()
+                continue
+            got = [int(x) for b in mine for x in b.arrays["value"]]
             assert sorted(got) == sorted(sent_order)
             assert got != sent_order and got != sorted(sent_order)  # neither arrival order nor sorted
         for _, m in markers:
-            assert {(x.epoch, x.participants, x.reports_total) for x in m.markers} == {(released, 60, 60)}
+            assert {(x.epoch, x.participants, x.reports_total, x.shuffle_size, x.release) for x in m.markers} == {
+                (released, 60, 60, 60, release)}
         # not a word about a withheld epoch on the reports topic
         assert all(x.epoch != small for _, m in markers for x in m.markers)
         # its /metrics, scraped: what it read, released, refused and withheld, per committed step
@@ -318,8 +375,9 @@ def _scrape(ss: ShufflerSettings) -> dict[tuple[str, tuple[tuple[str, str], ...]
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_path: Path) -> None:
-    """The shuffler is SIGKILLed three times while it works through a replay's device reports --
+@pytest.mark.parametrize("release", RELEASES)
+def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_path: Path, release: str) -> None:
+    """Under either release, the shuffler is SIGKILLed three times while it works through a replay's device reports --
     each time while a transaction it has sent is held open for 2 s (``--fault-hold-s``): after
     its first step, after its first release, after three releases -- and restarted (at least two
     of the kills are seen to have hit an open transaction: its step was done again). The worker's
@@ -328,7 +386,7 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
     shows of a batch id (Tansu shows aborted records) is the same bytes, every marker of a
     (slot, partition) the same marker."""
     epochs = 6
-    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000)
+    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000, release=release)
     summary = replay(rs, progress=False)  # every device report is on the device topic first
     assert summary.epochs == epochs
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
@@ -402,15 +460,17 @@ def _delete_group(ss: ShufflerSettings) -> None:
         consumer.close()
 
 
-def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker: str, tmp_path: Path) -> None:
-    """The shuffler is SIGKILLed twice while a transaction it has sent is held open (after one
+@pytest.mark.parametrize("release", RELEASES)
+def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker: str, tmp_path: Path,
+                                                                         release: str) -> None:
+    """Under either release, the shuffler is SIGKILLed twice while a transaction it has sent is held open (after one
     release, after three) and its consumer group is deleted before each restart (the group's
     offsets expired): it resumes from the step and input offsets its state log keeps. The
     worker's estimates are exactly the core's -- what a clean run gives (the first test) -- for
     every epoch: no held report dropped, nothing released twice under another salt; no record is
     dead-lettered (nothing read again is late)."""
     epochs = 6
-    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000)
+    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000, release=release)
     assert replay(rs, progress=False).epochs == epochs
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
     log = tmp_path / "shuffler.log"
@@ -457,24 +517,40 @@ def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], d
 
 def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     """``ptt demo --via-shuffler`` (the demo starts the shuffler, the replay sends single device
-    reports) publishes for the same seeded fleet the same estimates as the demo without it:
-    every field of every row -- ``data_quality`` too (the replay's per-epoch ``SourceEpoch``
-    carries the stations without a source reading through the shuffler) -- except
-    ``epsilon_shuffled`` (null on the direct path, which attests no shuffle; a number through the
-    shuffler), and nothing withheld -- ALP and RR included."""
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    plain = _demo_estimates(tmp_path / "a")
-    via = _demo_estimates(tmp_path / "b", "--via-shuffler")
-    assert (tmp_path / "b" / "out" / "shuffler.log").exists()
-    assert len(plain) == 6 * 16 * 6 and plain.keys() == via.keys()  # 6 epochs, 16 stations, 6 estimators
-    for key, e in plain.items():
-        assert e["withheld"] is None and via[key]["withheld"] is None, (e, via[key])
-        assert e["epsilon_shuffled"] is None and via[key]["epsilon_shuffled"] is not None, (e, via[key])
-        assert {k: v for k, v in via[key].items() if k != "epsilon_shuffled"} == {
-            k: v for k, v in e.items() if k != "epsilon_shuffled"}, key
+    reports) publishes for the same seeded fleet the same estimates as the demo without it, under
+    the default release (aggregate) and ``--release permuted`` alike: every field of every row --
+    ``data_quality`` too (the replay's per-epoch ``SourceEpoch`` carries the stations without a
+    source reading through the shuffler), ``reports`` too (per-sensor: the non-default answers,
+    pairs or counted) -- except ``epsilon_shuffled`` and ``release`` (null on the direct path,
+    which attests no shuffle; through the shuffler its release and that release's epsilon), and
+    nothing withheld -- ALP and RR included. ``--release`` without ``--via-shuffler`` is refused
+    before anything starts."""
+    runs = {"direct": (), "aggregate": ("--via-shuffler",), "permuted": ("--via-shuffler", "--release", "permuted")}
+    got = {}
+    for name, flags in runs.items():
+        (tmp_path / name).mkdir()
+        got[name] = _demo_estimates(tmp_path / name, *flags)
+    assert (tmp_path / "aggregate" / "out" / "shuffler.log").exists()
+    plain = got["direct"]
+    assert len(plain) == 6 * 16 * 6  # 6 epochs, 16 stations, 6 estimators
+    shuffled = ("epsilon_shuffled", "release")
+    for release in ("aggregate", "permuted"):
+        via = got[release]
+        assert plain.keys() == via.keys()
+        for key, e in plain.items():
+            assert e["withheld"] is None and via[key]["withheld"] is None, (e, via[key])
+            assert e["epsilon_shuffled"] is None and e["release"] is None, e
+            assert via[key]["epsilon_shuffled"] is not None and via[key]["release"] == release, via[key]
+            assert {k: v for k, v in via[key].items() if k not in shuffled} == {
+                k: v for k, v in e.items() if k not in shuffled}, key
+    # the aggregate release's epsilon is, for now, the permuted release's bound (a valid upper bound)
+    assert all(got["aggregate"][k]["epsilon_shuffled"] <= got["permuted"][k]["epsilon_shuffled"] for k in plain)
     # the case is exercised: 4 station-epochs of the synthetic day's 16 stations have no source reading
     assert Counter(e["data_quality"] for e in plain.values())["no_source_data"] == 4 * 6
+    bad = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--release", "aggregate",  # noqa: S603
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "--via-shuffler" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def test_two_instances_split_the_device_partitions_and_give_the_single_instances_estimates(

@@ -11,7 +11,10 @@ each report's record by content, and then asks whether anything a reader of the 
 about a vehicle's round-1 report -- the partition and offset of its record, its index within
 the batch, the batch's place in the round, the record's key and timestamp -- says anything
 about where its round-2 report is. It also checks that no record header carries anything that
-varies with the vehicles (a fixed allow-list) and that keys are fresh random batch ids.
+varies with the vehicles (a fixed allow-list) and that keys are fresh random batch ids. What the
+shuffler writes instead, under either release, is checked in ``tests/integration/test_shuffler.py``
+(``_assert_nothing_links``): its aggregate release is one tally per (query, version, epoch, round)
+equal to the counts of the device reports sent, a function of their multiset alone.
 
 Statistics: per feature, a chi-square test of independence between the round-1 and round-2
 value of the feature over the vehicles, computed per epoch (``scipy.stats.chi2_contingency``)

@@ -136,7 +136,7 @@ def test_computed_once_per_query_version_and_rounded_size(monkeypatch: pytest.Mo
     assert calls == [12_000, 11_000]
     assert values[0] == values[1] == values[2] == values[4] != values[3]
     assert cache.cached(q, 12_050) and not cache.cached(QUERIES["rr"], 12_050)
-    cache.warm([(QUERIES["rr"], 12_050)])
+    cache.warm([(QUERIES["rr"], 12_050, "permuted")])
     assert calls[-1] == 12_000 and cache.cached(QUERIES["rr"], 12_001)
 
 
@@ -228,3 +228,56 @@ def test_a_failing_bound_is_null_once_never_a_crash(monkeypatch: pytest.MonkeyPa
     assert res.epsilon_shuffled is None and res.withheld is None and res.values
     close(q, w, cache)
     assert len(calls) == 1  # cached as failed: not retried on the event loop
+
+
+@pytest.mark.parametrize("release", ["aggregate", "permuted"])
+def test_the_release_is_published_and_its_epsilon_asked_for(release: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The markers' release reaches the rows, the frame header and the long table, and the
+    epsilon is the spec's for that release (asked with ``release=``; cached per release)."""
+    q = QUERIES["alp"]
+    _, w, _ = run(q)
+    n = min(attest(w, q).values())
+    w.markers = {slot: replace(m, release=release) for slot, m in w.markers.items()}
+    asked: list[str] = []
+    real = type(q.spec).shuffled_epsilon
+
+    def spy(self: Any, mech: Any, v: int, size: int, delta: float = 1e-6, release: str = "permuted") -> float:
+        asked.append(release)
+        return real(self, mech, v, size, delta, release=release) + (1.0 if release == "aggregate" else 0.0)
+
+    monkeypatch.setattr(type(q.spec), "shuffled_epsilon", spy)
+    cache = ShuffledEpsilon(DELTA)
+    res = close(q, w, cache)
+    want = real(q.spec, q.build(), q.n_stations, round_down_2sig(n), DELTA) + (1.0 if release == "aggregate" else 0.0)
+    assert asked == [release] and res.release == release and res.epsilon_shuffled == want
+    assert cache.cached(q, n, release) and not cache.cached(q, n, "aggregate" if release == "permuted" else "permuted")
+    rows = [json.loads(v) for _, v in res.render()]
+    schema = committed_schema()
+    assert all(r["release"] == release and validate(r, schema, schema) == [] for r in rows)
+    frame = decode_frame(encode_frame(res))
+    assert frame.header["release"] == release and list(frame_rows(frame)) == rows
+    assert set(long_table(frame).column("release").to_pylist()) == {release}
+    old = replace(frame, header={k: v for k, v in frame.header.items() if k != "release"})  # a frame from before
+    assert {r["release"] for r in frame_rows(old)} == {None}
+
+
+def test_mixed_releases_give_null_and_the_direct_path_no_release() -> None:
+    q = QUERIES["sp"]
+    _, w, _ = run(q)
+    attest(w, q)
+    w.markers = {slot: replace(m, release="aggregate" if slot[1] == 0 else "permuted") for slot, m in w.markers.items()}
+    res = close(q, w, ShuffledEpsilon(DELTA))
+    assert (res.epsilon_shuffled, res.shuffle_null, res.release, res.withheld) == (None, "mixed_release", None, None)
+    direct, w2, _ = run(q)
+    again = close(q, w2, ShuffledEpsilon(DELTA))
+    assert again.release is None and all(json.loads(v)["release"] is None for _, v in again.render())
+
+
+def test_a_marker_with_a_release_round_trips_and_an_unknown_one_is_refused() -> None:
+    attested = EndOfEpoch(**MARKER, shuffle_size=5, release="aggregate")
+    assert decode_record(encode_json(attested)) == attested
+    assert b"release" not in encode_json(EndOfEpoch(**MARKER, shuffle_size=5))
+    with pytest.raises(ValidationError):
+        EndOfEpoch(**MARKER, shuffle_size=5, release="counts")  # type: ignore[arg-type]
+    (p,) = to_partials(encode_json(attested), 0, lambda qid, v: QUERIES["sp"])
+    assert isinstance(p, MarkerPartial) and p.release == "aggregate"

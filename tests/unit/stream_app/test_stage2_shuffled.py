@@ -28,7 +28,7 @@ def test_needs_then_warm_then_publish_without_computing(monkeypatch: pytest.Monk
         return q if (query_id, version) == (q.query_id, q.version) else None
 
     out = OutputSettings(CONF, 1, N_PARTITIONS, ShuffledEpsilon(1e-6))
-    assert shuffled_needs(outcome, known, out) == [(q, n)]
+    assert shuffled_needs(outcome, known, out) == [(q, n, "permuted")]  # a size without a release: permuted
     assert shuffled_needs(outcome, known, OutputSettings(CONF, 1, N_PARTITIONS)) == []  # no cache: nothing
     assert out.shuffled is not None
     out.shuffled.warm(shuffled_needs(outcome, known, out))

@@ -87,7 +87,7 @@ def test_a_size_above_the_reports_released_is_a_lie() -> None:
     # a lie outranks a missing attestation elsewhere (it is what gets counted)
     mixed = window({(0, 0): None, (0, 1): 20, (1, 0): 20, (1, 1): 99})
     assert mixed.shuffle_size(2, per_sensor=False) == (None, "exceeds_released")
-    assert set(SHUFFLE_NULL_CODES) == {"not_attested", "exceeds_released"}
+    assert set(SHUFFLE_NULL_CODES) == {"not_attested", "exceeds_released", "mixed_release"}
 
 
 def test_per_sensor_sizes_are_bounded_by_the_participants() -> None:
@@ -159,3 +159,49 @@ def test_markers_differing_only_in_shuffle_size_conflict_in_any_order() -> None:
 def test_counts_are_untouched_by_the_size() -> None:
     w = window({(0, 0): 20, (0, 1): 20, (1, 0): 20, (1, 1): 20})
     assert np.array_equal(w.counts, np.zeros((2, 3), dtype=np.int64)) and w.participants() == (40, [])
+
+
+def released(release: str | None, rnd: int = 0, index: int = 0, partition: int = 0, size: int | None = 20
+             ) -> MarkerPartial:
+    return replace(marker(rnd, index, partition, size=size), release=release)
+
+
+def test_the_release_the_attesting_markers_name() -> None:
+    """``WindowState.release``: the one release every attesting marker names; a size without a
+    release is a shuffler from before the field (permuted); none attests, or two names: None."""
+    for names, want in [({"aggregate"}, "aggregate"), ({"permuted"}, "permuted"), ({None}, "permuted"),
+                        ({"aggregate", "permuted"}, None), ({"aggregate", None}, None)]:
+        w = window({(0, 0): 20, (0, 1): 20, (1, 0): 20, (1, 1): 20})
+        order = sorted(names, key=str)
+        w.markers = {slot: replace(m, release=order[slot[1] % len(order)]) for slot, m in w.markers.items()}
+        assert w.release() == want, names
+    direct = window({(0, 0): None, (0, 1): None, (1, 0): None, (1, 1): None})
+    assert direct.release() is None  # the direct path: nothing attested
+
+
+def test_the_release_survives_state_and_stage_records() -> None:
+    w = window({(0, 0): 20, (0, 1): 20, (1, 0): 20, (1, 1): 20})
+    w.markers = {slot: replace(m, release="aggregate") for slot, m in w.markers.items()}
+    w.markers[(0, 0, 0)] = replace(w.markers[(0, 0, 0)], shuffle_size=None)  # a release without a size
+    back = WindowState.decode(w.encode())
+    assert back.markers == w.markers and back.release() == "aggregate"
+    for p in (released("aggregate"), released("permuted"), released(None), released("aggregate", size=None)):
+        assert decode_partial(encode_partial(p)) == p
+    assert b"release" not in encode_partial(released(None))  # unset: as before the field
+    head = json.loads(encode_partial(released("aggregate"))[9:])
+    for bad in ("counts", 1, ""):
+        h = json.dumps({**head, "release": bad}).encode()
+        with pytest.raises(ValueError, match="release"):
+            decode_partial(b"PTS1M" + FRAME_LENGTH.pack(len(h)) + h)
+
+
+def test_markers_differing_only_in_release_conflict_in_any_order() -> None:
+    held = []
+    for first, second in ((released("aggregate"), released("permuted")), (released("permuted"),
+                                                                          released("aggregate"))):
+        w = WindowState.new(WID, 2, 3)
+        w.add(first)
+        assert w.add(second) == "added"
+        assert w.conflicting == {(0, 0, 0)}
+        held.append(w.markers[(0, 0, 0)])
+    assert held[0] == held[1] and held[0].release == "aggregate"  # the fixed rule: the smaller

@@ -223,3 +223,55 @@ def test_pairs_are_checked_and_a_round_released_as_the_same_pairs() -> None:
     assert got == sorted(pair for pairs in sent for pair in pairs)
     again = fill([3, 1, 0, 2]).rounds[0]
     assert all(np.array_equal(rnd.arrays[k], again.arrays[k]) for k in ("station", "output"))
+
+
+def test_the_aggregate_release_is_the_exact_tally_of_the_admitted_reports() -> None:
+    """``release="aggregate"``: each round is one count array in the wire's exact-tally layout,
+    equal to what the worker's registry counts from the permuted release of the same reports
+    (``MechanismSpec.accumulate`` + ``complete``): per value for SP; per (station, report) for ALP
+    and RR with the devices that sent no pair at a station at the default report (every row sums
+    to the devices, the header's ``reports``). It does not depend on arrival order or the
+    generator; a small crowd is still withheld, an interrupted epoch still carries no count."""
+    e = _query().epoch_range()[0]
+    gen = np.random.default_rng(5)
+    for mechanism in ("sp", "alp", "rr"):
+        q = _query(mechanism)
+        mech, spec = q.build(), q.spec
+        if q.per_station is None:
+            sent = [[_rep(e, int(v), r) for v in gen.integers(0, q.n_stations + 1, 30)] for r in range(q.n_rounds)]
+        else:
+            others = [o for o in range(q.n_outputs) if o != q.default_report]
+            sent = [[_pairs(e, tuple((s, int(gen.choice(others))) for s in range(1, 4) if gen.random() < 0.4))
+                     for _ in range(30)]]
+
+        def close(order: list[int], release: str, seed: int, q: Query = q, sent: list[list[DeviceReport]] = sent
+                  ) -> Released:
+            p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), q, e)
+            for rnd in sent:
+                for i in order:
+                    assert p.admit(rnd[i], q, 0.0) is None
+            out = p.close(("q", 1, e), np.random.default_rng(seed), release=release)
+            assert isinstance(out, Released)
+            return out
+
+        agg = close(list(range(30)), "aggregate", 1)
+        again = close(list(range(29, -1, -1)), "aggregate", 2)  # neither arrival order nor the generator
+        assert all(np.array_equal(x.arrays["counts"], y.arrays["counts"]) for x, y in zip(agg.rounds, again.rounds,
+                                                                                        strict=True))
+        perm = close(list(range(30)), "permuted", 1)
+        for a, b in zip(agg.rounds, perm.rounds, strict=True):
+            assert set(a.arrays) == {"counts"} and a.reports == a.devices == b.devices == 30
+            counts = a.arrays["counts"]
+            as_tally = spec.accumulate(mech, q.n_stations, "counts", a.arrays, a.reports)  # the worker's check
+            from_perm = spec.accumulate(mech, q.n_stations, spec.layout, b.arrays, b.reports)
+            done = [spec.complete(mech, q.n_stations, x[None, :], 30) for x in (as_tally, from_perm)]
+            assert np.array_equal(done[0], done[1]) and np.array_equal(as_tally, counts)
+    small = _opened(ShufflePolicy(min_crowd=3, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), _query(), e)
+    _fill(small, _query(), e, 2)
+    out = small.close(("q", 1, e), np.random.default_rng(0), release="aggregate")
+    assert isinstance(out, Withheld) and out.reason == "below_min_crowd"
+    cut = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), _query(), e)
+    _fill(cut, _query(), e, 2)
+    assert cut.note(SourceEpoch(epoch=e, interrupted=True), lambda x: [_query()], 0.0) is None
+    out = cut.close(("q", 1, e), np.random.default_rng(0), release="aggregate")
+    assert isinstance(out, Released) and out.interrupted and all(r.reports == 0 for r in out.rounds)
