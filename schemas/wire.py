@@ -47,6 +47,8 @@ __all__ = [
     "MAX_MARKERS_PER_SET",
     "RELEASES",
     "Release",
+    "SHUFFLER_WITHHELD",
+    "ShufflerWithheld",
     "EndOfEpoch",
     "EndOfEpochSet",
     "GroundTruth",
@@ -74,6 +76,9 @@ Round = Annotated[int, Field(ge=0, le=1)]
 #: what a shuffler releases per (query, version, epoch, round): the reports permuted, or only their counts
 Release = Literal["permuted", "aggregate"]
 RELEASES: tuple[Release, ...] = ("aggregate", "permuted")
+#: why a shuffler withheld a (query, version, epoch) it held: nobody reported, or too small a crowd
+ShufflerWithheld = Literal["no_reports", "below_min_crowd"]
+SHUFFLER_WITHHELD: tuple[ShufflerWithheld, ...] = ("no_reports", "below_min_crowd")
 
 
 class WireError(ValueError):
@@ -268,6 +273,21 @@ class EndOfEpoch(_Frozen):
                     "round) -- 'permuted' (the device reports, permuted: reports batches) or 'aggregate' (only their "
                     "counts: tally batches); absent: a direct producer, or a shuffler from before the field "
                     "(permuted)")
+    withheld: ShufflerWithheld | None = Field(
+        default=None,
+        description="optional: a shuffler withheld this (query, version, epoch) -- 'no_reports' (nobody reported) or "
+                    "'below_min_crowd' (a round held fewer than its --min-crowd reports) -- and released nothing of "
+                    "it: the marker then attests 0 reports, batches and participants, and the worker withholds the "
+                    "epoch with this reason")
+
+    @model_validator(mode="after")
+    def _withheld_attests_nothing(self) -> EndOfEpoch:
+        if self.withheld is not None and (self.reports_to_partition or self.batches_to_partition or self.reports_total
+                                          or self.batches_total or self.participants or self.refused
+                                          or self.shuffle_size is not None or self.interrupted):
+            raise ValueError("a withheld marker attests nothing: 0 reports, batches, participants and refused, "
+                             "no shuffle size, not interrupted")
+        return self
 
 
 class GroundTruth(_Frozen):

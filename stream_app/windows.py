@@ -87,11 +87,13 @@ class Marker:
     readings_missing: tuple[int, ...] = ()
     shuffle_size: int | None = None  # attested by a shuffler (None: not attested)
     release: str | None = None  # what that shuffler released, "permuted" or "aggregate" (None: not said)
+    withheld: str | None = None  # a shuffler withheld the epoch: "no_reports" or "below_min_crowd"
 
 
 def _order(m: Marker) -> tuple[Any, ...]:
-    """A total order on markers (``astuple``, with an absent shuffle size or release below any)."""
-    return (*astuple(m)[:-2], -1 if m.shuffle_size is None else m.shuffle_size, m.release or "")
+    """A total order on markers (``astuple``, with an absent shuffle size, release or withheld
+    reason below any)."""
+    return (*astuple(m)[:-3], -1 if m.shuffle_size is None else m.shuffle_size, m.release or "", m.withheld or "")
 
 
 #: why an epoch's shuffled epsilon is null (a metric label): no producer's attestation for some
@@ -104,16 +106,17 @@ MarkerSlot = tuple[int, int, int]  # (round, producer index, source partition)
 
 def _decoded_marker(f: list[Any]) -> Marker:
     # state written before a field existed has fewer entries: readings_missing (7), shuffle_size (8),
-    # release (9)
+    # release (9), withheld (10)
     return Marker(str(f[0]), int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]), bool(f[6]),
                   tuple(int(i) for i in f[7]) if len(f) > 7 else (),
                   int(f[8]) if len(f) > 8 and f[8] is not None else None,
-                  str(f[9]) if len(f) > 9 and f[9] is not None else None)
+                  str(f[9]) if len(f) > 9 and f[9] is not None else None,
+                  str(f[10]) if len(f) > 10 and f[10] is not None else None)
 
 
 def _marker(p: MarkerPartial) -> Marker:
     return Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused, p.interrupted,
-                  tuple(p.readings_missing), p.shuffle_size, p.release)
+                  tuple(p.readings_missing), p.shuffle_size, p.release, p.withheld)
 
 
 @dataclass
@@ -269,6 +272,11 @@ class WindowState:
         kinds = {m.release or "permuted" for m in self.markers.values() if m.shuffle_size is not None}
         return kinds.pop() if len(kinds) == 1 else None
 
+    def withheld_by_producer(self) -> str | None:
+        """A shuffler's reason for withholding the epoch (``no_reports`` or ``below_min_crowd``),
+        when any producer's marker gives one: the first, in order."""
+        return min((m.withheld for m in self.markers.values() if m.withheld is not None), default=None)
+
     def close(self, reason: CloseReason) -> None:
         self.closed_by = reason
 
@@ -283,12 +291,14 @@ class WindowState:
         # late one) and the report counts, not the batch ids or the count arrays
         head["reports"] = self.reports.tolist()
         head["tallied"] = self.tallied.tolist()
-        # an unattested marker is stored as before the shuffle size and release existed (state stays
-        # readable both ways)
+        # an unattested marker is stored as before the shuffle size, release and withheld reason
+        # existed (state stays readable both ways)
         head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
                             m.refused, m.interrupted, list(m.readings_missing),
-                            *(() if m.shuffle_size is None and m.release is None else (m.shuffle_size,)),
-                            *(() if m.release is None else (m.release,))]
+                            *(() if m.shuffle_size is None and m.release is None and m.withheld is None
+                              else (m.shuffle_size,)),
+                            *(() if m.release is None and m.withheld is None else (m.release,)),
+                            *(() if m.withheld is None else (m.withheld,))]
                            for slot, m in self.markers.items()]
         head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
         if self.closed_by is None:

@@ -41,36 +41,31 @@ from typing import Any
 import numpy as np
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, start_http_server
 
 from schemas import (
     DeviceReport,
-    EndOfEpoch,
-    EndOfEpochSet,
     Query,
     SourceEpoch,
     WireError,
     active_queries,
     decode_device_record,
-    encode_batch,
-    encode_json,
 )
-from schemas.epochs import EPOCH_S, epoch_of, epoch_start
+from schemas.epochs import epoch_of, epoch_start
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
 from ..decode import Rejected
 from ..guard import BrokerGuard, stop_grace_s
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
+from .release import KIND_HEADER, Outgoing, release_records, withheld_records
 from .settings import ShufflerSettings
 from .state import StateRecord, decided_key, fold, from_kafka, headers, logged_step, step_key
 
 __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 
 log = logging.getLogger(__name__)
-KIND_HEADER = "ptt-kind"
 
 
 @dataclass
@@ -478,7 +473,7 @@ class Shuffler:
             decided.append(list(key))
             outcomes.append(outcome)
             if isinstance(outcome, Released):
-                self._release(outcome)
+                self._send_out(release_records(self.s, self._out_parts, self._salt, outcome))
             else:
                 self._withhold(outcome)
         self._send_state(admitted, decided)
@@ -522,56 +517,10 @@ class Shuffler:
         digest = hashlib.sha256(f"{self._salt}\x1fperm\x1f{key[0]}\x1f{key[1]}\x1f{key[2]}".encode()).digest()
         return np.random.default_rng(int.from_bytes(digest, "little"))
 
-    def _batch_id(self, q: Query, epoch: int, rnd: int, index: int) -> str:
-        # an aggregate's id differs from every permuted batch's: a release an aborted transaction
-        # left visible under the other --release is never taken for this one (the worker counts an id once)
-        kind = "\x1faggregate" if self.s.release == "aggregate" else ""
-        text = f"{self._salt}\x1f{q.query_id}\x1f{q.version}\x1f{epoch}\x1f{rnd}\x1f{index}{kind}"
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-    def _release(self, out: Released) -> None:
-        s = self.s
-        q = out.query
-        stamp = (out.epoch + 1) * EPOCH_S * 1000  # every record of a release: the epoch's end
-        aggregate = s.release == "aggregate"  # one exact tally per round, else reports batches
-        kind = "tally" if aggregate else "reports"
-        base = {"query_id": q.query_id, "query_version": q.version, "epoch": out.epoch,
-                "producer_id": s.transactional_id, "n_stations": q.n_stations, "n_outputs": q.n_outputs,
-                "kind": kind, "layout": "counts" if aggregate else q.spec.layout}
-        per_round: list[dict[int, list[int]]] = []
-        for r, rnd in enumerate(out.rounds):
-            per_part = {part: [0, 0] for part in self._out_parts}
-            if aggregate:  # the round's counts, one record (none for an interrupted epoch's empty round)
-                chunks = [(rnd.reports, rnd.arrays)] if rnd.reports else []
-            else:
-                chunks = [(min(s.batch_size, rnd.reports - start),
-                           {k: v[start:start + s.batch_size] for k, v in rnd.arrays.items()})
-                          for start in range(0, rnd.reports, s.batch_size)]
-            for i, (n, chunk) in enumerate(chunks):
-                batch_id = self._batch_id(q, out.epoch, r, i)
-                key = batch_id.encode()
-                part = self._out_parts[(murmur2(key) & 0x7FFFFFFF) % len(self._out_parts)]
-                value = encode_batch({**base, "round": r, "batch_id": batch_id, "reports": n}, chunk)
-                self._producer.send(s.reports_topic, key=key, value=value, partition=part, timestamp_ms=stamp,
-                                    headers=[(KIND_HEADER, kind.encode())])
-                per_part[part][0] += n
-                per_part[part][1] += 1
-            per_round.append(per_part)
-        missing = tuple(i + 1 for i, station in enumerate(q.sensors) if station in out.no_data)
-        for part in self._out_parts:
-            markers = tuple(EndOfEpoch(
-                producer_id=s.transactional_id, producer_index=s.instance_index, producer_count=s.instance_count,
-                query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,
-                reports_to_partition=per_round[r][part][0], batches_to_partition=per_round[r][part][1],
-                reports_total=rnd.reports, batches_total=sum(b for _, b in per_round[r].values()),
-                participants=rnd.devices, refused=0, mode="tally" if aggregate else "per-vehicle",
-                interrupted=out.interrupted, readings_missing=missing,
-                # the attestation: this round's device reports were mixed together, as one shuffle, and
-                # released as that (permuted, or only counted)
-                shuffle_size=rnd.devices or None, release=s.release) for r, rnd in enumerate(out.rounds))
-            self._producer.send(s.reports_topic, key=f"eoe-{s.transactional_id}".encode(), partition=part,
-                                value=encode_json(EndOfEpochSet(markers=markers)), timestamp_ms=stamp,
-                                headers=[(KIND_HEADER, b"end_of_epoch")])
+    def _send_out(self, records: list[Outgoing]) -> None:
+        for r in records:
+            self._producer.send(self.s.reports_topic, key=r.key, value=r.value, partition=r.partition,
+                                timestamp_ms=r.timestamp_ms, headers=[(KIND_HEADER, r.kind.encode())])
 
     def _withhold(self, out: Withheld) -> None:
         s = self.s
@@ -582,3 +531,5 @@ class Shuffler:
         log.warning("withheld %s", detail)
         letter = Rejected(out.reason, detail).letter(s.device_topic, -1, -1, None)
         self._producer.send(s.dead_letter_topic, key=out.reason.encode(), value=letter.model_dump_json().encode())
+        # and markers attesting nothing, with the reason: the worker withholds the epoch, never leaves it absent
+        self._send_out(withheld_records(s, self._out_parts, out))

@@ -271,7 +271,8 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
     """Hand-made device records on a one-partition device topic: every bad one is dead-lettered
     with its reason and the good ones behind it still count; a slot takes at most the query's
     population; an epoch with fewer than min_crowd reports in a round is withheld under either
-    release (a dead letter ``below_min_crowd``, nothing on the reports topic); the released
+    release (a dead letter ``below_min_crowd``; on the reports topic no batch of it, only markers
+    attesting nothing -- 0 reports and participants, no shuffle size -- with the reason); the released
     epoch is, permuted, a permutation of what was sent, neither in the order sent nor sorted
     (either by chance with probability below 1e-26: 60 values, 20 of each of 3 kinds, in one
     given order) -- or, aggregate, one tally per round holding exactly its counts -- and the
@@ -310,8 +311,8 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             return Counter(DeadLetter.model_validate_json(r.value).reason
                            for r in drain(ss, ss.dead_letter_topic, quiet_polls=1))
 
-        wait_for(lambda: letters() == wanted and len(_drain_decoded(ss)[1]) == ss.partitions, 60,
-                 f"dead letters {dict(wanted)} and the released epoch's markers")
+        wait_for(lambda: letters() == wanted and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
+                 f"dead letters {dict(wanted)} and the released and withheld epochs' markers")
         withheld = [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)
                     if r.key == b"below_min_crowd"]
         assert f"epoch {small}" in withheld[0].detail and "[2, 2]" in withheld[0].detail
@@ -326,11 +327,12 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             got = [int(x) for b in mine for x in b.arrays["value"]]
             assert sorted(got) == sorted(sent_order)
             assert got != sent_order and got != sorted(sent_order)  # neither arrival order nor sorted
-        for _, m in markers:
-            assert {(x.epoch, x.participants, x.reports_total, x.shuffle_size, x.release) for x in m.markers} == {
-                (released, 60, 60, 60, release)}
-        # not a word about a withheld epoch on the reports topic
-        assert all(x.epoch != small for _, m in markers for x in m.markers)
+        assert {(x.epoch, x.participants, x.reports_total, x.shuffle_size, x.release, x.withheld) for _, m in markers
+                for x in m.markers} == {(released, 60, 60, 60, release, None),
+                                        (small, 0, 0, None, None, "below_min_crowd")}
+        # of the withheld epoch, only markers attesting nothing: not how many it held
+        assert {(x.round, x.batches_total, x.reports_to_partition) for _, m in markers for x in m.markers
+                if x.epoch == small} == {(0, 0, 0), (1, 0, 0)}
         # its /metrics, scraped: what it read, released, refused and withheld, per committed step
         letters_wanted = {k: v for k, v in wanted.items() if k != "below_min_crowd"}
         got = _scrape(ss)
@@ -364,6 +366,45 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             finally:
                 prom.stop()
     finally:
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_an_epoch_the_shuffler_withholds_ends_as_withheld_rows_with_its_reason(broker: str, tmp_path: Path,
+                                                                               release: str) -> None:
+    """Issue 24, item 4 on the shuffler path: of three epochs the replay's notes pass, one holds a
+    crowd (published), one nobody reported for and one holds 2 reports per round under min_crowd
+    3. Under either release the worker publishes a row for every station of each: the first
+    estimated, the other two withheld with the shuffler's reason (``no_reports``,
+    ``below_min_crowd``) and 0 participants -- never absent, never estimated."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, release=release)
+    ss = ss.model_copy(update={"device_partitions": 1})
+    q = _hand_fed_query(ss, "q-held", 1)
+    crowd, nobody, small = (q.epoch_range()[0] + i for i in (1, 2, 3))
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    for epoch, n in ((crowd, 30), (small, 2)):
+        for r in (0, 1):
+            for i in range(n):
+                producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=encode_json(DeviceReport(
+                    query_id="q-held", query_version=1, epoch=epoch, round=r, value=i % 3)))
+    producer.flush()
+    producer.close()
+    _send_notes(ss, crowd, small)
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    try:
+        worker.wait_ready()
+        wait_for(lambda: len(read_estimates(ws)) >= 3 * len(q.sensors), 90, "a row per station of 3 epochs")
+        rows = {(e.epoch, e.station): e for e in read_estimates(ws).values()}
+        assert set(rows) == {(e, s) for e in (crowd, nobody, small) for s in q.sensors}
+        for s in q.sensors:
+            assert rows[crowd, s].withheld is None and rows[crowd, s].participants == 30
+            for epoch, reason in ((nobody, "no_reports"), (small, "below_min_crowd")):
+                e = rows[epoch, s]
+                assert e.withheld is not None and e.withheld.startswith(reason), e
+                assert e.estimate is None and e.participants == 0 and e.epsilon_shuffled is None, e
+    finally:
+        worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
 
 
@@ -590,7 +631,8 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
     partition 0 (instance 0) and 1 on partition 1 (instance 1), with min_crowd 2 -- one
     instance would release it (4 >= 2); of two, instance 0 releases its 3 (markers with 3
     participants, producer 0 of 2) and instance 1 withholds its 1 (dead letter
-    ``below_min_crowd``, no marker of producer 1: the worker withholds the epoch)."""
+    ``below_min_crowd``, markers of producer 1 attesting nothing, with the reason: the worker
+    withholds the epoch as ``below_min_crowd``)."""
     rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=2, instance_count=2, device_partitions=2)
     q = _hand_fed_query(ss, "q-split", 2)
     e = q.epoch_range()[0]
@@ -609,12 +651,12 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
         def letters() -> list[DeadLetter]:
             return [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
 
-        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == ss.partitions, 60,
-                 "instance 1's below_min_crowd and instance 0's markers")
+        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
+                 "instance 1's below_min_crowd and both instances' markers")
         assert letters()[0].reason == "below_min_crowd" and "[1, 1]" in letters()[0].detail
         _, markers = _drain_decoded(ss)
-        assert {(x.producer_index, x.producer_count, x.participants, x.epoch) for _, m in markers
-                for x in m.markers} == {(0, 2, 3, e)}
+        assert {(x.producer_index, x.producer_count, x.participants, x.epoch, x.withheld) for _, m in markers
+                for x in m.markers} == {(0, 2, 3, e, None), (1, 2, 0, e, "below_min_crowd")}
         got = [_scrape(sh.settings) for sh in shufflers]
         assert [g["ptt_shuffler_released_epochs_total", ()] for g in got] == [1, 0]
         assert [g["ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)] for g in got] == [0, 1]
