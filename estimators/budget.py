@@ -35,7 +35,7 @@ import estimators.shuffle as shuffle
 from .mechanisms import Mechanism
 from .registry import MechanismSpec, PlanError
 
-__all__ = ["FAMILIES", "RELEASES", "EpochAccount", "Family", "central_limit_sd", "day_epsilon", "epoch_account",
+__all__ = ["FAMILIES", "RELEASES", "EpochAccount", "Family", "central_limit_sd", "pld_day_epsilon", "epoch_account",
            "can_fit", "fit_budget", "gaussian_delta", "headline_sd", "release_figures"]
 
 RELEASES = ("aggregate", "permuted")
@@ -93,7 +93,7 @@ def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int,
     return EpochAccount(release, tuple(shuffle.clone_plds(ratios, n)), False, local)
 
 
-def day_epsilon(plds: list[shuffle.Pld], epochs: int, delta: float, coarse: bool = False) -> float:
+def pld_day_epsilon(plds: list[shuffle.Pld], epochs: int, delta: float, coarse: bool = False) -> float:
     """Epsilon at ``delta`` of ``epochs`` repetitions of ``plds`` (rounded up onto the grid)."""
     if not plds:
         return 0.0
@@ -109,7 +109,7 @@ def release_figures(acc: EpochAccount, epochs: int, delta: float) -> dict[str, A
                 "accounting": acc.note}
     plds = list(acc.plds)
     epoch = plds[0].epsilon(delta) if len(plds) == 1 else aggregate.epsilon_of(plds, 1, delta)
-    day = day_epsilon(plds, epochs, delta)
+    day = pld_day_epsilon(plds, epochs, delta)
     return {"release": acc.release, "epsilon_shuffled": min(acc.local, epoch),
             "epsilon_day_shuffled": min(privacy.optimal_composition(acc.local, epochs, delta), day),
             "accounting": acc.note}
@@ -169,7 +169,7 @@ def can_fit(spec: MechanismSpec, n_stations: int, population: int, budget_: floa
     mech = spec.build(_params(fam, ends[0]), n_stations)
     acc = epoch_account(spec, mech, n_stations, population, release)
     d = min(privacy.optimal_composition(acc.local, epochs, delta),
-            day_epsilon(list(acc.plds), epochs, delta, coarse=True))
+            pld_day_epsilon(list(acc.plds), epochs, delta, coarse=True))
     if d <= budget_:
         return True, ""
     return False, (f"even its most private setting ({fam.param} = {ends[0]:g}) costs {d:.4g} over the day "
@@ -189,7 +189,7 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
         mech = spec.build(_params(fam, value), n_stations)
         acc = epoch_account(spec, mech, n_stations, population, release)
         local = privacy.optimal_composition(acc.local, epochs, delta)
-        return min(local, day_epsilon(list(acc.plds), epochs, delta, coarse=coarse))
+        return min(local, pld_day_epsilon(list(acc.plds), epochs, delta, coarse=coarse))
 
     tried: list[dict[str, float]] = []
     chosen: float | None = None

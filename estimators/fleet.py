@@ -47,7 +47,7 @@ def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float)
     local_epoch = sum(a.local for a in accounts)
     local = privacy.optimal_composition(local_epoch, epochs, delta) if accounts else 0.0
     plds = [p for a in accounts for p in a.plds]
-    shuffled = min(local, budget.day_epsilon(plds, epochs, delta)) if plds else 0.0
+    shuffled = min(local, budget.pld_day_epsilon(plds, epochs, delta)) if plds else 0.0
     return local, shuffled
 
 

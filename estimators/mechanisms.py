@@ -53,6 +53,7 @@ __all__ = [
     "kary_rr",
     "sampling_privacy",
     "sp_binary",
+    "symmetric_unary",
     "table_mechanism",
     "two_coin_rr",
 ]

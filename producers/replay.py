@@ -170,7 +170,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
     sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
-                      other_topics=[settings.truth_topic] if settings.truth else [])
+                      other_topics=([settings.truth_topic] if settings.truth else [])
+                      + ([settings.source_topic] if settings.via_shuffler else []))
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
@@ -187,6 +188,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
         return plan.cuts(i)
 
     try:
+        if settings.via_shuffler and epochs.size:  # the shuffler's clock opens the first epoch
+            send_source_epoch(sink, settings, int(epochs[0]), set(), False, index, count, opens=True)
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
             if settings.speed > 0:  # a stop ends the wait; what follows the stop is not paced
                 pause_until(t0 + i * 30.0 / settings.speed, stop, plan)
@@ -239,7 +242,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
             if settings.via_shuffler:  # the shuffler writes the markers of what it releases, with this
-                send_source_epoch(sink, epoch, no_data, interrupted)
+                send_source_epoch(sink, settings, epoch, no_data, interrupted, index, count)
             else:
                 send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
                           interrupted, no_data)
@@ -331,13 +334,19 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
                       reports=1)
 
 
-def send_source_epoch(sink: ReportSink, epoch: int, no_data: set[int], interrupted: bool) -> None:
-    """--via-shuffler: the epoch's source metadata (:class:`~schemas.SourceEpoch`: the stations
-    without a source reading, whether the replay stopped in it) to every device partition,
-    behind this producer's device reports of the epoch; fleet metadata, nothing per vehicle."""
-    value = encode_json(SourceEpoch(epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted))
-    for p in sink.partitions:
-        sink.send(value, key=b"source-epoch", partition=p, headers=[(KIND_HEADER, b"source_epoch")])
+def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
+                      interrupted: bool, index: int, count: int, opens: bool = False) -> None:
+    """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
+    topic, once this producer's device reports of the epoch are acknowledged: the device-topic
+    offsets they lie below, the stations without a source reading, whether the replay stopped
+    in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
+    metadata, nothing per vehicle."""
+    sink.flush()
+    ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
+    value = encode_json(SourceEpoch(epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted,
+                                    opens=opens, producer_index=index, producer_count=count, device_offsets=ends))
+    sink.send(value, key=b"source-epoch", partition=0, topic=settings.source_topic,
+              headers=[(KIND_HEADER, b"source_epoch")])
     sink.flush()
 
 
@@ -415,7 +424,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     ensure_topics(settings)
     if settings.via_shuffler:
-        ensure_topics(settings, {settings.device_topic: settings.device_partitions})
+        ensure_topics(settings, {settings.device_topic: settings.device_partitions, settings.source_topic: 1})
     reader = QueryReader(settings)
     try:
         reader.catch_up()

@@ -245,7 +245,8 @@ class StreamWorker:
         self.queries = QueryCache(s)
         self.policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
                                    wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
-                                   horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s)
+                                   horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s,
+                                   stall_close_s=s.stall_close_s)
         self.rollup_policy = RollupPolicy()
         self.output = OutputSettings(s.confidences, s.min_participants, s.partitions, ShuffledEpsilon(s.shuffle_delta))
         self.sink = BatchSink(s, s.estimates_topic)

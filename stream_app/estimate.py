@@ -200,7 +200,8 @@ class ShuffledEpsilon:
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
 WITHHELD_CODES = ("conflicting_markers", "late", "participants_unknown", "missing_markers", "interrupted",
-                  "too_few_participants", "missing_batches", "impossible_counts", "internal")
+                  "no_reports", "below_min_crowd", "too_few_participants", "missing_batches", "impossible_counts",
+                  "internal")
 IMPOSSIBLE_AT = 1e-9  # false-alarm rate per station of the plausibility check
 
 
@@ -235,6 +236,12 @@ def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[
                                    f"{absent[:5]}): batches sent to those partitions may be missing")
     if w.interrupted():
         return "interrupted", "epoch interrupted: a producer stopped in the middle of it"
+    by_shuffler = w.withheld_by_producer()
+    if by_shuffler == "no_reports":
+        return "no_reports", "no_reports: the shuffler held no device report for this epoch"
+    if by_shuffler is not None:
+        return "below_min_crowd", ("below_min_crowd: a round held fewer device reports than the shuffler's minimum "
+                                   "crowd, so it released none of the epoch")
     if n < min_participants:
         return "too_few_participants", f"fewer than {min_participants} participating vehicles ({n})"
     if n > q.population:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from schemas.wire import FRAME_LENGTH, RELEASES
+from schemas.wire import FRAME_LENGTH, RELEASES, SHUFFLER_WITHHELD
 
 __all__ = ["BUNDLE_BYTES", "BatchPartial", "EpochSummary", "MarkerPartial", "Partial", "StageRecord", "Tick",
            "WindowId", "bundle", "decode_partial", "decode_partials", "encode_bundle", "encode_partial", "split_bundle"]
@@ -117,6 +117,7 @@ class MarkerPartial(_Windowed):
     readings_missing: tuple[int, ...] = ()
     shuffle_size: int | None = None  # a shuffler's attested shuffle size for this round (None: not attested)
     release: str | None = None  # what that shuffler released: "permuted" or "aggregate" (None: not said)
+    withheld: str | None = None  # a shuffler withheld the epoch: "no_reports" or "below_min_crowd" (None: not)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def encode_partial(p: StageRecord) -> bytes:
         kind = b"B"
     else:  # flat dataclasses: their fields by name (dataclasses.asdict deep-copies: slow)
         head = {name: getattr(p, name) for name in _FIELDS[type(p)]}
-        for optional in ("shuffle_size", "release"):  # unset: the record a worker wrote before the field
+        for optional in ("shuffle_size", "release", "withheld"):  # unset: the record a worker wrote before the field
             if head.get(optional, 0) is None:
                 del head[optional]
         blob = b""
@@ -232,6 +233,8 @@ def decode_partial(data: bytes) -> StageRecord:
                 raise ValueError(f"bad shuffle size {size!r}")
             if head.get("release") not in (None, *RELEASES):
                 raise ValueError(f"bad release {head.get('release')!r}")
+            if head.get("withheld") not in (None, *SHUFFLER_WITHHELD):
+                raise ValueError(f"bad withheld reason {head.get('withheld')!r}")
             return MarkerPartial(**head)
         dt = head.pop("dtype")
         if dt not in _DTYPES:

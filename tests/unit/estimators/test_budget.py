@@ -49,7 +49,7 @@ def test_unary_fit_is_within_budget_and_tight() -> None:
 
     def day(qq: float, coarse: bool) -> float:
         acc = budget.epoch_account(spec, spec.build({"q": qq}, v), v, n, "aggregate")
-        return budget.day_epsilon(list(acc.plds), epochs, 1e-6, coarse=coarse)
+        return budget.pld_day_epsilon(list(acc.plds), epochs, 1e-6, coarse=coarse)
 
     assert day(q, coarse=False) <= b
     assert day(q * 0.97, coarse=True) > b  # a clearly less noisy setting would not fit: the search is tight

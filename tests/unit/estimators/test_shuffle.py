@@ -232,7 +232,7 @@ def test_alp_at_the_papers_parameters_is_a_single_digit_day() -> None:
 def test_a_truth_independent_round_costs_nothing() -> None:
     """A round whose report does not depend on the truth (beta = 0) adds nothing: the epoch
     costs what its other round costs. (Sampling Privacy's round 1 is such a round, but its
-    rounds share one die, so it has no shuffled bound at all: test_linked_rounds.py.)"""
+    rounds share one die, so it has no shuffled bound at all: test_privacy_linked_rounds.py.)"""
     spec = get_spec("alp")
     (r2,) = spec.shuffle_ratios(spec.build({}, 20), 20)
     r1 = S.VariationRatio(1.0, 0.0, 1.0)

@@ -936,7 +936,7 @@ def _shuffler_uses(cluster: _Cluster, ss: ShufflerSettings) -> None:
     for name in sent:
         cluster.use(ss, "WRITE", "TOPIC", field(name))
     read = set(re.findall(r"TopicPartition\((?:settings|self\.s|s)\.(\w+)", source))
-    assert read == {"device_topic", "state_topic"}, read
+    assert read == {"device_topic", "source_topic", "state_topic"}, read
     for name in read:
         cluster.use(ss, "READ", "TOPIC", field(name))
     (group,) = set(re.findall(r"group_id=s\.(\w+)", source))
@@ -995,8 +995,13 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     before = set(cluster.uses)
     replay(device, progress=False)
     replay(device.model_copy(update={"via_shuffler": True}), progress=False)
-    cluster.uses = before | {u for u in cluster.uses - before if u[1] == "WRITE"}
+    # a device sends reports; the per-epoch source notes are the replay's (the shuffler's trusted
+    # clock: only the replay principal may write them), so that use is the replay's
+    notes = ReplaySettings().source_topic
+    cluster.uses = before | {u if u[3] != notes else ("replay", *u[1:]) for u in cluster.uses - before
+                             if u[1] == "WRITE"}
     assert ("device", "WRITE", "TOPIC", ReplaySettings().device_topic) in cluster.uses
+    assert ("replay", "WRITE", "TOPIC", notes) in cluster.uses
     _shuffler_uses(cluster, _shuffler_settings(services, monkeypatch))
     ws = _worker_settings(services, monkeypatch).model_copy(update={"worker_dir": tmp_path / "worker"})
     _worker_uses(cluster, ws)
