@@ -134,11 +134,12 @@ def _send_late_record(rs: ReplaySettings) -> str:
 
 
 def _send_shuffled_epoch(rs: ReplaySettings, epoch_index: int) -> str:
-    """One Sampling Privacy epoch as a shuffler releases it (a producer of its own, markers that
-    attest the shuffle size): the direct replay attests none, and the shuffled-epsilon panel
-    would stay empty. Reports drawn from the mechanism's outputs for vehicles at no station."""
+    """One RR epoch as a shuffler's aggregate release (a producer of its own, an exact tally and
+    markers that attest the shuffle size): the direct replay attests none, and the shuffled-epsilon
+    panel would stay empty. Counts drawn from the mechanism's outputs for vehicles at no station.
+    (RR, not Sampling Privacy: SP has no shuffled bound, so its epsilon_shuffled is null.)"""
     day = load_day(rs)
-    q = next(q for q in read_queries(rs) if q.mechanism == "sp")
+    q = next(q for q in read_queries(rs) if q.mechanism == "rr")
     epoch = int(day.epochs[epoch_index])
     n = min(60, q.population)
     mech = q.build()
@@ -147,12 +148,12 @@ def _send_shuffled_epoch(rs: ReplaySettings, epoch_index: int) -> str:
     sent: dict[int, int] = {}
     for r in range(q.n_rounds):
         batch_id = new_batch_id()
-        table = mech.output_table(r)[0]
-        values = rng.choice(table.size, size=n, p=table / table.sum())
-        sink.send(encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": q.version, "epoch": epoch,
-                                "round": r, "producer_id": "shuf-test-0", "layout": "values",
+        no_row = mech.output_table(r)[0]
+        counts = rng.multinomial(n, no_row / no_row.sum(), size=q.n_stations).astype(np.int64).ravel()
+        sink.send(encode_batch({"kind": "tally", "query_id": q.query_id, "query_version": q.version, "epoch": epoch,
+                                "round": r, "producer_id": "shuf-test-0", "layout": "counts",
                                 "n_stations": q.n_stations, "n_outputs": q.n_outputs, "batch_id": batch_id,
-                                "reports": n}, {"value": values}),
+                                "reports": n}, {"counts": counts}),
                   key=batch_id.encode(), partition=(part := sink.partition_for(batch_id.encode())))
         sent[r] = part
     for part in range(rs.partitions):
@@ -160,7 +161,8 @@ def _send_shuffled_epoch(rs: ReplaySettings, epoch_index: int) -> str:
             producer_id="shuf-test-0", producer_index=0, producer_count=1, query_id=q.query_id,
             query_version=q.version, epoch=epoch, round=r, partition=part,
             reports_to_partition=n if sent[r] == part else 0, batches_to_partition=int(sent[r] == part),
-            reports_total=n, batches_total=1, participants=n, refused=0, mode="per-vehicle", shuffle_size=n)
+            reports_total=n, batches_total=1, participants=n, refused=0, mode="tally", shuffle_size=n,
+            release="aggregate")
             for r in range(q.n_rounds))
         sink.send(encode_json(EndOfEpochSet(markers=markers)), key=b"eoe-shuf-test-0", partition=part)
     sink.close()
