@@ -45,11 +45,11 @@ from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, start_http_server
 
 from schemas import (
+    DeviceReport,
     EndOfEpoch,
     EndOfEpochSet,
     Query,
     SourceEpoch,
-    WireError,
     active_queries,
     decode_device_record,
     encode_batch,
@@ -60,6 +60,7 @@ from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_
 
 from ..decode import Rejected
 from ..guard import BrokerGuard, stop_grace_s
+from .columns import decode_batch
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .settings import ShufflerSettings
@@ -312,13 +313,14 @@ class Shuffler:
             letters: list[tuple[Rejected, Any]] = []
             read = [0, 0]  # device records, source notes
             for records in got.values():
-                for rec in records:
-                    try:
-                        report = decode_device_record(rec.value)
-                    except WireError as exc:
+                batch = decode_batch([rec.value for rec in records])  # the decode step: columns, reasons
+                for i, rec in enumerate(records):
+                    bad = batch.reasons[i]
+                    if bad is not None:
                         read[0] += 1
-                        letters.append((Rejected(exc.reason, exc.detail), rec))
+                        letters.append((bad, rec))
                         continue
+                    report: DeviceReport | SourceEpoch = batch.notes.get(i) or batch.report(i)
                     read[isinstance(report, SourceEpoch)] += 1
                     if isinstance(report, SourceEpoch):  # fleet metadata, not a device report
                         why = self.policy.note(report, self._active(report.epoch), rec.partition, time.monotonic())
@@ -328,8 +330,8 @@ class Shuffler:
                     if why is not None:
                         letters.append((why, rec))
                         continue
-                    # the record as read: it decoded to this report (and decodes again on restore)
-                    admitted.append((rec.partition, rec.value.decode()))
+                    # the record as read (a binary one as its JSON equivalent): decodes again on restore
+                    admitted.append((rec.partition, batch.text(i, rec.value)))
                     if isinstance(report, SourceEpoch):
                         notes.add(report.epoch)
                     else:
