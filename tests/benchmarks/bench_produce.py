@@ -69,7 +69,8 @@ def _sink(bootstrap: str, topic: str, n: int) -> dict[str, Any]:
     sink.flush()
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
     sink.close()
-    return {"client": "sink", "records": n, "records_per_s": round(n / wall), "cpu_us_per_record": round(1e6 * cpu / n, 1)}
+    return {"client": "sink", "records": n, "records_per_s": round(n / wall),
+            "cpu_us_per_record": round(1e6 * cpu / n, 1)}
 
 
 async def _aiokafka(bootstrap: str, topic: str, n: int) -> dict[str, Any]:
