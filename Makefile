@@ -36,9 +36,15 @@ $(STAMP): pyproject.toml
 
 # The main job: embedded broker + replay of the synthetic day (DEMO_ARGS to change, e.g.
 # DEMO_ARGS="--speed 0 --max-epochs 120"). `make plan` prints the planner at the papers' settings.
+# Ctrl-C is the demo's normal end: it saves, stops and exits 130 (a clean stop). The recipe's
+# shell waits for it (the trap keeps the shell alive; the demo still gets the default SIGINT)
+# and says so on stderr (a `| tee` may be gone) instead of make's "Error 130"; other codes fail.
 DEMO_ARGS ?=
 run: setup
-	$(BIN)/ptt demo $(DEMO_ARGS)
+	@echo "$(BIN)/ptt demo $(DEMO_ARGS)"
+	@trap : INT; $(BIN)/ptt demo $(DEMO_ARGS) || { code=$$?; if [ $$code -eq 130 ]; then \
+	  echo "make run: stopped by Ctrl-C (a clean stop: what the demo saved is listed above)" >&2; \
+	  else exit $$code; fi; }
 
 plan: $(STAMP)
 	$(BIN)/ptt plan sp --population 47719 --expected-yes 100 --stations 3220
@@ -48,12 +54,19 @@ plan: $(STAMP)
 	$(BIN)/ptt plan alp --population 10047719 --expected-yes 100 --param pisNo=0.000025
 
 lint: setup
+	@echo "== ruff: lint every Python file"
 	$(BIN)/ruff check .
+	@echo "== mypy --strict: type-check estimators, producers, stream_app, schemas (~1 min)"
 	$(BIN)/mypy
 
-# The whole test suite: lint, types, then every test.
+# The whole test suite: lint, types, then every test, on TEST_WORKERS parallel pytest-xdist
+# workers (each with its own broker, ports, topics and temporary directory; tests/conftest.py
+# keeps a module's shared fixture on one worker). One line per finished test: worker, share of
+# the suite done, result, file::test. TEST_WORKERS=0 runs the tests in this process, one by one.
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/pytest
+	@echo "== pytest: every test on $(TEST_WORKERS) workers (the first lines come after ~1 min of collection)"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v
 
 # Every benchmark script in tests/benchmarks/ (bench_*.py), one after the other.
 bench: $(STAMP)

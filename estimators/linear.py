@@ -104,16 +104,17 @@ def station_view(mech: Mechanism, stations: Sequence[int] | IntArray | None = No
 
 def station_counts(mech: Mechanism, round_counts: IntArray,
                    stations: Sequence[int] | IntArray | None = None) -> IntArray:
-    """Per-station counts ``(S, R, 2)`` of a station-valued mechanism's round counts ``(R, O)``.
+    """Per-station counts ``(S, R, 2)`` of a station-valued mechanism's round counts ``(R, O)``
+    (``(k, S, R, 2)`` of ``(k, R, O)``: k epochs at once).
 
     Column 1 is the number of reports naming the station, column 0 all the others.
     """
     rc = np.asarray(round_counts, dtype=np.int64)
     v = mech.n_truths - 1
     st = np.arange(1, v + 1, dtype=np.int64) if stations is None else np.asarray(stations, dtype=np.int64)
-    hits = rc[:, st].T  # (S, R)
-    totals = rc.sum(axis=1)[None, :]
-    return np.stack([totals - hits, hits], axis=2)
+    hits = np.swapaxes(rc[..., st], -1, -2)  # (..., S, R)
+    totals = rc.sum(axis=-1)[..., None, :]
+    return np.stack([totals - hits, hits], axis=-1)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ __all__ = [
     "kary_rr",
     "sampling_privacy",
     "sp_binary",
+    "symmetric_unary",
     "table_mechanism",
     "two_coin_rr",
 ]
@@ -241,38 +242,47 @@ class Mechanism:
         ``truth_counts[t]`` vehicles hold truth ``t``. The counts of all rounds are drawn
         jointly (one die per vehicle), so e.g. Sampling Privacy's round difference is exact.
         """
+        one: IntArray = self.tally_epochs(rng, truth_counts, 1)[0]
+        return one
+
+    def tally_epochs(self, rng: np.random.Generator, truth_counts: IntArray, epochs: int) -> IntArray:
+        """``epochs`` independent draws of :meth:`tally` at once, ``(epochs, R, O)`` (Monte Carlo
+        batteries): one multinomial call for every epoch's per-truth counts."""
         counts = np.asarray(truth_counts, dtype=np.int64)
         if counts.shape != (self.n_truths,) or np.any(counts < 0):
             raise ValueError(f"{self.name}: truth_counts must be {self.n_truths} non-negative counts")
         active = np.flatnonzero(counts)
-        result = np.zeros((self.n_rounds, self.n_outputs), dtype=np.float64)
+        result = np.zeros((epochs, self.n_rounds, self.n_outputs), dtype=np.float64)
+
+        def add(r: int, outputs: IntArray, weights: FloatArray | IntArray) -> None:
+            """Round r's counts += per epoch, the weights (epochs, m) summed by outputs (m,)."""
+            flat = (np.arange(epochs, dtype=np.int64)[:, None] * self.n_outputs + outputs.ravel()[None, :]).ravel()
+            result[:, r] += np.bincount(flat, weights=np.reshape(weights, -1),
+                                        minlength=epochs * self.n_outputs).reshape(epochs, self.n_outputs)
+
         if self.truth_independent:
             p = self.latent[0]
             dep = np.asarray(self.truth_dependent_faces, dtype=np.int64)
             rest = np.setdiff1d(np.arange(self.n_faces, dtype=np.int64), dep)
             p_rest = float(p[rest].sum())
             pv = np.append(p[dep], max(0.0, 1.0 - float(p[dep].sum())))
-            per_truth = rng.multinomial(counts[active], pv)  # (k, |dep| + 1)
-            n_rest = int(per_truth[:, -1].sum())
+            per_truth = rng.multinomial(counts[active], pv, size=(epochs, active.size))  # (e, k, |dep| + 1)
+            n_rest = per_truth[:, :, -1].sum(axis=1)
             pooled = (
                 rng.multinomial(n_rest, p[rest] / p_rest)
-                if n_rest > 0 and p_rest > 0
-                else np.zeros(rest.size, dtype=np.int64)
+                if n_rest.any() and p_rest > 0
+                else np.zeros((epochs, rest.size), dtype=np.int64)
             )
             for r in range(self.n_rounds):
                 if dep.size:
                     out_dep = self.emit(r, dep[None, :], active[:, None])
-                    out_dep = np.broadcast_to(out_dep, per_truth[:, :-1].shape)
-                    w_dep = per_truth[:, :-1].ravel()
-                    result[r] += np.bincount(out_dep.ravel(), weights=w_dep, minlength=self.n_outputs)
-                out_rest = self.emit(r, rest, np.zeros_like(rest))
-                result[r] += np.bincount(out_rest, weights=pooled, minlength=self.n_outputs)
+                    add(r, np.broadcast_to(out_dep, (active.size, dep.size)), per_truth[:, :, :-1])
+                add(r, self.emit(r, rest, np.zeros_like(rest)), pooled)
         else:
-            per_truth = rng.multinomial(counts[active], self.latent[active])  # (k, F)
+            per_truth = rng.multinomial(counts[active], self.latent[active], size=(epochs, active.size))  # (e, k, F)
             faces = np.arange(self.n_faces, dtype=np.int64)[None, :]
             for r in range(self.n_rounds):
-                out = np.broadcast_to(self.emit(r, faces, active[:, None]), per_truth.shape)
-                result[r] += np.bincount(out.ravel(), weights=per_truth.ravel(), minlength=self.n_outputs)
+                add(r, np.broadcast_to(self.emit(r, faces, active[:, None]), per_truth.shape[1:]), per_truth)
         return np.rint(result).astype(np.int64)
 
     def _check_truths(self, truths: IntArray) -> IntArray:
@@ -323,6 +333,22 @@ def two_coin_rr(pi1: float = 0.8, pi2: float = 0.2) -> Mechanism:
         truth_dependent_faces=(0,),
         fixed=np.array([0, 1, 0], dtype=np.int64),
     )
+
+
+def symmetric_unary(q: float = 0.2) -> Mechanism:
+    """Symmetric unary randomized response: the truth bit flipped with probability ``q < 1/2``.
+
+    Asked about each sensor, a device's sparse report is the stations whose (flipped) bit is 1.
+    One answer's epsilon is ``ln((1 - q) / q)``; a move from station a to b flips two answers,
+    so the report's is twice that.
+
+    >>> symmetric_unary(0.2).output_table().round(2).tolist()  # rows: truth No, Yes
+    [[0.8, 0.2], [0.2, 0.8]]
+    """
+    q = _check_prob("q", q)
+    if not 0.0 < q < 0.5:
+        raise ValueError(f"q must be in (0, 1/2), got {q}")
+    return table_mechanism("unary", np.array([[1 - q, q], [q, 1 - q]]), {"q": q}, output_labels=("0", "1"))
 
 
 def epsilon_rr(epsilon: float) -> Mechanism:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+import estimators.budget as budget
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
 import estimators.shuffle as shuffle
 
@@ -39,7 +40,8 @@ def build_mechanism(name: str, params: Mapping[str, float], stations: int = 1) -
 
 def plan(name: str, population: int, expected_yes: float, stations: int = 1,
          params: Mapping[str, float] | None = None, epochs: int = EPOCHS_PER_DAY,
-         delta: float = 1e-6, daily_budget: float | None = None, shuffle_size: int | None = None) -> dict[str, Any]:
+         delta: float = 1e-6, daily_budget: float | None = None, shuffle_size: int | None = None,
+         release: str = "permuted", day_budget: float | None = None) -> dict[str, Any]:
     """Cost and accuracy of a query; the keys are the ``plan --json`` contract.
 
     Sampling Privacy at the papers' defaults, 100 of 10,000 vehicles at the station: the
@@ -51,11 +53,25 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     """
     if population < 1:
         raise PlanError("--population must be >= 1")
+    if day_budget is not None and not 0 < day_budget < math.inf:
+        raise PlanError("--day-budget must be a positive number")
     if shuffle_size is not None and shuffle_size < 1:
         raise PlanError("--shuffle-size must be >= 1")
     if not 0 <= expected_yes <= population:
         raise PlanError("--expected-yes must be between 0 and the population")
     spec = get_spec(name)
+    if release not in budget.RELEASES:
+        raise PlanError(f"unknown release {release!r}; choose {' or '.join(budget.RELEASES)}")
+    fit: dict[str, Any] | None = None
+    if day_budget is not None:
+        if params:
+            raise PlanError("--day-budget chooses the parameters: give no --param with it")
+        fit = budget.fit_budget(spec, stations, shuffle_size or population, expected_yes, day_budget, release,
+                                epochs, delta)
+        if not fit["fits"]:
+            raise PlanError(f"{name} cannot meet a day budget of {day_budget:g} through the {release} release: "
+                            f"{fit['why']} ({fit['search']})")
+        params = fit["params"]
     mech = spec.build(params or {}, stations)
     eps = privacy.mechanism_epsilon(mech)
     epsilon = spec.report_epsilon(mech, stations)
@@ -92,7 +108,28 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["epsilon_day_optimal"] = privacy.optimal_composition(epsilon, epochs, delta)
     # the guarantee is the smallest valid bound, never a larger one
     out["epsilon_day"] = min(out["epsilon_day_basic"], out["epsilon_day_advanced"], out["epsilon_day_optimal"])
-    out.update(shuffled_figures(spec.shuffle_ratios(mech, stations), shuffle_size or population, epochs, delta))
+    n = shuffle_size or population
+    out.update(shuffled_figures(spec.shuffle_ratios(mech, stations), n, epochs, delta))
+    out["epsilon_day_shuffled_permuted"] = out["epsilon_day_shuffled"]
+    out["release"] = release
+    if release == "aggregate":
+        permuted_epoch = out["epsilon_shuffled"]
+        out.update(budget.release_figures(budget.epoch_account(spec, mech, stations, n, release), epochs, delta))
+        out["epsilon_shuffled"] = min(out["epsilon_shuffled"], permuted_epoch)
+        # both are valid bounds for the counts (the permuted one by post-processing)
+        out["epsilon_day_shuffled"] = min(out["epsilon_day_shuffled"], out["epsilon_day_shuffled_permuted"])
+    else:
+        out["accounting"] = "the clone bound of the permuted release"
+    if math.isinf(out["epsilon_day_shuffled"]):
+        out["accounting"] = budget.NO_BOUND_NOTE
+    out["epsilon_day_vehicle"] = out["epsilon_day_shuffled"]
+    out["headline_epsilon"] = "epsilon_day_vehicle"
+    out["day_budget"] = day_budget
+    reference = day_budget if day_budget is not None else out["epsilon_day_vehicle"]
+    out["central_limit_sd"] = (budget.central_limit_sd(reference, delta, epochs)
+                               if 0 < reference < math.inf else math.nan)
+    if fit is not None:
+        out["budget_search"] = {k: v for k, v in fit.items() if k not in ("params", "fits")}
     if daily_budget is not None:
         out["daily_budget"] = daily_budget
         out["epochs_within_budget"] = privacy.epochs_within_budget(epsilon, daily_budget, delta, EPOCHS_PER_DAY)

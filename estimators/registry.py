@@ -33,11 +33,12 @@ Adding a mechanism = one :class:`MechanismSpec` in :data:`REGISTRY` (see the REA
 >>> get_spec("nope")
 Traceback (most recent call last):
 ...
-estimators.registry.UnknownMechanism: unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, fresh, krr
+estimators.registry.UnknownMechanism: unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, unary, fresh, krr
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -46,6 +47,7 @@ from typing import Literal
 
 import numpy as np
 
+import estimators.aggregate as aggregate
 import estimators.mechanisms as mechanisms  # the submodules, not through the package (no import cycle)
 import estimators.privacy as privacy
 import estimators.shuffle as shuffle
@@ -273,7 +275,12 @@ class MechanismSpec:
 
     def shuffle_ratios(self, mech: Mechanism, n_stations: int) -> tuple[shuffle.VariationRatio, ...]:
         """Per round, the variation-ratio parameters of what one device sends (its whole report),
-        the input of the shuffled accounting (:mod:`estimators.shuffle`)."""
+        the input of the shuffled accounting (:mod:`estimators.shuffle`). Rounds that share the
+        device's randomness (Sampling Privacy's one die) cannot be accounted round by round: one
+        ratio with ``p = inf`` then stands for the epoch, so every shuffled figure is infinite
+        (:func:`privacy.rounds_independent` says why)."""
+        if not privacy.rounds_independent(mech):
+            return (shuffle.VariationRatio(math.inf, 1.0, math.inf),)
         if self.per_sensor:
             return tuple(shuffle.per_sensor_variation_ratio(m.output_table(0), n_stations)
                          for m in self.round_mechanisms(mech))
@@ -283,17 +290,49 @@ class MechanismSpec:
                          release: str = "permuted") -> float:
         """Central epsilon at ``delta`` of one epoch whose reports were each shuffled among ``n``
         (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`.
-        ``release``: what the shuffler released -- ``"permuted"`` (the reports, permuted) or
-        ``"aggregate"`` (only the per-station or per-value counts, a post-processing of the
-        permuted multiset, so the permuted bound holds for it too)."""
-        if release not in ("permuted", "aggregate"):
-            raise ValueError(f"unknown release {release!r}: permuted or aggregate")
-        # release == "aggregate": the permuted clone bound for now; the exact accounting of the counts replaces it
-        return shuffle.shuffled_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
+
+        ``release``: ``"permuted"`` (the reports, permuted: the clone bound) or ``"aggregate"``
+        (only the counts: :mod:`estimators.aggregate`, exact where :meth:`aggregate_plds` is,
+        else the permuted figure, valid by post-processing). The aggregate figure is computed
+        at ``n`` rounded down to two significant digits (cached; a smaller shuffle is a valid,
+        slightly looser bound, since adding devices only post-processes the counts)."""
+        permuted = shuffle.shuffled_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
+        if release == "permuted":
+            return permuted
+        if release != "aggregate":
+            raise PlanError(f"unknown release {release!r}; choose permuted or aggregate")
+        plds = self.aggregate_plds(mech, n_stations, _two_digits(n))
+        if plds is None:
+            return permuted
+        return min(permuted, aggregate.epsilon_of(plds, 1, delta))
+
+    def aggregate_plds(self, mech: Mechanism, n_stations: int, n: int,
+                       stride: int | None = None) -> list[shuffle.Pld] | None:
+        """One epoch's dominating PLDs of the aggregate release at ``n`` devices (per round: the
+        two stations a move changes), worst case over the other devices' data; ``None`` where
+        no exact accounting exists (ALP's 2-D per-station count, station-valued histograms):
+        then the clone bound of the permuted release applies. ``stride``: see
+        :func:`aggregate.covering_ks` (1: every assignment of the others searched directly)."""
+        if not self.per_sensor:
+            return None
+        tables = tuple(m.output_table(0) for m in self.round_mechanisms(mech))
+        return aggregate.epoch_plds(tables, n, stride)
 
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
         """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""
         return self.extra_fn(mech, participants)
+
+
+def _two_digits(n: int) -> int:
+    """``n`` rounded down to two significant digits (at least 1).
+
+    >>> _two_digits(47_719), _two_digits(99), _two_digits(0)
+    (47000, 99, 1)
+    """
+    if n < 100:
+        return max(int(n), 1)
+    scale = 10 ** (len(str(int(n))) - 2)
+    return int(n) // int(scale) * int(scale)
 
 
 @lru_cache(maxsize=256)
@@ -356,6 +395,16 @@ _SPECS = (
         closed_form_fn=lambda m: privacy.rr_epsilon_closed_form(m.params["pi1"], m.params["pi2"]),
         references="Differential Privacy by Sampling §1 and App. A, eq. 30; Gaboardi's lecture notes",
         title="Randomized response", default_query=True),
+    MechanismSpec(
+        name="unary", summary="symmetric unary randomized response: each sensor's truth bit flipped w.p. q",
+        defaults={"q": 0.2}, n_rounds=1, per_sensor=True,
+        estimator_names=("unary",), headline="unary",
+        build_fn=lambda p, v: mechanisms.symmetric_unary(p["q"]),
+        estimators_fn=lambda m, st, d: {"unary": rr_estimator(m, name="unary")},
+        closed_form_fn=lambda m: math.log((1 - m.params["q"]) / m.params["q"]),
+        references="Wang et al., Locally Differentially Private Protocols for Frequency Estimation "
+                   "(symmetric unary encoding)",
+        title="Symmetric unary RR"),
     MechanismSpec(
         name="fresh", summary="two-round fresh-sample variant asked about each sensor (a baseline)",
         defaults={"pisYes1": 0.5, "pisNo1": 0.05, "pisYes2": 0.05, "pisNo2": 0.05}, n_rounds=2, per_sensor=True,

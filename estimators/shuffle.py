@@ -78,9 +78,11 @@ __all__ = [
     "ShuffledDay",
     "VariationRatio",
     "clone_pair",
+    "clone_plds",
     "closed_form_clone_epsilon",
     "compose",
     "dominating_pld",
+    "grid_step",
     "shuffled_epsilon",
     "per_sensor_variation_ratio",
     "shuffled_day",
@@ -309,6 +311,11 @@ def _cached_pld(pair: Pair, n: int) -> Pld:
     return dominating_pld(pair, n)
 
 
+def clone_plds(ratios: tuple[VariationRatio, ...], n: int) -> list[Pld]:
+    """Per round with a truth-dependent report, the clone bound's PLD (cached)."""
+    return _epoch_plds(ratios, n, with_variation_ratio=False)[0]
+
+
 def shuffled_epsilon(ratios: tuple[VariationRatio, ...], n: int, delta: float = 1e-6) -> float:
     """The published central epsilon at ``delta`` of one epoch whose rounds (one ratio each) are
     each shuffled among ``n`` reports: the clone bound (rounds composed), never above the local
@@ -366,7 +373,7 @@ def _convolve(x: _Grid, y: _Grid, tail: float) -> _Grid:
 _GRID_POINTS = 1 << 21
 
 
-def _grid_step(plds: list[Pld], times: int) -> float:
+def grid_step(plds: list[Pld], times: int) -> float:
     """A grid fine enough that the pessimistic rounding adds at most 0.005 to the composed
     losses, coarsened (still pessimistic, a little looser) when the composed distribution
     would need more than ~2 million points: its width is taken as 10 standard deviations
@@ -381,9 +388,9 @@ def _grid_step(plds: list[Pld], times: int) -> float:
 def compose(plds: list[Pld], times: int, step: float | None = None, tail: float = 1e-15) -> Pld:
     """The PLD of ``times`` repetitions of the sequence ``plds`` (e.g. the rounds of an epoch,
     over a day's epochs), by FFT convolution on a grid of ``step`` (default:
-    :func:`_grid_step`). Every loss is rounded up, so the result dominates the true one."""
+    :func:`grid_step`). Every loss is rounded up, so the result dominates the true one."""
     if step is None:
-        step = _grid_step(plds, times)
+        step = grid_step(plds, times)
     grids = [_truncate(_on_grid(p, step), tail) for p in plds]
     unit = grids[0]
     for g in grids[1:]:

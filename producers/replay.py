@@ -40,7 +40,7 @@ from schemas import (
     new_batch_id,
 )
 from schemas.device_binary import encode_device, encode_device_values
-from schemas.kafka_io import BrokerLost, QueryReader, broker_lost, ensure_topics, publish_query
+from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
@@ -171,7 +171,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
     sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
-                      other_topics=[settings.truth_topic] if settings.truth else [])
+                      other_topics=([settings.truth_topic] if settings.truth else [])
+                      + ([settings.source_topic] if settings.via_shuffler else []))
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
@@ -188,6 +189,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
         return plan.cuts(i)
 
     try:
+        if settings.via_shuffler and epochs.size:  # the shuffler's clock opens the first epoch
+            send_source_epoch(sink, settings, int(epochs[0]), set(), False, index, count, opens=True)
         for i, (epoch_np, flow_row) in enumerate(zip(epochs, flows, strict=True)):
             if settings.speed > 0:  # a stop ends the wait; what follows the stop is not paced
                 pause_until(t0 + i * 30.0 / settings.speed, stop, plan)
@@ -240,7 +243,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
             if settings.via_shuffler:  # the shuffler writes the markers of what it releases, with this
-                send_source_epoch(sink, epoch, no_data, interrupted)
+                send_source_epoch(sink, settings, epoch, no_data, interrupted, index, count)
             else:
                 send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
                           interrupted, no_data)
@@ -334,13 +337,19 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
             sink.send(record, key=keys[16 * j:16 * j + 16], headers=headers, reports=1)
 
 
-def send_source_epoch(sink: ReportSink, epoch: int, no_data: set[int], interrupted: bool) -> None:
-    """--via-shuffler: the epoch's source metadata (:class:`~schemas.SourceEpoch`: the stations
-    without a source reading, whether the replay stopped in it) to every device partition,
-    behind this producer's device reports of the epoch; fleet metadata, nothing per vehicle."""
-    value = encode_json(SourceEpoch(epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted))
-    for p in sink.partitions:
-        sink.send(value, key=b"source-epoch", partition=p, headers=[(KIND_HEADER, b"source_epoch")])
+def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
+                      interrupted: bool, index: int, count: int, opens: bool = False) -> None:
+    """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
+    topic, once this producer's device reports of the epoch are acknowledged: the device-topic
+    offsets they lie below, the stations without a source reading, whether the replay stopped
+    in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
+    metadata, nothing per vehicle."""
+    sink.flush()
+    ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
+    value = encode_json(SourceEpoch(epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted,
+                                    opens=opens, producer_index=index, producer_count=count, device_offsets=ends))
+    sink.send(value, key=b"source-epoch", partition=0, topic=settings.source_topic,
+              headers=[(KIND_HEADER, b"source_epoch")])
     sink.flush()
 
 
@@ -379,6 +388,11 @@ def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters
     except ReplayLost as exc:  # counted (counters[_LOST]); the parent reports it
         if reason is not None:
             reason.value = str(exc).encode()[:_REASON_BYTES - 1]
+    except BrokerUnavailable as exc:  # lost before its loop (connecting, reading the queries): the same loss
+        counters[_LOST] = 1
+        if reason is not None:
+            why = f"no answer from the broker: {str(exc).split(';')[0]}"
+            reason.value = str(broker_lost(settings, why)).encode()[:_REASON_BYTES - 1]
 
 
 class Progress:
@@ -413,7 +427,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     ensure_topics(settings)
     if settings.via_shuffler:
-        ensure_topics(settings, {settings.device_topic: settings.device_partitions})
+        ensure_topics(settings, {settings.device_topic: settings.device_partitions, settings.source_topic: 1})
     reader = QueryReader(settings)
     try:
         reader.catch_up()

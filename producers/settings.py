@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from estimators import default_query_mechanisms
-from schemas.settings import BrokerLossSettings, KafkaSettings
+from schemas.settings import BrokerLossSettings, KafkaSettings, source_topic
 
 __all__ = ["KafkaSettings", "ReplaySettings"]
 
@@ -54,6 +54,11 @@ class ReplaySettings(BrokerLossSettings):
                                                          "device topic, for `ptt shuffler` (no batches, no markers)")
     device_topic: str = Field(default="ptt.device-reports", description="the shuffler's input topic (--via-shuffler)")
     device_partitions: int = Field(default=4, ge=1, description="partitions of the device topic when created")
+
+    @property
+    def source_topic(self) -> str:
+        """--via-shuffler: where each producer's per-epoch source notes go (the shuffler's clock)."""
+        return source_topic(self.device_topic)
 
     @model_validator(mode="after")
     def _one_source(self) -> ReplaySettings:

@@ -71,6 +71,7 @@ class ReportSink:
         self.sent_reports = 0
         self.sent_batches = 0
         self.failure_reasons: Counter[str] = Counter()
+        self.acked_ends: dict[tuple[str, int], int] = {}  # (topic, partition) -> the newest acked offset + 1
         self.lost: str | None = None
         self._health = BrokerHealth(timeout_s, time.monotonic())
         self._topics: set[str] = {topic, *other_topics}
@@ -104,8 +105,10 @@ class ReportSink:
         future.add_callback(self._ok, reports)
         future.add_errback(self._failed)
 
-    def _ok(self, reports: int | None, _: Any) -> None:  # the producer's I/O thread
+    def _ok(self, reports: int | None, meta: Any) -> None:  # the producer's I/O thread
         self.delivered += 1
+        where = (meta.topic, meta.partition)
+        self.acked_ends[where] = max(self.acked_ends.get(where, 0), meta.offset + 1)
         if reports is not None:
             self.acked_reports += reports
             self.acked_batches += 1

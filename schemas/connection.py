@@ -28,36 +28,74 @@ one producer for all its topics and takes ``compression_type``.
 from __future__ import annotations
 
 import ssl
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .settings import KafkaSettings
-
-__all__ = ["aiokafka_options", "compression_for", "faust_options", "kafka_python_options", "producer_options",
-           "ssl_context"]
+__all__ = ["ConnectionFields", "aiokafka_options", "compression_for", "faust_options", "kafka_python_options",
+           "producer_options", "ssl_context"]
 
 
-def _servers(s: KafkaSettings) -> list[str]:
+class _Secret(Protocol):
+    """A secret string (pydantic's ``SecretStr``)."""
+
+    def get_secret_value(self) -> str: ...
+
+
+class ConnectionFields(Protocol):
+    """What the translations read from a settings object: the connection fields of
+    ``schemas.settings.KafkaSettings``. A protocol, not that class, so that this module imports
+    nothing of the project and ``schemas.settings`` can import it at module level (no circle)."""
+
+    @property
+    def bootstrap_servers(self) -> str: ...
+    @property
+    def security_protocol(self) -> str: ...
+    @property
+    def sasl_mechanism(self) -> str | None: ...
+    @property
+    def sasl_plain_username(self) -> str | None: ...
+    @property
+    def sasl_plain_password(self) -> _Secret | None: ...
+    @property
+    def ssl_cafile(self) -> Path | None: ...
+    @property
+    def ssl_certfile(self) -> Path | None: ...
+    @property
+    def ssl_keyfile(self) -> Path | None: ...
+    @property
+    def ssl_password(self) -> _Secret | None: ...
+    @property
+    def request_timeout_ms(self) -> int: ...
+    @property
+    def bootstrap_timeout_ms(self) -> int: ...
+    @property
+    def compression_type(self) -> str: ...
+    @property
+    def topic_compression(self) -> Mapping[str, str]: ...
+
+
+def _servers(s: ConnectionFields) -> list[str]:
     return s.bootstrap_servers.split(",")
 
 
-def _password(s: KafkaSettings) -> str | None:
+def _password(s: ConnectionFields) -> str | None:
     return s.sasl_plain_password.get_secret_value() if s.sasl_plain_password else None
 
 
-def compression_for(s: KafkaSettings, topic: str | None = None) -> str | None:
+def compression_for(s: ConnectionFields, topic: str | None = None) -> str | None:
     """The codec of a producer writing ``topic`` (None: every topic, or uncompressed)."""
     codec = s.topic_compression.get(topic, s.compression_type) if topic is not None else s.compression_type
     return None if codec == "none" else codec
 
 
-def producer_options(s: KafkaSettings, topic: str | None = None) -> dict[str, Any]:
+def producer_options(s: ConnectionFields, topic: str | None = None) -> dict[str, Any]:
     """What a producer (kafka-python or aiokafka: the same option name) adds to the connection
     options: the codec of its batches for ``topic``."""
     return {"compression_type": compression_for(s, topic)}
 
 
-def kafka_python_options(s: KafkaSettings) -> dict[str, Any]:
+def kafka_python_options(s: ConnectionFields) -> dict[str, Any]:
     """Connection and security options for any kafka-python client (it builds its own TLS
     context from the file paths, when it connects)."""
     kw: dict[str, Any] = {
@@ -79,7 +117,7 @@ def kafka_python_options(s: KafkaSettings) -> dict[str, Any]:
     return kw
 
 
-def ssl_context(s: KafkaSettings) -> ssl.SSLContext | None:
+def ssl_context(s: ConnectionFields) -> ssl.SSLContext | None:
     """The TLS context of an SSL or SASL_SSL connection (None otherwise), for the asyncio clients."""
     if s.security_protocol not in ("SSL", "SASL_SSL"):
         return None
@@ -90,7 +128,7 @@ def ssl_context(s: KafkaSettings) -> ssl.SSLContext | None:
     return ctx
 
 
-def aiokafka_options(s: KafkaSettings) -> dict[str, Any]:
+def aiokafka_options(s: ConnectionFields) -> dict[str, Any]:
     """Connection and security options for an aiokafka client."""
     kw: dict[str, Any] = {"bootstrap_servers": _servers(s), "request_timeout_ms": s.request_timeout_ms,
                           "security_protocol": s.security_protocol}
@@ -104,7 +142,7 @@ def aiokafka_options(s: KafkaSettings) -> dict[str, Any]:
     return kw
 
 
-def faust_options(s: KafkaSettings) -> dict[str, Any]:
+def faust_options(s: ConnectionFields) -> dict[str, Any]:
     """The ``broker``, ``broker_credentials`` and ``producer_compression_type`` options of a Faust app."""
     credentials: Any = None
     if s.security_protocol != "PLAINTEXT":

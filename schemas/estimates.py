@@ -49,6 +49,9 @@ class Estimate(BaseModel):
     estimator: EstimatorName
     epoch: int = Field(ge=0, description="absolute epoch index: Unix seconds // epoch length")
     epoch_start: AwareDatetime
+    span_s: int = Field(default=30, gt=0, description="seconds the estimate covers from epoch_start: 30 for one "
+                                                       "epoch, 300 or 3600 for a rollup (the sum of that many "
+                                                       "seconds' epochs; epoch is its first)")
     station: int = Field(description="PeMS station id")
     estimate: float | None
     sd: float | None = Field(description="standard deviation of the estimate at max(estimate, 0)")
@@ -72,7 +75,8 @@ class Estimate(BaseModel):
         default=None, description="what the shuffler released for this epoch, as its markers attest: 'permuted' (the "
                                   "device reports, permuted) or 'aggregate' (only their per-station or per-value "
                                   "counts); epsilon_shuffled is that release's; null when not attested (the direct "
-                                  "path)")
+                                  "path). A rollup's is its epochs' ('permuted' if they disagree: the aggregate "
+                                  "counts are a function of the permuted reports; null if any epoch's is null)")
     withheld: str | None = None
     data_quality: Literal["ok", "no_source_data"] = Field(
         default="ok", description="no_source_data: the replayed source had no reading for this station in this "

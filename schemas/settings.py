@@ -10,7 +10,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["BrokerLossSettings", "Codec", "KafkaSettings"]
+from .connection import kafka_python_options
+
+__all__ = ["BrokerLossSettings", "Codec", "KafkaSettings", "source_topic"]
 
 # the record-batch codecs that work end to end with the embedded broker (Tansu 0.6.0) and every
 # client here (docs/operations.md, "Compressed topics"); snappy needs python-snappy in kafka-python
@@ -68,8 +70,6 @@ class KafkaSettings(BaseSettings):
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection and security options for any kafka-python client (schemas.connection)."""
-        from .connection import kafka_python_options
-
         return kafka_python_options(self)
 
 
@@ -83,3 +83,13 @@ class BrokerLossSettings(KafkaSettings):
                     "metadata request) for this long, when a topic in use has been absent from its "
                     "metadata for a third of this (1-10 s), or at once when one was recreated (an "
                     "embedded broker's restart)")
+
+
+def source_topic(device_topic: str) -> str:
+    """The topic of a replay's per-epoch source notes beside the shuffler's device topic (one
+    partition; only the replay principal may write it: the shuffler's trusted clock).
+
+    >>> source_topic("ptt.device-reports")
+    'ptt.device-reports-source'
+    """
+    return f"{device_topic}-source"

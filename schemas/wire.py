@@ -49,6 +49,8 @@ __all__ = [
     "MAX_MARKERS_PER_SET",
     "RELEASES",
     "Release",
+    "SHUFFLER_WITHHELD",
+    "ShufflerWithheld",
     "EndOfEpoch",
     "EndOfEpochSet",
     "GroundTruth",
@@ -77,6 +79,9 @@ Round = Annotated[int, Field(ge=0, le=1)]
 #: what a shuffler releases per (query, version, epoch, round): the reports permuted, or only their counts
 Release = Literal["permuted", "aggregate"]
 RELEASES: tuple[Release, ...] = ("aggregate", "permuted")
+#: why a shuffler withheld a (query, version, epoch) it held: nobody reported, or too small a crowd
+ShufflerWithheld = Literal["no_reports", "below_min_crowd"]
+SHUFFLER_WITHHELD: tuple[ShufflerWithheld, ...] = ("no_reports", "below_min_crowd")
 
 
 class WireError(ValueError):
@@ -173,12 +178,15 @@ class DeviceReport(_Frozen):
 
 
 class SourceEpoch(_Frozen):
-    """Replays only: the fleet's source metadata of one epoch on the device topic, sent by each
-    replay producer to every device partition after its device reports of that epoch (so a
-    shuffler instance reads it behind them). Nothing in it is per vehicle: the epoch, the
-    stations (sensor ids) whose source reading is missing this epoch (the direct path's
-    markers' ``readings_missing``), and whether the replay stopped in the middle of the epoch
-    (the markers' ``interrupted``). The shuffler carries both into the markers it writes.
+    """Replays only: the fleet's source note of one epoch, on the source-notes topic that only
+    the replay principal may write (the shuffler's trusted clock), sent by each replay producer
+    once its device reports of that epoch are acknowledged -- and once, ``opens``, before its
+    first epoch. Nothing in it is per vehicle: the epoch, the producer (``producer_index`` of
+    ``producer_count``), the device-topic offsets below which its reports of the epoch lie
+    (``device_offsets``: (partition, end offset) pairs), the stations (sensor ids) whose source
+    reading is missing this epoch (the direct path's markers' ``readings_missing``), and whether
+    the replay stopped in the middle of the epoch (the markers' ``interrupted``). The shuffler
+    carries the last two into the markers it writes.
 
     >>> n = SourceEpoch(epoch=9, readings_missing=(400001,), interrupted=True)
     >>> decode_device_record(encode_json(n)) == n
@@ -190,6 +198,17 @@ class SourceEpoch(_Frozen):
     readings_missing: tuple[Annotated[int, Field(ge=0)], ...] = Field(
         default=(), max_length=65_000, description="station (sensor) ids without a source reading this epoch")
     interrupted: bool = False
+    opens: bool = Field(default=False, description="the producer begins with this epoch (nothing of it sent yet)")
+    producer_index: int = Field(default=0, ge=0)
+    producer_count: int = Field(default=1, ge=1, le=1024)
+    device_offsets: tuple[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]], ...] = Field(
+        default=(), max_length=4096, description="(device partition, end offset): the producer's reports lie below")
+
+    @model_validator(mode="after")
+    def _index(self) -> SourceEpoch:
+        if self.producer_index >= self.producer_count:
+            raise ValueError(f"producer_index {self.producer_index} must be below producer_count {self.producer_count}")
+        return self
 
 
 _DEVICE = TypeAdapter(DeviceReport)
@@ -273,6 +292,21 @@ class EndOfEpoch(_Frozen):
                     "round) -- 'permuted' (the device reports, permuted: reports batches) or 'aggregate' (only their "
                     "counts: tally batches); absent: a direct producer, or a shuffler from before the field "
                     "(permuted)")
+    withheld: ShufflerWithheld | None = Field(
+        default=None,
+        description="optional: a shuffler withheld this (query, version, epoch) -- 'no_reports' (nobody reported) or "
+                    "'below_min_crowd' (a round held fewer than its --min-crowd reports) -- and released nothing of "
+                    "it: the marker then attests 0 reports, batches and participants, and the worker withholds the "
+                    "epoch with this reason")
+
+    @model_validator(mode="after")
+    def _withheld_attests_nothing(self) -> EndOfEpoch:
+        if self.withheld is not None and (self.reports_to_partition or self.batches_to_partition or self.reports_total
+                                          or self.batches_total or self.participants or self.refused
+                                          or self.shuffle_size is not None or self.interrupted):
+            raise ValueError("a withheld marker attests nothing: 0 reports, batches, participants and refused, "
+                             "no shuffle size, not interrupted")
+        return self
 
 
 class GroundTruth(_Frozen):

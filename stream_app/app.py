@@ -15,6 +15,9 @@ Topology (one or many workers in one consumer group give the same result):
   acknowledged), then writes each touched window once. Offsets are committed only after
   that (Faust acks the batch's events when the loop body returns, and flushes the producer
   before committing).
+* **rollups** (:mod:`stream_app.rollups`): stage 2 sends each decided epoch's summary back to
+  ``partials`` keyed by query and hour; that key's partition adds it to the rollups in the
+  same table and publishes the 5-minute and hourly rollups it completes.
 
 A lost broker (silent for ``broker_loss_timeout_s``, or its topics gone: an embedded
 broker restarted) stops the worker with one line and exit code 7 (:mod:`stream_app.guard`,
@@ -56,12 +59,13 @@ from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pas
 from .estimate import QueryEstimators, ShuffledEpsilon
 from .faust_recovery import install as install_recovery_fix
 from .guard import BrokerGuard, stop_grace_s
-from .introspect import describe
+from .introspect import consumer_state, describe
 from .metrics import StationArrays, StreamMonitor
 from .publish import BatchSink
-from .records import BatchPartial, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
+from .records import BatchPartial, EpochSummary, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
+from .rollups import RollupId, RollupOutcome, RollupPolicy, RollupState, route_key, summary_of, version_window
 from .settings import WorkerSettings
-from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks, shuffled_needs
+from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks, rollup_outputs, shuffled_needs
 from .windows import Watermarks, WindowPolicy, WindowState
 
 __all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
@@ -190,9 +194,23 @@ def _metrics_page(app: faust.App, registry: CollectorRegistry, arrays: StationAr
         return Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
 
 
+class _App(faust.App):
+    """Faust's app, with closers run once it has stopped (``on_shutdown`` runs after its agents,
+    consumer and producer have stopped): the worker's own producers (:class:`BatchSink`), which
+    aiokafka otherwise reports as ``Unclosed AIOKafkaProducer`` errors when the process ends."""
+
+    closers: list[Callable[[], Awaitable[None]]]
+
+    async def on_shutdown(self) -> None:
+        await super().on_shutdown()
+        for close in getattr(self, "closers", ()):
+            with contextlib.suppress(Exception):  # a broker gone meanwhile: nothing left to flush to
+                await close()
+
+
 def _faust_app(s: WorkerSettings) -> faust.App:
     s.worker_dir.mkdir(parents=True, exist_ok=True)
-    return faust.App(
+    return _App(
         s.app_id,
         **faust_options(s),
         store=s.store,
@@ -227,7 +245,9 @@ class StreamWorker:
         self.queries = QueryCache(s)
         self.policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
                                    wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
-                                   horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s)
+                                   horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s,
+                                   stall_close_s=s.stall_close_s)
+        self.rollup_policy = RollupPolicy()
         self.output = OutputSettings(s.confidences, s.min_participants, s.partitions, ShuffledEpsilon(s.shuffle_delta))
         self.sink = BatchSink(s, s.estimates_topic)
         self.frames = BatchSink(s, s.frames_topic) if s.frames_on else None  # PTT_ESTIMATE_OUTPUT
@@ -251,6 +271,12 @@ class StreamWorker:
                 await sink.start()
         await self.forward.start()
         await self.state.start()
+
+    async def close(self) -> None:
+        """Stop every producer of this worker (once Faust has stopped: nothing publishes any more)."""
+        for sink in (self.sink, self.frames, self.forward, self.state):
+            if sink is not None:
+                await sink.stop()
 
     async def publishing(self, what: str, attempt: Callable[[], Awaitable[None]]) -> None:
         """Run ``attempt`` until it succeeds; broker errors are retried (a re-send is harmless:
@@ -350,30 +376,58 @@ class StreamWorker:
         the state writes (acknowledged)."""
         wm_key = WM_PREFIX + str(part).encode()
         wm = Watermarks.decode(self.windows.data.get(wm_key))
-        items = [decode_partial(raw) for _, raw in entries]
-        await self.queries.ensure({(i.query_id, i.query_version) for i in items if not isinstance(i, Tick)},
+        decoded = [decode_partial(raw) for _, raw in entries]
+        await self.queries.ensure({(i.query_id, i.query_version) for i in decoded if not isinstance(i, Tick)},
                                   QUERY_PATIENCE_S)
+        at = [j for j, i in enumerate(decoded) if not isinstance(i, EpochSummary)]  # the window policy's items
+        items = [i for i in decoded if not isinstance(i, EpochSummary)]
         outcome = self.policy.apply(wm, self.load, self.queries.shape, items)
         for index, reason, detail in outcome.rejected:
-            e, raw = entries[index]
+            e, raw = entries[at[index]]
             await self.dead_letter(Rejected(reason, detail), e.message.topic, part, e.message.offset, raw)
         self.monitor.on_window_updates(outcome.reports, outcome.late, outcome.duplicates, outcome.newest)
         need = shuffled_needs(outcome, self.queries.known, self.output)
         if need and self.output.shuffled is not None:  # a bound may take ~1 s a call: never on the event loop
             await asyncio.get_running_loop().run_in_executor(None, self.output.shuffled.warm, need)
         results = epoch_outputs(outcome, self.queries.known, self.queries.estimators, self.output)
+        summaries: list[EpochSummary] = []
         for rows, frames, done in publish_chunks(results, PUBLISH_CHUNK, self.s.rows_on, self.s.frames_on):
-            pending = await self.sink.send(rows)  # rows and frames alike: acknowledged before the state writes
-            if self.frames is not None:
-                pending += await self.frames.send(frames)
-            await self.sink.wait(pending)
+            await self.send_estimates(rows, frames)
             for res in done:
                 self.monitor.on_epoch_closed(res)
                 self.monitor.on_epochs_published(time.monotonic() - started)
+                summaries.append(summary_of(res))
+        rolled = await self.roll(summaries, [i for i in decoded if isinstance(i, EpochSummary)])
         writes = [(wid.key, st.encode()) for wid, st in outcome.touched.items()]
+        writes += [(rid.key, st.encode()) for rid, st in rolled.touched.items()]
         if wm.dirty:
             writes.append((wm_key, wm.encode()))
         await self.write(part, writes)
+
+    async def roll(self, decided: list[EpochSummary], arrived: list[EpochSummary]) -> RollupOutcome:
+        """Send the summaries of the epochs this batch decided to their rollups (keyed by their
+        hour), acknowledged before the windows' states are written: a crash in between sends
+        them again, and a rollup ignores a repeat. Then add the summaries that ``arrived`` to
+        this partition's rollups and publish the rollups they decide (acknowledged)."""
+        forward = [(route_key(x), encode_partial(x)) for x in decided]
+        await self.forward.publish(forward, [self.forward.partition_for(k) for k, _ in forward])
+        rolled = self.rollup_policy.apply(self.load_rollup, arrived, partial(version_window, self.queries.known))
+        results = rollup_outputs(rolled, self.queries.known, self.queries.estimators, self.output)
+        for rows, frames, done in publish_chunks(results, PUBLISH_CHUNK, self.s.rows_on, self.s.frames_on):
+            await self.send_estimates(rows, frames)
+            for res in done:
+                self.monitor.on_rollup(res)
+        return rolled
+
+    async def send_estimates(self, rows: list[tuple[bytes, bytes]], frames: list[tuple[bytes, bytes]]) -> None:
+        """Publish rows and frames alike, acknowledged (before any state write)."""
+        pending = await self.sink.send(rows)
+        if self.frames is not None:
+            pending += await self.frames.send(frames)
+        await self.sink.wait(pending)
+
+    def load_rollup(self, rid: RollupId) -> RollupState | None:
+        return None if (raw := self.windows.data.get(rid.key)) is None else RollupState.decode(raw)
 
     async def write(self, part: int, writes: list[tuple[bytes, bytes]]) -> None:
         """Write window states: to the changelog, acknowledged, then to the local store. The
@@ -433,6 +487,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
 
     app.timer(interval=s.tick_interval_s)(w.tick)
     app.task(w.start)
+    app.closers = [w.close]  # type: ignore[attr-defined]
     _ready_page(app)
     _debug_page(app)
     app.metrics_registry = registry  # type: ignore[attr-defined]
@@ -449,38 +504,6 @@ def _debug_page(app: faust.App) -> None:
         from aiohttp.web import Response
 
         return Response(text=describe(consumer_state(app)))
-
-
-def consumer_state(app: faust.App) -> list[str]:
-    """Faust's consumer as the fetcher sees it: flow, paused partitions, and per partition
-    the offset read, committed and the high-water mark (for ``/debug/tasks``)."""
-    c: Any = app.consumer
-    lines = [f"CONSUMER flow {'suspended' if c.suspend_flow.is_set() else 'running'}, "
-             f"can resume {c.can_resume_flow.is_set()}, paused {sorted(map(tuple, c._paused_partitions))}"]
-    for tp in sorted(c.assignment()):
-        try:
-            high = c.highwater(tp)
-        except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
-            high = f"? ({type(exc).__name__})"
-        lines.append(f"  {tp.topic}[{tp.partition}] read {c._read_offset.get(tp)} "
-                     f"committed {c._committed_offset.get(tp)} highwater {high} {_fetch_state(c, tp)}")
-    return lines
-
-
-def _fetch_state(c: Any, tp: Any) -> str:
-    """Whether Faust asks for ``tp`` (its active set) and aiokafka's own view of it: the fetch
-    position, paused, awaiting an offset reset -- a partition never read shows which side idles."""
-    active = tp in (c._active_partitions or ())
-    try:
-        from aiokafka import TopicPartition
-
-        assignment = c._thread._consumer._subscription.subscription.assignment
-        st = assignment.state_value(TopicPartition(tp.topic, tp.partition))
-        fetch = ("position " + (str(st.position) if st.has_valid_position else "none") +
-                 f", paused {st.paused}, awaiting reset {st.awaiting_reset}")
-    except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
-        fetch = f"fetch state ? ({type(exc).__name__})"
-    return f"(faust active {active}; aiokafka {fetch})"
 
 
 def _ready_page(app: faust.App) -> None:

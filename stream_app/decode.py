@@ -177,7 +177,7 @@ def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> Mark
     return MarkerPartial(m.query_id, m.query_version, m.epoch, m.round, partition, m.producer_id, m.producer_index,
                          m.producer_count, m.reports_to_partition, m.batches_to_partition, m.participants,
                          m.refused, m.interrupted, tuple(m.readings_missing), m.shuffle_size,
-                         m.release)
+                         m.release, m.withheld)
 
 
 Stage1Result = BatchPartial | MarkerPartial | Rejected

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from estimators import LinearEstimator, project_capped_simplex
 from schemas import Query
-from schemas.epochs import epoch_start
+from schemas.epochs import EPOCH_S, epoch_start
 
 from .windows import CloseReason, WindowState
 
@@ -84,6 +84,7 @@ class EpochResult:
     # None when not attested (``shuffle_null`` says why, SHUFFLE_NULL_CODES) or infinite
     epsilon_shuffled: float | None = None
     shuffle_null: str | None = None
+    span_s: int = EPOCH_S  # seconds covered: an epoch's, or a rollup's (stream_app.rollups)
     release: str | None = None  # what the shuffler released ("permuted", "aggregate"); None: not attested
 
     @property
@@ -97,7 +98,7 @@ class EpochResult:
         """The fields every estimate record of this epoch shares (and a frame carries once)."""
         q = self.query
         return {"query_id": q.query_id, "query_version": q.version, "mechanism": q.mechanism,
-                "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(),
+                "epoch": self.epoch, "epoch_start": epoch_start(self.epoch).isoformat(), "span_s": self.span_s,
                 "reports": self.reports, "participants": self.participants,
                 "epsilon": q.epsilon if math.isfinite(q.epsilon) else None,
                 "epsilon_shuffled": self.epsilon_shuffled, "release": self.release,
@@ -199,7 +200,8 @@ class ShuffledEpsilon:
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
 WITHHELD_CODES = ("conflicting_markers", "late", "participants_unknown", "missing_markers", "interrupted",
-                  "too_few_participants", "missing_batches", "impossible_counts", "internal")
+                  "no_reports", "below_min_crowd", "too_few_participants", "missing_batches", "impossible_counts",
+                  "internal")
 IMPOSSIBLE_AT = 1e-9  # false-alarm rate per station of the plausibility check
 
 
@@ -234,6 +236,12 @@ def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[
                                    f"{absent[:5]}): batches sent to those partitions may be missing")
     if w.interrupted():
         return "interrupted", "epoch interrupted: a producer stopped in the middle of it"
+    by_shuffler = w.withheld_by_producer()
+    if by_shuffler == "no_reports":
+        return "no_reports", "no_reports: the shuffler held no device report for this epoch"
+    if by_shuffler is not None:
+        return "below_min_crowd", ("below_min_crowd: a round held fewer device reports than the shuffler's minimum "
+                                   "crowd, so it released none of the epoch")
     if n < min_participants:
         return "too_few_participants", f"fewer than {min_participants} participating vehicles ({n})"
     if n > q.population:

@@ -9,8 +9,9 @@ Schema version :data:`FRAME_SCHEMA_VERSION` (docs/wire.md, "Estimate frames"):
   ``mechanism``, ``epoch``, ``epoch_start``, ``reports``, ``participants``, ``epsilon``,
   ``withheld``, ``closed_by``, ``round_count_mismatch``, ``late``, ``refused``,
   ``missing_batches``) plus ``withheld_code``, ``retracted``, ``estimators`` and
-  ``confidences`` (which name the columns), and the optional ``epsilon_shuffled`` and
-  ``release`` (added within version 2: a header from before them lacks them, read as null);
+  ``confidences`` (which name the columns), and the optional ``epsilon_shuffled``, ``span_s``
+  and ``release`` (added within version 2: a header from before them lacks them, read as null,
+  30 and null);
 * columns: ``station`` (int64), ``no_source_data`` (bool), and per estimator ``E``:
   ``E.estimate``, ``E.sd`` and, per confidence level ``c``, ``E.lower[c]`` and ``E.upper[c]``
   (float64; ``c`` written as in the rows, e.g. ``0.95``); then per estimator ``E.consistent``
@@ -182,14 +183,15 @@ def decode_frame(data: bytes) -> Frame:
 
 
 SHARED = HEADER_FIELDS[:14]  # the header fields a per-row estimate record repeats
-OPTIONAL_SHARED = ("epsilon_shuffled", "release")  # shared fields added within a version: absent reads as null
+# shared fields added within a version, and what their absence reads as
+OPTIONAL_SHARED: dict[str, Any] = {"epsilon_shuffled": None, "span_s": EPOCH_S, "release": None}
 
 
 def frame_rows(frame: Frame) -> Iterator[dict[str, Any]]:
     """The per-row estimate records, as dicts equal to ``json.loads`` of the rows, in the rows'
     order (estimator by estimator, station by station)."""
     h = frame.header
-    common = {"kind": "estimate", **{f: h[f] for f in SHARED}, **{f: h.get(f) for f in OPTIONAL_SHARED}}
+    common = {"kind": "estimate", **{f: h[f] for f in SHARED}, **{f: h.get(f, d) for f, d in OPTIONAL_SHARED.items()}}
     cols = frame.table.to_pydict()
     quality = ["no_source_data" if flag else "ok" for flag in cols["no_source_data"]]
     for name in frame.estimators:
@@ -218,15 +220,16 @@ LONG_SCHEMA = pa.schema([
     ("reports", pa.int64()), ("participants", pa.int64()), ("epsilon", pa.float64()), ("withheld", pa.string()),
     ("withheld_code", pa.string()), ("closed_by", pa.string()), ("round_count_mismatch", pa.int64()),
     ("late", pa.int64()), ("refused", pa.int64()), ("missing_batches", pa.int64()), ("retracted", pa.bool_()),
-    ("consistent", pa.float64()), ("epsilon_shuffled", pa.float64()), ("release", pa.string()),
+    ("consistent", pa.float64()), ("epsilon_shuffled", pa.float64()), ("span_s", pa.int64()),
+    ("release", pa.string()),
 ])
 
 
 def long_table(frame: Frame) -> pa.Table:
     """The frame in long form (:data:`LONG_SCHEMA`), built column-wise: its rows' values,
     ``epoch_start`` as a timestamp (the same instant), plus ``withheld_code``, ``retracted`` and
-    ``consistent`` (null from a version-1 frame), ``epsilon_shuffled`` and ``release`` (null
-    from a frame whose header lacks them)."""
+    ``consistent`` (null from a version-1 frame), ``epsilon_shuffled``, ``span_s`` and ``release``
+    (null, 30 and null from a frame whose header lacks them)."""
     parts = [_long_part(frame, name) for name in frame.estimators]
     return pa.concat_tables(parts) if parts else LONG_SCHEMA.empty_table()
 
@@ -258,4 +261,4 @@ def _long_part(frame: Frame, name: str) -> pa.Table:
 
 
 def _header_value(h: dict[str, Any], name: str) -> Any:
-    return h.get(name) if name in OPTIONAL_SHARED else h[name]
+    return h.get(name, OPTIONAL_SHARED[name]) if name in OPTIONAL_SHARED else h[name]

@@ -1,5 +1,6 @@
 """Where a running worker is waiting: every asyncio task's await chain and every thread's
-stack, as text (the worker serves it at ``/debug/tasks``; docs/operations.md).
+stack, as text, and its Faust consumer's partitions (:func:`consumer_state`) (the worker serves
+them at ``/debug/tasks``; docs/operations.md).
 
 ``Task.get_stack()`` shows only a suspended task's outermost frame; a stalled worker needs
 the whole chain -- which coroutine, async generator or future each one is awaiting, down to
@@ -33,7 +34,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-__all__ = ["await_chain", "describe", "own_coroutines"]
+__all__ = ["await_chain", "consumer_state", "describe", "own_coroutines"]
 
 MAX_DEPTH = 50
 PROJECT = str(Path(__file__).resolve().parents[1])  # the packages' root
@@ -106,3 +107,35 @@ def describe(head: list[str] | None = None) -> str:
         lines.append(f"THREAD {names.get(ident, ident)}")
         lines += [f"  {f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_stack(frame)]
     return "\n".join(lines) + "\n"
+
+
+def consumer_state(app: Any) -> list[str]:
+    """Faust's consumer as the fetcher sees it: flow, paused partitions, and per partition
+    the offset read, committed and the high-water mark (for ``/debug/tasks``)."""
+    c: Any = app.consumer
+    lines = [f"CONSUMER flow {'suspended' if c.suspend_flow.is_set() else 'running'}, "
+             f"can resume {c.can_resume_flow.is_set()}, paused {sorted(map(tuple, c._paused_partitions))}"]
+    for tp in sorted(c.assignment()):
+        try:
+            high = c.highwater(tp)
+        except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
+            high = f"? ({type(exc).__name__})"
+        lines.append(f"  {tp.topic}[{tp.partition}] read {c._read_offset.get(tp)} "
+                     f"committed {c._committed_offset.get(tp)} highwater {high} {_fetch_state(c, tp)}")
+    return lines
+
+
+def _fetch_state(c: Any, tp: Any) -> str:
+    """Whether Faust asks for ``tp`` (its active set) and aiokafka's own view of it: the fetch
+    position, paused, awaiting an offset reset -- a partition never read shows which side idles."""
+    active = tp in (c._active_partitions or ())
+    try:
+        from aiokafka import TopicPartition
+
+        assignment = c._thread._consumer._subscription.subscription.assignment
+        st = assignment.state_value(TopicPartition(tp.topic, tp.partition))
+        fetch = ("position " + (str(st.position) if st.has_valid_position else "none") +
+                 f", paused {st.paused}, awaiting reset {st.awaiting_reset}")
+    except Exception as exc:  # noqa: BLE001 - a debug page says what it could not read
+        fetch = f"fetch state ? ({type(exc).__name__})"
+    return f"(faust active {active}; aiokafka {fetch})"

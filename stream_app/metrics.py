@@ -43,19 +43,24 @@ class _Latest:
 
 
 class StationArrays(Collector):
-    """Latest per-station arrays, rendered as gauges when Prometheus scrapes."""
+    """Latest per-station arrays, rendered as gauges when Prometheus scrapes: the epochs'
+    estimates and bounds, and (``span`` label) the headline estimator's latest rollups."""
 
     def __init__(self) -> None:
-        self._latest: dict[tuple[str, str, str], _Latest] = {}
+        self._latest: dict[tuple[str, ...], _Latest] = {}  # (query, mechanism, estimator)
+        self._rollups: dict[tuple[str, ...], _Latest] = {}  # (query, mechanism, estimator, span)
         self._truth: tuple[list[str], list[float]] | None = None
         self._text: bytes | None = None  # the families' exposition text, until the arrays change
         self._apart = False  # expose(): the registry's own rendering leaves these families out
 
     def set_estimates(self, query: str, mechanism: str, estimator: str, stations: Sequence[int],
                       estimate: npt.NDArray[np.float64], lower: npt.NDArray[np.float64],
-                      upper: npt.NDArray[np.float64], confidences: Sequence[float]) -> None:
-        self._latest[(query, mechanism, estimator)] = _Latest(
-            [str(s) for s in stations], estimate.copy(), lower.copy(), upper.copy(), [f"{c:g}" for c in confidences])
+                      upper: npt.NDArray[np.float64], confidences: Sequence[float], span_s: int | None = None) -> None:
+        """The latest estimates of an epoch, or (``span_s``) of a rollup of that span."""
+        key, into = ((query, mechanism, estimator), self._latest) if span_s is None else (
+            (query, mechanism, estimator, str(span_s)), self._rollups)
+        into[key] = _Latest([str(s) for s in stations], estimate.copy(), lower.copy(), upper.copy(),
+                            [f"{c:g}" for c in confidences])
         self._text = None
 
     def set_truth(self, stations: Sequence[int], flows: Sequence[float]) -> None:
@@ -79,23 +84,40 @@ class StationArrays(Collector):
         truth = GaugeMetricFamily("ptt_ground_truth_vehicles",
                                   "Ground truth of the latest replayed epoch (evaluation only; absent where the "
                                   "source has no reading)", labels=["station"])
-        return est, low, up, truth
+        r_est = GaugeMetricFamily("ptt_rollup_vehicles", "Latest published rollup of a station's count (the sum of "
+                                  "span_s seconds of epochs; the query's headline estimator)",
+                                  labels=[*EST_LABELS, "span_s"])
+        r_low = GaugeMetricFamily("ptt_rollup_lower_vehicles", "Lower confidence bound of the latest rollup",
+                                  labels=[*EST_LABELS, "span_s", "confidence"])
+        r_up = GaugeMetricFamily("ptt_rollup_upper_vehicles", "Upper confidence bound of the latest rollup",
+                                 labels=[*EST_LABELS, "span_s", "confidence"])
+        return est, low, up, truth, r_est, r_low, r_up
+
+    def _groups(self, fams: tuple[GaugeMetricFamily, ...]
+                ) -> Iterator[tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily,
+                                    dict[tuple[str, ...], _Latest]]]:
+        est, low, up, _, r_est, r_low, r_up = fams
+        yield est, low, up, self._latest
+        yield r_est, r_low, r_up, self._rollups
 
     def collect(self) -> Iterator[Metric]:
         if self._apart:
             return
-        est, low, up, truth = self._families()
-        for (q, m, e), a in sorted(self._latest.items()):
-            for s, x in zip(a.stations, a.estimate.tolist(), strict=True):
-                est.add_metric([q, m, e, s], x)
-            for j, c in enumerate(a.confidences):
-                for s, lo, hi in zip(a.stations, a.lower[j].tolist(), a.upper[j].tolist(), strict=True):
-                    low.add_metric([q, m, e, s, c], lo)
-                    up.add_metric([q, m, e, s, c], hi)
+        fams = self._families()
+        for est, low, up, latest in self._groups(fams):
+            for key, a in sorted(latest.items()):
+                head = list(key[:3]) + [s for s in key[3:]]
+                for s, x in zip(a.stations, a.estimate.tolist(), strict=True):
+                    est.add_metric([*head[:3], s, *head[3:]], x)
+                for j, c in enumerate(a.confidences):
+                    for s, lo, hi in zip(a.stations, a.lower[j].tolist(), a.upper[j].tolist(), strict=True):
+                        low.add_metric([*head[:3], s, *head[3:], c], lo)
+                        up.add_metric([*head[:3], s, *head[3:], c], hi)
+        truth = fams[3]
         if self._truth is not None:
             for s, f in zip(*self._truth, strict=True):
                 truth.add_metric([s], f)
-        yield from (est, low, up, truth)
+        yield from fams
 
     def expose(self, registry: CollectorRegistry) -> bytes:
         """The whole registry in Prometheus' text format, as ``generate_latest(registry)`` gives
@@ -111,21 +133,25 @@ class StationArrays(Collector):
         return head + self._text
 
     def _render(self) -> bytes:
-        est, low, up, truth = self._families()
-        out: dict[str, list[str]] = {f.name: [] for f in (est, low, up, truth)}
-        for (q, m, e), a in sorted(self._latest.items()):
-            common = f'query="{_esc(q)}",mechanism="{_esc(m)}",estimator="{_esc(e)}",station="'
-            out[est.name] += [f'{est.name}{{{common}{s}"}} {_fmt(x)}\n'
-                              for s, x in zip(a.stations, a.estimate.tolist(), strict=True)]
-            for j, c in enumerate(a.confidences):
-                for fam, arr in ((low, a.lower), (up, a.upper)):
-                    out[fam.name] += [f'{fam.name}{{{common}{s}",confidence="{_esc(c)}"}} {_fmt(x)}\n'
-                                      for s, x in zip(a.stations, arr[j].tolist(), strict=True)]
+        fams = self._families()
+        out: dict[str, list[str]] = {f.name: [] for f in fams}
+        for est, low, up, latest in self._groups(fams):
+            for key, a in sorted(latest.items()):
+                q, m, e = key[:3]
+                common = f'query="{_esc(q)}",mechanism="{_esc(m)}",estimator="{_esc(e)}",station="'
+                span = "".join(f',span_s="{_esc(x)}"' for x in key[3:])
+                out[est.name] += [f'{est.name}{{{common}{s}"{span}}} {_fmt(x)}\n'
+                                  for s, x in zip(a.stations, a.estimate.tolist(), strict=True)]
+                for j, c in enumerate(a.confidences):
+                    for fam, arr in ((low, a.lower), (up, a.upper)):
+                        out[fam.name] += [f'{fam.name}{{{common}{s}"{span},confidence="{_esc(c)}"}} {_fmt(x)}\n'
+                                          for s, x in zip(a.stations, arr[j].tolist(), strict=True)]
+        truth = fams[3]
         if self._truth is not None:
             out[truth.name] += [f'{truth.name}{{station="{s}"}} {_fmt(f)}\n'
                                 for s, f in zip(*self._truth, strict=True)]
         parts: list[str] = []
-        for fam in (est, low, up, truth):
+        for fam in fams:
             doc = fam.documentation.replace("\\", r"\\").replace("\n", r"\n")
             parts += [f"# HELP {fam.name} {doc}\n# TYPE {fam.name} gauge\n", *out[fam.name]]
         return "".join(parts).encode()
@@ -192,6 +218,12 @@ class StreamMonitor:
             "ptt_close_latency_seconds", "From a stage-2 batch that closes epochs to their estimates being "
             "acknowledged by the broker", registry=registry,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0))
+        self.rollups = Counter("ptt_rollups", "Rollups published (sums of span_s seconds of epochs)",
+                               ["query", "span_s"], registry=registry)
+        self.rollups_withheld = Counter("ptt_withheld_rollups", "Rollups withheld, by the code of their first "
+                                        "withheld epoch", ["query", "span_s", "reason"], registry=registry)
+        self.last_rollup = Gauge("ptt_last_rollup_epoch", "First epoch of the newest published rollup",
+                                 ["query", "span_s"], registry=registry)
         self._known: set[str] = set()
         self._newest: dict[str, int] = {}
         self._closed_upto: dict[str, int] = {}
@@ -271,6 +303,21 @@ class StreamMonitor:
         for name, v in r.values.items():
             self.arrays.set_estimates(qid, q.mechanism, name, q.sensors, v.estimate, v.lower, v.upper,
                                       r.confidences)
+
+    def on_rollup(self, r: EpochResult) -> None:
+        """A rollup (:mod:`stream_app.rollups`) decided or withdrawn: counted by span; a published
+        one's headline estimates and bounds become the station series with the ``span_s`` label."""
+        q = r.query
+        qid, span = q.query_id, str(r.span_s)
+        if r.withheld is not None:
+            self.rollups_withheld.labels(qid, span, r.withheld_code or "internal").inc()
+            return
+        self.rollups.labels(qid, span).inc()
+        self.last_rollup.labels(qid, span).set(r.epoch)
+        v = r.values.get(q.spec.headline)
+        if v is not None:
+            self.arrays.set_estimates(qid, q.mechanism, q.spec.headline, q.sensors, v.estimate, v.lower, v.upper,
+                                      r.confidences, span_s=r.span_s)
 
     def on_epochs_published(self, seconds: float) -> None:
         self.close_latency.observe(seconds)

@@ -34,14 +34,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from schemas.wire import FRAME_LENGTH, RELEASES
+from schemas.wire import FRAME_LENGTH, RELEASES, SHUFFLER_WITHHELD
 
-__all__ = ["BUNDLE_BYTES", "BatchPartial", "MarkerPartial", "Partial", "Tick", "WindowId", "bundle",
-           "decode_partial", "decode_partials", "encode_bundle", "encode_partial", "split_bundle"]
+__all__ = ["BUNDLE_BYTES", "BatchPartial", "EpochSummary", "MarkerPartial", "Partial", "StageRecord", "Tick",
+           "WindowId", "bundle", "decode_partial", "decode_partials", "encode_bundle", "encode_partial", "split_bundle"]
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 MAGIC = b"PTS1"
-_KINDS = {b"B": "batch", b"M": "marker", b"T": "tick"}
+_KINDS = {b"B": "batch", b"M": "marker", b"T": "tick", b"S": "summary"}
 _DTYPES = ("<u1", "<u2", "<u4", "<i8")
 _BUNDLE = MAGIC + b"L"
 BUNDLE_BYTES = 256 * 1024  # a bundle is closed once it holds this much (a bigger record goes alone)
@@ -116,6 +117,7 @@ class MarkerPartial(_Windowed):
     readings_missing: tuple[int, ...] = ()
     shuffle_size: int | None = None  # a shuffler's attested shuffle size for this round (None: not attested)
     release: str | None = None  # what that shuffler released: "permuted" or "aggregate" (None: not said)
+    withheld: str | None = None  # a shuffler withheld the epoch: "no_reports" or "below_min_crowd" (None: not)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,45 @@ class Tick:
     now_s: float
 
 
-Partial = BatchPartial | MarkerPartial | Tick
+@dataclass(frozen=True, eq=False)
+class EpochSummary(_Windowed):
+    """What one decided epoch contributes to its rollups (:mod:`stream_app.rollups`): stage 2
+    sends it, keyed by the epoch's hour, after the epoch's estimates are published.
+
+    ``estimate`` and ``variance`` are ``(estimators, stations)`` float64 arrays (``variance`` is
+    the published sd squared); both ``(0, 0)`` when the epoch is withheld (``withheld_code``
+    and ``withheld`` say why) or ``retracted`` (its published estimates were withdrawn)."""
+
+    closed_by: str
+    withheld_code: str | None
+    withheld: str | None
+    retracted: bool
+    participants: int
+    reports: int
+    round_reports: tuple[int, ...]
+    late: int
+    refused: int
+    missing_batches: int
+    epsilon_shuffled: float | None
+    no_source_data: tuple[int, ...]  # station indices 1..V
+    estimators: tuple[str, ...]
+    estimate: FloatArray
+    variance: FloatArray
+    release: str | None = None  # what the shuffler released (wire.RELEASES); None: not attested (the direct path)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EpochSummary):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self)
+                   if f.name not in ("estimate", "variance")) \
+            and np.array_equal(self.estimate, other.estimate) and np.array_equal(self.variance, other.variance)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+Partial = BatchPartial | MarkerPartial | Tick  # what the window policy takes
+StageRecord = Partial | EpochSummary  # what the partials topic carries
+_SUMMARY_FIELDS = tuple(f.name for f in fields(EpochSummary) if f.name not in ("estimate", "variance"))
 _BATCH_FIELDS = tuple(f for f in fields(BatchPartial) if f.name != "counts")
 _FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (MarkerPartial, Tick)}
 
@@ -137,8 +177,14 @@ def _smallest(a: IntArray) -> str:
     return "<u1" if top < 2**8 else "<u2" if top < 2**16 else "<u4" if top < 2**32 else "<i8"
 
 
-def encode_partial(p: Partial) -> bytes:
-    if isinstance(p, BatchPartial):
+def encode_partial(p: StageRecord) -> bytes:
+    if isinstance(p, EpochSummary):
+        head = {name: getattr(p, name) for name in _SUMMARY_FIELDS}
+        head["shape"] = list(p.estimate.shape)
+        blob = (np.ascontiguousarray(p.estimate, dtype="<f8").tobytes()
+                + np.ascontiguousarray(p.variance, dtype="<f8").tobytes())
+        kind = b"S"
+    elif isinstance(p, BatchPartial):
         head = {f.name: getattr(p, f.name) for f in _BATCH_FIELDS}
         dt = _smallest(p.counts)
         head["dtype"] = dt
@@ -147,7 +193,7 @@ def encode_partial(p: Partial) -> bytes:
         kind = b"B"
     else:  # flat dataclasses: their fields by name (dataclasses.asdict deep-copies: slow)
         head = {name: getattr(p, name) for name in _FIELDS[type(p)]}
-        for optional in ("shuffle_size", "release"):  # unset: the record a worker wrote before the field
+        for optional in ("shuffle_size", "release", "withheld"):  # unset: the record a worker wrote before the field
             if head.get(optional, 0) is None:
                 del head[optional]
         blob = b""
@@ -156,7 +202,7 @@ def encode_partial(p: Partial) -> bytes:
     return b"".join([MAGIC, kind, FRAME_LENGTH.pack(len(h)), h, blob])
 
 
-def decode_partial(data: bytes) -> Partial:
+def decode_partial(data: bytes) -> StageRecord:
     """Inverse of :func:`encode_partial`; ``ValueError`` on anything else."""
     if data[:4] != MAGIC or len(data) < 9 or data[4:5] not in _KINDS:
         raise ValueError("not a stage record")
@@ -166,6 +212,20 @@ def decode_partial(data: bytes) -> Partial:
     try:  # a well-framed record with the wrong fields is garbage too: ValueError, not TypeError
         if kind == "tick":
             return Tick(**head)
+        if kind == "summary":
+            shape = tuple(int(x) for x in head.pop("shape"))
+            if len(shape) != 2 or min(shape) < 0:
+                raise ValueError(f"bad summary shape {shape}")
+            cells = shape[0] * shape[1]
+            if len(data) != 9 + hlen + 16 * cells:
+                raise ValueError("summary arrays do not match their shape")
+            est = np.frombuffer(data, dtype="<f8", count=cells, offset=9 + hlen).reshape(shape).astype(np.float64)
+            var = np.frombuffer(data, dtype="<f8", count=cells, offset=9 + hlen + 8 * cells).reshape(shape)
+            for name in ("round_reports", "no_source_data", "estimators"):
+                head[name] = tuple(head[name])
+            if head.get("release") not in (None, *RELEASES):  # absent: a summary written before the field
+                raise ValueError(f"bad release {head.get('release')!r}")
+            return EpochSummary(estimate=est, variance=var.astype(np.float64), **head)
         if kind == "marker":
             head["readings_missing"] = tuple(head.get("readings_missing", ()))
             size = head.get("shuffle_size")
@@ -173,6 +233,8 @@ def decode_partial(data: bytes) -> Partial:
                 raise ValueError(f"bad shuffle size {size!r}")
             if head.get("release") not in (None, *RELEASES):
                 raise ValueError(f"bad release {head.get('release')!r}")
+            if head.get("withheld") not in (None, *SHUFFLER_WITHHELD):
+                raise ValueError(f"bad withheld reason {head.get('withheld')!r}")
             return MarkerPartial(**head)
         dt = head.pop("dtype")
         if dt not in _DTYPES:
@@ -215,7 +277,7 @@ def split_bundle(data: bytes) -> list[bytes]:
     return out
 
 
-def decode_partials(data: bytes) -> list[Partial]:
+def decode_partials(data: bytes) -> list[StageRecord]:
     """Every stage record in ``data`` (a bundle or a single record)."""
     return [decode_partial(r) for r in split_bundle(data)]
 

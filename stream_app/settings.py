@@ -34,6 +34,10 @@ class WorkerSettings(BrokerLossSettings):
                                     description="an epoch the watermark passed closes only after receiving nothing "
                                                 "for this long (forged markers far ahead cannot close epochs whose "
                                                 "data is still arriving)")
+    stall_close_s: float = Field(default=300.0, ge=0,
+                                 description="an open epoch that received nothing for this long closes as by the "
+                                             "watermark (a producer died before marking it; its incomplete "
+                                             "markers withhold it: no epoch is left absent); 0: never")
     live_horizon_s: float = Field(default=3600.0, gt=0,
                                   description="epochs older than this are not closed by the clock")
     tick_interval_s: float = Field(default=5.0, gt=0, description="how often the wall-clock check runs")

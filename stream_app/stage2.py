@@ -5,6 +5,8 @@ in which order. The Faust agent (:mod:`stream_app.app`) reads, calls these, writ
 * :func:`epoch_outputs` -- what the closed and the withdrawn epochs of one partition's outcome
   publish, in order: one query's closed epochs estimated together (one ``(windows, stations)``
   stack), then the withdrawals; each closed window learns whether it was published;
+* :func:`rollup_outputs` -- what the rollups (:mod:`stream_app.rollups`) decided or withdrawn by
+  one partition's epoch summaries publish, rendered as an epoch's results are;
 * :func:`publish_chunks` -- those results rendered chunk by chunk (as rows, frames or both),
   each chunk worth at least ``limit`` estimate records (the last one the rest), so memory
   stays bounded and the broker's acknowledgement of a chunk is awaited before the next is
@@ -21,13 +23,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from schemas import Query
+from schemas.epochs import EPOCH_S
 
 from .estimate import EpochResult, QueryEstimators, ShuffledEpsilon, epoch_results, retraction, shuffle_needs
 from .frames import encode_frame
 from .records import WindowId
+from .rollups import RollupId, RollupOutcome, rollup_result
 from .windows import CloseReason, Outcome, WindowState
 
-__all__ = ["OutputSettings", "by_partition", "epoch_outputs", "publish_chunks", "shuffled_needs"]
+__all__ = ["OutputSettings", "by_partition", "epoch_outputs", "frame_key", "publish_chunks", "rollup_outputs",
+           "shuffled_needs"]
 
 
 def by_partition(records: Iterable[tuple[int, bytes]], split: Callable[[bytes], list[bytes]]
@@ -79,6 +84,16 @@ def epoch_outputs(outcome: Outcome, known: Callable[[str, int], Query | None],
             yield retraction(q, st, out.confidences)
 
 
+def rollup_outputs(outcome: RollupOutcome, known: Callable[[str, int], Query | None],
+                   estimators: Callable[[Query], QueryEstimators], out: OutputSettings) -> Iterator[EpochResult]:
+    """The rollups one partition's rollup outcome publishes (decided, then withdrawn), as
+    results rendered like an epoch's; rollups of a query no longer known are skipped."""
+    for st in [*outcome.decided, *outcome.retracted]:
+        q = known(st.rid.query_id, st.rid.query_version)
+        if q is not None:
+            yield rollup_result(estimators(q), st, out.confidences)
+
+
 def shuffled_needs(outcome: Outcome, known: Callable[[str, int], Query | None],
                    out: OutputSettings) -> list[tuple[Query, int, str]]:
     """The shuffled epsilons the outcome's closed epochs need that the cache lacks: the caller
@@ -91,6 +106,14 @@ def shuffled_needs(outcome: Outcome, known: Callable[[str, int], Query | None],
         if q is not None:
             need += shuffle_needs(q, [st], out.n_source_partitions, out.shuffled)
     return need
+
+
+def frame_key(res: EpochResult) -> bytes:
+    """An estimate frame's key: its window's, or its rollup's (a restart re-publishes the same key)."""
+    q = res.query
+    if res.span_s == EPOCH_S:
+        return WindowId(q.query_id, q.version, res.epoch).key
+    return RollupId(q.query_id, q.version, res.span_s // EPOCH_S, res.epoch).key
 
 
 def publish_chunks(results: Iterable[EpochResult], limit: int, rows: bool = True, frames: bool = False
@@ -107,7 +130,7 @@ def publish_chunks(results: Iterable[EpochResult], limit: int, rows: bool = True
         if rows:
             row_records += res.render()
         if frames:
-            frame_records.append((WindowId(res.query.query_id, res.query.version, res.epoch).key, encode_frame(res)))
+            frame_records.append((frame_key(res), encode_frame(res)))
         done.append(res)
         size += res.n_records()
         if size >= limit:

@@ -3,50 +3,201 @@ frames topic in an Arrow IPC or Parquet file (long form: :func:`stream_app.frame
 
 from __future__ import annotations
 
+import math
 import sys
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TextIO
-
-from kafka import KafkaConsumer, TopicPartition
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
-from schemas.kafka_io import connect
 from schemas.settings import KafkaSettings
 
-__all__ = ["FrameCounts", "LongWriter", "format_row", "keep_frames", "latest_frames", "subscribe", "write_frames"]
+__all__ = ["HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "EpochGroups", "FrameCounts", "LongWriter", "format_row",
+           "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6} {'eps shuf':>8}"
+SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stations':>8} {'N':>8} {'eps':>6} {'eps shuf':>8}  " \
+                 "sum of the station estimates, per estimator"
+NEGATIVE_NOTE = ("estimates are unbiased, so a quiet station's can fall below 0; its bounds are clipped at 0 (no count "
+                 "is negative), so such an estimate lies below its own bound")
+IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it is (marked partial)
+HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of its query to show up
 
 
 def format_row(e: Estimate) -> str:
+    span = "" if e.span_s == EPOCH_S else f"  sum over {e.span_s // 60} min"  # a rollup (stream_app.rollups)
     if e.withheld:
         head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
-        return f"{head} withheld: {e.withheld}"
+        return f"{head} withheld: {e.withheld}{span}"
     b95 = next((b for b in e.bounds if abs(b.confidence - 0.95) < 1e-9), e.bounds[0] if e.bounds else None)
     bound = f"[{b95.lower:.1f}, {b95.upper:.1f}]" if b95 else ""
-    flag = "  no source data" if e.data_quality != "ok" else ""
+    flag = ("  no source data" if e.data_quality != "ok" else "") + span
     return (f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8} "
             f"{e.estimate or 0.0:>10.1f} {bound:>20} {e.participants:>8} "
             f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6} "
             f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}{flag}")  # '-': not attested
 
 
+def _eps(e: Estimate) -> str:
+    return (f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6} "
+            f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}")  # '-': not attested
+
+
+def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str:
+    """One line for the estimates of one closed (query, epoch): per estimator the sum of its
+    station estimates (an unbiased estimate of the vehicles at all of them), how many are below
+    0, the stations without source data, and ``partial`` when fewer than ``expected`` rows came."""
+    e = rows[0]
+    stations = len({r.station for r in rows})
+    head = f"{e.epoch_start.isoformat():<25} {e.query_id + ' v' + str(e.query_version):<12} {stations:>8} " \
+           f"{e.participants:>8} {_eps(e)}  "
+    if e.withheld:
+        body = f"withheld: {e.withheld}"
+    else:
+        parts = []
+        for name in dict.fromkeys(r.estimator for r in rows):
+            values = [r.estimate or 0.0 for r in rows if r.estimator == name]
+            below = sum(v < 0 for v in values)
+            parts.append(f"{name} {math.fsum(values):,.1f}" + (f" ({below} below 0)" if below else ""))
+        body = " \u00b7 ".join(parts)
+        gaps = len({r.station for r in rows if r.data_quality != "ok"})
+        if gaps:
+            body += f"; {gaps} station{'s' if gaps > 1 else ''} without source data"
+    if expected is not None and len(rows) < expected:
+        body += f" (partial: {len(rows)} of {expected} estimates)"
+    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups): its own line, after the epochs it sums
+        body += f"  sum over {e.span_s // 60} min"
+    return head + body
+
+
+@dataclass
+class _Group:
+    rows: dict[tuple[int, str], Estimate]
+    last: float
+
+
+class EpochGroups:
+    """The estimates of each (query, version, epoch, span), gathered until all of them came (or none
+    came for ``idle_s``): the rows of an epoch arrive spread over the topic's partitions and
+    mixed with other queries' and epochs'. ``expected(e)``: how many rows a group of ``e``
+    holds (None: unknown, the group waits for ``idle_s``). A complete group waits ``hold_s``, and
+    for the older epochs of its query still open, so each query's epochs come out in order: the
+    worker closes epochs on several partitions at once, and a consumer reads its partitions
+    unevenly. Pure: the caller gives the time.
+
+    >>> from datetime import UTC, datetime
+    >>> def est(station):
+    ...     return Estimate(query_id="q", query_version=1, mechanism="rr", estimator="rr", epoch=1,
+    ...                     epoch_start=datetime(2026, 11, 18, tzinfo=UTC), station=station, estimate=-2.0,
+    ...                     sd=1.0, bounds=(), reports=9, participants=9, epsilon=1.0, closed_by="markers",
+    ...                     round_count_mismatch=0, late=0, refused=0, missing_batches=0)
+    >>> groups = EpochGroups(lambda e: 2)
+    >>> groups.add(est(7), now=0.0), groups.add(est(8), now=0.1)
+    ([], [])
+    >>> [[r.station for r in g] for g in groups.due(now=1.1)]
+    [[7, 8]]
+    """
+
+    def __init__(self, expected: Callable[[Estimate], int | None], idle_s: float = IDLE_S,
+                 hold_s: float = HOLD_S) -> None:
+        self._expected = expected
+        self.idle_s = idle_s
+        self.hold_s = hold_s
+        # keyed (query, version, last epoch covered, span_s): a rollup (span_s > 30) has the epoch of its
+        # first epoch, so it is its own group, ordered after the last epoch it sums
+        self._groups: dict[tuple[str, int, int, int], _Group] = {}
+        self._ready: dict[tuple[str, int, int, int], tuple[float, list[Estimate]]] = {}
+
+    def expected(self, e: Estimate) -> int | None:
+        return self._expected(e)
+
+    def add(self, e: Estimate, now: float) -> list[list[Estimate]]:
+        """Take one estimate (a repeated one replaces the earlier); the groups it completes."""
+        key = (e.query_id, e.query_version, e.epoch + e.span_s // EPOCH_S - 1, e.span_s)
+        group = self._groups.setdefault(key, _Group({}, now))
+        group.rows[(e.station, e.estimator)] = e
+        group.last = now
+        want = self._expected(e)
+        if want is not None and len(group.rows) >= want:
+            self._ready[key] = (now, self._pop(key))
+        return self._release(now)
+
+    def due(self, now: float) -> list[list[Estimate]]:
+        """The groups that got nothing for ``idle_s`` (and the complete ones they held back),
+        oldest epoch first."""
+        for k in [k for k, g in self._groups.items() if now - g.last >= self.idle_s]:
+            self._ready[k] = (-math.inf, self._pop(k))  # waited long enough already
+        return self._release(now)
+
+    def _release(self, now: float) -> list[list[Estimate]]:
+        oldest_open: dict[str, int] = {}
+        for q, _, epoch, span_s in self._groups:
+            if span_s == EPOCH_S:  # an open rollup holds nothing back
+                oldest_open[q] = min(epoch, oldest_open.get(q, epoch))
+        out = []
+        for query in {k[0] for k in self._ready}:  # per query, the ready epochs in order up to the first held
+            for k in sorted((k for k in self._ready if k[0] == query), key=lambda k: (k[2], k[3], k)):
+                if k[2] >= oldest_open.get(query, math.inf) or now - self._ready[k][0] < self.hold_s:
+                    break
+                out.append(k)
+        return [self._ready.pop(k)[1] for k in sorted(out, key=lambda k: (k[2], k[3], k))]
+
+    def rest(self) -> list[list[Estimate]]:
+        """Every group still open (at the end), oldest epoch first."""
+        return self.due(math.inf)
+
+    def _pop(self, key: tuple[str, int, int, int]) -> list[Estimate]:
+        rows = self._groups.pop(key).rows
+        return [rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))]  # by estimator, then station
+
+
+def _query_sizes(settings: KafkaSettings, station: int | None, estimator: str | None
+                 ) -> tuple[Callable[[Estimate], int | None], Callable[[], None]]:
+    """How many estimates one (query, epoch) publishes that pass the filters, from the queries
+    topic (read again when a query version it has not seen appears); and a close function."""
+    from schemas.kafka_io import QueryReader
+
+    reader = QueryReader(settings)
+    looked: set[tuple[str, int]] = set()
+
+    def expected(e: Estimate) -> int | None:
+        key = (e.query_id, e.query_version)
+        if key not in reader.queries and key not in looked:
+            looked.add(key)
+            reader.read_to_end(2.0)
+        q = reader.queries.get(key)
+        if q is None:
+            return None
+        stations = 1 if station is not None else q.n_stations
+        names = [n for n in q.spec.estimator_names if estimator is None or n == estimator]
+        return stations * len(names)
+
+    return expected, reader.close
+
+
 def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
              ) -> Iterator[bytes]:
     """Connects at once (so an unreachable broker fails before anything is printed)."""
+    from kafka import KafkaConsumer
+
+    from schemas.kafka_io import connect
+
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        max_partition_fetch_bytes=16 << 20,  # an estimate frame may exceed the 1 MiB default
                        consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
     return _values(consumer, topic, from_beginning)
 
 
-def _values(consumer: KafkaConsumer, topic: str, from_beginning: bool) -> Iterator[bytes]:
+def _values(consumer: Any, topic: str, from_beginning: bool) -> Iterator[bytes]:
+    from kafka import TopicPartition
+
     try:
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
@@ -59,26 +210,84 @@ def _values(consumer: KafkaConsumer, topic: str, from_beginning: bool) -> Iterat
         consumer.close()
 
 
-def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, from_beginning: bool = False,
-              query: str | None = None, station: int | None = None, estimator: str | None = None,
-              idle_timeout_s: float | None = None, out: TextIO | None = None) -> int:
+def _polled(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
+            ) -> Iterator[bytes | None]:
+    """The topic's record values as they come, and ``None`` at least every half second when
+    nothing comes (so a caller can act on time); ends after ``idle_timeout_s`` without data."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from schemas.kafka_io import connect
+
+    consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
+                       max_partition_fetch_bytes=16 << 20)
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+        if from_beginning:
+            consumer.seek_to_beginning()
+        quiet_since = time.monotonic()
+        while True:
+            got = consumer.poll(timeout_ms=500)
+            if got:
+                quiet_since = time.monotonic()
+                for records in got.values():
+                    for rec in records:
+                        yield rec.value
+            elif idle_timeout_s is not None and time.monotonic() - quiet_since >= idle_timeout_s:
+                return
+            yield None
+    finally:
+        consumer.close()
+
+
+def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, rows: bool = False,
+              from_beginning: bool = False, query: str | None = None, station: int | None = None,
+              estimator: str | None = None, idle_timeout_s: float | None = None, out: TextIO | None = None) -> int:
     """Print estimates as they arrive (to ``out``, standard output by default, read when called:
-    not the one that was current at import); returns how many were printed."""
+    not the one that was current at import): by default one line per closed (query, epoch)
+    (:func:`format_summary`), with ``rows`` every estimate (:func:`format_row`, grouped per
+    (query, epoch) and ordered), with ``json_lines`` one JSON estimate per line as it comes.
+    Returns how many estimates were printed or summarized."""
     out = out or sys.stdout
     n = 0
-    records = _records(settings, topic, from_beginning, idle_timeout_s)
-    if not json_lines:
-        print(HEADER, file=out, flush=True)
-    for value in records:
-        try:
-            e = Estimate.model_validate_json(value)
-        except ValueError:
-            continue
-        if (query and e.query_id != query) or (station is not None and e.station != station) or \
-                (estimator and e.estimator != estimator):
-            continue
-        print(value.decode() if json_lines else format_row(e), file=out, flush=True)
-        n += 1
+    records = _polled(settings, topic, from_beginning, idle_timeout_s)
+    close: Callable[[], None] = lambda: None  # noqa: E731
+    if json_lines:
+        groups = None
+    else:
+        expected, close = _query_sizes(settings, station, estimator)
+        groups = EpochGroups(expected)
+        print(HEADER if rows else SUMMARY_HEADER, file=out)
+        print(f"({NEGATIVE_NOTE}{'' if rows else '; --rows: every estimate'})", file=out, flush=True)
+
+    def emit(done: list[list[Estimate]]) -> None:
+        assert groups is not None  # noqa: S101 - only in the table modes
+        for g in done:
+            lines = [format_row(e) for e in g] if rows else [format_summary(g, groups.expected(g[0]))]
+            print("\n".join(lines), file=out, flush=True)
+
+    try:
+        for value in records:
+            if value is None:
+                if groups is not None:
+                    emit(groups.due(time.monotonic()))
+                continue
+            try:
+                e = Estimate.model_validate_json(value)
+            except ValueError:
+                continue
+            if (query and e.query_id != query) or (station is not None and e.station != station) or \
+                    (estimator and e.estimator != estimator):
+                continue
+            n += 1
+            if groups is None:
+                print(value.decode(), file=out, flush=True)
+            else:
+                emit(groups.add(e, time.monotonic()))
+        if groups is not None:
+            emit(groups.rest())
+    finally:
+        close()
     return n
 
 

@@ -17,7 +17,11 @@ the ones that closed, with the reason. An epoch closes when
    seen from it -- has passed the epoch by more than the allowed lateness, and the window has
    been idle (no record added) for ``watermark_idle_s`` of the workers' tick clock
    ("watermark"), or
-3. for live data, a wall-clock grace after the epoch's end has passed ("wall_clock"),
+3. for live data, a wall-clock grace after the epoch's end has passed ("wall_clock"), or
+4. the stream stalled: the window has received nothing for ``stall_close_s`` of the tick
+   clock (a producer died before it marked the epoch and nothing later comes to move the
+   watermark past it): it closes as by the watermark, and its incomplete markers withhold it
+   -- no epoch is left without an outcome ("watermark"),
 
 whichever comes first. After closing only a small record stays (to count late records).
 The Faust agent only reads, calls, writes and emits.
@@ -83,11 +87,13 @@ class Marker:
     readings_missing: tuple[int, ...] = ()
     shuffle_size: int | None = None  # attested by a shuffler (None: not attested)
     release: str | None = None  # what that shuffler released, "permuted" or "aggregate" (None: not said)
+    withheld: str | None = None  # a shuffler withheld the epoch: "no_reports" or "below_min_crowd"
 
 
 def _order(m: Marker) -> tuple[Any, ...]:
-    """A total order on markers (``astuple``, with an absent shuffle size or release below any)."""
-    return (*astuple(m)[:-2], -1 if m.shuffle_size is None else m.shuffle_size, m.release or "")
+    """A total order on markers (``astuple``, with an absent shuffle size, release or withheld
+    reason below any)."""
+    return (*astuple(m)[:-3], -1 if m.shuffle_size is None else m.shuffle_size, m.release or "", m.withheld or "")
 
 
 #: why an epoch's shuffled epsilon is null (a metric label): no producer's attestation for some
@@ -100,16 +106,17 @@ MarkerSlot = tuple[int, int, int]  # (round, producer index, source partition)
 
 def _decoded_marker(f: list[Any]) -> Marker:
     # state written before a field existed has fewer entries: readings_missing (7), shuffle_size (8),
-    # release (9)
+    # release (9), withheld (10)
     return Marker(str(f[0]), int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[5]), bool(f[6]),
                   tuple(int(i) for i in f[7]) if len(f) > 7 else (),
                   int(f[8]) if len(f) > 8 and f[8] is not None else None,
-                  str(f[9]) if len(f) > 9 and f[9] is not None else None)
+                  str(f[9]) if len(f) > 9 and f[9] is not None else None,
+                  str(f[10]) if len(f) > 10 and f[10] is not None else None)
 
 
 def _marker(p: MarkerPartial) -> Marker:
     return Marker(p.producer_id, p.producer_count, p.batches, p.reports, p.participants, p.refused, p.interrupted,
-                  tuple(p.readings_missing), p.shuffle_size, p.release)
+                  tuple(p.readings_missing), p.shuffle_size, p.release, p.withheld)
 
 
 @dataclass
@@ -265,6 +272,11 @@ class WindowState:
         kinds = {m.release or "permuted" for m in self.markers.values() if m.shuffle_size is not None}
         return kinds.pop() if len(kinds) == 1 else None
 
+    def withheld_by_producer(self) -> str | None:
+        """A shuffler's reason for withholding the epoch (``no_reports`` or ``below_min_crowd``),
+        when any producer's marker gives one: the first, in order."""
+        return min((m.withheld for m in self.markers.values() if m.withheld is not None), default=None)
+
     def close(self, reason: CloseReason) -> None:
         self.closed_by = reason
 
@@ -279,12 +291,14 @@ class WindowState:
         # late one) and the report counts, not the batch ids or the count arrays
         head["reports"] = self.reports.tolist()
         head["tallied"] = self.tallied.tolist()
-        # an unattested marker is stored as before the shuffle size and release existed (state stays
-        # readable both ways)
+        # an unattested marker is stored as before the shuffle size, release and withheld reason
+        # existed (state stays readable both ways)
         head["markers"] = [[*slot, m.producer_id, m.producer_count, m.batches, m.reports, m.participants,
                             m.refused, m.interrupted, list(m.readings_missing),
-                            *(() if m.shuffle_size is None and m.release is None else (m.shuffle_size,)),
-                            *(() if m.release is None else (m.release,))]
+                            *(() if m.shuffle_size is None and m.release is None and m.withheld is None
+                              else (m.shuffle_size,)),
+                            *(() if m.release is None and m.withheld is None else (m.release,)),
+                            *(() if m.withheld is None else (m.withheld,))]
                            for slot, m in self.markers.items()]
         head["conflicting"] = [list(s) for s in sorted(self.conflicting)]
         if self.closed_by is None:
@@ -431,6 +445,7 @@ class WindowPolicy:
     live_horizon_s: float = 3600.0
     horizon_epochs: int = 720
     watermark_idle_s: float = 0.0
+    stall_close_s: float = 0.0  # 0: a stalled window waits for the watermark forever
     epoch_s: int = EPOCH_S
 
     @property
@@ -444,6 +459,19 @@ class WindowPolicy:
         single partition -- and no writer on a minority of partitions -- can drag time forward."""
         seen = sorted(wm.newest.values(), reverse=True)
         return seen[self.quorum - 1] if len(seen) >= self.quorum else None
+
+    def _close_stalled(self, wm: Watermarks, get: Callable[[WindowId], WindowState | None],
+                       close: Callable[[WindowState, CloseReason], None]) -> None:
+        """Rule 4 (module doc): windows that received nothing for ``stall_close_s`` of the tick clock."""
+        clock = wm.clock_s
+        if self.stall_close_s <= 0 or clock is None:
+            return
+        for wid in [w for w in wm.open if clock - wm.active.get(w, clock) >= self.stall_close_s]:
+            st = get(wid)
+            if st is None or st.closed:
+                wm.untrack(wid)
+                continue
+            close(st, "watermark")
 
     def apply(self, wm: Watermarks, load: Loader, shape: Shape, items: Sequence[Partial]) -> Outcome:
         """Apply ``items`` in order. ``load`` reads a window's stored state (None if new);
@@ -481,6 +509,7 @@ class WindowPolicy:
                     if st is not None and not st.closed and self.wall_clock_grace_s < age < self.live_horizon_s:
                         close(st, "wall_clock")
                 close_due()
+                self._close_stalled(wm, get, close)
                 continue
             wid = item.window
             qid = wid.query_id

@@ -1,5 +1,7 @@
 """Fixtures shared by every tier: the system tools some tests need (see tests/system_tools.py:
-skipped locally when missing, a failure under CI)."""
+skipped locally when missing, a failure under CI); and how the tests are shared out among
+parallel workers (``make test`` runs pytest-xdist with ``--dist loadgroup``, see
+``pytest_collection_modifyitems``)."""
 
 from __future__ import annotations
 
@@ -18,3 +20,19 @@ def promtool() -> str:
 def prometheus_bin() -> str:
     """The path of the ``prometheus`` server."""
     return require_tool("prometheus")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's ``--dist loadgroup`` each test goes to whichever worker is free,
+    except that the tests of one group run on one worker. Every test that uses a fixture
+    shared wider than one test but narrower than the session (module, package or class scope,
+    e.g. test_adversarial's one pipeline for 16 tests) is put in the group of its file, so that
+    fixture is built once, as in a serial run. Session fixtures (the broker) are built once per
+    worker: each worker has its own broker, ports, topics and temporary directory."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d and d[-1].scope in ("module", "package", "class") for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -215,10 +215,11 @@ def overview() -> dashboard_builders.Dashboard:
                          "minutes, per query and reason: conflicting_markers, late (its data came after the "
                          "watermark passed it and its markers never completed it), participants_unknown, "
                          "missing_markers (a producer's marker for some partition never came), interrupted, "
-                         "too_few_participants, impossible_counts (counts no population could "
+                         "no_reports and below_min_crowd (the shuffler withheld it: nobody reported, or too "
+                         "small a crowd), too_few_participants, impossible_counts (counts no population could "
                          "produce: forged or corrupt reports), missing_batches, internal. Anything but "
-                         "too_few_participants deserves a look; impossible_counts or conflicting_markers can mean "
-                         "a writer is forging records.",
+                         "too_few_participants, no_reports and below_min_crowd deserves a look; impossible_counts "
+                         "or conflicting_markers can mean a writer is forging records.",
                          targets(("sum by (query, reason) (increase(ptt_withheld_epochs_total[5m]))",
                                   "{{query}} {{reason}}")), unit="none"),
         timeseries_panel(next(ids), "Records/s by kind", "Records read from the reports topic: batches, tallies, "
@@ -276,6 +277,37 @@ def mechanism_panel(panel_id: int, name: str, spec: MechanismSpec, description: 
     return panel
 
 
+def newest_rollup(selector: str) -> str:
+    """As :func:`newest`, for the rollups: the worker that published the newest rollup of each
+    query and span."""
+    return (f"{selector} and on (instance, query, span_s) (ptt_last_rollup_epoch == on (query, span_s) "
+            f"group_left max by (query, span_s) (ptt_last_rollup_epoch))")
+
+
+def rollup_panel(panel_id: int) -> timeseries.Panel:
+    """The station's latest rollups (span ``$span``) by each query's headline estimator, with
+    the 95% bounds as thin lines."""
+    base = (STATION, QUERY, 'span_s="$span"')
+
+    def latest(metric: str, *more: str) -> str:
+        return f"max by (query) ({newest_rollup(sel(metric, *base, *more))})"
+
+    level = CONFIDENCES[0]
+    pct = f"{float(level) * 100:g}%"
+    pairs = [(latest("ptt_rollup_vehicles"), "{{query}}"),
+             (latest("ptt_rollup_lower_vehicles", eq("confidence", level)), "{{query}} " + pct + " lower"),
+             (latest("ptt_rollup_upper_vehicles", eq("confidence", level)), "{{query}} " + pct + " upper")]
+    return (timeseries_panel(
+        panel_id, "Rollups over $span s - station $station",
+        "The latest published rollup of the station's count: the sum of the per-epoch estimates over 5 minutes "
+        "(span 300 s) or an hour (3600 s), by each query's headline estimator, with its 95% score bounds (thin "
+        "lines). Sums of independent unbiased estimates: the noise grows as the square root of the span while the "
+        "count grows with it, so a rollup shows traffic where single epochs show noise.",
+        targets(*pairs), unit="none", w=24, h=8, min_zero=False)
+        .override_by_regexp(f".* {pct} (lower|upper)", [
+            prop("custom.lineWidth", 1), prop("custom.lineStyle", common.LineStyle(fill="dash", dash=[4, 4]))]))
+
+
 def _crowds() -> Iterator[MechanismSpec]:
     """The mechanisms whose queries publish extra statistics (the crowd-size gauge)."""
     return (s for s in REGISTRY.values() if s.extra_names and s.default_query)
@@ -317,6 +349,7 @@ def station() -> dashboard_builders.Dashboard:
                    "epochs wait to close.")
     for name in default_query_mechanisms():  # a panel for a mechanism no query runs would stay empty
         board.with_panel(mechanism_panel(next(ids), name, get_spec(name), common_text))
+    board.with_panel(rollup_panel(next(ids)))
     board.with_variable(
         dashboard_builders.QueryVariable("station").label("Station").datasource(DATASOURCE)
         .query("label_values(ptt_estimate_vehicles, station)").refresh(models.VariableRefresh.ON_DASHBOARD_LOAD)
@@ -328,6 +361,11 @@ def station() -> dashboard_builders.Dashboard:
         .current(models.VariableOption(selected=True, text=["All"], value=["$__all"]))
         .refresh(models.VariableRefresh.ON_DASHBOARD_LOAD).sort(models.VariableSort.ALPHABETICAL_ASC)
         .include_all(True).multi(True).regex("").hide(models.VariableHide.DONT_HIDE))
+    board.with_variable(
+        dashboard_builders.QueryVariable("span").label("Rollup span (s)").datasource(DATASOURCE)
+        .query("label_values(ptt_rollup_vehicles, span_s)").refresh(models.VariableRefresh.ON_DASHBOARD_LOAD)
+        .sort(models.VariableSort.NUMERICAL_ASC).include_all(False).multi(False).regex("")
+        .hide(models.VariableHide.DONT_HIDE))
     return board
 
 

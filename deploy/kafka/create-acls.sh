@@ -27,6 +27,7 @@ device        Write               topic     ptt.device-reports literal   # singl
 replay        Write               topic     ptt.reports        literal   # the simulated fleet: a device gateway
 replay        Write               topic     ptt.truth          literal   # ground truth (evaluation only)
 replay        Read                topic     ptt.queries        literal   # which queries the devices answer
+replay        Write               topic     ptt.device-reports-source literal # --via-shuffler: per-epoch source notes: the shuffler clock
 worker        Read                topic     ptt.reports        literal
 worker        Read                topic     ptt.queries        literal
 worker        Read                topic     ptt.truth          literal
@@ -36,6 +37,7 @@ worker        Write               topic     ptt.dead-letter    literal
 worker        Read,Write,Create   topic     ptt-stream-        prefixed  # its own: partials, changelog, assignor
 worker        Read                group     ptt-stream         prefixed  # its consumer group (PTT_APP_ID)
 shuffler      Read                topic     ptt.device-reports literal   # its input: single device reports
+shuffler      Read                topic     ptt.device-reports-source literal # its trusted clock: the source notes of the replay
 shuffler      Read                topic     ptt.queries        literal   # which queries the reports answer
 shuffler      Write               topic     ptt.reports        literal   # permuted batches and end-of-epoch markers
 shuffler      Write               topic     ptt.dead-letter    literal
@@ -49,6 +51,7 @@ analyst       Describe            topic     ptt.reports        literal   # metad
 analyst       Describe            topic     ptt.truth          literal   #   that the pipeline topics exist
 subscriber    Read                topic     ptt.estimates      literal
 subscriber    Read                topic     ptt.estimate-frames literal  # ptt subscribe --arrow/--parquet
+subscriber    Read                topic     ptt.queries        literal   # the ptt subscribe table: how many estimates an epoch has
 '
 
 props="$(mktemp)"

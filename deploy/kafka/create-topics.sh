@@ -31,6 +31,7 @@ ptt.estimates                       4
 ptt.estimate-frames                 4
 ptt.dead-letter                     1
 ptt.device-reports                  4
+ptt.device-reports-source           1
 ptt-shuffler-state-0                1           cleanup.policy=compact
 ptt-stream-partials                 4
 ptt-stream-windows-changelog        4           cleanup.policy=compact

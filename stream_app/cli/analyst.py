@@ -18,6 +18,13 @@ from .errors import EXIT_USAGE, CliError
 
 __all__ = ["add_parser", "run"]
 
+_LIST_NOTE = (
+    "epsilon: what one device's report costs it, per epoch and over a day, whatever happens to it. \"if shuffled "
+    "among n\": hypothetical until a shuffler runs (ptt shuffler, ptt demo --via-shuffler); the worker then publishes "
+    "the same figure as epsilon_shuffled at the n the shuffler attests, rounded down to 2 significant digits as "
+    "here (n = the query's population unless --shuffle-size; --shuffled-day adds the day). Each such figure "
+    "{assumption}.")
+
 
 def _when(text: str) -> datetime:
     """An ISO-8601 time with a zone, e.g. 2026-11-18T06:00:00-08:00."""
@@ -62,24 +69,40 @@ def add_parser(sub: Any) -> None:
                        help="version to publish (default: 1 for publish, the next one for update)")
         add_settings_flags(q, KafkaSettings)
         q.set_defaults(func=run)
-    ls = asub.add_parser("list", help="list every version of every query, with its privacy figures")
+    ls = asub.add_parser("list", help="list every version of every query, with its privacy figures",
+                         description="Every version of every query with a device's epsilon per epoch and per day, "
+                                     "and what the epoch's release would cost if shuffled among n reports (n "
+                                     "rounded down to 2 significant digits, as the worker publishes it).")
     ls.add_argument("--json", action="store_true",
                     help="one JSON query per line, with a `privacy` object: epsilon per epoch and per day, local "
-                         "and shuffled")
+                         "and if shuffled (the shuffled day always: several seconds per query)")
     ls.add_argument("--shuffle-size", type=int, default=None, metavar="N",
                     help="reports per shuffle for the shuffled figures (default: each query's population)")
+    ls.add_argument("--shuffled-day", action="store_true",
+                    help="also the day's epsilon if shuffled (a composition over 2,880 epochs: several seconds "
+                         "per query, so not by default)")
     add_settings_flags(ls, KafkaSettings)
     ls.set_defaults(func=run)
 
 
-def _privacy(q: Any, n: int) -> dict[str, Any]:
-    """A query's epsilon per epoch and per day, local and shuffled among ``n`` (estimators/shuffle.py)."""
+def _privacy(q: Any, asked: int, day: bool) -> dict[str, Any]:
+    """A query's epsilon per epoch and per day, local and if shuffled among ``asked`` reports
+    rounded down to 2 significant digits, the size the worker computes its published
+    ``epsilon_shuffled`` at (:func:`stream_app.estimate.round_down_2sig`: one computation per
+    rounded size; a bound at fewer reports also holds at more), so that the two agree. The
+    shuffled day is a composition over 2,880 epochs (several seconds): only when ``day``."""
     from estimators import planning, privacy
 
+    from ..estimate import round_down_2sig
+
+    n = round_down_2sig(asked)
     mech = q.build()
+    local = {"epsilon": q.epsilon, "epsilon_day": privacy.day_epsilon([q.epsilon] * planning.EPOCHS_PER_DAY),
+             "shuffle_size": n, "shuffle_size_asked": asked, "shuffle_trust": TRUST_ASSUMPTION}
+    if not day:
+        return {**local, "epsilon_shuffled": q.spec.shuffled_epsilon(mech, q.n_stations, n)}
     fig = planning.shuffled_figures(q.spec.shuffle_ratios(mech, q.n_stations), n, planning.EPOCHS_PER_DAY)
-    return {"epsilon": q.epsilon, "epsilon_day": privacy.day_epsilon([q.epsilon] * planning.EPOCHS_PER_DAY),
-            **{k: fig[k] for k in ("shuffle_size", "epsilon_shuffled", "epsilon_day_shuffled", "shuffle_trust")}}
+    return {**local, "epsilon_shuffled": fig["epsilon_shuffled"], "epsilon_day_shuffled": fig["epsilon_day_shuffled"]}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,17 +115,19 @@ def run(args: argparse.Namespace) -> int:
             raise CliError("--shuffle-size must be >= 1", code=EXIT_USAGE)
         existing = read_queries(settings)
         for q in existing:
-            fig = _privacy(q, args.shuffle_size or q.population)
+            fig = _privacy(q, args.shuffle_size or q.population, day=args.json or args.shuffled_day)
             if args.json:
-                print(json.dumps({**json.loads(q.model_dump_json()), "privacy": json_safe(fig)}))
+                print(json.dumps({**json.loads(q.model_dump_json()), "privacy": json_safe(fig)}), flush=True)
             else:
+                shuffled_day = (f" (day {fig['epsilon_day_shuffled']:.4g})" if "epsilon_day_shuffled" in fig
+                                else "")
                 print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
                       f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
                       f"epsilon={q.epsilon:.4g} (day {fig['epsilon_day']:.4g})  "
-                      f"shuffled n={fig['shuffle_size']:,}: {fig['epsilon_shuffled']:.4g} "
-                      f"(day {fig['epsilon_day_shuffled']:.4g})  by {q.analyst_id}")
+                      f"if shuffled among n={fig['shuffle_size']:,}: {fig['epsilon_shuffled']:.4g}{shuffled_day}  "
+                      f"by {q.analyst_id}", flush=True)
         if existing and not args.json:
-            print(f"shuffled figures {TRUST_ASSUMPTION}")
+            print(_LIST_NOTE.format(assumption=TRUST_ASSUMPTION))
         return 0
     fields: dict[str, Any] = {k: getattr(args, k) for k in
                               ("analyst_id", "mechanism", "sensors", "population", "t_start", "t_end")

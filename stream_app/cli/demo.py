@@ -45,6 +45,11 @@ if TYPE_CHECKING:
 
     from ..subscribe import FrameCounts
 
+#: seconds the helpers get to stop gracefully once asked (then SIGKILL); the topics are saved meanwhile
+STOP_GRACE_S = 2.0
+#: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
+REPORT_INTERRUPTED = "(Ctrl-C)"
+
 __all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
            "run_demo", "save_frames", "save_topics", "write_report"]
 
@@ -124,11 +129,30 @@ def _ours_prometheus(base: str, config: Path) -> bool:
         return False
 
 
-def _closed_epochs(metrics_url: str) -> float:
-    """Epochs the worker has closed so far, every query and reason."""
+def _closed_epochs(metrics_url: str, families: tuple[bytes, ...] = (b"ptt_epochs_closed_total{",)) -> float:
+    """Epochs (or with ``families``, other outcomes) the worker has counted so far, every query and reason."""
     body = _get(metrics_url) or b""
-    return sum(float(line.rsplit(b" ", 1)[1]) for line in body.splitlines()
-               if line.startswith(b"ptt_epochs_closed_total{"))
+    return sum(float(line.rsplit(b" ", 1)[1]) for line in body.splitlines() if line.startswith(families))
+
+
+def expected_rollups(queries: list[Query], epochs: Iterable[int]) -> int:
+    """The rollups (:mod:`stream_app.rollups`) a replay of ``epochs`` completes: those whose
+    every epoch it marks for the same query version.
+
+    >>> from schemas import Query
+    >>> from schemas.epochs import epoch_start
+    >>> day = Query(query_id="q", analyst_id="a", version=1, sensors=(1, 2), mechanism="sp",
+    ...             population=100, t_start=epoch_start(60_000), t_end=epoch_start(61_000))
+    >>> expected_rollups([day], range(60_000, 60_025))  # 5-minute rollups from 60,000 and 60,010
+    2
+    """
+    from producers.replay import active_queries
+
+    from ..rollups import SPANS
+
+    active = {e: {(q.query_id, q.version) for q in active_queries(queries, epoch_start(e))} for e in epochs}
+    return sum(len(set.intersection(*(active.get(start + i, set()) for i in range(span))))
+               for span in SPANS for start in {e - e % span for e in active})
 
 
 def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
@@ -148,13 +172,14 @@ def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
     return sum(len(active_queries(queries, epoch_start(e))) for e in epochs)
 
 
-def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0) -> None:
-    """After the replay: until the worker has closed every window the replay marked (or a
-    stop). Each stage-2 partition closes its own epochs, so the newest closed epoch says
-    nothing of the older ones: the closed epochs are counted."""
+def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0) -> None:
+    """After the replay: until the worker has closed every window the replay marked and decided
+    every rollup it completes (or a stop). Each stage-2 partition closes its own epochs, so the
+    newest closed epoch says nothing of the older ones: the closed epochs are counted."""
     deadline = time.monotonic() + timeout_s
+    decided = (b"ptt_rollups_total{", b"ptt_withheld_rollups_total{")
     while time.monotonic() < deadline and not stop.requested:
-        if _closed_epochs(metrics_url) >= windows:
+        if _closed_epochs(metrics_url) >= windows and _closed_epochs(metrics_url, decided) >= rollups:
             return
         stop.wait(0.5)
 
@@ -194,18 +219,33 @@ def save_frames(settings: KafkaSettings, topic: str, path: Path, idle_timeout_s:
     return write_frames(values, path, "parquet")
 
 
-def write_report(estimates: Path, truth: Path, out: Path) -> str:
+def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], None] | None = None) -> str:
     """The report of the saved files (``ptt report``'s defaults), in process; returns one line
-    saying what it wrote, or why there is none."""
+    saying what it wrote, or why there is none. The summary is written first and ``say`` told
+    of it; the plots follow (about a second each on a busy machine), and a Ctrl-C while they
+    are drawn (a KeyboardInterrupt) skips the rest: the line then gives the command that
+    draws them."""
     from .. import report
     from .report import read_file
 
+    summary = out / "summary.txt"
+
+    def before_plots(path: Path) -> None:
+        if say is not None:
+            say(f"report      {path}; drawing the plots into {out}/ (Ctrl-C skips them)")
+
     try:
         truth_lines = read_file(str(truth)) if truth.exists() and truth.stat().st_size else None
-        report.write_report(read_file(str(estimates)), truth_lines, out, where=str(estimates))
+        _, plots = report.write_report(read_file(str(estimates)), truth_lines, out, where=str(estimates),
+                                       before_plots=before_plots)
     except (CliError, report.ReportError) as exc:
         return f"no report: {error_line('report', str(exc))}"
-    return f"{out / 'summary.txt'} and the plots in {out}"
+    except KeyboardInterrupt:
+        if not summary.exists():
+            return f"none {REPORT_INTERRUPTED}"
+        return (f"{summary}; plots skipped {REPORT_INTERRUPTED}: `ptt report --estimates {estimates} --truth {truth} "
+                f"--out {out}` draws them")
+    return f"{summary} and {len(plots)} plots in {out}/"
 
 
 def _replay_settings(demo: DemoSettings, bootstrap: str) -> ReplaySettings:
@@ -217,29 +257,46 @@ def _replay_settings(demo: DemoSettings, bootstrap: str) -> ReplaySettings:
 class DropWhenClosed:
     """A text stream whose reader may go away: ``make run | tee run.log`` and Ctrl-C, which ends
     ``tee`` too. The first write that meets the closed pipe (EPIPE) points the descriptor at
-    /dev/null and every later write is dropped, so the demo goes on stopping cleanly and saving
-    its results instead of dying of BrokenPipeError (or of it again when Python flushes at exit)."""
+    /dev/null, so the demo goes on stopping cleanly and saving its results instead of dying of
+    BrokenPipeError (or of it again when Python flushes at exit); that write and every later
+    one go to ``fallback`` (stdout's is stderr, stderr's the terminal, :class:`ToTerminal`), or
+    are dropped without one: the lines that say what was saved still reach the person."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, fallback: TextIO | None = None) -> None:
         self._stream = stream
+        self._fallback = fallback
+        self._pending: list[str] = []  # written since the last flush that reached the reader
         self.closed_pipe = False
 
     def write(self, text: str) -> int:
-        if not self.closed_pipe:
-            try:
-                self._stream.write(text)
-            except BrokenPipeError:
-                self._to_devnull()
+        if self.closed_pipe:
+            self._to_fallback(text)
+            return len(text)
+        try:
+            self._stream.write(text)
+            self._pending.append(text)
+        except BrokenPipeError:
+            self._to_devnull(text)
         return len(text)
 
     def flush(self) -> None:
-        if not self.closed_pipe:
-            try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._to_devnull()
+        if self.closed_pipe:
+            if self._fallback is not None:
+                self._fallback.flush()
+            return
+        try:
+            self._stream.flush()
+            self._pending = []
+        except BrokenPipeError:
+            self._to_devnull("")
 
-    def _to_devnull(self) -> None:
+    def _to_fallback(self, text: str) -> None:
+        if self._fallback is not None and text:
+            with contextlib.suppress(OSError, ValueError):
+                self._fallback.write(text)
+                self._fallback.flush()
+
+    def _to_devnull(self, text: str) -> None:
         self.closed_pipe = True
         with contextlib.suppress(OSError, ValueError):
             null = os.open(os.devnull, os.O_WRONLY)
@@ -247,16 +304,45 @@ class DropWhenClosed:
                 os.dup2(null, self._stream.fileno())
             finally:
                 os.close(null)
+        lost, self._pending = "".join(self._pending) + text, []
+        self._to_fallback(lost)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
+class ToTerminal:
+    """Writes to the controlling terminal (``/dev/tty``), opened at the first write; dropped
+    when there is none (a service, a test): the last resort of :class:`DropWhenClosed`."""
+
+    def __init__(self) -> None:
+        self._tty: TextIO | None = None
+        self._failed = False
+
+    def write(self, text: str) -> int:
+        if self._tty is None and not self._failed:
+            try:
+                self._tty = open("/dev/tty", "w")  # noqa: SIM115 - kept open until the process ends
+            except OSError:
+                self._failed = True
+        if self._tty is not None:
+            with contextlib.suppress(OSError):
+                self._tty.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._tty is not None:
+            with contextlib.suppress(OSError):
+                self._tty.flush()
+
+
 @contextlib.contextmanager
 def output_may_close() -> Iterator[None]:
-    """stdout and stderr as :class:`DropWhenClosed` while the demo runs."""
+    """stdout and stderr as :class:`DropWhenClosed` while the demo runs: stdout falls back to
+    stderr, stderr to the terminal."""
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = cast(TextIO, DropWhenClosed(sys.stdout)), cast(TextIO, DropWhenClosed(sys.stderr))
+    err = DropWhenClosed(sys.stderr, cast(TextIO, ToTerminal()))
+    sys.stdout, sys.stderr = cast(TextIO, DropWhenClosed(sys.stdout, cast(TextIO, err))), cast(TextIO, err)
     try:
         yield
     finally:
@@ -344,7 +430,8 @@ def _run_demo(demo: DemoSettings) -> int:
         print(f"queries     {ptt} analyst list --bootstrap-servers {broker.bootstrap}")
         print(f"output      {out}/ (logs now; estimates.jsonl, estimates.parquet, truth.jsonl and report/ when "
               "the demo ends)")
-        print(f"replaying {source} at {demo.speed:g}x real time; Ctrl-C stops", flush=True)
+        pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"
+        print(f"replaying {source} {pace}; Ctrl-C stops", flush=True)
         rs = _replay_settings(demo, broker.bootstrap)
         try:
             summary = replay(rs, progress=True)
@@ -362,8 +449,10 @@ def _run_demo(demo: DemoSettings) -> int:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()
             if not summary.interrupted and summary.epochs:
-                replayed = (int(e) for e in day.epochs[:summary.epochs])
-                _wait_closed(metrics_url, expected_windows(read_queries(rs), replayed), stop)
+                replayed = [int(e) for e in day.epochs[:summary.epochs]]
+                queries = read_queries(rs)
+                _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
+                             rollups=expected_rollups(queries, replayed))
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
                 while not stop.wait(0.5):
@@ -376,11 +465,15 @@ def _run_demo(demo: DemoSettings) -> int:
             for p in (shuffler, worker, prom):  # they stop while the topics are read
                 if p is not None and p.poll() is None:
                     p.terminate()
+            asked = time.monotonic()
             estimates, truth = out / "estimates.jsonl", out / "truth.jsonl"
+            again = " (Ctrl-C again quits without them)" if stop.requested else ""
+            print(f"saving the estimates and the ground truth into {out}/{again}", flush=True)
             counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
             table = out / "estimates.parquet"
             frames = save_frames(rs, ws.frames_topic, table)
-            terminate_all([shuffler, worker, prom], timeout_s=1.0)
+            # the worker's graceful stop (its producers closed, no error logged) takes about a second
+            terminate_all([shuffler, worker, prom], timeout_s=max(STOP_GRACE_S - (time.monotonic() - asked), 0.1))
             broker.stop()
             stopped_children = True
             print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
@@ -388,7 +481,11 @@ def _run_demo(demo: DemoSettings) -> int:
             print(f"saved the same {frames.rows:,} estimates from {frames.frames:,} estimate frames to {table} "
                   "(one row per query, epoch, station and estimator)", flush=True)
             if counts[ws.estimates_topic]:
-                print(f"report      {write_report(estimates, truth, out / 'report')}", flush=True)
+                stop.event.set()  # from here a Ctrl-C raises KeyboardInterrupt: it skips the plots
+                done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True))
+                if REPORT_INTERRUPTED in done:
+                    code = EXIT_INTERRUPTED
+                print(f"report      {done}", flush=True)
             else:
                 print("report      none (no estimate was published yet)", flush=True)
         return code

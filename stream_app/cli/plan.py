@@ -18,6 +18,7 @@ from .errors import EXIT_USAGE
 __all__ = ["COMPARE", "add_parser", "run"]
 
 COMPARE = "compare"  # `ptt plan compare`: every mechanism at one epsilon, not a mechanism
+FLEET = "fleet"  # `ptt plan fleet`: a vehicle's day across every default query
 
 
 def _fmt(v: Any) -> str:
@@ -33,9 +34,16 @@ def _fmt(v: Any) -> str:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("plan", help="what a query will cost (epsilon) and how good its answers can be",
                        description="Per-epoch and per-day epsilon and the accuracy of the headline estimator.")
-    p.add_argument("mechanism", choices=[*planning.MECHANISMS, COMPARE],
-                   help="the mechanism to plan, or `compare`: SP, ALP, k-ary RR, OUE and OLH side by side at "
-                        "the same --epsilon (--json: a list with one object per mechanism)")
+    p.add_argument("mechanism", choices=[*planning.MECHANISMS, COMPARE, FLEET],
+                   help="the mechanism to plan; `compare`: SP, ALP, k-ary RR, OUE and OLH side by side at "
+                        "the same --epsilon (--json: a list with one object per mechanism); `fleet`: a vehicle's "
+                        "day across every default query (epsilon_day_vehicle)")
+    p.add_argument("--release", choices=["aggregate", "permuted"], default="aggregate",
+                   help="what the shuffler releases: per-station counts (aggregate, exact accounting where it "
+                        "exists, the default) or the permuted reports (permuted, the clone bound)")
+    p.add_argument("--day-budget", type=float, default=None, metavar="B",
+                   help="a vehicle's whole-day epsilon through the release: choose the parameters with the "
+                        "smallest headline sd within it (fleet: B is split across the queries)")
     p.add_argument("--epsilon", type=float, default=None, help="compare only: the per-device epsilon per epoch")
     p.add_argument("--daily-budget", type=float, default=None,
                    help="a device's daily budget: print how many epochs of the query it allows")
@@ -58,6 +66,13 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.mechanism == COMPARE:
         return _run_compare(args)
+    if args.day_budget is not None and not (math.isfinite(args.day_budget) and args.day_budget > 0):
+        print("ptt plan: error: --day-budget must be a positive number", file=sys.stderr)
+        return EXIT_USAGE
+    if args.mechanism == FLEET:
+        from .plan_fleet import run_fleet
+
+        return run_fleet(args)
     if args.epsilon is not None:
         print("ptt plan: error: --epsilon is for `ptt plan compare`; a mechanism's epsilon follows from its "
               "parameters (--param)", file=sys.stderr)
@@ -65,13 +80,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
                                dict(args.param), epochs=args.epochs, delta=args.delta,
-                               daily_budget=args.daily_budget, shuffle_size=args.shuffle_size)
+                               daily_budget=args.daily_budget, shuffle_size=args.shuffle_size,
+                               release=args.release, day_budget=args.day_budget)
     except planning.PlanError as exc:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:
         print(json.dumps(json_safe(result), sort_keys=True))
         return 0
+    print(headline(result))
     rows = [(k, _fmt(v)) for k, v in result.items() if k != "warnings"]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -79,6 +96,15 @@ def run(args: argparse.Namespace) -> int:
     for w in result["warnings"]:
         print(f"WARNING: {w}")
     return 0
+
+
+def headline(r: dict[str, Any]) -> str:
+    """The one line that says which epsilon is the guarantee (the other keys are context)."""
+    return (f"HEADLINE: epsilon_day_vehicle = {_fmt(r['epsilon_day_vehicle'])} at delta {r['delta']:g}: a vehicle's "
+            f"whole day ({r['epochs']} epochs) of this query through the shuffler's {r['release']} release "
+            f"({r['accounting']}); {r['estimator']} sd {_fmt(r['sd'])} per epoch, a trusted curator's at the same "
+            f"day budget {_fmt(r['central_limit_sd'])} (central_limit_sd). Local, without the shuffler: epsilon "
+            f"{_fmt(r['epsilon'])} per epoch, epsilon_day {_fmt(r['epsilon_day'])}.")
 
 
 def _run_compare(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@ frames in an Arrow IPC or Parquet file (``--arrow``/``--parquet FILE``)."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,18 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("subscribe", help="tail the estimates topic (a table, or JSON lines)")
+    from ..subscribe import NEGATIVE_NOTE
+
+    p = sub.add_parser("subscribe", help="tail the estimates topic (a table, or JSON lines)",
+                       description="Tail the estimates: one line per closed (query, epoch) with the sum of its "
+                                   "station estimates per estimator, a rollup on its own line marked 'sum over 5 min' "
+                                   "or 'sum over 60 min' (--rows: every estimate, grouped per query and "
+                                   f"epoch; --json: one JSON estimate per line as it comes). Note: {NEGATIVE_NOTE}.")
     p.add_argument("--topic", default="ptt.estimates", help="estimates topic (default ptt.estimates)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one JSON estimate per line")
+    out.add_argument("--rows", action="store_true",
+                     help="every estimate as a table row, printed per closed (query, epoch), by estimator and station")
     out.add_argument("--arrow", type=Path, default=None, metavar="FILE",
                      help="keep the estimate frames (--frames-topic) in an Arrow IPC file, one row per query, "
                           "epoch, station and estimator")
@@ -49,12 +59,24 @@ def run(args: argparse.Namespace) -> int:
     if args.arrow is not None or args.parquet is not None:
         return _keep(settings, args)
     try:
-        subscribe(settings, args.topic, json_lines=args.json, from_beginning=args.from_beginning,
+        subscribe(settings, args.topic, json_lines=args.json, rows=args.rows, from_beginning=args.from_beginning,
                   query=args.query, station=args.station, estimator=args.estimator,
                   idle_timeout_s=args.idle_timeout)
     except KeyboardInterrupt:
         return EXIT_OK
+    except BrokenPipeError:  # `ptt subscribe | head`: the reader has what it wanted
+        _quiet_stdout()
+        return EXIT_OK
     return EXIT_OK
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: the exit's flush into the closed pipe would fail again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, sys.stdout.fileno())
+    finally:
+        os.close(null)
 
 
 def _keep(settings: KafkaSettings, args: argparse.Namespace) -> int:

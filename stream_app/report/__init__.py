@@ -23,7 +23,7 @@ pyplot, never a window).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from schemas.estimates import Estimate
@@ -90,12 +90,16 @@ __all__ = [
 
 def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[bytes | str] | None, out: Path, *,
                  selection: Selection | None = None, where: str = "the estimates", stations: int = 6,
-                 every: int | None = None, with_gls: bool = False) -> tuple[str, list[Path]]:
+                 every: int | None = None, with_gls: bool = False,
+                 before_plots: Callable[[Path], None] | None = None) -> tuple[str, list[Path]]:
     """Read the estimates (JSON lines; ``where`` names them in errors), then the ground truth
-    of their stations (``None``: none), and write ``summary.txt``, ``summary.json`` and the
-    plots of the ``stations`` busiest stations (all of ``selection.stations`` if it names
-    some) into ``out``. Returns the summary text and the plots written. :class:`ReportError`
-    when no estimate matches or ``out`` cannot be written."""
+    of their stations (``None``: none), and write ``summary.txt`` and ``summary.json``, then
+    the plots of the ``stations`` busiest stations (all of ``selection.stations`` if it names
+    some) into ``out``, then the summary again with the plots named. ``before_plots(summary
+    path)`` is called between the two (the plots take about a second each): whatever stops
+    the plots (a KeyboardInterrupt it raises, or one from the plotting) leaves the summary
+    written. Returns the summary text and the plots written. :class:`ReportError` when no
+    estimate matches or ``out`` cannot be written."""
     selection = selection or Selection()
     loaded = load_estimates(estimates, selection)
     if not loaded.rows:
@@ -106,14 +110,23 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
     loaded_truth = load_truth(truth, needed) if truth is not None else None
     cells = join(loaded.rows, loaded_truth.truth if loaded_truth else {})
     groups = summarize(cells)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        chosen = plot_stations(cells, selection.stations, stations)
-        plots = write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every)
+
+    def write_summary(plots: list[Path]) -> str:
         text = format_summary(groups, loaded, loaded_truth, plots)
         (out / "summary.txt").write_text(text)
         doc = summary_json(groups, loaded, loaded_truth, plots)
         (out / "summary.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        return text
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        text = write_summary([])
+        if before_plots is not None:
+            before_plots(out / "summary.txt")
+        chosen = plot_stations(cells, selection.stations, stations)
+        plots = write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every)
+        if plots:
+            text = write_summary(plots)
     except OSError as exc:
         raise ReportError(f"cannot write to {out}: {exc.strerror or exc}") from exc
     return text, plots

@@ -20,7 +20,7 @@ from typing import Any
 
 from estimators.registry import REGISTRY
 
-from .summary import Cell, Row, _level, _mean
+from .summary import Cell, Row, _level, _mean, noise_note
 
 __all__ = [
     "DEFAULT_ESTIMATORS",
@@ -88,6 +88,7 @@ class Series:
     withheld: int
     covered: dict[float, tuple[int, int]]  # level -> (hits, cells with truth), over all epochs
     mae: float | None
+    noise: str | None = None  # noise_note of the series (the plot says so)
 
 
 def _offset(dt: datetime) -> str:
@@ -161,6 +162,8 @@ def series_for(cells: Iterable[Cell], query_id: str, station: int, estimator: st
                                                                                    for r in rows})),
         epoch_s=_epoch_seconds(rows), every=step, cells=len(rows), withheld=sum(1 for r in rows if not r.published),
         covered=covered, mae=_mean(errors),
+        noise=noise_note([c.row.sd for c in ordered if c.row.published and c.row.sd is not None],
+                         [float(c.truth) for c in ordered if c.truth is not None]),
     )
 
 
@@ -229,7 +232,7 @@ def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Pa
     fig.suptitle(f"Station {series.station} \u2014 query {series.query_id} ({series.mechanism}), "
                  f"estimator {series.estimator}, \u03b5 = {_eps_text(series.epsilons)} per epoch",
                  fontsize=13, fontweight="bold")
-    ax.set_title(_facts(series), fontsize=10, color="#444444")
+    ax.set_title(_facts(series), fontsize=10, color="#444444" if series.noise is None else "#b00020")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=FIG_DPI, format="png")
     return path
@@ -237,7 +240,7 @@ def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Pa
 
 def _facts(series: Series) -> str:
     """The subtitle: coverage over every epoch (not only those drawn), error, what is missing."""
-    facts = []
+    facts = [] if series.noise is None else [series.noise.upper()]
     shown = [(lvl, *series.covered[lvl]) for lvl in sorted(series.covered, reverse=True) if series.covered[lvl][1]]
     if shown:
         cov = ", ".join(f"{_level(lvl)} bounds {hits / n:.1%}" for lvl, hits, n in shown)

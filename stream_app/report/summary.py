@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
 from schemas.wire import GroundTruth, json_safe
 
@@ -70,6 +71,8 @@ class Row:
     participants: int
     withheld: str | None
     epsilon_shuffled: float | None = None  # null on the wire: not attested (or infinite)
+    sd: float | None = None
+    no_source_data: bool = False  # data_quality "no_source_data": the source had no reading, nothing to score
 
     @classmethod
     def of(cls, e: Estimate, starts: dict[tuple[datetime, timedelta | None], datetime] | None = None) -> Row:
@@ -81,7 +84,8 @@ class Row:
         return cls(sys.intern(e.query_id), e.query_version, sys.intern(e.mechanism), sys.intern(e.estimator),
                    e.epoch, start, e.station, e.estimate, tuple((b.confidence, b.lower, b.upper) for b in e.bounds),
                    math.inf if e.epsilon is None else e.epsilon,  # null on the wire = infinite
-                   e.participants, None if e.withheld is None else sys.intern(e.withheld), e.epsilon_shuffled)
+                   e.participants, None if e.withheld is None else sys.intern(e.withheld), e.epsilon_shuffled, e.sd,
+                   e.data_quality == "no_source_data")
 
     @property
     def key(self) -> tuple[str, int, int, int, str]:
@@ -135,6 +139,7 @@ class LoadedTruth:
     epochs: int  # distinct epochs with a ground-truth record
     read: int
     invalid: int
+    epoch_ids: frozenset[int] = frozenset()  # those epochs
 
 
 def _lines(values: Iterable[bytes | str]) -> Iterator[bytes]:
@@ -196,7 +201,7 @@ def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
                 table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise ValueError(f"{path} is not a Parquet or Arrow file: {exc}") from None
-    optional = ("epsilon_shuffled",)  # added later: a file written before it lacks the column (null)
+    optional = ("epsilon_shuffled", "span_s", "release")  # added later: absent from older files (null, 30, null)
     missing = [f for f in LONG_SCHEMA.names if f not in table.column_names and f not in optional]
     if missing:
         raise ValueError(f"{path} is not a long-form estimates file (no column {', '.join(missing)})")
@@ -221,7 +226,7 @@ def load_estimates(values: Iterable[bytes | str | Estimate], selection: Selectio
         if e is None:
             invalid += 1
             continue
-        if e not in sel:
+        if e not in sel or e.span_s != EPOCH_S:  # rollups are not scored here (one span: the epoch's)
             filtered += 1
             continue
         row = Row.of(e, starts)
@@ -248,7 +253,7 @@ def load_truth(values: Iterable[bytes | str], stations: Iterable[int] | None = N
             continue
         by_epoch[t.epoch] = {s: f for s, f in t.truth().items() if keep is None or s in keep}
     truth = {(epoch, s): f for epoch, flows in by_epoch.items() for s, f in flows.items()}
-    return LoadedTruth(truth, len(by_epoch), read, invalid)
+    return LoadedTruth(truth, len(by_epoch), read, invalid, frozenset(by_epoch))
 
 
 # --------------------------------------------------------------------------- joining and summary
@@ -281,7 +286,9 @@ class GroupSummary:
     ``coverage[c]``: fraction of the published cells with truth whose level-``c`` bounds hold
     the truth (``lower <= truth <= upper``); ``mean_width[c]``: mean ``upper - lower`` over the
     published cells; ``mae``/``bias``/``rmse``: of ``estimate - truth`` over the published
-    cells with truth. ``None`` where there is nothing to average.
+    cells with truth. ``None`` where there is nothing to average. A cell flagged
+    ``no_source_data`` (a dead or silent detector) is never compared with a truth, whatever
+    the truth file says of it (a placeholder 0 is not a quiet road): it is counted apart.
     """
 
     query_id: str
@@ -291,7 +298,7 @@ class GroupSummary:
     epsilon_by_version: dict[int, float]
     cells: int  # all (station, epoch) cells, withheld included
     withheld: int
-    without_truth: int  # published cells with no ground truth
+    without_truth: int  # published cells with no ground truth (no_source_data cells not included)
     with_truth: int  # published cells with ground truth: what coverage and error are over
     stations: int
     epochs: int
@@ -306,6 +313,8 @@ class GroupSummary:
     # the largest shuffled epsilon over the epochs that have one, and how many epochs have one
     epsilon_shuffled: float | None = None
     shuffled_epochs: int = 0
+    noise: str | None = None  # noise_note of its published cells
+    no_source_data: int = 0  # published cells flagged no_source_data: neither scored nor "without truth"
 
     @property
     def epsilon(self) -> float:
@@ -326,6 +335,8 @@ class GroupSummary:
             "mae": self.mae, "bias": self.bias, "rmse": self.rmse,
             "withheld_reasons": dict(self.withheld_reasons),
             "epsilon_shuffled": self.epsilon_shuffled, "shuffled_epochs": self.shuffled_epochs,
+            "noise": self.noise,
+            "no_source_data": self.no_source_data,
         }
 
 
@@ -339,7 +350,8 @@ def summarize(cells: Iterable[Cell]) -> list[GroupSummary]:
 
 def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupSummary:
     published = [c for c in cells if c.row.published]
-    scored = [c for c in published if c.truth is not None]
+    no_source = [c for c in published if c.row.no_source_data]
+    scored = [c for c in published if c.truth is not None and not c.row.no_source_data]
     levels = sorted({lvl for c in published for lvl, _, _ in c.row.bounds})
     coverage: dict[float, float | None] = {}
     width: dict[float, float | None] = {}
@@ -364,13 +376,37 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupS
         query_id=query_id, estimator=estimator, mechanism=cells[0].row.mechanism,
         versions=tuple(sorted({c.row.query_version for c in cells})),
         epsilon_by_version={c.row.query_version: c.row.epsilon for c in sorted(cells, key=lambda c: c.row.epoch)},
-        cells=len(cells), withheld=len(cells) - len(published), without_truth=len(published) - len(scored),
+        cells=len(cells), withheld=len(cells) - len(published),
+        without_truth=len(published) - len(scored) - len(no_source),
         with_truth=len(scored), stations=len({c.row.station for c in cells}), epochs=len({c.row.epoch for c in cells}),
         first_epoch_start=min(starts), last_epoch_start=max(starts), coverage=coverage, mean_width=width,
         mae=_mean([abs(e) for e in errors]), bias=_mean(errors), rmse=None if mse is None else math.sqrt(mse),
         withheld_reasons=dict(sorted(reasons.items())),
         epsilon_shuffled=max(shuffled.values()) if shuffled else None, shuffled_epochs=len(shuffled),
+        noise=noise_note([c.row.sd for c in published if c.row.sd is not None], [float(c.truth) for c in scored
+                                                                                  if c.truth is not None]),
+        no_source_data=len(no_source),
     )
+
+
+NOISE_RATIO = 0.5  # noise-dominated: the median sd is at least this fraction of the largest true count
+
+
+def noise_note(sds: Sequence[float], truths: Sequence[float]) -> str | None:
+    """``"noise-dominated: sd X against counts up to Y"`` when the median per-epoch sd of the
+    published estimates is at least half the largest true count -- a band of one sd either side
+    of the truth then spans its whole range, and single epochs show noise, not traffic -- else
+    None (also without an sd or a truth).
+
+    >>> noise_note([130.0, 140.0, 150.0], [0, 10, 80])
+    'noise-dominated: sd 140 against counts up to 80'
+    >>> noise_note([7.0, 8.0], [0, 80]) is None
+    True
+    """
+    if not sds or not truths:
+        return None
+    sd, top = float(sorted(sds)[len(sds) // 2]), max(truths)
+    return f"noise-dominated: sd {sd:.3g} against counts up to {top:.3g}" if sd >= NOISE_RATIO * top else None
 
 
 def _f(v: float | None, spec: str = ".2f") -> str:
@@ -385,6 +421,38 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
+def _span(epochs: Sequence[int], tz: Any) -> str:
+    from schemas.epochs import epoch_start
+
+    first, last = (epoch_start(e).astimezone(tz).isoformat() for e in (epochs[0], epochs[-1]))
+    return first if len(epochs) == 1 else f"{first} .. {last}"
+
+
+def _unestimated(truth_epochs: frozenset[int], rows: Sequence[Row]) -> list[str]:
+    """Lines on the ground truth's epochs that no estimate has (none: no line), and why.
+
+    A replay sends an epoch's ground truth when it begins the epoch; the worker publishes the
+    epoch's estimates when it closes it, a little later. So the last epochs of a run stopped
+    (e.g. by Ctrl-C) while the worker was behind the replay have a truth and no estimate."""
+    estimated = {r.epoch for r in rows}
+    missing = sorted(truth_epochs - estimated)
+    if not missing:
+        return []
+    tz = rows[0].epoch_start.tzinfo
+    last = max(estimated)
+    after = [e for e in missing if e > last]
+    before = [e for e in missing if e <= last]
+    lines = []
+    if after:
+        lines.append(f"  the last {len(after):,} of them ({_span(after, tz)}) have no estimate: the worker had not "
+                     "closed them when the estimates were read (a run stopped, e.g. by Ctrl-C, while the worker was "
+                     "behind the replay)")
+    if before:
+        lines.append(f"  {len(before):,} earlier ones ({_span(before, tz)}) have no estimate: no query was active "
+                     "then, or their estimates were not read")
+    return lines
+
+
 def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
                    truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> str:
     """The plain-text summary: what was read, then one block per (query, estimator)."""
@@ -395,6 +463,8 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
                      f"{estimates.invalid:,} unreadable")
     if truth is not None:
         lines.append(f"ground truth: {truth.epochs:,} epochs ({truth.read:,} records, {truth.invalid:,} unreadable)")
+        if estimates is not None and estimates.rows:
+            lines += _unestimated(truth.epoch_ids, estimates.rows)
     else:
         lines.append("ground truth: none given (coverage and error not computed)")
     for g in groups:
@@ -413,6 +483,12 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             f"at most {g.epsilon_shuffled:.4g} per epoch, in {g.shuffled_epochs:,} of {g.epochs:,} epochs "
             f"(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
             f"of its epoch and round)"))
+        if g.noise is not None:
+            lines.append(f"  noise                    {g.noise} (single epochs show noise, not traffic; the "
+                         f"5-minute and hourly rollups sum them)")
+        if g.no_source_data:
+            lines.append(f"  no source data           {g.no_source_data:,}  (no reading from the station: not compared "
+                         "with the truth)")
         lines.append(f"  without ground truth     {g.without_truth:,}")
         lines.append(f"  compared with the truth  {g.with_truth:,}")
         for lvl in sorted(g.coverage, reverse=True):

@@ -24,9 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 __all__ = ["ShufflerMonitor"]
 
-WITHHELD_REASONS = ("below_min_crowd",)
+WITHHELD_REASONS = ("below_min_crowd", "no_reports")
 DEAD_LETTER_REASONS = ("empty", "bad_encoding", "bad_json_record", "unknown_query", "outside_query_window",
-                       "bad_round", "wrong_layout", "out_of_range", "bad_pairs", "slot_full", "late")
+                       "outside_open_window", "untrusted_note", "unexpected_record", "bad_round", "wrong_layout",
+                       "out_of_range", "bad_pairs", "slot_full", "late")
 
 
 class ShufflerMonitor:

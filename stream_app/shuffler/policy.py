@@ -6,22 +6,28 @@ its input partitions.
 A *slot* is one (query, version, epoch, round); an epoch's slots (every round of one query
 version and epoch) are decided together, so the worker never sees one round without the other.
 
-When an epoch is due (the deadline; docs/wire.md, "The shuffler"):
+**The clock is trusted time only** (docs/wire.md, "The shuffler"): a replay's per-epoch source
+notes (:meth:`ShufflePolicy.note`, from the topic only the replay principal may write) or the
+shuffler's own wall clock (:meth:`ShufflePolicy.advance`). Device reports never move it, however
+many there are: a report for an epoch outside the *open window* -- from the clock's first epoch
+to ``ahead_epochs`` past it -- is refused as ``outside_open_window`` and opens nothing. Every
+epoch the clock passes gets a slot for each active query, so none goes undecided.
 
-1. *event time*: the shuffler's clock -- the newest epoch that at least ``quorum`` admitted
-   reports name (so one device cannot drag it forward with a forged epoch) -- has passed the
-   epoch by ``lateness_epochs``, and every input partition has either shown an epoch that far
-   ahead or been read to its end (its earlier records are then all in);
-2. *end of input*: every input partition has been read to its end and nothing arrived for
-   ``idle_release_s`` (the settings-defined wait: the last epochs of a replay, a quiet night).
+When an epoch is due:
+
+1. *event time*: the clock has passed the epoch by ``lateness_epochs`` and the input is read up
+   to the offsets the replay's notes vouched for (below them lies every report of those
+   epochs; the wall clock's epochs count as read once passed);
+2. *end of input*: the epoch is at most the clock, every input partition has been read to its
+   end and nothing arrived for ``idle_release_s`` (the last epochs of a replay, a quiet night).
 
 A due epoch whose every round holds at least ``min_crowd`` device reports is released, as the
 runtime's ``release`` says: ``permuted``, each round's reports sorted (arrival order is gone) and
 then permuted uniformly at random by the generator the runtime passes; or ``aggregate``, only each
 round's counts -- per value (station-valued mechanisms) or per (station, report) with the implied
 default reports filled in (per-sensor), the wire's exact-tally layout. A smaller crowd is withheld
-with the reason ``below_min_crowd`` and gets no estimate. A report for an epoch already decided is
-refused as ``late``.
+with the reason ``below_min_crowd``, an epoch nobody reported for as ``no_reports``; neither gets
+an estimate. A report for an epoch already decided is refused as ``late``.
 
 >>> from datetime import datetime, timezone
 >>> from schemas import DeviceReport, Query
@@ -30,19 +36,23 @@ refused as ``late``.
 ...           t_start=t0, t_end=t0.replace(day=19))
 >>> p = ShufflePolicy(min_crowd=2, lateness_epochs=1, idle_release_s=5.0, partitions=(0,))
 >>> e = q.epoch_range()[0]
+>>> p.admit(DeviceReport(query_id="q", query_version=1, epoch=e, value=1), q, 0.0).reason  # no clock yet
+'outside_open_window'
+>>> p.note(SourceEpoch(epoch=e, opens=True), lambda epoch: [q], 0.0)  # the replay begins with epoch e
 >>> for v in (1, 2):
 ...     for r in (0, 1):
-...         assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e, round=r, value=v), q, 0, 0.0) is None
->>> p.due(1.0, caught_up=frozenset())
+...         assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e, round=r, value=v), q, 0.0) is None
+>>> p.note(SourceEpoch(epoch=e, device_offsets=((0, 4),)), lambda epoch: [q], 1.0)  # ... and finished it
+>>> p.due(2.0, caught_up=frozenset(), positions={0: 4})
 []
->>> p.due(9.0, caught_up=frozenset({0}))
+>>> p.due(9.0, caught_up=frozenset({0}), positions={0: 4})
 [('q', 1, 59832000)]
 >>> out = p.close(('q', 1, e), np.random.default_rng(1))
 >>> sorted(out.rounds[0].arrays["value"].tolist()), out.rounds[0].devices
 ([1, 2], 2)
 >>> for v in (1, 2, 2):
-...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=0, value=v), q, 0, 0.0) is None
-...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=1, value=0), q, 0, 0.0) is None
+...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=0, value=v), q, 0.0) is None
+...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=1, value=0), q, 0.0) is None
 >>> agg = p.close(('q', 1, e + 1), np.random.default_rng(1), release="aggregate")
 >>> [(r.arrays["counts"].tolist(), r.reports, r.devices) for r in agg.rounds]
 [([0, 1, 2], 3, 3), ([3, 0, 0], 3, 3)]
@@ -51,8 +61,9 @@ refused as ``late``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -64,6 +75,7 @@ from ..decode import Rejected
 __all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld"]
 
 EpochKey = tuple[str, int, int]  # (query id, version, epoch)
+Active = Callable[[int], Iterable[Query]]  # the queries active in an epoch
 IntArray = npt.NDArray[np.int64]
 EPOCHS_KEPT = 120  # source notes of epochs without reports are kept this many epochs behind the clock
 
@@ -116,20 +128,24 @@ class Withheld:
 
 
 class ShufflePolicy:
-    """Admit, hold, decide. ``partitions``: the input partitions this instance reads."""
+    """Admit, hold, decide. ``partitions``: the input (device topic) partitions this instance reads."""
 
     def __init__(self, min_crowd: int, lateness_epochs: int, idle_release_s: float,
-                 partitions: Iterable[int]) -> None:
+                 partitions: Iterable[int], ahead_epochs: int = 2) -> None:
         self.min_crowd = min_crowd
         self.lateness_epochs = lateness_epochs
         self.idle_release_s = idle_release_s
-        self.quorum = max(1, min_crowd)
+        self.ahead_epochs = ahead_epochs
         self.partitions = frozenset(partitions)
-        self.clock = -1  # newest epoch named by at least `quorum` admitted reports
-        self.newest: dict[int, int] = {}  # per input partition: the newest epoch it showed
+        self.clock = -1  # trusted: the newest epoch every source finished (or the wall clock's last ended one)
+        self.floor = -1  # the first epoch the clock opened (-1: no clock yet)
+        self.passed = -1  # the newest clock value whose input is all read (its barrier passed)
+        self.sources: dict[int, int] = {}  # replay producer index -> the newest epoch it finished
+        self.source_count = 1
+        self.ends: dict[int, int] = {}  # per input partition: the newest end offset a source note vouched for
+        self.barriers: list[tuple[int, dict[int, int]]] = []  # (clock, the input offsets its epochs lie below)
         self.last_arrival = 0.0
         self._open: dict[EpochKey, _Open] = {}
-        self._per_epoch: dict[int, int] = {}
         self.decided: set[EpochKey] = set()
         self._decided_epochs: set[int] = set()
         self._notes: dict[int, tuple[frozenset[int], bool]] = {}  # epoch -> (stations without data, interrupted)
@@ -138,12 +154,23 @@ class ShufflePolicy:
     def open_epochs(self) -> list[EpochKey]:
         return sorted(self._open, key=lambda k: (k[2], k[0], k[1]))
 
-    def restore_clock(self, clock: int, newest: dict[int, int]) -> None:
-        """Restoring after a restart: the epoch clock and each partition's newest epoch as they
-        were (the reports that advanced them may be gone from a compacted state topic)."""
-        self.clock = max(self.clock, clock)
-        for p, e in newest.items():
-            self.newest[p] = max(self.newest.get(p, -1), e)
+    def clock_state(self) -> dict[str, Any]:
+        """The trusted clock as a JSON-able dict (the state log's ``clock`` record)."""
+        return {"clock": self.clock, "floor": self.floor, "passed": self.passed,
+                "sources": {str(k): e for k, e in self.sources.items()}, "count": self.source_count,
+                "ends": {str(p): o for p, o in self.ends.items()},
+                "barriers": [[c, {str(p): o for p, o in b.items()}] for c, b in self.barriers]}
+
+    def restore_clock(self, state: dict[str, Any]) -> None:
+        """Restoring after a restart: the trusted clock as :meth:`clock_state` gave it (the
+        notes that advanced it may be gone from a compacted state topic)."""
+        self.clock = max(self.clock, int(state.get("clock", -1)))
+        self.floor = int(state.get("floor", self.floor))
+        self.passed = max(self.passed, int(state.get("passed", -1)))
+        self.sources.update({int(k): int(e) for k, e in state.get("sources", {}).items()})
+        self.source_count = int(state.get("count", self.source_count))
+        self.ends.update({int(p): int(o) for p, o in state.get("ends", {}).items()})
+        self.barriers = [(int(c), {int(p): int(o) for p, o in b.items()}) for c, b in state.get("barriers", ())]
 
     def is_open(self, key: EpochKey) -> bool:
         """Whether ``key``'s epoch still holds reports (not decided)."""
@@ -157,8 +184,15 @@ class ShufflePolicy:
         """Device reports held in open epochs."""
         return sum(r.devices for o in self._open.values() for r in o.rounds)
 
-    def admit(self, report: DeviceReport, query: Query | None, partition: int, now: float) -> Rejected | None:
-        """Take one device report into its slot, or say why not (the dead letter's reason)."""
+    def in_window(self, epoch: int) -> bool:
+        """Whether the trusted clock has opened ``epoch``: from the clock's first epoch up to
+        ``ahead_epochs`` past it (the epochs devices may be reporting for now)."""
+        return 0 <= self.floor <= epoch <= self.clock + self.ahead_epochs
+
+    def admit(self, report: DeviceReport, query: Query | None, now: float) -> Rejected | None:
+        """Take one device report into its slot, or say why not (the dead letter's reason).
+        A report never moves the clock: one for an epoch the clock has not opened (or long
+        before it started) is refused as ``outside_open_window`` and opens nothing."""
         if query is None:
             return Rejected("unknown_query", f"no query {report.query_id!r} version {report.query_version}")
         start, end = query.epoch_range()
@@ -170,6 +204,10 @@ class ShufflePolicy:
         key = (query.query_id, query.version, report.epoch)
         if key in self.decided:
             return Rejected("late", f"{query.record_key} epoch {report.epoch} was already released or withheld")
+        if not self.in_window(report.epoch):
+            return Rejected("outside_open_window",
+                            f"epoch {report.epoch} outside the open window [{self.floor}, "
+                            f"{self.clock + self.ahead_epochs}] of the trusted clock")
         # a device's pairs as two columns, split once (through builtins, no per-pair Python loop)
         stations, outputs = zip(*report.pairs, strict=True) if report.pairs else ((), ())
         bad = _check_payload(report, query, stations, outputs)
@@ -189,47 +227,76 @@ class ShufflePolicy:
             rnd.stations.extend(stations)
             rnd.outputs.extend(outputs)
         self.last_arrival = now
-        self.newest[partition] = max(self.newest.get(partition, -1), report.epoch)
-        n = self._per_epoch[report.epoch] = self._per_epoch.get(report.epoch, 0) + 1
-        if n >= self.quorum and report.epoch > self.clock:
-            self.clock = report.epoch
         return None
 
-    def note(self, note: SourceEpoch, queries: Iterable[Query], partition: int, now: float) -> Rejected | None:
-        """Take a replay's source metadata of an epoch (:class:`~schemas.SourceEpoch`): the
-        stations without a source reading and whether the replay stopped in the epoch; several
-        producers' notes of one epoch add up. An interrupted epoch is decided (as interrupted)
-        also for the ``queries`` active then that hold no report. Refused as ``late`` once an
-        epoch of that number was decided."""
-        if note.epoch in self._decided_epochs:
+    def note(self, note: SourceEpoch, active: Active, now: float) -> Rejected | None:
+        """Take a replay's source note of an epoch (:class:`~schemas.SourceEpoch`, from the
+        topic only the replay may write): the producer finished the epoch (or, ``opens``, begins
+        with it), the device-topic offsets its reports of it lie below, the stations without a
+        source reading and whether the replay stopped in it; several producers' notes of one
+        epoch add up. The clock is the oldest epoch every producer finished (``active``: the
+        queries of an epoch, for :meth:`advance`). Refused as ``late`` once an epoch of that
+        number was decided."""
+        if not note.opens and note.epoch in self._decided_epochs:
             return Rejected("late", f"source metadata of epoch {note.epoch}, already released or withheld")
-        missing, interrupted = self._notes.get(note.epoch, (frozenset(), False))
-        self._notes[note.epoch] = (missing | frozenset(note.readings_missing), interrupted or note.interrupted)
-        if note.interrupted:
-            for q in queries:
-                key = (q.query_id, q.version, note.epoch)
-                if key not in self._open and key not in self.decided:
-                    self._open[key] = _Open(q, [_Round() for _ in range(q.n_rounds)])
+        if not note.opens:
+            missing, interrupted = self._notes.get(note.epoch, (frozenset(), False))
+            self._notes[note.epoch] = (missing | frozenset(note.readings_missing), interrupted or note.interrupted)
+        for p, offset in note.device_offsets:
+            if p in self.partitions:
+                self.ends[p] = max(self.ends.get(p, 0), offset)
+        done = note.epoch - 1 if note.opens else note.epoch
+        self.sources[note.producer_index] = max(self.sources.get(note.producer_index, -1), done)
+        self.source_count = note.producer_count
+        if all(k in self.sources for k in range(self.source_count)):
+            self.advance(min(self.sources[k] for k in range(self.source_count)), active, dict(self.ends))
         self.last_arrival = now
-        self.newest[partition] = max(self.newest.get(partition, -1), note.epoch)
         if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no report named, long past: dropped
             open_epochs = {k[2] for k in self._open}
             for e in [e for e in self._notes if e < self.clock - EPOCHS_KEPT and e not in open_epochs]:
                 del self._notes[e]
         return None
 
-    def due(self, now: float, caught_up: Collection[int]) -> list[EpochKey]:
-        """The open epochs whose deadline has passed (module docstring), oldest first."""
-        all_in = self.partitions <= set(caught_up)
-        if all_in and now - self.last_arrival >= self.idle_release_s:
-            return self.open_epochs
-        out = []
-        for key in self.open_epochs:
-            horizon = key[2] + self.lateness_epochs
-            if self.clock >= horizon and all(self.newest.get(p, -1) >= horizon or p in caught_up
-                                             for p in self.partitions):
-                out.append(key)
-        return out
+    def advance(self, clock: int, active: Active, barrier: dict[int, int] | None = None) -> None:
+        """Move the trusted clock to ``clock`` (never back). Every epoch it passes gets a slot
+        for each of its ``active`` queries that holds none, so no epoch goes undecided (one
+        nobody reported for is withheld ``no_reports``). ``barrier``: the input offsets below
+        which every report of epochs up to ``clock`` lies (None: the wall clock, whose epochs
+        count as read once passed)."""
+        if clock <= self.clock:
+            return
+        epochs = range(self.clock + 1, clock + 1) if self.floor >= 0 else range(0)
+        if self.floor < 0:
+            self.floor = clock + 1
+        self.clock = clock
+        for e in epochs:
+            self._open_empty(e, active)
+        if barrier is None:
+            self.passed = clock
+        else:
+            self.barriers.append((clock, barrier))
+
+    def reopen(self, active: Active) -> None:
+        """Restoring after a restart: the empty slots the clock opened (no record holds them)."""
+        for e in range(max(self.floor, 0), self.clock + 1):
+            self._open_empty(e, active)
+
+    def _open_empty(self, epoch: int, active: Active) -> None:
+        for q in active(epoch):
+            key = (q.query_id, q.version, epoch)
+            if key not in self._open and key not in self.decided:
+                self._open[key] = _Open(q, [_Round() for _ in range(q.n_rounds)])
+
+    def due(self, now: float, caught_up: Collection[int], positions: dict[int, int] | None = None
+            ) -> list[EpochKey]:
+        """The open epochs whose deadline has passed (module docstring), oldest first;
+        ``positions``: how far each input partition is read."""
+        positions = positions or {}
+        while self.barriers and all(positions.get(p, 0) >= o for p, o in self.barriers[0][1].items()):
+            self.passed = max(self.passed, self.barriers.pop(0)[0])
+        idle = self.partitions <= set(caught_up) and now - self.last_arrival >= self.idle_release_s
+        horizon = self.passed - self.lateness_epochs
+        return [k for k in self.open_epochs if k[2] <= horizon or (idle and k[2] <= min(self.clock, self.passed))]
 
     def close(self, key: EpochKey, rng: np.random.Generator, release: str = "permuted") -> Released | Withheld:
         """Decide a due epoch: release its rounds -- ``"permuted"`` (the reports, by ``rng``) or
@@ -244,7 +311,9 @@ class ShufflePolicy:
             empty = ({"value": np.zeros(0, np.int64)} if slot.query.per_station is None
                      else {"station": np.zeros(0, np.int64), "output": np.zeros(0, np.int64)})
             return Released(slot.query, key[2], tuple(ReleasedRound(empty, 0, d) for d in devices), no_data, True)
-        if min(devices) < self.min_crowd or max(devices) == 0:
+        if max(devices) == 0:
+            return Withheld(slot.query, key[2], "no_reports", devices)
+        if min(devices) < self.min_crowd:
             return Withheld(slot.query, key[2], "below_min_crowd", devices)
         if release == "aggregate":
             return Released(slot.query, key[2], tuple(ReleasedRound({"counts": _counts(slot.query, r)}, r.devices,

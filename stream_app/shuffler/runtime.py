@@ -34,42 +34,51 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
 import numpy as np
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
-from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, start_http_server
 
 from schemas import (
     DeviceReport,
-    EndOfEpoch,
-    EndOfEpochSet,
     Query,
     SourceEpoch,
+    WireError,
     active_queries,
     decode_device_record,
-    encode_batch,
-    encode_json,
 )
-from schemas.epochs import EPOCH_S, epoch_start
+from schemas.epochs import epoch_of, epoch_start
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
 from ..decode import Rejected
 from ..guard import BrokerGuard, stop_grace_s
-from .columns import decode_batch
+from .columns import DeviceBatch, decode_batch
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
+from .release import KIND_HEADER, Outgoing, release_records, withheld_records
 from .settings import ShufflerSettings
-from .state import StateRecord, decided_key, fold, from_kafka, headers, step_key
+from .state import StateRecord, decided_key, fold, from_kafka, headers, logged_step, step_key
 
 __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 
 log = logging.getLogger(__name__)
-KIND_HEADER = "ptt-kind"
+
+
+@dataclass
+class _Step:
+    """What one step read: admitted records ([partition (-1: a source note), value]), the slots
+    and note epochs they went to, the dead letters, and the device records and notes read."""
+
+    admitted: list[tuple[int, str]] = field(default_factory=list)
+    slots: set[EpochKey] = field(default_factory=set)
+    notes: set[int] = field(default_factory=set)
+    letters: list[tuple[Rejected, Any]] = field(default_factory=list)
+    read: list[int] = field(default_factory=lambda: [0, 0])
 
 
 @dataclass
@@ -94,7 +103,7 @@ def shuffler_topics(s: ShufflerSettings) -> tuple[dict[str, int], set[str]]:
     """The topics an instance ensures on start (name -> partitions) and those of them compacted:
     what deploy/kafka/create-topics.sh must create for it (tests/unit/project/test_deploy.py)."""
     topics = {s.reports_topic: s.partitions, s.queries_topic: 1, s.device_topic: s.device_partitions,
-              s.dead_letter_topic: 1, s.state_topic: 1}
+              s.source_topic: 1, s.dead_letter_topic: 1, s.state_topic: 1}
     return topics, {s.queries_topic, s.state_topic}
 
 
@@ -189,18 +198,21 @@ class Shuffler:
                                  enable_auto_commit=False, isolation_level="read_committed",
                                  auto_offset_reset="earliest", max_poll_records=s.max_poll_records)
         self._reader = QueryReader(s)
+        self._notes_reader: KafkaConsumer | None = None
         try:
             self._reader.catch_up()
             parts = sorted(self._producer.partitions_for(s.reports_topic) or [])
             self._out_parts = parts
             self._tps = self._assign()
             self.policy = ShufflePolicy(s.min_crowd, s.lateness_epochs, s.idle_release_s,
-                                        [tp.partition for tp in self._tps])
+                                        [tp.partition for tp in self._tps], s.ahead_epochs)
             self._restore()
             self._loop(s.fault_hold_s)
         finally:
             lost = self.guard is not None and self.guard.lost is not None
             self._reader.close()
+            if self._notes_reader is not None:
+                self._notes_reader.close()
             self._consumer.close(autocommit=False)
             self._producer.close(timeout=0 if lost else 10)
 
@@ -214,15 +226,24 @@ class Shuffler:
             if not parts:
                 time.sleep(0.1)
         mine = [TopicPartition(s.device_topic, p) for p in sorted(parts) if p % s.instance_count == s.instance_index]
-        self._consumer.assign(mine)
-        for tp in mine:
-            got = self._consumer.committed(tp)
-            self._consumer.seek(tp, got if got is not None and got >= 0 else 0)
+        self._notes_tp = TopicPartition(s.source_topic, 0)  # the trusted clock: every instance reads it whole
+        self._consumer.assign([*mine, self._notes_tp])
         # the step counter travels as the committed "offset" of the state topic's partition: in
-        # the same transaction as the input offsets (a broker need not keep offset metadata)
+        # the same transaction as the input offsets (a broker need not keep offset metadata); it
+        # is in the state log too (_restore), for when the group's offsets have expired
         step = self._consumer.committed(self._step_tp)
-        self._step = step if step is not None and step > 0 else 0
+        self._group_step = step if step is not None and step > 0 else None
+        self._step = self._group_step or 0
         return mine
+
+    def _seek(self, kept: dict[str, int]) -> None:
+        """Read the input from the group's committed offsets or, if they are gone (expired), from
+        those the state log's ``clock`` record of the committed step kept (``kept``)."""
+        for tp in [*self._tps, self._notes_tp]:
+            got = self._consumer.committed(tp) if self._group_step is not None else None
+            if got is None or got < 0:
+                got = kept.get(f"{tp.topic}:{tp.partition}", 0)
+            self._consumer.seek(tp, got)
 
     def _restore(self) -> None:
         """Rebuild the held reports and decided epochs from the state records of committed steps
@@ -241,18 +262,23 @@ class Shuffler:
                     read.extend(from_kafka(rec.key, rec.value, rec.headers) for rec in records)
         finally:
             consumer.close()
-        clock: dict[str, Any] = {}
-        for record in fold(read, self._step):
+        if self._group_step is None and read:  # the group's offsets are gone: the state log's step
+            self._step = logged_step(read)
+            log.warning("shuffler: no committed offsets in group %s; resuming from the state log's step %d",
+                        s.transactional_id, self._step)
+        live = fold(read, self._step)
+        clock = next((r.value or {} for r in live if r.key == "clock"), {})
+        self.policy.restore_clock(clock)  # first: the reports restored were admitted under it
+        for record in live:
             value = record.value or {}
             if record.key == "clock":
-                clock = value
                 continue
             self._salt = value.get("salt") or self._salt
             slots, notes = self._apply(value)
             if value.get("admit"):
                 self._live[record.s] = (slots, notes)
-        newest = {int(p): int(e) for p, e in clock.get("newest", {}).items()}
-        self.policy.restore_clock(int(clock.get("clock", -1)), newest)
+        self.policy.reopen(self._active_fn())
+        self._seek(clock.get("offsets", {}))
         if not self._salt:
             self._salt, self._salt_new = secrets.token_hex(16), True
 
@@ -260,13 +286,12 @@ class Shuffler:
         """Restore one record's admitted reports and decided epochs; the keys the reports went to."""
         slots: set[EpochKey] = set()
         notes: set[int] = set()
-        for p, raw in state.get("admit", ()):
+        for _, raw in state.get("admit", ()):  # [partition (-1: the source notes), record]
             record = decode_device_record(raw.encode())
             if isinstance(record, SourceEpoch):
-                why = self.policy.note(record, self._active(record.epoch), p, time.monotonic())
+                why = self.policy.note(record, self._active_fn(), time.monotonic())
             else:
-                why = self.policy.admit(record, self._query(record.query_id, record.query_version), p,
-                                        time.monotonic())
+                why = self.policy.admit(record, self._query(record.query_id, record.query_version), time.monotonic())
             if why is not None:  # held before the restart, refused now (e.g. its query version is gone)
                 log.warning("shuffler: a restored record is refused now (%s: %s); it is dropped", why.reason,
                             why.detail)
@@ -291,11 +316,12 @@ class Shuffler:
             q = self._reader.queries.get((query_id, version))
         return q
 
-    def _active(self, epoch: int) -> list[Query]:
-        """The queries a replay answers in ``epoch`` (:func:`schemas.active_queries`: per id, the
-        newest version whose window holds the epoch's start)."""
+    def _active_fn(self) -> Callable[[int], list[Query]]:
+        """The queries active in an epoch (:func:`schemas.active_queries`: per id, the newest
+        version whose window holds the epoch's start), as the queries topic says now."""
         self._reader.poll(0)
-        return active_queries(self._reader.queries.values(), epoch_start(epoch))
+        queries = list(self._reader.queries.values())
+        return lambda epoch: active_queries(queries, epoch_start(epoch))
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self, fault_hold_s: float) -> None:
@@ -306,41 +332,93 @@ class Shuffler:
             if now - last_queries > 1.0:
                 self._reader.poll(0)
                 last_queries = now
+            if s.clock == "wall":  # live devices: the last epoch that ended on this host's clock
+                self.policy.advance(epoch_of(datetime.now(UTC)) - 1, self._active_fn())
             got = self._consumer.poll(timeout_ms=200, max_records=s.max_poll_records)
-            admitted: list[tuple[int, str]] = []
-            slots: set[EpochKey] = set()
-            notes: set[int] = set()
-            letters: list[tuple[Rejected, Any]] = []
-            read = [0, 0]  # device records, source notes
-            for records in got.values():
+            step = _Step()
+            for rec in got.get(self._notes_tp, ()):  # the trusted clock first: what the reports behind it need
+                self._take_note(rec, step)
+            caught = False
+            for tp, records in got.items():
+                if tp == self._notes_tp:
+                    continue
                 batch = decode_batch([rec.value for rec in records])  # the decode step: columns, reasons
                 for i, rec in enumerate(records):
-                    bad = batch.reasons[i]
-                    if bad is not None:
-                        read[0] += 1
-                        letters.append((bad, rec))
+                    report = self._decode(batch, i, rec, step)
+                    if report is None:
                         continue
-                    report: DeviceReport | SourceEpoch = batch.notes.get(i) or batch.report(i)
-                    read[isinstance(report, SourceEpoch)] += 1
-                    if isinstance(report, SourceEpoch):  # fleet metadata, not a device report
-                        why = self.policy.note(report, self._active(report.epoch), rec.partition, time.monotonic())
-                    else:
-                        why = self.policy.admit(report, self._query(report.query_id, report.query_version),
-                                                rec.partition, time.monotonic())
+                    query = self._query(report.query_id, report.query_version)
+                    why = self.policy.admit(report, query, time.monotonic())
+                    if why is not None and why.reason == "outside_open_window" and not caught and s.clock == "source":
+                        caught = True  # the notes the replay wrote before this report may be unread: read them
+                        self._catch_up_notes(step)
+                        why = self.policy.admit(report, query, time.monotonic())
                     if why is not None:
-                        letters.append((why, rec))
+                        step.letters.append((why, rec))
                         continue
                     # the record as read (a binary one as its JSON equivalent): decodes again on restore
-                    admitted.append((rec.partition, batch.text(i, rec.value)))
-                    if isinstance(report, SourceEpoch):
-                        notes.add(report.epoch)
-                    else:
-                        slots.add((report.query_id, report.query_version, report.epoch))
-            due = self.policy.due(time.monotonic(), self._caught_up()) if self.policy.open_epochs else []
-            if not (admitted or letters or due or self._salt_new):
+                    step.admitted.append((rec.partition, batch.text(i, rec.value)))
+                    step.slots.add((report.query_id, report.query_version, report.epoch))
+            due = (self.policy.due(time.monotonic(), self._caught_up(), self._positions())
+                   if self.policy.open_epochs else [])
+            if not (step.admitted or step.letters or due or self._salt_new):
                 continue
-            self._live[self._step + 1] = (frozenset(slots), frozenset(notes))
-            self._transaction(admitted, letters, due, fault_hold_s, read)
+            self._live[self._step + 1] = (frozenset(step.slots), frozenset(step.notes))
+            self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read)
+
+    def _decode(self, batch: DeviceBatch, i: int, rec: Any, step: _Step) -> DeviceReport | None:
+        """A device-topic record's report, from its decoded batch (:func:`.columns.decode_batch`);
+        None (dead-lettered) if it is none: undecodable, or a source note, which only the
+        source-notes topic carries."""
+        step.read[0] += 1
+        bad = batch.reasons[i]
+        if bad is not None:
+            step.letters.append((bad, rec))
+            return None
+        report: DeviceReport | SourceEpoch = batch.notes.get(i) or batch.report(i)
+        if isinstance(report, SourceEpoch):
+            step.letters.append((Rejected("untrusted_note", f"a source note of epoch {report.epoch} on the device "
+                                          f"topic (only {self.s.source_topic} carries them)"), rec))
+            return None
+        return report
+
+    def _take_note(self, rec: Any, step: _Step) -> None:
+        step.read[1] += 1
+        try:
+            note = decode_device_record(rec.value)
+        except WireError as exc:
+            step.letters.append((Rejected(exc.reason, exc.detail), rec))
+            return
+        if not isinstance(note, SourceEpoch):
+            step.letters.append((Rejected("unexpected_record", "a device report on the source-notes topic"), rec))
+            return
+        why = self.policy.note(note, self._active_fn(), time.monotonic())
+        if why is not None:
+            step.letters.append((why, rec))
+            return
+        step.admitted.append((-1, rec.value.decode()))
+        step.notes.add(note.epoch)
+
+    def _catch_up_notes(self, step: _Step) -> None:
+        """Read the source notes to their end as the broker says now, with a reader of their own
+        (pausing the device partitions of the main consumer stalls kafka-python's fetches),
+        then move the main consumer past them."""
+        c = self._consumer
+        if self._notes_reader is None:
+            self._notes_reader = connect("consumer", self.s, KafkaConsumer, group_id=None, enable_auto_commit=False,
+                                         isolation_level="read_committed")
+            self._notes_reader.assign([self._notes_tp])
+        reader = self._notes_reader
+        reader.seek(self._notes_tp, c.position(self._notes_tp))
+        end = reader.end_offsets([self._notes_tp])[self._notes_tp]
+        deadline = time.monotonic() + 5.0
+        while reader.position(self._notes_tp) < end and time.monotonic() < deadline:
+            for rec in reader.poll(timeout_ms=100, max_records=1000).get(self._notes_tp, ()):
+                self._take_note(rec, step)
+        c.seek(self._notes_tp, reader.position(self._notes_tp))
+
+    def _positions(self) -> dict[int, int]:
+        return {tp.partition: self._consumer.position(tp) for tp in self._tps}
 
     def _caught_up(self) -> frozenset[int]:
         """The input partitions read to their end as the broker says now (a fetch's high-water
@@ -378,7 +456,8 @@ class Shuffler:
                 released.append((outcome.epoch, n))
             else:
                 self.summary.withheld[outcome.reason] += 1
-                withheld.append((outcome.reason, sum(d < self.s.min_crowd for d in outcome.devices)))
+                below = sum(d < self.s.min_crowd for d in outcome.devices) if outcome.reason == "below_min_crowd" else 0
+                withheld.append((outcome.reason, below))
         self.monitor.on_step(read[0], read[1], [why.reason for why, _ in letters], released, withheld,
                              self.policy.held())
 
@@ -397,11 +476,11 @@ class Shuffler:
             decided.append(list(key))
             outcomes.append(outcome)
             if isinstance(outcome, Released):
-                self._release(outcome)
+                self._send_out(release_records(self.s, self._out_parts, self._salt, outcome))
             else:
                 self._withhold(outcome)
         self._send_state(admitted, decided)
-        offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in self._tps}
+        offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in [*self._tps, self._notes_tp]}
         offsets[self._step_tp] = OffsetAndMetadata(self._step, "", -1)
         p.send_offsets_to_transaction(offsets, s.transactional_id)
         if fault_hold_s:
@@ -428,7 +507,8 @@ class Shuffler:
             send(decided_key(q, v, e), {"decided": [[q, v, e]]})
         if self._salt_new:
             send("salt", {"salt": self._salt})
-        send("clock", {"clock": self.policy.clock, "newest": {str(k): e for k, e in self.policy.newest.items()}})
+        offsets = {f"{tp.topic}:{tp.partition}": self._consumer.position(tp) for tp in [*self._tps, self._notes_tp]}
+        send("clock", {**self.policy.clock_state(), "offsets": offsets})
 
     def _obsolete(self, slots: frozenset[EpochKey], notes: frozenset[int]) -> bool:
         return not any(self.policy.is_open(k) for k in slots) and not any(self.policy.has_note(e) for e in notes)
@@ -440,62 +520,19 @@ class Shuffler:
         digest = hashlib.sha256(f"{self._salt}\x1fperm\x1f{key[0]}\x1f{key[1]}\x1f{key[2]}".encode()).digest()
         return np.random.default_rng(int.from_bytes(digest, "little"))
 
-    def _batch_id(self, q: Query, epoch: int, rnd: int, index: int) -> str:
-        # an aggregate's id differs from every permuted batch's: a release an aborted transaction
-        # left visible under the other --release is never taken for this one (the worker counts an id once)
-        kind = "\x1faggregate" if self.s.release == "aggregate" else ""
-        text = f"{self._salt}\x1f{q.query_id}\x1f{q.version}\x1f{epoch}\x1f{rnd}\x1f{index}{kind}"
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-    def _release(self, out: Released) -> None:
-        s = self.s
-        q = out.query
-        stamp = (out.epoch + 1) * EPOCH_S * 1000  # every record of a release: the epoch's end
-        aggregate = s.release == "aggregate"  # one exact tally per round, else reports batches
-        kind = "tally" if aggregate else "reports"
-        base = {"query_id": q.query_id, "query_version": q.version, "epoch": out.epoch,
-                "producer_id": s.transactional_id, "n_stations": q.n_stations, "n_outputs": q.n_outputs,
-                "kind": kind, "layout": "counts" if aggregate else q.spec.layout}
-        per_round: list[dict[int, list[int]]] = []
-        for r, rnd in enumerate(out.rounds):
-            per_part = {part: [0, 0] for part in self._out_parts}
-            if aggregate:  # the round's counts, one record (none for an interrupted epoch's empty round)
-                chunks = [(rnd.reports, rnd.arrays)] if rnd.reports else []
-            else:
-                chunks = [(min(s.batch_size, rnd.reports - start),
-                           {k: v[start:start + s.batch_size] for k, v in rnd.arrays.items()})
-                          for start in range(0, rnd.reports, s.batch_size)]
-            for i, (n, chunk) in enumerate(chunks):
-                batch_id = self._batch_id(q, out.epoch, r, i)
-                key = batch_id.encode()
-                part = self._out_parts[(murmur2(key) & 0x7FFFFFFF) % len(self._out_parts)]
-                value = encode_batch({**base, "round": r, "batch_id": batch_id, "reports": n}, chunk)
-                self._producer.send(s.reports_topic, key=key, value=value, partition=part, timestamp_ms=stamp,
-                                    headers=[(KIND_HEADER, kind.encode())])
-                per_part[part][0] += n
-                per_part[part][1] += 1
-            per_round.append(per_part)
-        missing = tuple(i + 1 for i, station in enumerate(q.sensors) if station in out.no_data)
-        for part in self._out_parts:
-            markers = tuple(EndOfEpoch(
-                producer_id=s.transactional_id, producer_index=s.instance_index, producer_count=s.instance_count,
-                query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,
-                reports_to_partition=per_round[r][part][0], batches_to_partition=per_round[r][part][1],
-                reports_total=rnd.reports, batches_total=sum(b for _, b in per_round[r].values()),
-                participants=rnd.devices, refused=0, mode="tally" if aggregate else "per-vehicle",
-                interrupted=out.interrupted, readings_missing=missing,
-                # the attestation: this round's device reports were mixed together, as one shuffle, and
-                # released as that (permuted, or only counted)
-                shuffle_size=rnd.devices or None, release=s.release) for r, rnd in enumerate(out.rounds))
-            self._producer.send(s.reports_topic, key=f"eoe-{s.transactional_id}".encode(), partition=part,
-                                value=encode_json(EndOfEpochSet(markers=markers)), timestamp_ms=stamp,
-                                headers=[(KIND_HEADER, b"end_of_epoch")])
+    def _send_out(self, records: list[Outgoing]) -> None:
+        for r in records:
+            self._producer.send(self.s.reports_topic, key=r.key, value=r.value, partition=r.partition,
+                                timestamp_ms=r.timestamp_ms, headers=[(KIND_HEADER, r.kind.encode())])
 
     def _withhold(self, out: Withheld) -> None:
         s = self.s
         q = out.query
-        detail = (f"{q.record_key} epoch {out.epoch}: device reports per round {list(out.devices)}, below "
-                  f"min_crowd {s.min_crowd}; not released, no estimate")
+        detail = (f"{q.record_key} epoch {out.epoch}: device reports per round {list(out.devices)}, "
+                  + ("none at all" if out.reason == "no_reports" else f"below min_crowd {s.min_crowd}")
+                  + "; not released, no estimate")
         log.warning("withheld %s", detail)
         letter = Rejected(out.reason, detail).letter(s.device_topic, -1, -1, None)
         self._producer.send(s.dead_letter_topic, key=out.reason.encode(), value=letter.model_dump_json().encode())
+        # and markers attesting nothing, with the reason: the worker withholds the epoch, never leaves it absent
+        self._send_out(withheld_records(s, self._out_parts, out))

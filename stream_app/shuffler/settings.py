@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
-from schemas.settings import BrokerLossSettings
+from schemas.settings import BrokerLossSettings, source_topic
 from schemas.wire import Release
 
 __all__ = ["ShufflerSettings"]
@@ -25,6 +27,13 @@ class ShufflerSettings(BrokerLossSettings):
     min_crowd: int = Field(default=20, ge=1, description="withhold an epoch with fewer device reports in a round")
     lateness_epochs: int = Field(default=2, ge=0, description="release an epoch once the shuffler's clock has "
                                                             "passed it by this many epochs")
+    clock: Literal["source", "wall"] = Field(
+        default="source", description="the trusted clock: a replay's source notes (`source`, on <device topic>-source, "
+                                      "which only the replay principal may write) or this host's wall clock (`wall`, "
+                                      "live devices); device reports never move it")
+    ahead_epochs: int = Field(default=2, ge=0, le=60,
+                              description="device reports are taken for epochs up to this many past the clock's "
+                                          "newest finished epoch; later ones are dead-lettered outside_open_window")
     idle_release_s: float = Field(default=5.0, gt=0, description="release every open epoch once all input is read "
                                                                 "and nothing arrived for this long")
     release: Release = Field(
@@ -51,6 +60,11 @@ class ShufflerSettings(BrokerLossSettings):
     @property
     def transactional_id(self) -> str:
         return f"{self.shuffler_id}-{self.instance_index}"
+
+    @property
+    def source_topic(self) -> str:
+        """The replay's per-epoch source notes (one partition): the shuffler's trusted clock."""
+        return source_topic(self.device_topic)
 
     @property
     def state_topic(self) -> str:

@@ -37,7 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LEGACY", "StateRecord", "compact", "decided_key", "fold", "from_kafka", "headers", "step_key"]
+__all__ = ["LEGACY", "StateRecord", "compact", "decided_key", "fold", "from_kafka", "headers", "logged_step",
+           "step_key"]
 
 LEGACY = "legacy"  # the incarnation of records written before the log was keyed
 
@@ -88,6 +89,26 @@ def fold(records: Iterable[StateRecord], committed_step: int) -> list[StateRecor
             latest[r.key] = (i, r)
     live = [(r.s, i, r) for i, r in latest.values() if r.value is not None]
     return [r for _, _, r in sorted(live, key=lambda t: (t[0], t[1]))]
+
+
+def logged_step(records: Sequence[StateRecord]) -> int:
+    """The newest step the log proves committed, for a restart that finds no committed offsets
+    (the consumer group's expired): the step before the newest one the log's last writer wrote.
+    An incarnation writes step s + 1 only once step s committed, and starts at the committed
+    step + 1; whether its own newest step committed the log cannot say, so that step is done
+    again -- from the input offsets of the step before (the ``clock`` record), to the same
+    release under the same batch ids (runtime.py), which the worker counts once.
+
+    >>> logged_step([StateRecord("clock", {}, 4, "a"), StateRecord("clock", {}, 5, "b"),
+    ...              StateRecord("clock", {}, 6, "b")])
+    5
+    >>> logged_step([])
+    0
+    """
+    if not records:
+        return 0
+    last = records[-1].inc
+    return max(0, max(r.s for r in records if r.inc == last) - 1)
 
 
 def compact(records: Iterable[StateRecord]) -> list[StateRecord]:

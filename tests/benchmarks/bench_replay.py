@@ -20,7 +20,7 @@ from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas.kafka_io import ensure_topics, publish_query
 from stream_app.cli.local_broker import LocalBroker
-from tests.benchmarks.common import raw_produce
+from tests.benchmarks.common import raw_produce, stop_children_on_signals
 from tests.integration.kafka_helpers import drain
 
 
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--stations", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=20_000)
     args = parser.parse_args()
+    stop_children_on_signals("bench_replay")  # SIGTERM/SIGINT: the cleanup below still runs
     with tempfile.TemporaryDirectory() as tmp, LocalBroker(log_path=Path(tmp) / "tansu.log") as broker:
         s = ReplaySettings(bootstrap_servers=broker.bootstrap, data_dir=Path(tmp), synthetic_stations=args.stations,
                            expand_to=args.vehicles, max_epochs=args.epochs, batch_size=args.batch_size,

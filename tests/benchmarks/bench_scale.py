@@ -67,7 +67,7 @@ from schemas.kafka_io import ensure_topics, publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
-from tests.benchmarks.common import compress_cpu_s, load_scenario, raw_produce, stored_batches
+from tests.benchmarks.common import compress_cpu_s, load_scenario, raw_produce, stop_children_on_signals, stored_batches
 from tests.integration.stream_helpers import WorkerProcess
 
 
@@ -457,6 +457,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
+    stop_children_on_signals("bench_scale")  # SIGTERM/SIGINT: the cleanup below still runs
     wanted = set(args.only.split(","))
     plans: list[tuple[str, dict[str, Any]]] = [
         ("p1-10", {"stations": 10, "mode": "per-vehicle", "epochs": args.epochs_p1, "vehicles": None}),

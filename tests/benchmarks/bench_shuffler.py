@@ -79,7 +79,7 @@ from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.benchmarks.bench_scale import _closed_epochs, _dead, _scrape, _wait_url
-from tests.benchmarks.common import load_scenario
+from tests.benchmarks.common import load_scenario, stop_children_on_signals
 from tests.integration.stream_helpers import WorkerProcess, env_for
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -292,6 +292,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
+    stop_children_on_signals("bench_shuffler")  # SIGTERM/SIGINT: the cleanup below still runs
     wanted = set(args.only.split(","))
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         tmp = Path(tmp_name)

@@ -28,7 +28,7 @@ from schemas import EndOfEpoch, SingleReport, encode_json, new_batch_id
 from schemas.kafka_io import ensure_topics, publish_query
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
-from tests.benchmarks.common import raw_produce
+from tests.benchmarks.common import raw_produce, stop_children_on_signals
 from tests.integration.kafka_helpers import drain
 from tests.integration.stream_helpers import WorkerProcess, read_estimates, wait_for
 
@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--naive-vehicles", type=int, default=1_000)
     parser.add_argument("--naive-epochs", type=int, default=2)
     args = parser.parse_args()
+    stop_children_on_signals("bench_stream")  # SIGTERM/SIGINT: the cleanup below still runs
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         tmp = Path(tmp_name)
 

@@ -1,9 +1,13 @@
-"""Pieces the benchmarks share: the raw-broker baseline for the same bytes."""
+"""Pieces the benchmarks share: the raw-broker baseline for the same bytes, and the signal
+handling that lets a benchmark stop its children however it ends."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
+from types import FrameType
 from typing import Any
 
 from producers.replay import default_queries, fleet_size_for, load_day
@@ -11,6 +15,24 @@ from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas.kafka_io import ensure_topics
 from schemas.settings import KafkaSettings
+
+
+def stop_children_on_signals(name: str) -> None:
+    """SIGTERM (what ``timeout`` and ``kill`` send) and SIGINT (Ctrl-C) raise ``SystemExit``
+    (128 + the signal's number) in the main thread, so the benchmark's ``with LocalBroker``
+    and ``finally`` blocks stop the broker, workers and shufflers exactly as on the normal path.
+    Python's default for SIGTERM ends the process at once and leaves every child running,
+    orphaned. A second signal during the cleanup is ignored: the cleanup finishes."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        print(f"{name}: {signal.Signals(signum).name}, stopping the broker and every child process",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, stop)
 
 
 def load_scenario(rs: ReplaySettings) -> tuple[Any, float, int, list[Any], dict[str, Any]]:

@@ -15,7 +15,9 @@ from stream_app.cli.local_broker import LocalBroker
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with LocalBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log") as b:
+    # own_group: the broker dies with this process (PR_SET_PDEATHSIG), also when an interrupted
+    # pytest-xdist worker is killed before this teardown runs
+    with LocalBroker(log_path=tmp_path_factory.mktemp("broker") / "tansu.log", own_group=True) as b:
         yield b.bootstrap
 
 

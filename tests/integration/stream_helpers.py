@@ -183,12 +183,14 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def read_estimates(settings: WorkerSettings) -> dict[tuple[str, int, int, int, str], Estimate]:
-    """The latest estimate per (query, version, epoch, station, estimator)."""
+def read_estimates(settings: WorkerSettings, span_s: int = 30) -> dict[tuple[str, int, int, int, str], Estimate]:
+    """The latest estimate per (query, version, epoch, station, estimator) of one span: the
+    epochs' (30 s), or the 5-minute or hourly rollups' (300, 3600)."""
     out: dict[tuple[str, int, int, int, str], Estimate] = {}
     for rec in drain(settings, settings.estimates_topic, quiet_polls=2):
         e = Estimate.model_validate_json(rec.value)
-        out[(e.query_id, e.query_version, e.epoch, e.station, e.estimator)] = e
+        if e.span_s == span_s:
+            out[(e.query_id, e.query_version, e.epoch, e.station, e.estimator)] = e
     return out
 
 
@@ -380,7 +382,7 @@ def assert_long_table_is_the_rows(table: Path, rows: Path) -> list[dict[str, Any
     import pyarrow.parquet as pq
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r["query_id"], r["query_version"], r["epoch"], r["station"], r["estimator"])
+        return (r["query_id"], r["query_version"], r["epoch"], r.get("span_s", 30), r["station"], r["estimator"])
 
     saved = {key(r): r for r in (json.loads(line) for line in rows.read_text().splitlines() if line.strip())}
     kept = pq.read_table(table).to_pylist()

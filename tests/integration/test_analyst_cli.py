@@ -9,6 +9,7 @@ import pytest
 from schemas.kafka_io import read_queries
 from schemas.settings import KafkaSettings
 from stream_app.cli import main
+from stream_app.estimate import ShuffledEpsilon
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +21,7 @@ def _flags(s: KafkaSettings) -> list[str]:
 def test_publish_update_list(kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
     f = _flags(kafka_settings)
     assert main(["analyst", "publish", "peak-sp", "--analyst", "ana", "--mechanism", "sp", "--sensors",
-                 "400001,400002,400003", "--population", "5000", "--t-start", "2026-11-18T06:00:00-08:00",
+                 "400001,400002,400003", "--population", "5039", "--t-start", "2026-11-18T06:00:00-08:00",
                  "--t-end", "2026-11-18T10:00:00-08:00", "--param", "pis=0.3", *f]) == 0
     assert "published peak-sp:v1" in capsys.readouterr().out
     assert main(["analyst", "update", "peak-sp", "--param", "pis=0.25", "--t-start",
@@ -34,12 +35,21 @@ def test_publish_update_list(kafka_settings: KafkaSettings, capsys: pytest.Captu
     assert listed[1]["t_start"].startswith("2026-11-18T07:00:00")
     assert [q.version for q in read_queries(kafka_settings)] == [1, 2]
     fig = listed[1]["privacy"]  # local and shuffled side by side, at the query's population
-    assert fig["shuffle_size"] == 5000 and fig["shuffle_trust"].startswith("assumes the shuffler does not collude")
+    assert fig["shuffle_trust"].startswith("assumes the shuffler does not collude")
     assert 0 < fig["epsilon_shuffled"] < fig["epsilon"] and 0 < fig["epsilon_day_shuffled"] < fig["epsilon_day"]
+    # the figure the worker would publish for a shuffle of the whole population: the same n, rounded
+    # down to 2 significant digits (5,039 -> 5,000), and the same value
+    assert (fig["shuffle_size"], fig["shuffle_size_asked"]) == (5000, 5039)
+    query = read_queries(kafka_settings)[1]
+    assert fig["epsilon_shuffled"] == ShuffledEpsilon(1e-6).get(query, 5039)
+    assert fig["epsilon_shuffled"] != query.spec.shuffled_epsilon(query.build(), query.n_stations, 5039)
     assert main(["analyst", "list", *f]) == 0
     out = capsys.readouterr().out
-    assert "peak-sp v2  sp  3 sensors" in out and "shuffled n=5,000:" in out
-    assert "shuffled figures assumes the shuffler does not collude with the analyst" in out
+    assert "peak-sp v2  sp  3 sensors" in out and f"if shuffled among n=5,000: {fig['epsilon_shuffled']:.4g}  by" in out
+    assert "hypothetical until a shuffler runs" in out
+    assert "Each such figure assumes the shuffler does not collude with the analyst" in out
+    assert main(["analyst", "list", "--shuffled-day", *f]) == 0  # the day too, on request
+    assert f"n=5,000: {fig['epsilon_shuffled']:.4g} (day {fig['epsilon_day_shuffled']:.4g})" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "message"), [

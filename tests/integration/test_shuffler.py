@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,6 +30,7 @@ from schemas import (
     DeviceReport,
     EndOfEpochSet,
     Query,
+    SourceEpoch,
     decode_device_record,
     decode_record,
     encode_json,
@@ -252,13 +253,26 @@ def _hand_fed_query(ss: ShufflerSettings, query_id: str, device_partitions: int)
     return q
 
 
+def _send_notes(ss: ShufflerSettings, first: int, last: int) -> None:
+    """A replay's source notes (the shuffler's trusted clock): it begins with ``first`` and
+    has finished every epoch up to ``last``."""
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    ensure_topics(ss, {ss.source_topic: 1})
+    notes = [SourceEpoch(epoch=first, opens=True)] + [SourceEpoch(epoch=e) for e in range(first, last + 1)]
+    for note in notes:
+        producer.send(ss.source_topic, key=b"source-epoch", value=encode_json(note), partition=0)
+    producer.flush()
+    producer.close()
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permuted(broker: str, tmp_path: Path,
                                                                                    release: str) -> None:
     """Hand-made device records on a one-partition device topic: every bad one is dead-lettered
     with its reason and the good ones behind it still count; a slot takes at most the query's
     population; an epoch with fewer than min_crowd reports in a round is withheld under either
-    release (a dead letter ``below_min_crowd``, nothing on the reports topic); the released
+    release (a dead letter ``below_min_crowd``; on the reports topic no batch of it, only markers
+    attesting nothing -- 0 reports and participants, no shuffle size -- with the reason); the released
     epoch is, permuted, a permutation of what was sent, neither in the order sent nor sorted
     (either by chance with probability below 1e-26: 60 values, 20 of each of 3 kinds, in one
     given order) -- or, aggregate, one tally per round holding exactly its counts -- and the
@@ -287,6 +301,7 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
         producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=v)
     producer.flush()
     producer.close()
+    _send_notes(ss, released, small)
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     try:
         wanted = Counter({"bad_encoding": 1, "bad_json_record": 2, "out_of_range": 1, "unknown_query": 1,
@@ -296,8 +311,8 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             return Counter(DeadLetter.model_validate_json(r.value).reason
                            for r in drain(ss, ss.dead_letter_topic, quiet_polls=1))
 
-        wait_for(lambda: letters() == wanted and len(_drain_decoded(ss)[1]) == ss.partitions, 60,
-                 f"dead letters {dict(wanted)} and the released epoch's markers")
+        wait_for(lambda: letters() == wanted and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
+                 f"dead letters {dict(wanted)} and the released and withheld epochs' markers")
         withheld = [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)
                     if r.key == b"below_min_crowd"]
         assert f"epoch {small}" in withheld[0].detail and "[2, 2]" in withheld[0].detail
@@ -312,11 +327,12 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             got = [int(x) for b in mine for x in b.arrays["value"]]
             assert sorted(got) == sorted(sent_order)
             assert got != sent_order and got != sorted(sent_order)  # neither arrival order nor sorted
-        for _, m in markers:
-            assert {(x.epoch, x.participants, x.reports_total, x.shuffle_size, x.release) for x in m.markers} == {
-                (released, 60, 60, 60, release)}
-        # not a word about a withheld epoch on the reports topic
-        assert all(x.epoch != small for _, m in markers for x in m.markers)
+        assert {(x.epoch, x.participants, x.reports_total, x.shuffle_size, x.release, x.withheld) for _, m in markers
+                for x in m.markers} == {(released, 60, 60, 60, release, None),
+                                        (small, 0, 0, None, None, "below_min_crowd")}
+        # of the withheld epoch, only markers attesting nothing: not how many it held
+        assert {(x.round, x.batches_total, x.reports_to_partition) for _, m in markers for x in m.markers
+                if x.epoch == small} == {(0, 0, 0), (1, 0, 0)}
         # its /metrics, scraped: what it read, released, refused and withheld, per committed step
         letters_wanted = {k: v for k, v in wanted.items() if k != "below_min_crowd"}
         got = _scrape(ss)
@@ -350,6 +366,45 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
             finally:
                 prom.stop()
     finally:
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_an_epoch_the_shuffler_withholds_ends_as_withheld_rows_with_its_reason(broker: str, tmp_path: Path,
+                                                                               release: str) -> None:
+    """Issue 24, item 4 on the shuffler path: of three epochs the replay's notes pass, one holds a
+    crowd (published), one nobody reported for and one holds 2 reports per round under min_crowd
+    3. Under either release the worker publishes a row for every station of each: the first
+    estimated, the other two withheld with the shuffler's reason (``no_reports``,
+    ``below_min_crowd``) and 0 participants -- never absent, never estimated."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, release=release)
+    ss = ss.model_copy(update={"device_partitions": 1})
+    q = _hand_fed_query(ss, "q-held", 1)
+    crowd, nobody, small = (q.epoch_range()[0] + i for i in (1, 2, 3))
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    for epoch, n in ((crowd, 30), (small, 2)):
+        for r in (0, 1):
+            for i in range(n):
+                producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=encode_json(DeviceReport(
+                    query_id="q-held", query_version=1, epoch=epoch, round=r, value=i % 3)))
+    producer.flush()
+    producer.close()
+    _send_notes(ss, crowd, small)
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    try:
+        worker.wait_ready()
+        wait_for(lambda: len(read_estimates(ws)) >= 3 * len(q.sensors), 90, "a row per station of 3 epochs")
+        rows = {(e.epoch, e.station): e for e in read_estimates(ws).values()}
+        assert set(rows) == {(e, s) for e in (crowd, nobody, small) for s in q.sensors}
+        for s in q.sensors:
+            assert rows[crowd, s].withheld is None and rows[crowd, s].participants == 30
+            for epoch, reason in ((nobody, "no_reports"), (small, "below_min_crowd")):
+                e = rows[epoch, s]
+                assert e.withheld is not None and e.withheld.startswith(reason), e
+                assert e.estimate is None and e.participants == 0 and e.epsilon_shuffled is None, e
+    finally:
+        worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
 
 
@@ -424,6 +479,67 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
         assert {r.key for r in live if r.key.startswith("decided-")} == {
             decided_key(x.query_id, x.query_version, x.epoch) for _, m in markers for x in m.markers}
         assert {r.key for r in live} - {r.key for r in live if r.key.startswith("decided-")} == {"salt", "clock"}
+    finally:
+        worker.stop()
+        if shuffler is not None and shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
+
+
+def _delete_group(ss: ShufflerSettings) -> None:
+    """The instance's consumer group deleted (what an offsets expiry leaves: no committed
+    offset; Tansu has no OffsetDelete), checked gone."""
+    admin = KafkaAdminClient(**ss.client_kwargs())
+    try:
+        assert admin.delete_groups([ss.transactional_id]) == {ss.transactional_id: "OK"}
+    finally:
+        admin.close()
+    consumer = KafkaConsumer(**ss.client_kwargs(), group_id=ss.transactional_id, enable_auto_commit=False)
+    try:
+        assert consumer.committed(TopicPartition(ss.device_topic, 0)) is None
+        assert consumer.committed(TopicPartition(ss.state_topic, 0)) is None
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker: str, tmp_path: Path,
+                                                                         release: str) -> None:
+    """Under either release, the shuffler is SIGKILLed twice while a transaction it has sent is held open (after one
+    release, after three) and its consumer group is deleted before each restart (the group's
+    offsets expired): it resumes from the step and input offsets its state log keeps. The
+    worker's estimates are exactly the core's -- what a clean run gives (the first test) -- for
+    every epoch: no held report dropped, nothing released twice under another salt; no record is
+    dead-lettered (nothing read again is late)."""
+    epochs = 6
+    rs, ws, ss = _setup(broker, tmp_path, epochs, max_poll_records=1000, release=release)
+    assert replay(rs, progress=False).epochs == epochs
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    log = tmp_path / "shuffler.log"
+    shuffler: ShufflerProcess | None = None
+    try:
+        worker.wait_ready()
+
+        def released_epochs() -> int:
+            return len({x.epoch for _, m in _drain_decoded(ss)[1] for x in m.markers})
+
+        for at_least in (1, 3):
+            shuffler = ShufflerProcess(ss, log, "--fault-hold-s", "2").start()
+            wait_for(lambda n=at_least: released_epochs() >= n, 60, f"{at_least} released epochs")  # type: ignore[misc]
+            shuffler.kill()
+            _delete_group(ss)
+        shuffler = ShufflerProcess(ss, log).start()
+        n_rows = _expected_rows(rs, epochs)
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        assert log.read_text().count("no committed offsets") >= 2  # the state log's step was used
+        assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
+        _assert_cores_estimates(rs, ws, epochs, bounds=False)
+        assert len(read_estimates(ws)) == n_rows
+        batches, _ = _drain_decoded(ss)
+        copies: dict[str, set[bytes]] = {}
+        for rec, b in batches:
+            copies.setdefault(b.header.batch_id, set()).add(rec.value)
+        assert all(len(v) == 1 for v in copies.values())  # a repeated release is the same bytes
+        assert shuffler.stop() == 130, log.read_text()[-3000:]
     finally:
         worker.stop()
         if shuffler is not None and shuffler.proc is not None and shuffler.proc.poll() is None:
@@ -515,7 +631,8 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
     partition 0 (instance 0) and 1 on partition 1 (instance 1), with min_crowd 2 -- one
     instance would release it (4 >= 2); of two, instance 0 releases its 3 (markers with 3
     participants, producer 0 of 2) and instance 1 withholds its 1 (dead letter
-    ``below_min_crowd``, no marker of producer 1: the worker withholds the epoch)."""
+    ``below_min_crowd``, markers of producer 1 attesting nothing, with the reason: the worker
+    withholds the epoch as ``below_min_crowd``)."""
     rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=2, instance_count=2, device_partitions=2)
     q = _hand_fed_query(ss, "q-split", 2)
     e = q.epoch_range()[0]
@@ -527,18 +644,19 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
                     DeviceReport(query_id="q-split", query_version=1, epoch=e, round=r, value=1)))
     producer.flush()
     producer.close()
+    _send_notes(ss, e, e)
     shufflers = [ShufflerProcess(ss.model_copy(update={"instance_index": i, "metrics_port": free_port()}),
                                  tmp_path / f"shuffler-{i}.log").start() for i in (0, 1)]
     try:
         def letters() -> list[DeadLetter]:
             return [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
 
-        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == ss.partitions, 60,
-                 "instance 1's below_min_crowd and instance 0's markers")
+        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
+                 "instance 1's below_min_crowd and both instances' markers")
         assert letters()[0].reason == "below_min_crowd" and "[1, 1]" in letters()[0].detail
         _, markers = _drain_decoded(ss)
-        assert {(x.producer_index, x.producer_count, x.participants, x.epoch) for _, m in markers
-                for x in m.markers} == {(0, 2, 3, e)}
+        assert {(x.producer_index, x.producer_count, x.participants, x.epoch, x.withheld) for _, m in markers
+                for x in m.markers} == {(0, 2, 3, e, None), (1, 2, 0, e, "below_min_crowd")}
         got = [_scrape(sh.settings) for sh in shufflers]
         assert [g["ptt_shuffler_released_epochs_total", ()] for g in got] == [1, 0]
         assert [g["ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)] for g in got] == [0, 1]
@@ -550,7 +668,8 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
 def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_interrupted(
         broker: str, tmp_path: Path) -> None:
     """SIGINT to an unpaced ``ptt replay --via-shuffler``: exit 130; its ``SourceEpoch`` notes
-    flag the stop epoch interrupted (none when the signal lands between two epochs); the shuffler releases that
+    (on the source-notes topic) flag the stop epoch interrupted (none when the signal lands
+    between two epochs); the shuffler releases that
     epoch as interrupted markers, with no batch, and the worker withholds it as
     ``interrupted`` -- as without the shuffler -- while every earlier epoch is published."""
     rs, ws, ss = _setup(broker, tmp_path, 2880)
@@ -569,7 +688,8 @@ def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_int
                 except OSError:
                     return 0
 
-            wait_for(lambda: notes_read() >= 1 or proc.poll() is not None, 120, "the replay's first epoch")
+            # its opening note, then its first epoch's
+            wait_for(lambda: notes_read() >= 2 or proc.poll() is not None, 120, "the replay's first epoch")
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=60)
         finally:
@@ -577,8 +697,8 @@ def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_int
                 proc.kill()
                 proc.communicate()
         assert proc.returncode == 130, err
-        notes = [json.loads(r.value) for r in drain(ss, ss.device_topic, quiet_polls=1)
-                 if r.headers == [("ptt-kind", b"source_epoch")]]
+        notes = [n for n in (json.loads(r.value) for r in drain(ss, ss.source_topic, quiet_polls=1))
+                 if not n["opens"]]
         epochs = sorted({n["epoch"] for n in notes})
         # the stop epoch is the last noted one, flagged; a signal that lands between two epochs
         # stops the replay with every noted epoch complete (as on the direct path)

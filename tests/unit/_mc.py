@@ -15,6 +15,11 @@ Many independent epochs are drawn cheaply in one of three ways:
   draw from its own marginal, which is all a per-station statistic looks at;
 * two-round binary mechanisms (binary Sampling Privacy, fresh-sample): one tally per epoch.
 
+The tallies of all epochs of a (case, N, Yes) are drawn in one call,
+:meth:`Mechanism.tally_epochs` (the code :meth:`Mechanism.tally` runs for one epoch), and
+estimated as one array: the same number of independent epochs as one call per epoch, so
+every test keeps its power and its stated false-failure rate.
+
 Seeds are derived from (case, Yes, N, trials, salt) with a stable hash, so every test is
 reproducible and independent of the order in which tests run.
 """
@@ -162,22 +167,19 @@ def _simulate(key: str, yes_values: tuple[int, ...], n: int, trials: int,
         if yes_arr.size != MULTI_V or int(yes_arr.sum()) > n:
             raise ValueError("multi-station cases need one Yes count per station")
         truth = np.concatenate([[n - int(yes_arr.sum())], yes_arr])
-        counts = [E.station_counts(c.mech, c.mech.tally(rng, truth)) for _ in range(trials)]
+        counts = E.station_counts(c.mech, c.mech.tally_epochs(rng, truth, trials))  # (trials, S, R, 2)
         for name, est in c.estimators.items():
             # station j + 1 holds yes_values[j]; its estimator is row j of est
-            out[name][:] = np.stack([est.estimate(cnt, n) for cnt in counts])
+            out[name][:] = est.estimate(counts, n)
         return out
     for j, yes in enumerate(yes_values):
         if c.kind == "per_station":
             counts = _per_station_counts(c, rng, yes, n, trials)
         else:
             truth = np.array([n - yes, yes], dtype=np.int64)
-            if c.mech.station_valued:
-                counts = np.stack([E.station_counts(c.mech, c.mech.tally(rng, truth))[0]
-                                   for _ in range(trials)]).astype(np.float64)
-            else:
-                counts = np.stack([c.mech.tally(rng, truth)
-                                   for _ in range(trials)]).astype(np.float64)
+            rounds = c.mech.tally_epochs(rng, truth, trials)  # (trials, R, O)
+            # (trials, R, O) read as that many one-station tallies
+            counts = (E.station_counts(c.mech, rounds)[:, 0] if c.mech.station_valued else rounds).astype(np.float64)
         for name, est in c.estimators.items():
             out[name][:, j] = est.estimate(counts, n)
     return out

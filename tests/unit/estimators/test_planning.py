@@ -86,7 +86,14 @@ def test_the_plan_prints_the_shuffled_figures_beside_the_local_ones(mechanism: s
     spec = E.get_spec(mechanism)
     mech = spec.build({}, int(stations))
     assert out["shuffle_size"] == 47719
-    assert out["epsilon_shuffled"] == pytest.approx(spec.shuffled_epsilon(mech, int(stations), 47719, 1e-6))
+    permuted = spec.shuffled_epsilon(mech, int(stations), 47719, 1e-6)
+    assert out["release"] == "aggregate"  # the default: what the shuffler releases
+    if spec.aggregate_plds(mech, int(stations), 1000) is None:  # no exact accounting: the clone bound
+        assert out["epsilon_shuffled"] == pytest.approx(permuted)
+        assert out["epsilon_day_shuffled"] == out["epsilon_day_shuffled_permuted"]
+    else:
+        assert out["epsilon_shuffled"] < 0.5 * permuted
+        assert out["epsilon_day_shuffled"] < 0.5 * out["epsilon_day_shuffled_permuted"]  # type: ignore[operator]
     assert 0 < out["epsilon_shuffled"] < out["epsilon"]  # type: ignore[operator]
     assert 0 < out["epsilon_day_shuffled"] < out["epsilon_day"]  # type: ignore[operator]
     assert out["shuffle_trust"] == E.TRUST_ASSUMPTION

@@ -195,7 +195,7 @@ def test_composition_matches_the_exact_composition_theorem(eps: float, k: int) -
     """A pure eps-DP release's worst case is randomized response (Kairouz-Oh-Viswanath): the
     composed grid never goes below the exact figure and stays within its rounding."""
     exact = privacy.optimal_composition(eps, k, 1e-6)
-    step = S._grid_step([_rr_pld(eps)], k)
+    step = S.grid_step([_rr_pld(eps)], k)
     got = S.compose([_rr_pld(eps)], k, step).epsilon(1e-6)
     assert exact - 1e-6 <= got <= exact + k * step + 1e-6
 
@@ -230,12 +230,14 @@ def test_alp_at_the_papers_parameters_is_a_single_digit_day() -> None:
 
 
 def test_a_truth_independent_round_costs_nothing() -> None:
-    """Sampling Privacy's round 1 does not depend on the truth: the epoch is its round 2."""
-    spec = get_spec("sp")
-    mech = spec.build({}, 20)
-    r1, r2 = spec.shuffle_ratios(mech, 20)
-    assert r1.beta == 0
-    assert spec.shuffled_epsilon(mech, 20, 5_000) == pytest.approx(S.shuffled_epsilon((r2,), 5_000))
+    """A round whose report does not depend on the truth (beta = 0) adds nothing: the epoch
+    costs what its other round costs. (Sampling Privacy's round 1 is such a round, but its
+    rounds share one die, so it has no shuffled bound at all: test_privacy_linked_rounds.py.)"""
+    spec = get_spec("alp")
+    (r2,) = spec.shuffle_ratios(spec.build({}, 20), 20)
+    r1 = S.VariationRatio(1.0, 0.0, 1.0)
+    assert S.shuffled_epsilon((r1, r2), 5_000) == pytest.approx(S.shuffled_epsilon((r2,), 5_000))
+    assert math.isinf(get_spec("sp").shuffled_epsilon(get_spec("sp").build({}, 20), 20, 5_000))
 
 
 def test_binomial_range_leaves_out_at_most_its_tail() -> None:

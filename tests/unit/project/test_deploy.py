@@ -936,7 +936,7 @@ def _shuffler_uses(cluster: _Cluster, ss: ShufflerSettings) -> None:
     for name in sent:
         cluster.use(ss, "WRITE", "TOPIC", field(name))
     read = set(re.findall(r"TopicPartition\((?:settings|self\.s|s)\.(\w+)", source))
-    assert read == {"device_topic", "state_topic"}, read
+    assert read == {"device_topic", "source_topic", "state_topic"}, read
     for name in read:
         cluster.use(ss, "READ", "TOPIC", field(name))
     (group,) = set(re.findall(r"group_id=s\.(\w+)", source))
@@ -961,12 +961,11 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
       (what it answers reaches it from its gateway, not from Kafka), once directly to the
       reports topic and once through the shuffler (`--via-shuffler`: the device topic)."""
     import schemas.kafka_io as kafka_io
-    import stream_app.subscribe as subscribe_mod
     from producers import sink as sink_mod
     from producers.replay import replay
 
     cluster = _Cluster({name: parts for name, (parts, _) in _topics_the_code_creates(services, monkeypatch).items()})
-    for module in (kafka_io, sink_mod, subscribe_mod):
+    for module in (kafka_io, sink_mod):  # stream_app.subscribe imports kafka_io's connect when it connects
         monkeypatch.setattr(module, "connect", cluster.connect)
 
     def run(service: str, command: list[str], **extra: str) -> None:
@@ -996,8 +995,13 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     before = set(cluster.uses)
     replay(device, progress=False)
     replay(device.model_copy(update={"via_shuffler": True}), progress=False)
-    cluster.uses = before | {u for u in cluster.uses - before if u[1] == "WRITE"}
+    # a device sends reports; the per-epoch source notes are the replay's (the shuffler's trusted
+    # clock: only the replay principal may write them), so that use is the replay's
+    notes = ReplaySettings().source_topic
+    cluster.uses = before | {u if u[3] != notes else ("replay", *u[1:]) for u in cluster.uses - before
+                             if u[1] == "WRITE"}
     assert ("device", "WRITE", "TOPIC", ReplaySettings().device_topic) in cluster.uses
+    assert ("replay", "WRITE", "TOPIC", notes) in cluster.uses
     _shuffler_uses(cluster, _shuffler_settings(services, monkeypatch))
     ws = _worker_settings(services, monkeypatch).model_copy(update={"worker_dir": tmp_path / "worker"})
     _worker_uses(cluster, ws)
@@ -1420,4 +1424,5 @@ def test_template_variables_are_defined(dashboards: dict[str, dict[str, Any]]) -
                 assert var in defined or var in GRAFANA_GLOBALS, f"{name}: ${var} is not defined ({text})"
     station = {v["name"]: v for v in dashboards["station.json"]["templating"]["list"]}
     assert station["station"]["query"] == "label_values(ptt_estimate_vehicles, station)"
-    assert set(station) == {"station", "query"}
+    assert set(station) == {"station", "query", "span"}
+    assert station["span"]["query"] == "label_values(ptt_rollup_vehicles, span_s)"

@@ -433,7 +433,7 @@ def test_query_derived_fields() -> None:
     ({"t_end": T0 - timedelta(minutes=1)}, "after"),
     ({"t_start": datetime(2026, 11, 18, 8, 0)}, "timezone"),  # noqa: DTZ001 - the naive datetime under test
     ({"t_end": datetime(2026, 11, 18, 10, 0)}, "timezone"),  # noqa: DTZ001
-    ({"mechanism": "nope"}, "unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, fresh"),
+    ({"mechanism": "nope"}, "unknown mechanism 'nope'; choose one of sp, sp-binary, alp, rr, unary, fresh"),
     ({"mechanism": "sp-binary"}, "at most 1 station"),
     ({"version": 0}, "greater than or equal"),
     ({"population": 0}, "greater than or equal"),

@@ -26,7 +26,7 @@ from stream_app.decode import to_partials
 from stream_app.estimate import EpochResult, ShuffledEpsilon, epoch_results, round_down_2sig
 from stream_app.frames import decode_frame, encode_frame, frame_rows, long_table
 from stream_app.metrics import StreamMonitor
-from stream_app.records import MarkerPartial
+from stream_app.records import MarkerPartial, decode_partial, encode_partial
 from stream_app.settings import WorkerSettings
 from stream_app.windows import WindowState
 from tests.unit.stream_app.test_estimate import CONF, N_PARTITIONS, QE, QUERIES, committed_schema, run, validate
@@ -58,7 +58,9 @@ def test_the_value_is_the_specs_at_the_smallest_size_rounded_down(mechanism: str
     n = min(sizes.values())
     assert n >= 100 and n != round_down_2sig(n), "the test needs a size that rounding changes"
     res = close(q, w, ShuffledEpsilon(DELTA))
-    want = q.spec.shuffled_epsilon(q.build(), q.n_stations, n - n % 10 ** (len(str(n)) - 2), DELTA)
+    want: float | None = q.spec.shuffled_epsilon(q.build(), q.n_stations, n - n % 10 ** (len(str(n)) - 2), DELTA)
+    if want is not None and math.isinf(want):  # no shuffled bound (Sampling Privacy's linked rounds): null
+        want = None
     assert res.withheld is None and res.shuffle_null is None
     assert res.epsilon_shuffled == want
     rows = [json.loads(v) for _, v in res.render()]
@@ -281,3 +283,39 @@ def test_a_marker_with_a_release_round_trips_and_an_unknown_one_is_refused() -> 
         EndOfEpoch(**MARKER, shuffle_size=5, release="counts")  # type: ignore[arg-type]
     (p,) = to_partials(encode_json(attested), 0, lambda qid, v: QUERIES["sp"])
     assert isinstance(p, MarkerPartial) and p.release == "aggregate"
+
+
+@pytest.mark.parametrize("reason", ["no_reports", "below_min_crowd"])
+def test_a_shuffler_withheld_epoch_is_withheld_with_its_reason(reason: str) -> None:
+    """Issue 24, item 4: a shuffler's markers for an epoch it withheld attest nothing and name
+    the reason; the marker round trips the wire, stage 1 and the stage record, the window state
+    keeps it across a restart, and the epoch is withheld with that code (the text names it) --
+    while a marker that names a reason but attests reports is refused, as is an unknown reason."""
+    held = {**MARKER, "reports_to_partition": 0, "batches_to_partition": 0, "reports_total": 0,
+            "batches_total": 0, "participants": 0}
+    m = EndOfEpoch(**held, withheld=reason)  # type: ignore[arg-type]
+    assert decode_record(encode_json(m)) == m
+    assert b"withheld" not in encode_json(EndOfEpoch(**MARKER))  # the others are sent as before the field
+    for lie in ({"participants": 3}, {"reports_total": 3}, {"shuffle_size": 3}, {"interrupted": True}):
+        with pytest.raises(ValidationError, match="attests nothing"):
+            EndOfEpoch(**{**held, **lie}, withheld=reason)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        EndOfEpoch(**held, withheld="too_quiet")  # type: ignore[arg-type]
+    (p,) = to_partials(encode_json(m), 0, lambda qid, v: QUERIES["sp"])
+    assert isinstance(p, MarkerPartial) and p.withheld == reason
+    assert decode_partial(encode_partial(p)) == p
+    with pytest.raises(ValueError, match="withheld"):
+        decode_partial(encode_partial(replace(p, withheld="too_quiet")))
+    q = QUERIES["sp"]
+    published, w, _ = run(q)
+    assert published.withheld is None
+    w.markers = {slot: replace(x, withheld=reason, participants=0, reports=0, batches=0)
+                 for slot, x in w.markers.items()}
+    again = WindowState.decode(w.encode())
+    assert again.markers == w.markers and again.withheld_by_producer() == reason
+    res = close(q, again, ShuffledEpsilon(DELTA))
+    assert res.withheld_code == reason and res.withheld is not None and res.withheld.startswith(reason)
+    rows = [json.loads(v) for _, v in res.render()]
+    schema = committed_schema()
+    assert rows and all(r["withheld"] == res.withheld and r["estimate"] is None and validate(r, schema, schema) == []
+                        for r in rows)

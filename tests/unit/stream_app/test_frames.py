@@ -160,7 +160,7 @@ def test_the_schema_is_versioned_and_documented() -> None:
     assert sorted(header) == sorted(["query_id", "query_version", "mechanism", "epoch", "epoch_start", "reports",
                                      "participants", "epsilon", "withheld", "closed_by", "round_count_mismatch",
                                      "late", "refused", "missing_batches", "withheld_code", "retracted",
-                                     "estimators", "confidences", "epsilon_shuffled", "release"])
+                                     "estimators", "confidences", "epsilon_shuffled", "span_s", "release"])
     wire = (ROOT / "docs" / "wire.md").read_text()
     assert "ptt.frame_schema_version" in wire and f"version {FRAME_SCHEMA_VERSION}" in wire
     assert all(f"`{k}`" in wire for k in header)

@@ -42,12 +42,14 @@ WITHHELD = "fewer than 20 participating vehicles (3)"
 
 def _est(epoch: int, station: int, estimate: float | None, b95: tuple[float, float] | None = None,
          b99: tuple[float, float] | None = None, *, query: str = "q", version: int = 1, mechanism: str = "sp",
-         estimator: str = "sp_difference", withheld: str | None = None, epsilon: float = 2.0) -> Estimate:
+         estimator: str = "sp_difference", withheld: str | None = None, epsilon: float = 2.0, sd: float = 1.0,
+         span_s: int = 30) -> Estimate:
     bounds = [] if withheld else [EstimateBound(confidence=c, lower=b[0], upper=b[1])
                                   for c, b in ((0.95, b95), (0.99, b99)) if b is not None]
     return Estimate(query_id=query, query_version=version, mechanism=mechanism, estimator=estimator,  # type: ignore[arg-type]
                     epoch=E0 + epoch, epoch_start=T0 + timedelta(seconds=30 * epoch), station=station,
-                    estimate=None if withheld else estimate, sd=None if withheld else 1.0, bounds=tuple(bounds),
+                    estimate=None if withheld else estimate, sd=None if withheld else sd, bounds=tuple(bounds),
+                    span_s=span_s,
                     reports=100, participants=100, epsilon=epsilon, withheld=withheld, closed_by="markers",
                     round_count_mismatch=0, late=0, refused=0, missing_batches=0)
 
@@ -394,3 +396,61 @@ def test_the_shuffled_epsilon_is_the_largest_over_the_epochs_that_carry_one(tmp_
     write_frames([encode_frame(make_result(make_query(4)))], day, "parquet")
     pq.write_table(pq.read_table(day).drop_columns(["epsilon_shuffled"]), day)  # as written before the column
     assert {r.epsilon_shuffled for r in R.load_estimates(R.estimates_of_long_table(day)).rows} == {None}
+
+
+def test_noise_dominated_estimators_say_so_in_the_summary_and_on_their_plots(tmp_path: Path) -> None:
+    """An estimator whose per-epoch sd is at least half the largest true count is flagged (the
+    summary's text and JSON, the plot's subtitle); one with a small sd is not."""
+    noisy = [_est(i, A, 50.0 * (-1) ** i, (0, 300), (0, 400), query="n", mechanism="alp", estimator="alp_average",
+                  sd=135.0) for i in range(4)]
+    quiet = [_est(i, A, 10.0 + 20 * i, (5, 99), (3, 99), sd=3.0) for i in range(4)]
+    truth = R.load_truth(_lines([_truth(i, {A: 10 + 20 * i}) for i in range(4)]))  # counts up to 70
+    cells = R.join(R.load_estimates(_lines([*noisy, *quiet])).rows, truth.truth)
+    groups = {g.query_id: g for g in R.summarize(cells)}
+    note = "noise-dominated: sd 135 against counts up to 70"
+    assert groups["n"].noise == note and groups["q"].noise is None
+    assert note in R.format_summary(list(groups.values()))
+    assert [g["noise"] for g in R.summary_json(list(groups.values()))["groups"]] == [note, None]
+    s = R.series_for(cells, "n", A, "alp_average")
+    assert s is not None and s.noise == note
+    assert (q := R.series_for(cells, "q", A, "sp_difference")) is not None and q.noise is None
+    assert R.plot_series(s, tmp_path / "n.png").is_file()
+
+
+def test_rollups_are_not_scored_as_epochs() -> None:
+    """A rollup row (span_s 300) has the epoch of its first epoch: the report leaves it out
+    instead of letting it replace that epoch's row."""
+    loaded = R.load_estimates(_lines([_est(0, A, 10.0, (8, 12)), _est(0, A, 300.0, (250, 350), span_s=300)]))
+    assert [r.estimate for r in loaded.rows] == [10.0] and loaded.filtered_out == 1
+
+
+def test_no_source_data_cells_are_counted_apart_never_scored_against_a_placeholder_truth() -> None:
+    """A dead detector's cells (data_quality no_source_data) are neither compared with the
+    truth nor "without ground truth", even when the truth file gives them a flow: a truth
+    record without ``no_truth`` (an older replay, another producer) says 0 for a dead station,
+    and scoring that 0 would file a dead road's noise under quiet roads."""
+    dead = [_est(e, B, est, (0, 6), (0, 9)).model_copy(update={"data_quality": "no_source_data"})
+            for e, est in ((0, 40.0), (1, -3.0))]
+    live = [_est(0, A, 10.0, (8, 12), (6, 14)), _est(1, A, 20.0, (18, 22), (15, 25))]
+    truth = R.load_truth(_lines([_truth(0, {A: 11, B: 0}), _truth(1, {A: 30, B: 0})]))
+    loaded = R.load_estimates(_lines([*live, *dead]))
+    (g,) = R.summarize(R.join(loaded.rows, truth.truth))
+    assert (g.cells, g.no_source_data, g.without_truth, g.with_truth) == (4, 2, 0, 2)
+    assert g.coverage == {0.95: 0.5, 0.99: 0.5} and g.mae == 5.5  # A only: 11 in [8, 12], 30 outside
+    text = R.format_summary([g], loaded, truth)
+    assert "no source data           2" in text
+    assert R.summary_json([g])["groups"][0]["no_source_data"] == 2
+
+
+def test_the_summary_says_which_truth_epochs_have_no_estimate_and_why() -> None:
+    """After a Ctrl-C the replay has sent the truth of epochs the worker had not closed yet:
+    the summary names them (the last ones) instead of leaving 'ground truth: N epochs' unexplained."""
+    loaded = R.load_estimates(_lines([_est(e, A, 10.0, (8, 12)) for e in (1, 2)]))
+    truth = R.load_truth(_lines([_truth(e, {A: 10}) for e in range(6)]))
+    assert truth.epoch_ids == frozenset(range(E0, E0 + 6))
+    text = R.format_summary(R.summarize(R.join(loaded.rows, truth.truth)), loaded, truth)
+    assert ("the last 3 of them (2026-11-18T08:01:30-08:00 .. 2026-11-18T08:02:30-08:00) have no estimate: "
+            "the worker had not closed them") in text
+    assert "1 earlier ones (2026-11-18T08:00:00-08:00) have no estimate: no query was active" in text
+    complete = R.load_truth(_lines([_truth(e, {A: 10}) for e in (1, 2)]))
+    assert "have no estimate" not in R.format_summary([], loaded, complete)

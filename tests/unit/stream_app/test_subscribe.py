@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,8 @@ def test_row_format() -> None:
     assert row.endswith(" 2.70        -")  # no shuffled epsilon: not attested
     shuffled = _est(712377).model_copy(update={"epsilon_shuffled": 0.4321})
     assert sub.format_row(shuffled).endswith(" 2.70    0.432")
+    hour = _est(712377).model_copy(update={"span_s": 3600})
+    assert sub.format_row(hour).endswith("  sum over 60 min") and "sum over" not in row  # a rollup says so
 
 
 def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,14 +43,74 @@ def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     def fake(*_: object, **__: object) -> Iterator[bytes]:
         yield from records
 
-    monkeypatch.setattr(sub, "_records", fake)
+    monkeypatch.setattr(sub, "_polled", fake)
+    monkeypatch.setattr(sub, "_query_sizes", lambda *_: (lambda e: 1, lambda: None))
     out = io.StringIO()
     assert sub.subscribe(KafkaSettings(), "t", json_lines=True, station=0, out=out) == 1
     assert Estimate.model_validate_json(out.getvalue().strip()).station == 0
     out = io.StringIO()
-    assert sub.subscribe(KafkaSettings(), "t", station=5, estimator="rr", out=out) == 1
+    assert sub.subscribe(KafkaSettings(), "t", rows=True, station=5, estimator="rr", out=out) == 1
     lines = out.getvalue().splitlines()
-    assert lines[0] == sub.HEADER and " rr " in lines[1]
+    assert lines[0] == sub.HEADER and sub.NEGATIVE_NOTE in lines[1] and " rr " in lines[2]
+
+
+def _q(station: int, epoch: int, query: str = "sp-day", estimate: float = 41.7, estimator: str = "sp_difference",
+       **kw: object) -> Estimate:
+    return _est(station, estimator).model_copy(update={"query_id": query, "epoch": 59832960 + epoch,
+                                                       "epoch_start": datetime(2026, 11, 18, 8, tzinfo=UTC)
+                                                       + timedelta(seconds=30 * epoch),
+                                                       "estimate": estimate, **kw})
+
+
+def test_the_default_table_is_one_ordered_line_per_closed_query_and_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of two queries and two epochs, interleaved as partitions deliver them: one line per
+    (query, epoch) once all its estimates came, each estimator's sum, negatives counted; a
+    group still incomplete when the topic goes quiet is printed at the end, marked partial."""
+    arriving = [_q(1, 1, "rr-day", -12.4, "rr"), _q(1, 0), _q(2, 1, "rr-day", 3.0, "rr"), _q(2, 0, estimate=8.3),
+                _q(1, 1), _q(3, 0, estimate=-1.0, data_quality="no_source_data"), _q(1, 2)]
+    records = [e.model_dump_json().encode() for e in arriving]
+    monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter(records))
+    monkeypatch.setattr(sub, "_query_sizes", lambda *_: (lambda e: 3 if e.query_id == "sp-day" else 2, lambda: None))
+    out = io.StringIO()
+    assert sub.subscribe(KafkaSettings(), "t", out=out) == len(arriving)
+    header, note, *lines = out.getvalue().splitlines()
+    assert header == sub.SUMMARY_HEADER and sub.NEGATIVE_NOTE in note and "--rows" in note
+    assert len(lines) == 4  # oldest epoch first (all came at once, faster than the 1 s hold)
+    assert "sp-day v1" in lines[0] and "08:00:00" in lines[0]
+    assert lines[0].endswith("sp_difference 49.0 (1 below 0); 1 station without source data")
+    assert "rr-day v1" in lines[1] and lines[1].endswith("rr -9.4 (1 below 0)")
+    for line, start in zip(lines[2:], ("08:00:30", "08:01:00"), strict=True):  # never completed: at the end
+        assert start in line and line.endswith("sp_difference 41.7 (partial: 1 of 3 estimates)")
+    withheld = sub.format_summary([_est(1, withheld="too few")])
+    assert withheld.endswith("withheld: too few")
+
+
+def test_epoch_groups_print_what_went_quiet_oldest_first() -> None:
+    groups = sub.EpochGroups(lambda e: None, idle_s=2.0)
+    assert groups.add(_q(1, 5), now=0.0) == [] and groups.add(_q(1, 4), now=1.0) == []
+    assert groups.due(now=2.5) == []  # epoch 5 went quiet, but waits for epoch 4 (a row at 1.0)
+    assert groups.due(now=3.0) == [[_q(1, 4)], [_q(1, 5)]]
+    complete = sub.EpochGroups(lambda e: 1, hold_s=1.0)  # complete, then held 1 s for an older epoch
+    assert complete.add(_q(1, 5, "a"), now=0.0) == [] and complete.add(_q(1, 4, "b"), now=0.2) == []
+    assert complete.add(_q(1, 4, "a"), now=0.5) == [] and complete.due(now=1.1) == []  # a5 waits for a4
+    assert complete.due(now=1.5) == [[_q(1, 4, "a")], [_q(1, 4, "b")], [_q(1, 5, "a")]]  # a4 came late: in order
+    groups.add(_q(1, 6), now=0.0)
+    groups.add(_q(1, 6, estimate=1.0), now=0.1)  # a repeated estimate replaces the earlier one
+    assert groups.rest() == [[_q(1, 6, estimate=1.0)]]
+
+
+def test_a_rollup_is_its_own_marked_line_after_the_epochs_it_sums() -> None:
+    """A 5-minute rollup has the epoch of its first epoch: it must neither replace that epoch's
+    rows nor come out before the last epoch it sums."""
+    groups = sub.EpochGroups(lambda e: 2 if e.epoch == 59832969 else 1, hold_s=0.0)  # epoch 9: two rows
+    rollup, other = _q(1, 0, estimate=417.0, span_s=300), _q(1, 9, estimator="rr")
+    assert groups.add(_q(1, 0), now=0.0) == [[_q(1, 0)]]
+    assert groups.add(other, now=0.1) == []  # epoch 9 open: one of its two rows came
+    assert groups.add(rollup, now=0.2) == [] and groups.due(now=0.3) == []  # waits for epoch 9
+    assert groups.add(_q(1, 9), now=0.4) == [[other, _q(1, 9)], [rollup]]  # epoch 9, then the rollup
+    line = sub.format_summary([rollup], 1)
+    assert line.endswith("sp_difference 417.0  sum over 5 min") and "08:00:00" in line
+    assert "sum over" not in sub.format_summary([_q(1, 0)], 1)
 
 
 def _frames() -> list[bytes]:

@@ -1062,3 +1062,23 @@ def test_markers_wait_for_the_batches_they_announce() -> None:
     out = store.apply(policy, [batch(bid(2), [0, 1, 0, 0, 0], rnd=0)])
     assert closed(out) == [(EPOCH, "markers")]
     assert out.closed[0][0].reports.tolist() == [1, 1] and out.closed[0][0].missing_batches() == 0
+
+
+def test_a_stalled_window_closes_after_stall_close_s_and_not_before() -> None:
+    """One of two producers marked epoch 7, the other died before it; nothing later comes, so
+    the watermark never passes 7. With ``stall_close_s`` the window closes (as by the
+    watermark, its markers incomplete) once it received nothing for that long of the tick
+    clock -- never absent; without it, it stays open (the rule is off)."""
+    epoch = 7
+    now = (epoch + 1) * EPOCH_S + 10 * 3600.0  # long past: not live, the wall clock closes nothing
+    marker = MarkerPartial("q", 1, epoch, 0, 0, "p0", 0, 2, 0, 0, 5, 0, False)
+    for stall, closed in ((30.0, True), (0.0, False)):
+        policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=2, stall_close_s=stall)
+        wm = Watermarks()
+        states: dict[WindowId, WindowState] = {}
+        got = []
+        for items in ([Tick(now), marker], [Tick(now + 29.0)], [Tick(now + 30.0)]):
+            out = policy.apply(wm, states.get, lambda w: (1, 2), items)
+            states.update(out.touched)
+            got.append([(s.wid.epoch, reason) for s, reason in out.closed])
+        assert got == [[], [], [(epoch, "watermark")] if closed else []]

@@ -1,9 +1,11 @@
 """The shuffler's pure policy (``stream_app.shuffler.policy``): no broker.
 
-Checked: the deadline rules (event time with a quorum, every partition past or read to its
-end; end of input after the idle wait); a forged far epoch from one device does not move the
-clock; the slot bound; late reports; min_crowd withholds; and that the release is a uniform
-permutation (chi-square over positions, fixed seed); a replay's source notes (stations
+Checked: the trusted clock (a replay's source notes, every producer's; the wall clock) and the
+deadline rules (the clock past the epoch by the lateness and the input read up to the offsets
+the notes vouched for; end of input after the idle wait); device reports, however many, never
+move the clock and are refused outside the open window; every epoch the clock passes is decided
+(``no_reports``); the slot bound; late reports; min_crowd withholds; and that the release is a
+uniform permutation (chi-square over positions, fixed seed); a replay's source notes (stations
 without a reading, interrupted) reach the released epoch."""
 
 from __future__ import annotations
@@ -28,51 +30,103 @@ def _rep(epoch: int, value: int, rnd: int = 0) -> DeviceReport:
     return DeviceReport(query_id="q", query_version=1, epoch=epoch, round=rnd, value=value)
 
 
-def _fill(p: ShufflePolicy, q: Query, epoch: int, n: int, partition: int = 0) -> None:
+def _opened(p: ShufflePolicy, q: Query, epoch: int, producers: int = 1) -> ShufflePolicy:
+    """``p`` with every replay producer's opening note of ``epoch`` taken."""
+    for k in range(producers):
+        assert p.note(SourceEpoch(epoch=epoch, opens=True, producer_index=k, producer_count=producers),
+                      lambda e: [q], 0.0) is None
+    return p
+
+
+def _fill(p: ShufflePolicy, q: Query, epoch: int, n: int) -> None:
     for i in range(n):
         for r in (0, 1):
-            assert p.admit(_rep(epoch, i % 4, r), q, partition, 0.0) is None
+            assert p.admit(_rep(epoch, i % 4, r), q, 0.0) is None
 
 
-def test_event_time_needs_the_quorum_and_every_partition() -> None:
-    q = _query()
+def test_reports_never_move_the_clock_and_outside_the_window_open_nothing() -> None:
+    """10,000 well-formed reports for a far epoch, and a flood for an epoch just past the
+    window: every one refused ``outside_open_window``, the clock unmoved, no slot opened;
+    before any note nothing is admitted at all."""
+    q = _query(population=100_000)
     e = q.epoch_range()[0]
     p = ShufflePolicy(min_crowd=3, lateness_epochs=2, idle_release_s=5.0, partitions=(0, 1))
+    why = p.admit(_rep(e, 1), q, 0.0)
+    assert why is not None and why.reason == "outside_open_window"
+    _opened(p, q, e)
     _fill(p, q, e, 3)
-    assert p.admit(_rep(e + 50, 1), q, 0, 0.0) is None  # one forged far epoch: below the quorum
-    assert p.clock == e and p.due(1.0, caught_up=()) == []
-    _fill(p, q, e + 2, 3, partition=0)
-    assert p.due(1.0, caught_up=()) == []  # partition 1 neither past e + 2 nor read to its end
-    assert p.due(1.0, caught_up=(1,)) == [("q", 1, e)]
-    assert p.due(1.0, caught_up=()) == []
-    _fill(p, q, e + 2, 3, partition=1)
-    assert p.due(1.0, caught_up=()) == [("q", 1, e)]
+    for far in [e + 80] * 10_000 + [e + 2] * 500:
+        why = p.admit(_rep(far, 1), q, 0.0)
+        assert why is not None and why.reason == "outside_open_window", why
+    assert (p.clock, p.open_epochs) == (e - 1, [("q", 1, e)])
+    assert p.due(1e9, caught_up=(0, 1), positions={0: 10**9, 1: 10**9}) == []  # e is not finished
+    assert p.admit(_rep(e + 1, 1), q, 0.0) is None  # open: ahead_epochs (2) past the clock, e - 1
+    assert p.admit(_rep(e + 2, 1), q, 0.0) is not None
 
 
-def test_end_of_input_releases_everything_after_the_idle_wait() -> None:
+def test_the_clock_is_every_producers_and_waits_for_the_offsets_they_vouch_for() -> None:
+    q = _query()
+    e = q.epoch_range()[0]
+    p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=1, idle_release_s=5.0, partitions=(0, 1)), q, e, 2)
+    _fill(p, q, e, 3)
+    for k, ends in ((0, ((0, 5),)), (1, ((0, 3), (1, 7), (9, 100)))):  # partition 9 is not this instance's
+        assert p.note(SourceEpoch(epoch=e, producer_index=k, producer_count=2, device_offsets=ends),
+                      lambda x: [q], 0.0) is None
+    assert p.clock == e and p.due(1.0, caught_up=(), positions={0: 9, 1: 9}) == []  # lateness 1: e + 1 needed
+    p.note(SourceEpoch(epoch=e + 1, producer_index=0, producer_count=2, device_offsets=((0, 20),)), lambda x: [q], 0.0)
+    assert p.clock == e  # producer 1 has not finished e + 1
+    p.note(SourceEpoch(epoch=e + 1, producer_index=1, producer_count=2), lambda x: [q], 0.0)
+    assert p.clock == e + 1
+    assert p.due(1.0, caught_up=(), positions={0: 19, 1: 7}) == []  # partition 0 not read to 20
+    # e + 1 nobody reported for: it has its slot all the same
+    assert p.due(1.0, caught_up=(), positions={0: 20, 1: 7}) == [("q", 1, e)]
+    assert p.open_epochs == [("q", 1, e), ("q", 1, e + 1)]
+    p.close(("q", 1, e), np.random.default_rng(0))
+    out = p.close(("q", 1, e + 1), np.random.default_rng(0))
+    assert isinstance(out, Withheld) and out.reason == "no_reports" and out.devices == (0, 0)
+
+
+def test_the_wall_clock_opens_and_passes_epochs() -> None:
     q = _query()
     e = q.epoch_range()[0]
     p = ShufflePolicy(min_crowd=1, lateness_epochs=2, idle_release_s=5.0, partitions=(0,))
+    p.advance(e, lambda x: [q])  # the first tick: the window starts at e + 1
+    why = p.admit(_rep(e, 1), q, 0.0)
+    assert why is not None and why.reason == "outside_open_window"
+    _fill(p, q, e + 1, 2)
+    p.advance(e + 2, lambda x: [q])
+    assert p.due(1.0, caught_up=()) == []
+    p.advance(e + 3, lambda x: [q])
+    assert p.due(1.0, caught_up=()) == [("q", 1, e + 1)]
+    assert p.open_epochs == [("q", 1, e + 1), ("q", 1, e + 2), ("q", 1, e + 3)]  # e + 2, e + 3: empty slots
+
+
+def test_end_of_input_releases_everything_the_clock_passed_after_the_idle_wait() -> None:
+    q = _query()
+    e = q.epoch_range()[0]
+    p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=2, idle_release_s=5.0, partitions=(0,)), q, e)
     _fill(p, q, e, 2)
+    _fill(p, q, e + 1, 2)
+    p.note(SourceEpoch(epoch=e), lambda x: [q], 0.0)
     assert p.due(4.9, caught_up=(0,)) == []
     assert p.due(5.0, caught_up=()) == []
-    assert p.due(5.0, caught_up=(0,)) == [("q", 1, e)]
+    assert p.due(5.0, caught_up=(0,)) == [("q", 1, e)]  # e + 1 is not finished: it waits
 
 
 def test_bounds_late_and_min_crowd() -> None:
     q = _query(population=3)
     e = q.epoch_range()[0]
-    p = ShufflePolicy(min_crowd=3, lateness_epochs=0, idle_release_s=1.0, partitions=(0,))
+    p = _opened(ShufflePolicy(min_crowd=3, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), q, e)
     _fill(p, q, e, 3)
-    rej = p.admit(_rep(e, 1), q, 0, 0.0)
+    rej = p.admit(_rep(e, 1), q, 0.0)
     assert rej is not None and rej.reason == "slot_full"
-    assert (p.admit(_rep(e, 4), q, 0, 0.0) or rej).reason == "out_of_range"
+    assert (p.admit(_rep(e, 4), q, 0.0) or rej).reason == "out_of_range"
     _fill(p, q, e + 1, 2)
     released = p.close(("q", 1, e), np.random.default_rng(0))
     assert isinstance(released, Released) and [r.devices for r in released.rounds] == [3, 3]
     withheld = p.close(("q", 1, e + 1), np.random.default_rng(0))
     assert isinstance(withheld, Withheld) and withheld.reason == "below_min_crowd" and withheld.devices == (2, 2)
-    late = p.admit(_rep(e, 1), q, 0, 0.0)
+    late = p.admit(_rep(e, 1), q, 0.0)
     assert late is not None and late.reason == "late"
 
 
@@ -86,10 +140,11 @@ def test_release_is_a_uniform_permutation() -> None:
     q6 = Query(query_id="q", analyst_id="a", version=1, mechanism="sp", sensors=(1, 2, 3, 4, 5, 6), population=10,
                t_start=T0, t_end=T0 + timedelta(days=1))
     for k in range(6000):
-        p = ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,))
+        p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), q6, e)
+        p.ahead_epochs = 7
         for v in range(6):
             for r in (0, 1):
-                assert p.admit(_rep(e + k % 7, v, r), q6, 0, 0.0) is None
+                assert p.admit(_rep(e + k % 7, v, r), q6, 0.0) is None
         out = p.close(("q", 1, e + k % 7), rng)
         assert isinstance(out, Released)
         values = out.rounds[0].arrays["value"]
@@ -104,21 +159,26 @@ def test_source_notes_reach_the_release() -> None:
     for a query that holds none; a note for a decided epoch is late."""
     q = _query()
     e = q.epoch_range()[0]
-    p = ShufflePolicy(min_crowd=2, lateness_epochs=1, idle_release_s=5.0, partitions=(0,))
+    p = _opened(ShufflePolicy(min_crowd=2, lateness_epochs=1, idle_release_s=5.0, partitions=(0,)), q, e, 2)
     _fill(p, q, e, 3)
-    assert p.note(SourceEpoch(epoch=e, readings_missing=(2,)), [q], 0, 0.0) is None
-    assert p.note(SourceEpoch(epoch=e, readings_missing=(3,)), [q], 0, 0.0) is None
+    assert p.note(SourceEpoch(epoch=e, readings_missing=(2,), producer_count=2), lambda x: [q], 0.0) is None
+    assert p.note(SourceEpoch(epoch=e, readings_missing=(3,), producer_index=1, producer_count=2),
+                  lambda x: [q], 0.0) is None
     out = p.close(("q", 1, e), np.random.default_rng(0))
     assert isinstance(out, Released) and out.no_data == {2, 3} and not out.interrupted
     assert out.rounds[0].reports == 3
-    why = p.note(SourceEpoch(epoch=e), [q], 0, 0.0)
+    why = p.note(SourceEpoch(epoch=e), lambda x: [q], 0.0)
     assert why is not None and why.reason == "late"
     _fill(p, q, e + 1, 1)  # below min_crowd, but interrupted: released empty, flagged
-    assert p.note(SourceEpoch(epoch=e + 1, interrupted=True), [q], 0, 0.0) is None
+    for k in (0, 1):
+        assert p.note(SourceEpoch(epoch=e + 1, interrupted=True, producer_index=k, producer_count=2),
+                      lambda x: [q], 0.0) is None
     out = p.close(("q", 1, e + 1), np.random.default_rng(0))
     assert isinstance(out, Released) and out.interrupted
     assert [(r.reports, r.devices, r.arrays["value"].size) for r in out.rounds] == [(0, 1, 0), (0, 1, 0)]
-    assert p.note(SourceEpoch(epoch=e + 2, interrupted=True), [q], 0, 0.0) is None  # nothing sent of it
+    for k in (0, 1):  # nothing sent of it
+        assert p.note(SourceEpoch(epoch=e + 2, interrupted=True, producer_index=k, producer_count=2),
+                      lambda x: [q], 0.0) is None
     assert p.open_epochs == [("q", 1, e + 2)]
     out = p.close(("q", 1, e + 2), np.random.default_rng(0))
     assert isinstance(out, Released) and out.interrupted and [r.devices for r in out.rounds] == [0, 0]
@@ -145,13 +205,13 @@ def test_pairs_are_checked_and_a_round_released_as_the_same_pairs() -> None:
     sent: list[Pairs] = [((1, good), (3, other)), (), ((2, good),), ((3, good), (1, other), (2, good))]
 
     def fill(order: list[int]) -> Released:
-        p = ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,))
+        p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), q, e)
         for reason, bad in refused.items():
             for pairs in bad:
-                rej = p.admit(_pairs(e, pairs), q, 0, 0.0)
+                rej = p.admit(_pairs(e, pairs), q, 0.0)
                 assert rej is not None and rej.reason == reason, (pairs, rej)
         for i in order:
-            assert p.admit(_pairs(e, sent[i]), q, 0, 0.0) is None
+            assert p.admit(_pairs(e, sent[i]), q, 0.0) is None
         out = p.close(("q", 1, e), np.random.default_rng(7))
         assert isinstance(out, Released)
         return out
@@ -186,10 +246,10 @@ def test_the_aggregate_release_is_the_exact_tally_of_the_admitted_reports() -> N
 
         def close(order: list[int], release: str, seed: int, q: Query = q, sent: list[list[DeviceReport]] = sent
                   ) -> Released:
-            p = ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,))
+            p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), q, e)
             for rnd in sent:
                 for i in order:
-                    assert p.admit(rnd[i], q, 0, 0.0) is None
+                    assert p.admit(rnd[i], q, 0.0) is None
             out = p.close(("q", 1, e), np.random.default_rng(seed), release=release)
             assert isinstance(out, Released)
             return out
@@ -206,12 +266,12 @@ def test_the_aggregate_release_is_the_exact_tally_of_the_admitted_reports() -> N
             from_perm = spec.accumulate(mech, q.n_stations, spec.layout, b.arrays, b.reports)
             done = [spec.complete(mech, q.n_stations, x[None, :], 30) for x in (as_tally, from_perm)]
             assert np.array_equal(done[0], done[1]) and np.array_equal(as_tally, counts)
-    small = ShufflePolicy(min_crowd=3, lateness_epochs=0, idle_release_s=1.0, partitions=(0,))
+    small = _opened(ShufflePolicy(min_crowd=3, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), _query(), e)
     _fill(small, _query(), e, 2)
     out = small.close(("q", 1, e), np.random.default_rng(0), release="aggregate")
     assert isinstance(out, Withheld) and out.reason == "below_min_crowd"
-    cut = ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,))
+    cut = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), _query(), e)
     _fill(cut, _query(), e, 2)
-    assert cut.note(SourceEpoch(epoch=e, interrupted=True), [_query()], 0, 0.0) is None
+    assert cut.note(SourceEpoch(epoch=e, interrupted=True), lambda x: [_query()], 0.0) is None
     out = cut.close(("q", 1, e), np.random.default_rng(0), release="aggregate")
     assert isinstance(out, Released) and out.interrupted and all(r.reports == 0 for r in out.rounds)

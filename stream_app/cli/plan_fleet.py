@@ -1,0 +1,51 @@
+"""``ptt plan fleet``: a vehicle's whole day across every default query, locally and through the
+shuffler's release; with ``--day-budget`` each query's parameters chosen for its share."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from estimators.fleet import fleet_plan
+from estimators.registry import PlanError
+from schemas.wire import json_safe
+
+from .errors import EXIT_USAGE
+
+__all__ = ["run_fleet"]
+
+
+def _f(v: object) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    if args.param or args.epsilon is not None or args.shuffle_size is not None:
+        print("ptt plan fleet: error: --param, --epsilon and --shuffle-size are for a single mechanism",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        r = fleet_plan(args.population, args.expected_yes, args.stations, release=args.release,
+                       epochs=args.epochs, delta=args.delta, day_budget=args.day_budget)
+    except PlanError as exc:
+        print(f"ptt plan fleet: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(json_safe(r), sort_keys=True))
+        return 0
+    print(f"HEADLINE: epsilon_day_vehicle = {_f(r['epsilon_day_vehicle'])} at delta {r['delta']:g}: a vehicle's "
+          f"whole day answering {', '.join(n for n in r['mechanisms'] if n not in r['left_out'])} through the "
+          f"shuffler's {r['release']} release (locally, without the shuffler: {_f(r['epsilon_day_vehicle_local'])})")
+    if r["day_budget"] is not None:
+        print(f"day budget {r['day_budget']:g}: {r['split']}")
+    print(f"{'query':<8} {'sd':>9} {'curator sd':>11} {'eps/epoch':>10} {'day alone':>10}  parameters / accounting")
+    for name, q in r["queries"].items():
+        if not q["fits"]:
+            print(f"{name:<8} CANNOT FIT its share ({_f(q['budget_share'])}): {q['why']}; left out of the day")
+            continue
+        params = ", ".join(f"{k}={_f(v)}" for k, v in q["params"].items())
+        print(f"{name:<8} {_f(q['sd']):>9} {_f(q['central_limit_sd']):>11} {_f(q['epsilon_shuffled']):>10} "
+              f"{_f(q['epsilon_day_shuffled']):>10}  {params}; {q['accounting']}")
+    print(r["central_limit_sd_note"])
+    return 0

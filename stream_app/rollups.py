@@ -1,0 +1,393 @@
+"""Rollups: 5-minute and hourly sums of each station's per-epoch estimates. Pure policy and
+state, as :mod:`stream_app.windows` is for epochs.
+
+A rollup is one ``(query id, version, span, first epoch)``, spans of :data:`SPANS` epochs
+(10: 5 minutes, 120: an hour), aligned on the epoch clock (an hour rollup starts on a UTC
+hour). When stage 2 has decided an epoch (published or withheld it) it sends an
+:class:`~stream_app.records.EpochSummary` -- the estimates and their variances, or why it was
+withheld -- keyed by the epoch's hour (:func:`route_key`), so every rollup of an epoch lives on
+one stage-2 partition, in the same changelog-backed table as the windows.
+
+:class:`RollupPolicy` adds summaries to the rollups' states (:class:`RollupState`); a summary
+of an epoch already added is ignored (a restarted stage 2 may send it twice), so the sums
+neither lose nor double an epoch. Once every epoch of a rollup is decided the rollup is
+*decided*: published as the sum of its epochs' estimates -- sd from the summed variances
+(the epochs' estimates are independent), bounds from the score interval of the sum
+(:func:`rollup_result`; docs/statistics.md, "Rollups") -- or, if any epoch was withheld,
+withheld with the first such epoch and its code. Its ``release`` is its epochs' (``permuted`` if
+they disagree: the aggregate counts are a function of the permuted reports, so ``permuted``
+bounds what was released of every epoch; null if any epoch's is null, as ``epsilon_shuffled``
+is). A station without source data in any of its
+epochs is ``no_source_data`` in the rollup (missing is not zero). An epoch withdrawn after
+its rollup was published withdraws the rollup too.
+
+>>> import numpy as np
+>>> from stream_app.records import EpochSummary
+>>> def summary(epoch, est):
+...     a = np.array([est])
+...     return EpochSummary("q", 1, epoch, "markers", None, None, False, 40, 40, (40,), 0, 0, 0, None, (), ("rr",),
+...                         a, a * 0 + 4.0)
+>>> policy = RollupPolicy(spans=(2,))
+>>> out = policy.apply(lambda rid: None, [summary(10, [1.0, 2.0])])
+>>> out.decided
+[]
+>>> held = {rid: st for rid, st in out.touched.items()}
+>>> out = policy.apply(held.get, [summary(11, [3.0, 5.0]), summary(10, [1.0, 2.0])])
+>>> [(st.rid.start, st.rid.span_s, st.estimate.tolist(), st.variance.tolist()) for st in out.decided]
+[(10, 60, [[4.0, 7.0]], [[8.0, 8.0]])]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas import Query
+from schemas.epochs import EPOCH_S
+from schemas.wire import FRAME_LENGTH
+
+from .estimate import EpochResult, QueryEstimators, StationEstimates
+from .records import EpochSummary
+
+__all__ = ["SPANS", "RollupId", "RollupOutcome", "RollupPolicy", "RollupState", "Window", "rollup_result",
+           "route_key", "summary_of", "version_window"]
+
+FloatArray = npt.NDArray[np.float64]
+SPANS = (10, 120)  # epochs per rollup: 5 minutes, an hour
+HOUR = 120
+_PREFIX = b"__ru__\x1f"
+_STATE_MAGIC = b"PTR1"
+_CLOSE_ORDER = ("markers", "wall_clock", "watermark")  # a rollup's closed_by: the weakest of its epochs'
+# a rollup's release: the most revealing of its epochs' (the aggregate counts are a function of the permuted reports)
+_RELEASE_ORDER = ("aggregate", "permuted")
+
+
+@dataclass(frozen=True)
+class RollupId:
+    """(query id, version, span in epochs, first epoch): the key of a rollup."""
+
+    query_id: str
+    query_version: int
+    span: int
+    start: int
+
+    @property
+    def key(self) -> bytes:
+        """Table key (a prefix no window key has: a window key starts with the query id)."""
+        return _PREFIX + f"{self.query_id}\x1f{self.query_version}\x1f{self.span}\x1f{self.start}".encode()
+
+    @property
+    def span_s(self) -> int:
+        return self.span * EPOCH_S
+
+
+def rollups_of(query_id: str, version: int, epoch: int, spans: Sequence[int] = SPANS) -> list[RollupId]:
+    """The rollups an epoch belongs to, one per span."""
+    return [RollupId(query_id, version, s, epoch - epoch % s) for s in spans]
+
+
+def route_key(s: EpochSummary) -> bytes:
+    """The partials-topic key of an epoch's summary: its query and hour (not its version), so
+    that all the rollups it feeds (every span divides an hour), and those of the query's other
+    versions in that hour, are on one stage-2 partition."""
+    return _PREFIX + f"{s.query_id}\x1f{s.epoch - s.epoch % HOUR}".encode()
+
+
+Window = Callable[[str, int], "tuple[int, int] | None"]
+
+
+def version_window(known: Callable[[str, int], Query | None], query_id: str, version: int) -> tuple[int, int] | None:
+    """The epochs ``[first, end)`` in which a query version is the one answered, as far as the
+    known versions tell (``schemas.query.active_queries``): its own window, cut where a newer
+    version's starts. None if the version is unknown.
+
+    >>> from datetime import UTC, datetime, timedelta
+    >>> t0 = datetime(2026, 11, 18, 16, tzinfo=UTC)
+    >>> v1 = Query(query_id="q", analyst_id="a", version=1, sensors=(1,), mechanism="rr", population=9,
+    ...            t_start=t0, t_end=t0 + timedelta(hours=2))
+    >>> v2 = v1.model_copy(update={"version": 2, "t_start": t0 + timedelta(minutes=7)})
+    >>> versions = {1: v1, 2: v2}
+    >>> first, end = version_window(lambda q, v: versions.get(v), "q", 1)
+    >>> end - first  # seven minutes, then version 2
+    14
+    """
+    q = known(query_id, version)
+    if q is None:
+        return None
+    first, end = q.epoch_range()
+    later = version + 1
+    while (w := known(query_id, later)) is not None:
+        end = min(end, -(-int(w.t_start.timestamp()) // EPOCH_S))  # from its first epoch starting at/after T_start
+        later += 1
+    return first, max(first, end)
+
+
+def summary_of(res: EpochResult) -> EpochSummary:
+    """What a decided epoch's result contributes to its rollups."""
+    q = res.query
+    names = tuple(q.spec.estimator_names)
+    live = res.withheld is None and not res.retracted
+    est = np.stack([res.values[n].estimate for n in names]) if live else np.zeros((0, 0))
+    var = np.stack([np.square(res.values[n].sd) for n in names]) if live else np.zeros((0, 0))
+    return EpochSummary(q.query_id, q.version, res.epoch, res.closed_by, res.withheld_code, res.withheld,
+                        res.retracted, res.participants, res.reports, tuple(res.round_reports), res.late,
+                        res.refused, res.missing_batches, res.epsilon_shuffled, tuple(sorted(res.no_source_data)),
+                        names, est.astype(np.float64), var.astype(np.float64), res.release)
+
+
+@dataclass
+class RollupState:
+    """The running sums of one rollup. ``estimate``/``variance`` are ``(estimators, stations)``
+    (None before a published epoch arrives, and once the rollup is decided or withheld)."""
+
+    rid: RollupId
+    done: list[bool]  # per epoch of the span: decided and added
+    estimators: tuple[str, ...] = ()
+    estimate: FloatArray | None = None
+    variance: FloatArray | None = None
+    no_source: list[int] = field(default_factory=list)  # station indices (1..V), sorted
+    participants: int = 0
+    reports: int = 0
+    round_reports: list[int] = field(default_factory=list)
+    late: int = 0
+    refused: int = 0
+    missing_batches: int = 0
+    epsilon_shuffled: float | None = None
+    unshuffled: bool = False  # some epoch had no shuffled epsilon: the rollup's is null
+    release: str | None = None  # the most revealing of its epochs' releases (_RELEASE_ORDER)
+    unreleased: bool = False  # some epoch had no attested release: the rollup's is null
+    closed_by: str = "markers"
+    withheld: tuple[int, str, str] | None = None  # (epoch, code, reason) of the first withheld epoch
+    withheld_epochs: int = 0
+    decided: bool = False  # every epoch decided and the rollup's outcome emitted
+    published: bool = False  # decided and published (not withheld)
+    retracted: bool = False
+
+    @classmethod
+    def new(cls, rid: RollupId) -> RollupState:
+        return cls(rid, [False] * rid.span)
+
+    def add(self, s: EpochSummary) -> bool:
+        """Add an epoch's summary; False if it changed nothing (a duplicate)."""
+        i = s.epoch - self.rid.start
+        if not 0 <= i < self.rid.span:
+            raise ValueError(f"epoch {s.epoch} is not in rollup {self.rid}")
+        if s.retracted:
+            self.done[i] = True
+            return self._withhold(s, retract=True)
+        if self.done[i]:
+            return False
+        self.done[i] = True
+        self.participants += s.participants
+        self.reports += s.reports
+        self.round_reports = [a + b for a, b in zip(self.round_reports or [0] * len(s.round_reports),
+                                                    s.round_reports, strict=True)]
+        self.late += s.late
+        self.refused += s.refused
+        self.missing_batches += s.missing_batches
+        if s.epsilon_shuffled is None:
+            self.unshuffled = True
+        else:
+            self.epsilon_shuffled = max(self.epsilon_shuffled or 0.0, s.epsilon_shuffled)
+        if s.release is None:
+            self.unreleased = True
+        elif self.release is None or _RELEASE_ORDER.index(s.release) > _RELEASE_ORDER.index(self.release):
+            self.release = s.release
+        if _CLOSE_ORDER.index(s.closed_by) > _CLOSE_ORDER.index(self.closed_by):
+            self.closed_by = s.closed_by
+        if s.withheld is not None:
+            return self._withhold(s, retract=False)
+        if self.withheld is None:
+            if self.estimate is None or self.variance is None:
+                self.estimators = s.estimators
+                self.estimate, self.variance = s.estimate.copy(), s.variance.copy()
+            elif s.estimators != self.estimators or s.estimate.shape != self.estimate.shape:
+                raise ValueError(f"epoch {s.epoch} has estimators {s.estimators} of shape {s.estimate.shape}; "
+                                 f"rollup {self.rid} has {self.estimators} of shape {self.estimate.shape}")
+            else:
+                self.estimate += s.estimate
+                self.variance += s.variance
+            if s.no_source_data:
+                self.no_source = sorted(set(self.no_source) | set(s.no_source_data))
+        return True
+
+    def _withhold(self, s: EpochSummary, retract: bool) -> bool:
+        code = s.withheld_code or "internal"
+        why = s.withheld or code
+        first = self.withheld is None or s.epoch < self.withheld[0]
+        if retract:
+            if self.withheld is not None and self.withheld[0] == s.epoch and self.withheld[1] == code:
+                return False  # this epoch's withdrawal is already held
+            self.retracted = self.published
+            self.published = False
+        else:
+            self.withheld_epochs += 1
+        if first or retract:
+            self.withheld = (s.epoch, code, why)
+        self.estimate = self.variance = None  # nothing of it will be published
+        return True
+
+    def outside(self, first: int, end: int) -> bool:
+        """Mark the epochs outside the version's ``[first, end)`` as decided and withhold the
+        rollup for them (they will never come); True if that changed anything."""
+        lo, hi = self.rid.start, self.rid.start + self.rid.span
+        gone = [i for i in range(self.rid.span) if not self.done[i] and not first <= lo + i < end]
+        if not gone:
+            return False
+        for i in gone:
+            self.done[i] = True
+        e = lo + gone[0]
+        if self.withheld is None or e < self.withheld[0]:
+            why = f"{len(gone)} of its epochs [{lo}, {hi}) are outside the query version's [{first}, {end})"
+            self.withheld = (e, "outside_query_window", why)
+        self.withheld_epochs += 1
+        self.estimate = self.variance = None
+        return True
+
+    @property
+    def complete(self) -> bool:
+        return all(self.done)
+
+    def reason(self) -> str | None:
+        """Why the rollup is withheld (None: it is not)."""
+        if self.withheld is None:
+            return None
+        epoch, code, why = self.withheld
+        more = f" (and {self.withheld_epochs - 1} more of its epochs)" if self.withheld_epochs > 1 else ""
+        return f"epoch {epoch} withheld{more}: {code}: {why}"
+
+    # -- binary encoding ----------------------------------------------------------------------
+    def encode(self) -> bytes:
+        r = self.rid
+        head = {"q": r.query_id, "v": r.query_version, "span": r.span, "start": r.start,
+                "done": sum(1 << i for i, d in enumerate(self.done) if d), "estimators": list(self.estimators),
+                "no_source": self.no_source, "participants": self.participants, "reports": self.reports,
+                "round_reports": self.round_reports, "late": self.late, "refused": self.refused,
+                "missing_batches": self.missing_batches, "epsilon_shuffled": self.epsilon_shuffled,
+                "unshuffled": self.unshuffled, "release": self.release, "unreleased": self.unreleased,
+                "closed_by": self.closed_by,
+                "withheld": None if self.withheld is None else list(self.withheld),
+                "withheld_epochs": self.withheld_epochs, "decided": self.decided, "published": self.published,
+                "retracted": self.retracted, "shape": None}
+        blob = b""
+        if self.estimate is not None and self.variance is not None and not self.decided:
+            head["shape"] = list(self.estimate.shape)
+            blob = (np.ascontiguousarray(self.estimate, "<f8").tobytes()
+                    + np.ascontiguousarray(self.variance, "<f8").tobytes())
+        h = json.dumps(head, separators=(",", ":")).encode()
+        return b"".join([_STATE_MAGIC, FRAME_LENGTH.pack(len(h)), h, blob])
+
+    @classmethod
+    def decode(cls, data: bytes) -> RollupState:
+        if data[:4] != _STATE_MAGIC:
+            raise ValueError("not a rollup state")
+        (hlen,) = FRAME_LENGTH.unpack_from(data, 4)
+        h = json.loads(data[8:8 + hlen])
+        rid = RollupId(h["q"], int(h["v"]), int(h["span"]), int(h["start"]))
+        st = cls(rid, [bool(h["done"] >> i & 1) for i in range(rid.span)], tuple(h["estimators"]),
+                 no_source=list(h["no_source"]), participants=h["participants"], reports=h["reports"],
+                 round_reports=list(h["round_reports"]), late=h["late"], refused=h["refused"],
+                 missing_batches=h["missing_batches"], epsilon_shuffled=h["epsilon_shuffled"],
+                 unshuffled=h["unshuffled"], closed_by=h["closed_by"],
+                 # a state written before the release fields: the release of the epochs it holds is unknown
+                 release=h.get("release"), unreleased=h.get("unreleased", h["done"] != 0),
+                 withheld=None if h["withheld"] is None else
+                 (int(h["withheld"][0]), str(h["withheld"][1]), str(h["withheld"][2])),
+                 withheld_epochs=h["withheld_epochs"], decided=h["decided"], published=h["published"],
+                 retracted=h["retracted"])
+        if h["shape"] is not None:
+            shape = tuple(h["shape"])
+            size = shape[0] * shape[1]
+            off = 8 + hlen
+            st.estimate = np.frombuffer(data, "<f8", size, off).reshape(shape).astype(np.float64)
+            st.variance = np.frombuffer(data, "<f8", size, off + 8 * size).reshape(shape).astype(np.float64)
+        return st
+
+
+@dataclass
+class RollupOutcome:
+    """What one batch of summaries did: the states to write, the rollups decided now (publish
+    or withhold each once) and the published rollups now withdrawn."""
+
+    touched: dict[RollupId, RollupState] = field(default_factory=dict)
+    decided: list[RollupState] = field(default_factory=list)
+    retracted: list[RollupState] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RollupPolicy:
+    """Adds epoch summaries to rollups and decides them (the module doc). Pure."""
+
+    spans: tuple[int, ...] = SPANS
+
+    def apply(self, load: Callable[[RollupId], RollupState | None], items: Sequence[EpochSummary],
+              window: Window | None = None) -> RollupOutcome:
+        """Add ``items``; ``window`` (:func:`version_window`) gives a version's epochs: a rollup
+        reaching outside them is withheld once its epochs inside are decided (the others never
+        come), also for the older versions of the query a newer one cuts short."""
+        out = RollupOutcome()
+
+        def decide(st: RollupState) -> None:
+            out.touched[st.rid] = st
+            if not st.decided and st.complete:
+                st.decided = True
+                st.published = st.withheld is None
+                out.decided.append(st)
+
+        for s in items:
+            for rid in rollups_of(s.query_id, s.query_version, s.epoch, self.spans):
+                st = out.touched.get(rid) or load(rid) or RollupState.new(rid)
+                was_published = st.published
+                span = window(s.query_id, s.query_version) if window is not None else None
+                changed = st.add(s)
+                changed = (span is not None and not st.decided and st.outside(*span)) or changed
+                if not changed:
+                    continue
+                out.touched[rid] = st
+                if st.decided:
+                    if was_published and st.retracted:
+                        out.retracted.append(st)
+                    continue
+                decide(st)
+                if window is None:
+                    continue
+                for v in range(1, s.query_version):  # the older versions' rollup here: cut short by this one?
+                    old = RollupId(s.query_id, v, rid.span, rid.start)
+                    prev = out.touched.get(old) or load(old)
+                    older = window(s.query_id, v)
+                    if prev is not None and older is not None and not prev.decided and prev.outside(*older):
+                        decide(prev)
+        return out
+
+
+def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[float]) -> EpochResult:
+    """A decided rollup as an estimate result (rendered as rows and frames like an epoch's):
+    ``epoch`` its first epoch, ``span_s`` its length, ``release`` its epochs'; per estimator the summed estimates, the
+    sd of the summed variances, and the score interval of the sum at ``participants`` summed
+    over its epochs (docs/statistics.md, "Rollups")."""
+    q = qe.query
+    res = EpochResult(query=q, epoch=st.rid.start, closed_by=st.closed_by,  # type: ignore[arg-type]
+                      confidences=tuple(confidences), participants=st.participants, reports=st.reports,
+                      round_reports=list(st.round_reports), late=st.late, refused=st.refused,
+                      missing_batches=st.missing_batches, withheld=st.reason(),
+                      withheld_code=None if st.withheld is None else st.withheld[1],
+                      no_source_data=frozenset(st.no_source), retracted=st.retracted, span_s=st.rid.span_s,
+                      epsilon_shuffled=None if st.unshuffled else st.epsilon_shuffled,
+                      release=None if st.unreleased else st.release)
+    if res.withheld is not None or st.estimate is None or st.variance is None:
+        if res.withheld is None:
+            res.withheld, res.withheld_code = "internal: a rollup without sums", "internal"
+        return res
+    n = float(st.participants)
+    for j, name in enumerate(st.estimators):
+        est = qe.estimators[name]
+        total = st.estimate[j]
+        sd = np.sqrt(np.maximum(st.variance[j], 0.0))
+        ints = [est.score_interval(total, n, c) for c in confidences]
+        res.values[name] = StationEstimates(total.copy(), sd, np.stack([lo for lo, _ in ints]),
+                                            np.stack([hi for _, hi in ints]), None)
+    return res

@@ -1,0 +1,103 @@
+"""A benchmark stops every process it started however it ends: sent SIGTERM (what ``timeout``
+and ``kill`` send) or SIGINT (Ctrl-C) while its embedded broker and worker run, it exits and
+no child survives, checked by pid (tests/benchmarks/common.py, ``stop_children_on_signals``).
+A tiny configuration of bench_scale.py: its P1 scenario at 10 stations, 3 epochs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return out
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Every live descendant of ``pid``: its pid and command line."""
+    found: dict[int, str] = {}
+    todo = list(_children(pid))
+    while todo:
+        p = todo.pop()
+        if p in found:
+            continue
+        try:
+            found[p] = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        todo += _children(p)
+    return found
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (None: gone, or a zombie): tells a survivor from a
+    new process that reused its pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_benchmark_leaves_no_child(sig: signal.Signals, tmp_path: Path) -> None:
+    log = tmp_path / "bench.log"
+    with log.open("wb") as fh:
+        bench = subprocess.Popen(  # noqa: S603 - the repository's own script
+            [sys.executable, "tests/benchmarks/bench_scale.py", "--only", "p1-10", "--epochs-p1", "3",
+             "--data-dir", str(tmp_path / "data")], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seen: dict[int, str] = {}
+    started: dict[int, str | None] = {}
+    try:
+        def broker_and_worker() -> bool:
+            assert bench.poll() is None, f"the benchmark ended first ({bench.returncode}):\n{log.read_text()[-3000:]}"
+            seen.update(_descendants(bench.pid))
+            return (any("tansu" in c for c in seen.values())
+                    and any("stream_app.cli worker" in c for c in seen.values()))
+
+        _wait(broker_and_worker, 180, "the benchmark's broker and worker")
+        started.update({p: _start_time(p) for p in seen})
+        bench.send_signal(sig)
+        bench.wait(timeout=60)
+        assert bench.returncode == 128 + sig, log.read_text()[-3000:]
+        assert f"{sig.name}, stopping the broker and every child process" in log.read_text()
+
+        def none_left() -> bool:
+            return not [p for p, t in started.items() if t is not None and _start_time(p) == t]
+
+        _wait(none_left, 10, f"the benchmark's children to be gone: {seen}")
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
+        for p, t in started.items():  # a failing run leaves nothing behind either (not a reused pid)
+            if t is not None and _start_time(p) == t:
+                os.kill(p, signal.SIGKILL)
