@@ -46,6 +46,8 @@ def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float)
     """(local, through the release) day epsilon of a vehicle answering every account's query."""
     local_epoch = sum(a.local for a in accounts)
     local = privacy.optimal_composition(local_epoch, epochs, delta) if accounts else 0.0
+    if any(math.isinf(a.local) for a in accounts):  # a query with no shuffled bound: the day has none either
+        return local, math.inf
     plds = [p for a in accounts for p in a.plds]
     shuffled = min(local, budget.pld_day_epsilon(plds, epochs, delta)) if plds else 0.0
     return local, shuffled

@@ -20,17 +20,17 @@ def _flags(s: KafkaSettings) -> list[str]:
 
 def test_publish_update_list(kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
     f = _flags(kafka_settings)
-    assert main(["analyst", "publish", "peak-sp", "--analyst", "ana", "--mechanism", "sp", "--sensors",
+    assert main(["analyst", "publish", "peak-rr", "--analyst", "ana", "--mechanism", "rr", "--sensors",
                  "400001,400002,400003", "--population", "5039", "--t-start", "2026-11-18T06:00:00-08:00",
-                 "--t-end", "2026-11-18T10:00:00-08:00", "--param", "pis=0.3", *f]) == 0
-    assert "published peak-sp:v1" in capsys.readouterr().out
-    assert main(["analyst", "update", "peak-sp", "--param", "pis=0.25", "--t-start",
+                 "--t-end", "2026-11-18T10:00:00-08:00", "--param", "pi1=0.8", *f]) == 0
+    assert "published peak-rr:v1" in capsys.readouterr().out
+    assert main(["analyst", "update", "peak-rr", "--param", "pi1=0.7", "--t-start",
                  "2026-11-18T07:00:00-08:00", *f]) == 0
-    assert "published peak-sp:v2" in capsys.readouterr().out
+    assert "published peak-rr:v2" in capsys.readouterr().out
     assert main(["analyst", "list", "--json", *f]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(q["query_id"], q["version"], q["params"]["pis"]) for q in listed] == [("peak-sp", 1, 0.3),
-                                                                                   ("peak-sp", 2, 0.25)]
+    assert [(q["query_id"], q["version"], q["params"]["pi1"]) for q in listed] == [("peak-rr", 1, 0.8),
+                                                                                   ("peak-rr", 2, 0.7)]
     assert listed[1]["sensors"] == [400001, 400002, 400003] and listed[1]["analyst_id"] == "ana"
     assert listed[1]["t_start"].startswith("2026-11-18T07:00:00")
     assert [q.version for q in read_queries(kafka_settings)] == [1, 2]
@@ -45,7 +45,7 @@ def test_publish_update_list(kafka_settings: KafkaSettings, capsys: pytest.Captu
     assert fig["epsilon_shuffled"] != query.spec.shuffled_epsilon(query.build(), query.n_stations, 5039)
     assert main(["analyst", "list", *f]) == 0
     out = capsys.readouterr().out
-    assert "peak-sp v2  sp  3 sensors" in out and f"if shuffled among n=5,000: {fig['epsilon_shuffled']:.4g}  by" in out
+    assert "peak-rr v2  rr  3 sensors" in out and f"if shuffled among n=5,000: {fig['epsilon_shuffled']:.4g}  by" in out
     assert "hypothetical until a shuffler runs" in out
     assert "Each such figure assumes the shuffler does not collude with the analyst" in out
     assert main(["analyst", "list", "--shuffled-day", *f]) == 0  # the day too, on request

@@ -73,6 +73,15 @@ def test_fleet_without_budget_composes_every_query() -> None:
     assert r["epsilon_day_vehicle"] <= sum(alone) + 0.02
 
 
+def test_a_query_without_a_shuffled_bound_leaves_the_vehicles_day_without_one() -> None:
+    """Sampling Privacy has no shuffled bound (its rounds share one die): a vehicle that answers
+    it has no finite day, whatever the other queries cost (the old sum skipped it: 114 at the
+    demo's size)."""
+    r = fleet.fleet_plan(3_000, 50, 5, epochs=40, mechanisms=("sp", "rr"))
+    assert math.isinf(r["epsilon_day_vehicle"])
+    assert math.isfinite(r["queries"]["rr"]["epsilon_day_shuffled"])
+
+
 def test_plan_cli_release_and_headline(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "unary", "--population", "5000", "--expected-yes", "50", "--stations", "5", "--epochs", "50"]
     assert main([*argv, "--json"]) == 0
