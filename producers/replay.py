@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import secrets
 import sys
 import time
 import uuid
@@ -28,7 +29,6 @@ from estimators import DayLedger, default_query_mechanisms
 from estimators.registry import Layout
 from schemas import (
     MAX_MARKERS_PER_SET,
-    DeviceReport,
     EndOfEpoch,
     EndOfEpochSet,
     GroundTruth,
@@ -39,6 +39,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
+from schemas.device_binary import encode_device, encode_device_values
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
@@ -312,26 +313,28 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
 
 
 def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops) -> None:
-    """--via-shuffler: every participating device's report of every round as its own record
-    (:class:`~schemas.DeviceReport`) under a fresh random key; a per-sensor device with no
-    non-default answer sends an empty ``pairs`` (it still counts as a participant)."""
+    """--via-shuffler: every participating device's report of every round as its own record in
+    the binary layout (:mod:`schemas.device_binary`; station-valued reports encoded as one
+    array per round) under a fresh random key; a per-sensor device with no non-default answer
+    sends an empty ``pairs`` (it still counts as a participant)."""
+    headers = [(KIND_HEADER, b"device_report")]
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
         if "value" in arrays:
-            payloads: list[dict[str, Any]] = [{"value": int(v)} for v in arrays["value"]]
+            records = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"])
         else:
             owner = er.vehicles[r]
             order = np.argsort(owner, kind="stable")
             bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
             st, out = arrays["station"][order], arrays["output"][order]
-            payloads = [{"pairs": tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True))}
-                        for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        for payload in payloads:
+            records = [encode_device(q.query_id, q.version, epoch, r,
+                                     pairs=tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)))
+                       for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
+        for j, record in enumerate(records):
             if stop.requested:
                 return
-            record = DeviceReport(query_id=q.query_id, query_version=q.version, epoch=epoch, round=r, **payload)
-            sink.send(encode_json(record), key=uuid.uuid4().bytes, headers=[(KIND_HEADER, b"device_report")],
-                      reports=1)
+            sink.send(record, key=keys[16 * j:16 * j + 16], headers=headers, reports=1)
 
 
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],

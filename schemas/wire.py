@@ -36,6 +36,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from .device_binary import BINARY_VERSION, DeviceFields, unpack_device
+
 __all__ = [
     "MAGIC",
     "ArraySpec",
@@ -54,6 +56,7 @@ __all__ = [
     "GroundTruth",
     "SingleReport",
     "SourceEpoch",
+    "decode_device_binary",
     "decode_device_record",
     "WireError",
     "decode_device_report",
@@ -216,12 +219,26 @@ def _device_json(value: bytes | None) -> bytes:
     if not value:
         raise WireError("empty", "record has no value")
     if value[:1] != b"{":
-        raise WireError("bad_encoding", "a device report is a JSON object")
+        raise WireError("bad_encoding", "a device report is a JSON object or the binary layout (first byte 1)")
     return value
 
 
+def decode_device_binary(value: bytes) -> DeviceReport:
+    """A binary device report (:mod:`schemas.device_binary`) as a :class:`DeviceReport`;
+    :class:`WireError` with the JSON path's reasons if it is malformed. The layout's own
+    checks are the model's bounds, so the model is built without validating twice."""
+    got = unpack_device(value)
+    if isinstance(got, tuple) and not isinstance(got, DeviceFields):
+        raise WireError(*got)
+    return DeviceReport.model_construct(query_id=got.query_id, query_version=got.query_version, epoch=got.epoch,
+                                        round=got.round, value=got.value, pairs=got.pairs)
+
+
 def decode_device_report(value: bytes | None) -> DeviceReport:
-    """Decode a device-topic record; :class:`WireError` if it is not a valid :class:`DeviceReport`."""
+    """Decode a device-topic record (JSON or binary); :class:`WireError` if it is not a valid
+    :class:`DeviceReport`."""
+    if value and value[0] == BINARY_VERSION:
+        return decode_device_binary(value)
     try:
         return _DEVICE.validate_json(_device_json(value))
     except ValidationError as exc:
@@ -229,8 +246,10 @@ def decode_device_report(value: bytes | None) -> DeviceReport:
 
 
 def decode_device_record(value: bytes | None) -> DeviceReport | SourceEpoch:
-    """Decode a device-topic record: a :class:`DeviceReport` or a replay's :class:`SourceEpoch`;
-    :class:`WireError` if it is neither."""
+    """Decode a device-topic record: a :class:`DeviceReport` (JSON or binary) or a replay's
+    :class:`SourceEpoch` (JSON); :class:`WireError` if it is neither."""
+    if value and value[0] == BINARY_VERSION:
+        return decode_device_binary(value)
     try:
         return _DEVICE_RECORD.validate_json(_device_json(value))
     except ValidationError as exc:

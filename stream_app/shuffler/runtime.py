@@ -57,6 +57,7 @@ from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_
 
 from ..decode import Rejected
 from ..guard import BrokerGuard, stop_grace_s
+from .columns import DeviceBatch, decode_batch
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .release import KIND_HEADER, Outgoing, release_records, withheld_records
@@ -341,8 +342,9 @@ class Shuffler:
             for tp, records in got.items():
                 if tp == self._notes_tp:
                     continue
-                for rec in records:
-                    report = self._decode(rec, step)
+                batch = decode_batch([rec.value for rec in records])  # the decode step: columns, reasons
+                for i, rec in enumerate(records):
+                    report = self._decode(batch, i, rec, step)
                     if report is None:
                         continue
                     query = self._query(report.query_id, report.query_version)
@@ -354,8 +356,8 @@ class Shuffler:
                     if why is not None:
                         step.letters.append((why, rec))
                         continue
-                    # the record as read: it decoded to this report (and decodes again on restore)
-                    step.admitted.append((rec.partition, rec.value.decode()))
+                    # the record as read (a binary one as its JSON equivalent): decodes again on restore
+                    step.admitted.append((rec.partition, batch.text(i, rec.value)))
                     step.slots.add((report.query_id, report.query_version, report.epoch))
             due = (self.policy.due(time.monotonic(), self._caught_up(), self._positions())
                    if self.policy.open_epochs else [])
@@ -364,15 +366,16 @@ class Shuffler:
             self._live[self._step + 1] = (frozenset(step.slots), frozenset(step.notes))
             self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read)
 
-    def _decode(self, rec: Any, step: _Step) -> DeviceReport | None:
-        """A device-topic record's report; None (dead-lettered) if it is none: undecodable, or a
-        source note, which only the source-notes topic carries."""
+    def _decode(self, batch: DeviceBatch, i: int, rec: Any, step: _Step) -> DeviceReport | None:
+        """A device-topic record's report, from its decoded batch (:func:`.columns.decode_batch`);
+        None (dead-lettered) if it is none: undecodable, or a source note, which only the
+        source-notes topic carries."""
         step.read[0] += 1
-        try:
-            report = decode_device_record(rec.value)
-        except WireError as exc:
-            step.letters.append((Rejected(exc.reason, exc.detail), rec))
+        bad = batch.reasons[i]
+        if bad is not None:
+            step.letters.append((bad, rec))
             return None
+        report: DeviceReport | SourceEpoch = batch.notes.get(i) or batch.report(i)
         if isinstance(report, SourceEpoch):
             step.letters.append((Rejected("untrusted_note", f"a source note of epoch {report.epoch} on the device "
                                           f"topic (only {self.s.source_topic} carries them)"), rec))

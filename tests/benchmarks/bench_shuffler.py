@@ -199,7 +199,8 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     if via_shuffler:
         ss = ShufflerSettings(**rs.model_dump(include=set(ShufflerSettings.model_fields)),
                               shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic,
-                              min_crowd=1, idle_release_s=1.0, release=release)
+                              min_crowd=1, idle_release_s=1.0, release=release,
+                              metrics_port=0)  # any free port: other shufflers may run on the host
         shuffler = _Shuffler(ss, tmp / f"shuffler-{tag}.log", prof_path)
         _STARTED.append(shuffler)
         shuffler.start()

@@ -1,0 +1,152 @@
+"""The compact binary encoding of one device report (docs/wire.md, "Device reports, binary").
+
+Little-endian, no padding; a JSON device report starts with ``{`` (0x7B), a binary one with
+its version byte (1), so one look at the first byte tells them apart:
+
+=========  ==========  ========================================================================
+bytes      type        field
+=========  ==========  ========================================================================
+1          u8          version: 1
+1          u8          flags: bit 0 ``pairs`` (0: station-valued, 1: per-sensor pairs); bit 1
+                       ``auth`` -- reserved for a per-device authentication trailer (a device
+                       id and a MAC over the bytes before it); refused until it is defined;
+                       bits 2-7 must be 0
+1          u8          L: length of the query id
+L          ASCII       query id (the :class:`~schemas.Query` id pattern)
+4          u32         query version (>= 1)
+4          u32         epoch (absolute epoch index)
+1          u8          round (0 or 1)
+4          u32         value -- station index 0..V (``pairs`` clear), or
+2 + 8n     u16, n x    n, then n (station index >= 1, report) pairs as two u32 each
+           (u32, u32)  (``pairs`` set; n = 0 still counts the device)
+=========  ==========  ========================================================================
+
+Nothing follows (a trailing byte is malformed). This module knows bytes only -- no pydantic:
+:func:`unpack_device` returns the fields or the dead letter's (reason, detail), the same
+reasons the JSON path gives (``bad_encoding``: not a device report's framing; ``bad_json_record``
+-- the name predates this layout -- a field outside its bounds).
+
+>>> raw = encode_device("sp-day", 1, 9, 1, value=3)
+>>> len(raw), raw[0]
+(22, 1)
+>>> unpack_device(raw)
+DeviceFields(query_id='sp-day', query_version=1, epoch=9, round=1, value=3, pairs=None)
+>>> unpack_device(encode_device("q", 2, 9, 0, pairs=((4, 1), (7, 0)))).pairs
+((4, 1), (7, 0))
+>>> unpack_device(raw[:-1])
+('bad_encoding', 'binary device report: 21 bytes, the layout needs 22')
+"""
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["BINARY_VERSION", "FLAG_AUTH", "FLAG_PAIRS", "QUERY_ID", "DeviceFields", "encode_device",
+           "encode_device_values", "unpack_device"]
+
+BINARY_VERSION = 1
+FLAG_PAIRS = 0x01
+FLAG_AUTH = 0x02  # reserved: a device id and a MAC (issue 24's enrollment); refused until defined
+QUERY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # schemas.wire's query id pattern
+_FIXED = struct.Struct("<IIB")  # query version, epoch, round
+_U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+MAX_PAIRS = 65_535
+U32_MAX = 2**32 - 1
+
+
+class DeviceFields(NamedTuple):
+    query_id: str
+    query_version: int
+    epoch: int
+    round: int
+    value: int | None
+    pairs: tuple[tuple[int, int], ...] | None
+
+
+def _head(query_id: str, query_version: int, epoch: int, rnd: int, flags: int) -> bytes:
+    qid = query_id.encode("ascii")
+    if not QUERY_ID.fullmatch(query_id):
+        raise ValueError(f"query id {query_id!r} does not match the query id pattern")
+    if not (1 <= query_version <= U32_MAX and 0 <= epoch <= U32_MAX and rnd in (0, 1)):
+        raise ValueError("query version, epoch or round outside the binary layout's bounds")
+    return bytes((BINARY_VERSION, flags, len(qid))) + qid + _FIXED.pack(query_version, epoch, rnd)
+
+
+def encode_device(query_id: str, query_version: int, epoch: int, rnd: int, value: int | None = None,
+                  pairs: Sequence[tuple[int, int]] | None = None) -> bytes:
+    """One device report in the binary layout (exactly one of ``value`` and ``pairs``)."""
+    if (value is None) == (pairs is None):
+        raise ValueError("a report carries exactly one of value or pairs")
+    if pairs is None:
+        return _head(query_id, query_version, epoch, rnd, 0) + _U32.pack(value)
+    if len(pairs) > MAX_PAIRS:
+        raise ValueError(f"{len(pairs)} pairs, at most {MAX_PAIRS}")
+    body = np.asarray(pairs, dtype="<u4").reshape(-1, 2).tobytes()
+    return _head(query_id, query_version, epoch, rnd, FLAG_PAIRS) + _U16.pack(len(pairs)) + body
+
+
+def encode_device_values(query_id: str, query_version: int, epoch: int, rnd: int,
+                         values: npt.NDArray[np.integer]) -> list[bytes]:
+    """Many station-valued devices' reports of one (query, version, epoch, round) at once: one
+    array of records, cut into each device's bytes (a load generator's path: no per-report
+    encoder call).
+
+    >>> encode_device_values("q", 1, 9, 0, np.array([3, 0]))[0] == encode_device("q", 1, 9, 0, value=3)
+    True
+    """
+    head = np.frombuffer(_head(query_id, query_version, epoch, rnd, 0), dtype=np.uint8)
+    n, h = len(values), head.size
+    buf = np.empty((n, h + 4), dtype=np.uint8)
+    buf[:, :h] = head
+    buf[:, h:] = np.asarray(values, dtype="<u4").reshape(n, 1).view(np.uint8)
+    raw = buf.tobytes()
+    w = h + 4
+    return [raw[i:i + w] for i in range(0, n * w, w)]
+
+
+def unpack_device(raw: bytes) -> DeviceFields | tuple[str, str]:
+    """The fields of one binary device report, or the dead letter's (reason, detail)."""
+    n = len(raw)
+    if n < 3:
+        return "bad_encoding", f"binary device report: {n} bytes, shorter than its header"
+    version, flags, qlen = raw[0], raw[1], raw[2]
+    if version != BINARY_VERSION:
+        return "bad_encoding", f"binary device report version {version} (this shuffler reads {BINARY_VERSION})"
+    if flags & FLAG_AUTH:
+        return "bad_encoding", "binary device report with an authentication trailer (reserved, not accepted yet)"
+    if flags & ~(FLAG_PAIRS | FLAG_AUTH):
+        return "bad_encoding", f"binary device report flags {flags:#04x}: unknown bits set"
+    pairs = bool(flags & FLAG_PAIRS)
+    at = 3 + qlen + _FIXED.size
+    need = at + (_U16.size if pairs else _U32.size)
+    if n < need:
+        return "bad_encoding", f"binary device report: {n} bytes, the layout needs {need}"
+    count = _U16.unpack_from(raw, at)[0] if pairs else 0
+    if pairs:
+        need += 8 * count
+    if n != need:
+        return "bad_encoding", f"binary device report: {n} bytes, the layout needs {need}"
+    try:
+        query_id = raw[3:3 + qlen].decode("ascii")
+    except UnicodeDecodeError:
+        query_id = ""
+    if not QUERY_ID.fullmatch(query_id):
+        return "bad_json_record", f"query_id: {raw[3:3 + qlen]!r} does not match the query id pattern"
+    query_version, epoch, rnd = _FIXED.unpack_from(raw, 3 + qlen)
+    if query_version < 1:
+        return "bad_json_record", "query_version: must be >= 1"
+    if rnd > 1:
+        return "bad_json_record", f"round: {rnd}, must be 0 or 1"
+    if not pairs:
+        return DeviceFields(query_id, query_version, epoch, rnd, _U32.unpack_from(raw, at)[0], None)
+    arr = np.frombuffer(raw, dtype="<u4", count=2 * count, offset=at + 2).reshape(count, 2)
+    if count and int(arr[:, 0].min()) < 1:
+        return "bad_json_record", "pairs: a station index must be >= 1"
+    got = tuple(zip(arr[:, 0].tolist(), arr[:, 1].tolist(), strict=True))
+    return DeviceFields(query_id, query_version, epoch, rnd, None, got)
