@@ -15,6 +15,8 @@ process). Each line has:
 * ``reports_per_s``, ``requests_per_s``: accepted (202: every record acknowledged by the
   broker, acks=all) over the wall time from the first request to the last answer;
 * ``reports_per_request``, ``request_bytes`` (mean body size), ``p50_ms``/``p99_ms`` per request;
+* ``shuffler_read_all_after_s``: how long after the last answer the shuffler had read (committed)
+  every accepted report -- whether its loop keeps up with its door;
 * ``cpu_s`` of the shuffler process (front door + shuffler loop), the client (this process)
   and the broker over the run, and ``cpu_share``; ``load_average`` when it started (the
   machine is shared);
@@ -95,6 +97,27 @@ def _post_timed(client: DeviceClient, requests: list[list[bytes]]) -> tuple[floa
     return time.perf_counter() - t0, latencies
 
 
+def _committed(ss: ShufflerSettings) -> int:
+    """Device records the shuffler has committed as read (its group's offsets; a fresh topic)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(**ss.client_kwargs(), group_id=ss.transactional_id, enable_auto_commit=False)
+    try:
+        return sum(c.committed(TopicPartition(ss.device_topic, p)) or 0 for p in range(ss.device_partitions))
+    finally:
+        c.close()
+
+
+def _wait_read(ss: ShufflerSettings, n: int, timeout_s: float) -> float | None:
+    """Seconds until the shuffler has read ``n`` device records (None: not within the timeout)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        if _committed(ss) >= n:
+            return time.perf_counter() - t0
+        time.sleep(0.2)
+    return None
+
+
 def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, concurrency: int,
         data_dir: Path) -> dict[str, Any]:
     tag = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -126,6 +149,7 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
         wall, latencies = _post_timed(client, requests)
         cpu = {k: round(_cpu_s(p) - cpu0[k], 1) for k, p in
                (("shuffler", pid), ("client", os.getpid()), ("broker", broker.pid))}
+        behind_s = _wait_read(ss, sum(len(r) for r in requests), 120)
     finally:
         client.close()
         shuffler.stop()
@@ -141,6 +165,7 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
             "request_bytes": round(statistics.fmean(len(frame(r)) for r in requests)),
             "p50_ms": round(lat[len(lat) // 2], 1), "p99_ms": round(lat[int(len(lat) * 0.99)], 1),
             "retries": client.retries, "cpu_s": cpu,
+            "shuffler_read_all_after_s": None if behind_s is None else round(behind_s, 1),
             "cpu_share": {k: round(v / total_cpu, 2) for k, v in cpu.items()},
             "load_average": round(load, 1), "fleet_reports_per_s": round(need),
             "fits_real_time": reports / wall >= need, "shuffler_summary": shuffler.summary()}

@@ -12,6 +12,7 @@ import math
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -153,6 +154,43 @@ def test_a_busy_http_port_is_one_line_and_exit_code_4(broker: str, tmp_path: Pat
     bad = subprocess.run([sys.executable, "-m", "stream_app.cli", "shuffler", "--bootstrap-servers", "127.0.0.1:1",  # noqa: S603
                           "--http-port", "70000"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--http-port" in bad.stderr and "broker" not in bad.stderr  # before the network
+
+
+def test_a_broker_that_does_not_acknowledge_is_503_and_the_retry_is_accepted(tmp_path: Path) -> None:
+    """The door's own broker frozen (SIGSTOP): a request is answered 503 ``broker_unavailable``
+    within ``--http-ack-timeout-s``, never 202; once the broker runs again the same request
+    is accepted."""
+    import os
+    import signal
+
+    from stream_app.cli.local_broker import LocalBroker
+
+    with LocalBroker(log_path=tmp_path / "broker.log") as own:
+        ss = _door_settings(own.bootstrap, tmp_path).model_copy(
+            update={"http_ack_timeout_s": 3.0, "broker_loss_timeout_s": 120.0})
+        shuffler = _start(ss, tmp_path / "shuffler.log")
+        records = _one_device("q", 9_000_000)
+        conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=60)
+        assert own.pid is not None
+        try:
+            assert _post(conn, frame(records))[0] == 202
+            os.kill(own.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                status, answer, r = _post(conn, frame(records))
+                took = time.monotonic() - t0
+            finally:
+                os.kill(own.pid, signal.SIGCONT)
+            assert (status, answer["reason"]) == (503, "broker_unavailable") and r.getheader("Retry-After"), answer
+            assert took < 30, took
+            deadline = time.monotonic() + 60
+            while (got := _post(conn, frame(records)))[0] != 202 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert got[0] == 202, got
+        finally:
+            conn.close()
+            if shuffler.proc is not None and shuffler.proc.poll() is None:
+                shuffler.kill()
 
 
 def _one_device(q_id: str, epoch: int) -> list[bytes]:
