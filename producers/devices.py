@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .http_client import DeviceClient, Offsets
+from .http_client import DeliveryFailed, DeviceClient, FrontDoorUnavailable, Offsets
 from .sink import ReportSink
 from .stopping import Stops
 
@@ -62,7 +62,11 @@ class DeviceRequests:
             n = sum(len(d) for d in chunk)
             sink.sent_reports += n
             sink.sent_batches += n
-            for device, got in zip(chunk, client.send_many(chunk), strict=True):
+            answers = client.send_many(chunk)
+            if all(isinstance(got, DeliveryFailed) for got in answers):  # not one got through: it is gone
+                client.check()
+                raise FrontDoorUnavailable(f"no request of {len(chunk)} got through to {client.url}: {answers[0]}")
+            for device, got in zip(chunk, answers, strict=True):
                 if isinstance(got, BaseException):
                     sink.failed += len(device)
                     sink.failure_reasons[type(got).__name__] += len(device)

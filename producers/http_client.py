@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 import aiohttp
 
 from schemas.device_http import FRAMED, frame
+from schemas.kafka_io import BrokerUnavailable
 
-__all__ = ["DeliveryFailed", "DeviceClient", "Offsets", "Refused"]
+__all__ = ["DeliveryFailed", "DeviceClient", "FrontDoorUnavailable", "Offsets", "Refused"]
 
 Offsets = list[tuple[int, int]]
 T = TypeVar("T")
@@ -44,6 +45,11 @@ class Refused(Exception):
 
 class DeliveryFailed(Exception):
     """No ``202`` after every attempt: the last failure."""
+
+
+class FrontDoorUnavailable(BrokerUnavailable):
+    """The front door does not answer (at start, or no request of a whole chunk got through):
+    the command's one line and exit code 3, as for an unreachable broker."""
 
 
 class DeviceClient:
@@ -108,6 +114,23 @@ class DeviceClient:
                 return await self._post(body, content_type)
 
         return list(await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True))
+
+    async def _health(self, timeout_s: float) -> str | None:
+        if self._session is None:
+            return "the client is closed"
+        try:
+            async with self._session.get(self.url.replace("/v1/reports", "/v1/health"),
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                return None if r.status == 200 else f"GET /v1/health answered {r.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def check(self, timeout_s: float = 10.0) -> None:
+        """:class:`FrontDoorUnavailable` unless the front door answers its health check."""
+        why = self._call(self._health(timeout_s)).result()
+        if why is not None:
+            raise FrontDoorUnavailable(f"cannot reach the shuffler's front door at {self.url} ({why}); is `ptt "
+                                       "shuffler --http-port` running there? Set --front-door-url")
 
     def send(self, records: Sequence[bytes]) -> Offsets:
         """One device's reports of one epoch in one request; the (partition, offset) of each."""

@@ -172,13 +172,20 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     # every device of this producer answers the same queries: one ledger stands for each of them
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
-    sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
-                      other_topics=([settings.truth_topic] if settings.truth else [])
-                      + ([settings.source_topic] if settings.via_shuffler else []))
-    reader = QueryReader(settings)
-    reader.catch_up()
     client = (DeviceClient(settings.front_door_url, concurrency=settings.http_concurrency)
               if settings.via_shuffler and settings.transport == "http" else None)
+    try:
+        if client is not None:
+            client.check()
+        sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
+                          other_topics=([settings.truth_topic] if settings.truth else [])
+                          + ([settings.source_topic] if settings.via_shuffler else []))
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
+    reader = QueryReader(settings)
+    reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
     epochs = day.epochs[settings.start_epoch:]
     flows = day.flows[settings.start_epoch:]
