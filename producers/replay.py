@@ -42,7 +42,9 @@ from schemas import (
 from schemas.device_binary import encode_device, encode_device_values
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
+from .devices import DeviceRequests
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
+from .http_client import DeviceClient
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
 from .settings import ReplaySettings
 from .sink import ReportSink
@@ -50,8 +52,8 @@ from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_sign
 from .synthetic import write_synthetic_day
 
 __all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_queries",
-           "fleet_size_for", "load_day", "replay", "send_device_reports", "send_markers", "send_round",
-           "wait_for_peers"]
+           "device_records", "fleet_size_for", "load_day", "replay", "send_device_reports", "send_markers",
+           "send_round", "wait_for_peers"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
@@ -170,9 +172,18 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     # every device of this producer answers the same queries: one ledger stands for each of them
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
-    sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
-                      other_topics=([settings.truth_topic] if settings.truth else [])
-                      + ([settings.source_topic] if settings.via_shuffler else []))
+    client = (DeviceClient(settings.front_door_url, concurrency=settings.http_concurrency)
+              if settings.via_shuffler and settings.transport == "http" else None)
+    try:
+        if client is not None:
+            client.check()
+        sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
+                          other_topics=([settings.truth_topic] if settings.truth else [])
+                          + ([settings.source_topic] if settings.via_shuffler else []))
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
@@ -222,6 +233,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
                               headers=[(KIND_HEADER, b"ground_truth")])
                 halt = Halt(cut, i)
+                devices = DeviceRequests()
                 for q in current:
                     if halt.requested:
                         break
@@ -232,6 +244,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     if er.refused:
                         summary.refused[q.query_id] += er.refused
                         summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
+                    if settings.via_shuffler and client is not None:
+                        devices.add(device_records(q, epoch, er))
+                        continue
                     if settings.via_shuffler:
                         send_device_reports(sink, q, epoch, er, halt)
                         continue
@@ -239,6 +254,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                         if er.participants:
                             send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
                                         er.reports[r], sent[(q.record_key, r)], halt)
+                if client is not None:
+                    devices.send(client, sink, settings.device_topic, halt)
                 sink.flush()
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
@@ -262,6 +279,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             lost = lost or exc
         finally:
             reader.close()
+            if client is not None:
+                client.close()
             summary.reports, summary.records = sink.acked_reports, sink.acked_batches
             summary.reports_sent, summary.records_sent = sink.sent_reports, sink.sent_batches
             summary.delivery_failures = sink.failed
@@ -312,24 +331,33 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
         per_part[partition][1] += 1
 
 
-def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops) -> None:
-    """--via-shuffler: every participating device's report of every round as its own record in
-    the binary layout (:mod:`schemas.device_binary`; station-valued reports encoded as one
-    array per round) under a fresh random key; a per-sensor device with no non-default answer
-    sends an empty ``pairs`` (it still counts as a participant)."""
-    headers = [(KIND_HEADER, b"device_report")]
+def device_records(q: Query, epoch: int, er: Any) -> list[tuple[np.ndarray, list[bytes]]]:
+    """Every participating device's report of every round of ``q`` in the binary layout
+    (:mod:`schemas.device_binary`; station-valued reports encoded as one array per round),
+    per round with the simulated vehicle behind each (its index in this producer's epoch); a
+    per-sensor device with no non-default answer has an empty ``pairs`` (it still counts)."""
+    out: list[tuple[np.ndarray, list[bytes]]] = []
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
         if "value" in arrays:
-            records = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"])
-        else:
-            owner = er.vehicles[r]
-            order = np.argsort(owner, kind="stable")
-            bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-            st, out = arrays["station"][order], arrays["output"][order]
-            records = [encode_device(q.query_id, q.version, epoch, r,
-                                     pairs=tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)))
-                       for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            out.append((er.vehicles[r], encode_device_values(q.query_id, q.version, epoch, r, arrays["value"])))
+            continue
+        owner = er.vehicles[r]
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
+        st, out_ = arrays["station"][order], arrays["output"][order]
+        out.append((np.arange(er.participants), [
+            encode_device(q.query_id, q.version, epoch, r, pairs=tuple(zip(st[a:b].tolist(), out_[a:b].tolist(),
+                                                                           strict=True)))
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]))
+    return out
+
+
+def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops) -> None:
+    """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
+    under a fresh random key."""
+    headers = [(KIND_HEADER, b"device_report")]
+    for _, records in device_records(q, epoch, er):
         keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
         for j, record in enumerate(records):
             if stop.requested:
