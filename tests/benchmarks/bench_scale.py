@@ -172,7 +172,8 @@ def _delivered(ws: WorkerSettings) -> dict[str, Any]:
             sizes.append(len(r.value))
         frames = [decode_frame(v) for v in latest.values()]
         values = [(f.header.get("span_s", EPOCH_S), f.table.num_rows * len(f.estimators)) for f in frames]
-        got = {"frames": sum(1 for span, _ in values if span == EPOCH_S), "estimates": sum(n for span, n in values if span == EPOCH_S),
+        got = {"frames": sum(1 for span, _ in values if span == EPOCH_S),
+               "estimates": sum(n for span, n in values if span == EPOCH_S),
                "rollup_estimates": sum(n for span, n in values if span != EPOCH_S), "stamps": stamps, "sizes": sizes}
     if ws.rows_on:  # the rows are what a rows or both run is measured by
         rows = [(r.timestamp, len(r.value), _is_rollup(r.value))
