@@ -9,13 +9,14 @@ that jumps ahead by more than one epoch also yields a :class:`~stream_app.record
 each epoch skipped. A gap only *opens* its window (stage 2, :mod:`stream_app.windows`); the
 window then closes like any other and, with nothing in it, is withheld ``no_reports``.
 
-Bounded: only epochs inside the query's ``[start, end)`` and at most ``horizon_epochs``
-before the record (stage 2 refuses what lies further ahead of the epoch a quorum of
-partitions reached anyway); the newest epoch per key only grows, so each (partition, query
-version, epoch) yields a gap at most once per worker run, and the memory is one integer per
-(partition, query version). A forged record far ahead makes gaps for epochs whose genuine data
-is still to come: harmless, because a gap's window that later receives data is opened afresh
-(:meth:`stream_app.windows.WindowPolicy.apply`) and its earlier ``no_reports`` superseded.
+Bounded: only epochs inside the query's ``[start, end)`` and at most ``horizon_epochs`` before
+the record (stage 2 refuses what lies further ahead of the epoch a quorum of partitions
+reached anyway, and ignores a gap whose record lies beyond it); the newest epoch per key only
+grows, so each (partition, query version, epoch) yields a gap at most once per worker run, and
+the memory is one integer per (partition, query version). A forged record far ahead makes gaps
+for epochs whose genuine data is still to come: harmless, because a gap's window that later
+receives data is opened afresh (:meth:`stream_app.windows.WindowPolicy.apply`) and its earlier
+``no_reports`` superseded.
 
 What it cannot see: the memory is the worker's own. A gap that spans a worker restart, or a
 rebalance that moved the source partition to a worker that had not read it, is not found:
@@ -76,5 +77,5 @@ class GapFinder:
                 continue
             start, end = q.epoch_range()
             lo, hi = max(prev + 1, epoch - self.horizon_epochs, start), min(epoch, end)
-            out += [Gap(query_id, version, e, partition) for e in range(lo, hi)]
+            out += [Gap(query_id, version, e, partition, epoch) for e in range(lo, hi)]
         return out

@@ -12,8 +12,8 @@ parsed back with ``split``.
 True
 >>> decode_partial(encode_partial(Tick(12.5)))
 Tick(now_s=12.5)
->>> decode_partial(encode_partial(Gap("q", 1, 101, 2)))
-Gap(query_id='q', query_version=1, epoch=101, source_partition=2)
+>>> decode_partial(encode_partial(Gap("q", 1, 101, 2, 104)))
+Gap(query_id='q', query_version=1, epoch=101, source_partition=2, until=104)
 
 Stage 1 sends the records of one batch that go to the same stage-2 partition as one
 *bundle* (``b"PTS1L"``, a 4-byte count, then each record with a 4-byte length): one Kafka
@@ -127,9 +127,11 @@ class Gap(_Windowed):
     """Stage 1 saw ``source_partition`` jump past this epoch of the query with nothing of it
     (:mod:`stream_app.gaps`). It only opens the epoch's window -- no counts, no markers, no
     claim on the watermark -- so an epoch nobody wrote anything for still closes, withheld as
-    ``no_reports``, instead of having no row at all."""
+    ``no_reports``, instead of having no row at all. ``until``: the epoch of the record that
+    jumped past it (stage 2 ignores the gap when that epoch lies beyond its horizon)."""
 
     source_partition: int
+    until: int
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,10 @@ from erasing epochs whose genuine data is still arriving:
 
 **No epoch absent.** A :class:`~stream_app.records.Gap` (stage 1 saw a source partition skip
 the epoch, :mod:`stream_app.gaps`) opens an ``empty`` window and does nothing else: no counts,
-no markers, no claim on the watermark, no idle time reset. Nothing more arriving, it closes by
+no markers, no claim on the watermark, no idle time reset; none when the record that revealed
+it lies beyond the horizon (that record is refused). An empty window of an epoch that has not
+ended by the tick clock closes only by the wall clock (rule 3), never by rules 2 or 4: a
+forged live record far ahead does not make future epochs ``no_reports``. Nothing more arriving, it closes by
 the rules above and is withheld ``no_reports``. The first real record of an empty window opens
 it afresh, as if the gap had never come (``born_late`` decided then), even once it closed: a gap
 made by a forged record far ahead cannot change the outcome of a genuine epoch (its
@@ -481,7 +484,13 @@ class WindowPolicy:
             if st is None or st.closed:
                 wm.untrack(wid)
                 continue
-            close(st, "watermark")
+            if not self._unended(st, clock):
+                close(st, "watermark")
+
+    def _unended(self, st: WindowState, clock: float | None) -> bool:
+        """An empty window whose epoch has not ended (plus the grace) by the tick clock: only the
+        wall clock closes it (a forged live record far ahead makes no future epoch no_reports)."""
+        return st.empty and clock is not None and (st.wid.epoch + 1) * self.epoch_s + self.wall_clock_grace_s > clock
 
     def apply(self, wm: Watermarks, load: Loader, shape: Shape, items: Sequence[Partial]) -> Outcome:
         """Apply ``items`` in order. ``load`` reads a window's stored state (None if new);
@@ -508,7 +517,8 @@ class WindowPolicy:
                 if other is None or other.closed:
                     wm.untrack(due)
                     continue
-                close(other, "watermark")
+                if not self._unended(other, wm.clock_s):
+                    close(other, "watermark")
 
         for index, item in enumerate(items):
             if isinstance(item, Tick):
@@ -525,7 +535,7 @@ class WindowPolicy:
             qid = wid.query_id
             agreed = self.agreed_epoch(wm)
             if isinstance(item, Gap):  # opens an empty window, nothing else (the module doc)
-                if (agreed is None or wid.epoch <= agreed + self.horizon_epochs) and get(wid) is None \
+                if (agreed is None or item.until <= agreed + self.horizon_epochs) and get(wid) is None \
                         and (dims := shape(wid)) is not None:
                     out.touched[wid] = st = WindowState.new(wid, *dims)
                     st.empty = True

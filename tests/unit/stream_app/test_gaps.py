@@ -38,7 +38,7 @@ def test_a_jump_yields_one_gap_per_skipped_epoch_once() -> None:
     assert f.gaps(0, [("q", 1, START)], lookup) == []
     assert f.gaps(0, [("q", 1, START + 1)], lookup) == []  # the next epoch
     got = f.gaps(0, [("q", 1, START + 5)], lookup)
-    assert got == [Gap("q", 1, START + e, 0) for e in (2, 3, 4)]
+    assert got == [Gap("q", 1, START + e, 0, START + 5) for e in (2, 3, 4)]
     assert f.gaps(0, [("q", 1, START + 5)], lookup) == []  # a repeat
     assert f.gaps(0, [("q", 1, START + 3)], lookup) == []  # an older epoch (a slow producer)
     assert epochs(f.gaps(0, [("q", 1, START + 7)], lookup)) == [6]  # from the newest, not the last seen

@@ -4,8 +4,8 @@ Checked, with a real query so the closed windows go through ``stream_app.estimat
 
 * a ``Gap`` opens an ``empty`` window and does nothing else: it does not move the watermark
   (no claim on any source partition), adds no counts or markers, leaves an open or closed
-  window as it is (no late count, no idle reset), is ignored beyond the horizon or for an
-  unknown query; ``empty`` survives ``encode``/``decode``;
+  window as it is (no late count, no idle reset), is ignored when it or the record that revealed
+  it lies beyond the horizon, or for an unknown query; ``empty`` survives ``encode``/``decode``;
 * the empty window closes by the watermark once passed and idle, or by the stall rule, and is
   withheld ``no_reports`` with a reason that says no producer wrote anything -- never published;
 * the epochs around the gap are decided exactly as without the gap records;
@@ -33,6 +33,7 @@ Q = Query(query_id="q-gap", analyst_id="a", version=1, sensors=(1, 2), mechanism
 QE = QueryEstimators.build(Q)
 E0 = Q.epoch_range()[0]
 N = 40
+LATER = (E0 + 1000) * 30.0  # a tick clock hours after these epochs: a replay (no wall-clock closing)
 
 
 def genuine(epoch: int) -> list[Partial]:
@@ -42,8 +43,8 @@ def genuine(epoch: int) -> list[Partial]:
             MarkerPartial(Q.query_id, 1, epoch, 0, 0, "p0", 0, 1, N, 1, N, 0, False)]
 
 
-def gap(epoch: int) -> Gap:
-    return Gap(Q.query_id, 1, epoch, 0)
+def gap(epoch: int, until: int | None = None) -> Gap:
+    return Gap(Q.query_id, 1, epoch, 0, epoch + 1 if until is None else until)
 
 
 class Run:
@@ -75,7 +76,7 @@ def summary(results: dict[int, EpochResult]) -> dict[int, tuple[object, ...]]:
 
 def test_a_gap_opens_an_empty_window_that_closes_withheld_no_reports() -> None:
     run = Run(watermark_idle_s=10.0)
-    run.feed([Tick(1000.0), *genuine(E0), *genuine(E0 + 1)])
+    run.feed([Tick(LATER + 1000), *genuine(E0), *genuine(E0 + 1)])
     newest = dict(run.wm.newest)
     closed = run.store[WindowId(Q.query_id, 1, E0 + 1)]
     out = run.feed([gap(E0 + 2), gap(E0 + 3), gap(E0 + 1)])  # E0 + 1 is closed already
@@ -84,9 +85,9 @@ def test_a_gap_opens_an_empty_window_that_closes_withheld_no_reports() -> None:
     assert sorted(w.epoch - E0 for w in run.wm.open) == [2, 3] and out.closed == []
     st = WindowState.decode(run.store[WindowId(Q.query_id, 1, E0 + 2)])
     assert st.empty and not st.closed and not st.seen and not st.markers and int(st.counts.sum()) == 0
-    run.feed([Tick(1005.0), *genuine(E0 + 4), *genuine(E0 + 5), *genuine(E0 + 6)])
+    run.feed([Tick(LATER + 1005), *genuine(E0 + 4), *genuine(E0 + 5), *genuine(E0 + 6)])
     assert set(run.results) == {E0, E0 + 1, E0 + 4, E0 + 5, E0 + 6}  # the gaps' windows wait until idle
-    run.feed([gap(E0 + 2), Tick(1010.0)])  # a repeated gap does not reset the idle time
+    run.feed([gap(E0 + 2), Tick(LATER + 1010)])  # a repeated gap does not reset the idle time
     for e in (E0 + 2, E0 + 3):
         r = run.results[e]
         assert r.withheld_code == "no_reports" and r.closed_by == "watermark" and r.values == {}
@@ -94,9 +95,9 @@ def test_a_gap_opens_an_empty_window_that_closes_withheld_no_reports() -> None:
     assert run.late == 0
 
     plain = Run(watermark_idle_s=10.0)  # the same records without the gaps
-    plain.feed([Tick(1000.0), *genuine(E0), *genuine(E0 + 1)])
-    plain.feed([Tick(1005.0), *genuine(E0 + 4), *genuine(E0 + 5), *genuine(E0 + 6)])
-    plain.feed([Tick(1010.0)])
+    plain.feed([Tick(LATER + 1000), *genuine(E0), *genuine(E0 + 1)])
+    plain.feed([Tick(LATER + 1005), *genuine(E0 + 4), *genuine(E0 + 5), *genuine(E0 + 6)])
+    plain.feed([Tick(LATER + 1010)])
     got = summary(run.results)
     assert {e: got[e] for e in plain.results} == summary(plain.results)
     assert set(got) - set(plain.results) == {E0 + 2, E0 + 3}
@@ -105,18 +106,34 @@ def test_a_gap_opens_an_empty_window_that_closes_withheld_no_reports() -> None:
 
 def test_the_stall_rule_closes_a_gap_window_the_watermark_never_passes() -> None:
     run = Run(watermark_idle_s=10.0, stall_close_s=60.0)
-    run.feed([Tick(0.0), *genuine(E0), gap(E0 + 5), Tick(59.0)])
+    run.feed([Tick(LATER), *genuine(E0), gap(E0 + 5), Tick(LATER + 59)])
     assert E0 + 5 not in run.results
-    run.feed([Tick(61.0)])
+    run.feed([Tick(LATER + 61)])
     assert run.results[E0 + 5].withheld_code == "no_reports"
+
+
+def test_a_gap_of_an_epoch_not_over_yet_closes_only_by_the_wall_clock() -> None:
+    """Live: a forged marker far ahead moves the watermark past future epochs; their gap windows
+    wait (neither the watermark nor the stall rule closes them) until the epoch has ended plus
+    the grace, and data arriving meanwhile is counted as usual."""
+    now = (E0 + 1) * 30.0
+    run = Run(watermark_idle_s=10.0, stall_close_s=60.0, wall_clock_grace_s=60.0)
+    run.feed([Tick(now), *genuine(E0), *[gap(E0 + e) for e in range(1, 20)], *genuine(E0 + 20)[1:]])
+    run.feed([Tick(now + 100.0)])  # all idle, passed by the watermark and stalled; only epoch 1 is over
+    assert {e - E0 for e, r in run.results.items() if r.withheld_code == "no_reports"} == {1}
+    run.feed(genuine(E0 + 6))  # genuine data of an epoch still to come
+    run.feed([Tick((E0 + 8) * 30.0 + 61.0)])
+    assert {e - E0 for e, r in run.results.items() if r.withheld_code == "no_reports"} == {1, 2, 3, 4, 5, 7}
+    assert run.results[E0 + 7].closed_by == "wall_clock" and run.results[E0 + 6].withheld is None
+    assert run.late == 0
 
 
 def test_a_gap_beyond_the_horizon_or_of_an_unknown_query_opens_nothing() -> None:
     policy = WindowPolicy(n_source_partitions=1, horizon_epochs=10)
     wm = Watermarks()
     policy.apply(wm, lambda w: None, lambda w: (1, 4), genuine(E0))
-    out = policy.apply(wm, lambda w: None, lambda w: (1, 4), [gap(E0 + 11), gap(E0 + 10)])
-    assert [w.epoch - E0 for w in out.touched] == [10]
+    out = policy.apply(wm, lambda w: None, lambda w: (1, 4), [gap(E0 + 11), gap(E0 + 9), gap(E0 + 8, E0 + 11)])
+    assert [w.epoch - E0 for w in out.touched] == [9]  # a gap whose record lies beyond the horizon: none
     out = policy.apply(wm, lambda w: None, lambda w: None, [gap(E0 + 3)])
     assert out.touched == {} and out.rejected == []
 
@@ -125,10 +142,10 @@ def test_data_after_the_gap_opens_the_window_afresh_even_once_withheld() -> None
     """A forged record far ahead made gaps for epochs whose genuine data comes later: those
     epochs end exactly as without the gaps (the no_reports is superseded), none counted late."""
     run = Run(watermark_idle_s=10.0)
-    run.feed([Tick(0.0), *genuine(E0)])
+    run.feed([Tick(LATER), *genuine(E0)])
     run.feed([gap(E0 + e) for e in range(1, 6)])
     run.feed(genuine(E0 + 8)[1:])  # a forged marker at E0 + 8: the watermark jumps past the gaps
-    run.feed([Tick(20.0)])
+    run.feed([Tick(LATER + 20)])
     assert all(run.results[E0 + e].withheld_code == "no_reports" for e in range(1, 6))
     before = run.results[E0 + 2]
     run.feed(genuine(E0 + 1)[:1])  # data into a closed gap window, then into an open one
@@ -137,9 +154,9 @@ def test_data_after_the_gap_opens_the_window_afresh_even_once_withheld() -> None
     assert run.late == 0 and run.results[E0 + 2] is not before
 
     plain = Run(watermark_idle_s=10.0)
-    plain.feed([Tick(0.0), *genuine(E0)])
+    plain.feed([Tick(LATER), *genuine(E0)])
     plain.feed(genuine(E0 + 8)[1:])
-    plain.feed([Tick(20.0)])
+    plain.feed([Tick(LATER + 20)])
     plain.feed(genuine(E0 + 1)[:1])
     plain.feed(genuine(E0 + 7)[:1])
     plain.feed([*genuine(E0 + 1)[1:], *genuine(E0 + 2), *genuine(E0 + 7)[1:]])
