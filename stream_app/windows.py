@@ -44,11 +44,11 @@ the epoch, :mod:`stream_app.gaps`) opens an ``empty`` window and does nothing el
 no markers, no claim on the watermark, no idle time reset; none when the record that revealed
 it lies beyond the horizon (that record is refused). An empty window of an epoch that has not
 ended by the tick clock closes only by the wall clock (rule 3), never by rules 2 or 4: a
-forged live record far ahead does not make future epochs ``no_reports``. Nothing more arriving, it closes by
-the rules above and is withheld ``no_reports``. The first real record of an empty window opens
-it afresh, as if the gap had never come (``born_late`` decided then), even once it closed: a gap
-made by a forged record far ahead cannot change the outcome of a genuine epoch (its
-``no_reports`` is superseded by the epoch's own outcome).
+forged live record far ahead does not make future epochs ``no_reports``. Nothing more
+arriving, it closes by the rules above and is withheld ``no_reports``. The first real record
+of an empty window opens it afresh, as if the gap had never come (``born_late`` decided then),
+even once it closed: a gap made by a forged record far ahead cannot change the outcome of a
+genuine epoch (its ``no_reports`` is superseded by the epoch's own outcome).
 
 >>> import numpy as np
 >>> from stream_app.records import BatchPartial, MarkerPartial
@@ -535,8 +535,9 @@ class WindowPolicy:
             qid = wid.query_id
             agreed = self.agreed_epoch(wm)
             if isinstance(item, Gap):  # opens an empty window, nothing else (the module doc)
-                if (agreed is None or item.until <= agreed + self.horizon_epochs) and get(wid) is None \
-                        and (dims := shape(wid)) is not None:
+                # an existing window is only read (not rewritten): a gap changes nothing there
+                if (agreed is None or item.until <= agreed + self.horizon_epochs) and wid not in out.touched \
+                        and load(wid) is None and (dims := shape(wid)) is not None:
                     out.touched[wid] = st = WindowState.new(wid, *dims)
                     st.empty = True
                     wm.track(wid)

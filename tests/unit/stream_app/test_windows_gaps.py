@@ -83,6 +83,7 @@ def test_a_gap_opens_an_empty_window_that_closes_withheld_no_reports() -> None:
     assert run.wm.newest == newest, "a gap claims nothing about any source partition"
     assert run.late == 0 and run.store[WindowId(Q.query_id, 1, E0 + 1)] == closed
     assert sorted(w.epoch - E0 for w in run.wm.open) == [2, 3] and out.closed == []
+    assert sorted(w.epoch - E0 for w in out.touched) == [2, 3]  # the closed window is not rewritten
     st = WindowState.decode(run.store[WindowId(Q.query_id, 1, E0 + 2)])
     assert st.empty and not st.closed and not st.seen and not st.markers and int(st.counts.sum()) == 0
     run.feed([Tick(LATER + 1005), *genuine(E0 + 4), *genuine(E0 + 5), *genuine(E0 + 6)])
