@@ -58,6 +58,7 @@ from schemas.kafka_io import BrokerLost, QueryReader, broker_lost
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
 from .estimate import QueryEstimators, ShuffledEpsilon
 from .faust_recovery import install as install_recovery_fix
+from .gaps import GapFinder
 from .guard import BrokerGuard, stop_grace_s
 from .introspect import consumer_state, describe
 from .metrics import StationArrays, StreamMonitor
@@ -255,6 +256,7 @@ class StreamWorker:
         self.forward = BatchSink(s, s.partials_topic)
         self.guard = BrokerGuard(s, watched_topics(s))
         self.grace_budget = GraceBudget(s.unknown_query_grace_s)
+        self.gap_finder = GapFinder(s.horizon_epochs)  # epochs a source partition skipped (stream_app.gaps)
         raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
         self.reports = app.topic(s.reports_topic, partitions=s.partitions, **raw)
         self.partials = app.topic(s.partials_topic, partitions=s.internal_partitions, **raw)
@@ -347,6 +349,9 @@ class StreamWorker:
             else:
                 self.monitor.on_record("batch" if isinstance(res, BatchPartial) else "marker")
                 out.append((res.window.key, encode_partial(res)))
+        seen = [(r.query_id, r.query_version, r.epoch) for r in results if not isinstance(r, Rejected)]
+        gaps = self.gap_finder.gaps(msg.partition, seen, self.queries.known)
+        out += [(g.window.key, encode_partial(g)) for g in gaps]
 
     # -- stage 2 -----------------------------------------------------------------------------
     async def stage2(self, events: Sequence[Any]) -> None:

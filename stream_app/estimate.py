@@ -220,6 +220,9 @@ def _declared(w: WindowState) -> list[int] | None:
 def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[int], n: int,
               min_participants: int, row_totals: npt.NDArray[np.int64],
               n_partitions: int) -> tuple[str, str] | None:
+    if w.empty:  # opened by a gap (stream_app.gaps): no record of this epoch arrived at all
+        return "no_reports", ("no_reports: no producer wrote anything for this epoch (later epochs of the query "
+                              "arrived; no record of this one did)")
     if w.conflicting:
         slots = ", ".join(f"round {r} producer {i} partition {p}" for r, i, p in sorted(w.conflicting)[:5])
         return "conflicting_markers", f"conflicting end-of-epoch markers for the same producer slot ({slots})"

@@ -12,6 +12,8 @@ parsed back with ``split``.
 True
 >>> decode_partial(encode_partial(Tick(12.5)))
 Tick(now_s=12.5)
+>>> decode_partial(encode_partial(Gap("q", 1, 101, 2, 104)))
+Gap(query_id='q', query_version=1, epoch=101, source_partition=2, until=104)
 
 Stage 1 sends the records of one batch that go to the same stage-2 partition as one
 *bundle* (``b"PTS1L"``, a 4-byte count, then each record with a 4-byte length): one Kafka
@@ -36,13 +38,13 @@ import numpy.typing as npt
 
 from schemas.wire import FRAME_LENGTH, RELEASES, SHUFFLER_WITHHELD
 
-__all__ = ["BUNDLE_BYTES", "BatchPartial", "EpochSummary", "MarkerPartial", "Partial", "StageRecord", "Tick",
+__all__ = ["BUNDLE_BYTES", "BatchPartial", "EpochSummary", "Gap", "MarkerPartial", "Partial", "StageRecord", "Tick",
            "WindowId", "bundle", "decode_partial", "decode_partials", "encode_bundle", "encode_partial", "split_bundle"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 MAGIC = b"PTS1"
-_KINDS = {b"B": "batch", b"M": "marker", b"T": "tick", b"S": "summary"}
+_KINDS = {b"B": "batch", b"M": "marker", b"T": "tick", b"S": "summary", b"G": "gap"}
 _DTYPES = ("<u1", "<u2", "<u4", "<i8")
 _BUNDLE = MAGIC + b"L"
 BUNDLE_BYTES = 256 * 1024  # a bundle is closed once it holds this much (a bigger record goes alone)
@@ -121,6 +123,18 @@ class MarkerPartial(_Windowed):
 
 
 @dataclass(frozen=True)
+class Gap(_Windowed):
+    """Stage 1 saw ``source_partition`` jump past this epoch of the query with nothing of it
+    (:mod:`stream_app.gaps`). It only opens the epoch's window -- no counts, no markers, no
+    claim on the watermark -- so an epoch nobody wrote anything for still closes, withheld as
+    ``no_reports``, instead of having no row at all. ``until``: the epoch of the record that
+    jumped past it (stage 2 ignores the gap when that epoch lies beyond its horizon)."""
+
+    source_partition: int
+    until: int
+
+
+@dataclass(frozen=True)
 class Tick:
     """Wall-clock tick, sent by the worker's timer to every stage-2 partition."""
 
@@ -163,11 +177,12 @@ class EpochSummary(_Windowed):
     __hash__ = None  # type: ignore[assignment]
 
 
-Partial = BatchPartial | MarkerPartial | Tick  # what the window policy takes
+Partial = BatchPartial | MarkerPartial | Gap | Tick  # what the window policy takes
 StageRecord = Partial | EpochSummary  # what the partials topic carries
 _SUMMARY_FIELDS = tuple(f.name for f in fields(EpochSummary) if f.name not in ("estimate", "variance"))
 _BATCH_FIELDS = tuple(f for f in fields(BatchPartial) if f.name != "counts")
-_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (MarkerPartial, Tick)}
+_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in (MarkerPartial, Gap, Tick)}
+_FLAT_KINDS = {MarkerPartial: b"M", Gap: b"G", Tick: b"T"}
 
 
 def _smallest(a: IntArray) -> str:
@@ -197,7 +212,7 @@ def encode_partial(p: StageRecord) -> bytes:
             if head.get(optional, 0) is None:
                 del head[optional]
         blob = b""
-        kind = b"M" if isinstance(p, MarkerPartial) else b"T"
+        kind = _FLAT_KINDS[type(p)]
     h = json.dumps(head, separators=(",", ":")).encode()
     return b"".join([MAGIC, kind, FRAME_LENGTH.pack(len(h)), h, blob])
 
@@ -212,6 +227,8 @@ def decode_partial(data: bytes) -> StageRecord:
     try:  # a well-framed record with the wrong fields is garbage too: ValueError, not TypeError
         if kind == "tick":
             return Tick(**head)
+        if kind == "gap":
+            return Gap(**head)
         if kind == "summary":
             shape = tuple(int(x) for x in head.pop("shape"))
             if len(shape) != 2 or min(shape) < 0:

@@ -21,6 +21,11 @@ is). A station without source data in any of its
 epochs is ``no_source_data`` in the rollup (missing is not zero). An epoch withdrawn after
 its rollup was published withdraws the rollup too.
 
+An epoch withheld ``no_reports`` (nothing arrived for it) holds nothing, so it does not end the
+rollup's sums: it withholds the rollup with its reason, and if the epoch's data comes after all
+(a gap's window opened afresh, :mod:`stream_app.windows`), its new summary replaces it and the
+rollup is decided again -- published when nothing else withholds it.
+
 >>> import numpy as np
 >>> from stream_app.records import EpochSummary
 >>> def summary(epoch, est):
@@ -163,6 +168,7 @@ class RollupState:
     closed_by: str = "markers"
     withheld: tuple[int, str, str] | None = None  # (epoch, code, reason) of the first withheld epoch
     withheld_epochs: int = 0
+    empty: dict[int, str] = field(default_factory=dict)  # epoch offset -> why, of epochs withheld no_reports
     decided: bool = False  # every epoch decided and the rollup's outcome emitted
     published: bool = False  # decided and published (not withheld)
     retracted: bool = False
@@ -179,7 +185,13 @@ class RollupState:
         if s.retracted:
             self.done[i] = True
             return self._withhold(s, retract=True)
-        if self.done[i]:
+        if s.withheld_code == "no_reports":  # holds nothing: kept apart, the sums stay (the module doc)
+            if self.done[i]:
+                return False
+            self.done[i] = True
+            self.empty[i] = s.withheld or "no_reports"
+            return True
+        if self.done[i] and self.empty.pop(i, None) is None:
             return False
         self.done[i] = True
         self.participants += s.participants
@@ -252,12 +264,19 @@ class RollupState:
     def complete(self) -> bool:
         return all(self.done)
 
+    def first_withheld(self) -> tuple[int, str, str] | None:
+        """(epoch, code, reason) of the first epoch that withholds the rollup (None: none does)."""
+        gaps = [(self.rid.start + i, "no_reports", why) for i, why in self.empty.items()]
+        return min([*gaps, *([] if self.withheld is None else [self.withheld])], default=None)
+
     def reason(self) -> str | None:
         """Why the rollup is withheld (None: it is not)."""
-        if self.withheld is None:
+        first = self.first_withheld()
+        if first is None:
             return None
-        epoch, code, why = self.withheld
-        more = f" (and {self.withheld_epochs - 1} more of its epochs)" if self.withheld_epochs > 1 else ""
+        epoch, code, why = first
+        n = self.withheld_epochs + len(self.empty)
+        more = f" (and {n - 1} more of its epochs)" if n > 1 else ""
         return f"epoch {epoch} withheld{more}: {code}: {why}"
 
     # -- binary encoding ----------------------------------------------------------------------
@@ -271,10 +290,11 @@ class RollupState:
                 "unshuffled": self.unshuffled, "release": self.release, "unreleased": self.unreleased,
                 "closed_by": self.closed_by,
                 "withheld": None if self.withheld is None else list(self.withheld),
-                "withheld_epochs": self.withheld_epochs, "decided": self.decided, "published": self.published,
+                "withheld_epochs": self.withheld_epochs, "empty": sorted(self.empty.items()),
+                "decided": self.decided, "published": self.published,
                 "retracted": self.retracted, "shape": None}
         blob = b""
-        if self.estimate is not None and self.variance is not None and not self.decided:
+        if self.estimate is not None and self.variance is not None and (not self.decided or self.empty):
             head["shape"] = list(self.estimate.shape)
             blob = (np.ascontiguousarray(self.estimate, "<f8").tobytes()
                     + np.ascontiguousarray(self.variance, "<f8").tobytes())
@@ -297,7 +317,8 @@ class RollupState:
                  release=h.get("release"), unreleased=h.get("unreleased", h["done"] != 0),
                  withheld=None if h["withheld"] is None else
                  (int(h["withheld"][0]), str(h["withheld"][1]), str(h["withheld"][2])),
-                 withheld_epochs=h["withheld_epochs"], decided=h["decided"], published=h["published"],
+                 withheld_epochs=h["withheld_epochs"], empty={int(i): str(w) for i, w in h.get("empty", [])},
+                 decided=h["decided"], published=h["published"],
                  retracted=h["retracted"])
         if h["shape"] is not None:
             shape = tuple(h["shape"])
@@ -331,28 +352,29 @@ class RollupPolicy:
         come), also for the older versions of the query a newer one cuts short."""
         out = RollupOutcome()
 
-        def decide(st: RollupState) -> None:
+        def decide(st: RollupState, redecide: bool = False) -> None:
             out.touched[st.rid] = st
-            if not st.decided and st.complete:
+            if st.complete and (not st.decided or redecide):
                 st.decided = True
-                st.published = st.withheld is None
+                st.published = st.first_withheld() is None
                 out.decided.append(st)
 
         for s in items:
             for rid in rollups_of(s.query_id, s.query_version, s.epoch, self.spans):
                 st = out.touched.get(rid) or load(rid) or RollupState.new(rid)
                 was_published = st.published
+                superseding = st.decided and s.epoch - rid.start in st.empty and s.withheld_code != "no_reports"
                 span = window(s.query_id, s.query_version) if window is not None else None
                 changed = st.add(s)
                 changed = (span is not None and not st.decided and st.outside(*span)) or changed
                 if not changed:
                     continue
                 out.touched[rid] = st
-                if st.decided:
+                if st.decided and not superseding:
                     if was_published and st.retracted:
                         out.retracted.append(st)
                     continue
-                decide(st)
+                decide(st, redecide=superseding)
                 if window is None:
                     continue
                 for v in range(1, s.query_version):  # the older versions' rollup here: cut short by this one?
@@ -374,7 +396,7 @@ def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[fl
                       confidences=tuple(confidences), participants=st.participants, reports=st.reports,
                       round_reports=list(st.round_reports), late=st.late, refused=st.refused,
                       missing_batches=st.missing_batches, withheld=st.reason(),
-                      withheld_code=None if st.withheld is None else st.withheld[1],
+                      withheld_code=None if (first := st.first_withheld()) is None else first[1],
                       no_source_data=frozenset(st.no_source), retracted=st.retracted, span_s=st.rid.span_s,
                       epsilon_shuffled=None if st.unshuffled else st.epsilon_shuffled,
                       release=None if st.unreleased else st.release)

@@ -39,6 +39,17 @@ from erasing epochs whose genuine data is still arriving:
   as usual), or, idle and incomplete, by the watermark -- and is then withheld as ``late``.
   Either way the epoch has an outcome; it is never dropped as "late" without one.
 
+**No epoch absent.** A :class:`~stream_app.records.Gap` (stage 1 saw a source partition skip
+the epoch, :mod:`stream_app.gaps`) opens an ``empty`` window and does nothing else: no counts,
+no markers, no claim on the watermark, no idle time reset; none when the record that revealed
+it lies beyond the horizon (that record is refused). An empty window of an epoch that has not
+ended by the tick clock closes only by the wall clock (rule 3), never by rules 2 or 4: a
+forged live record far ahead does not make future epochs ``no_reports``. Nothing more
+arriving, it closes by the rules above and is withheld ``no_reports``. The first real record
+of an empty window opens it afresh, as if the gap had never come (``born_late`` decided then),
+even once it closed: a gap made by a forged record far ahead cannot change the outcome of a
+genuine epoch (its ``no_reports`` is superseded by the epoch's own outcome).
+
 >>> import numpy as np
 >>> from stream_app.records import BatchPartial, MarkerPartial
 >>> policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=2)
@@ -66,7 +77,7 @@ import numpy.typing as npt
 from schemas.epochs import EPOCH_S
 from schemas.wire import FRAME_LENGTH
 
-from .records import BatchPartial, MarkerPartial, Partial, Tick, WindowId
+from .records import BatchPartial, Gap, MarkerPartial, Partial, Tick, WindowId
 
 __all__ = ["SHUFFLE_NULL_CODES", "CloseReason", "Marker", "Outcome", "Watermarks", "WindowPolicy", "WindowState"]
 
@@ -137,6 +148,7 @@ class WindowState:
     duplicates: int = 0
     published: bool = False  # closed and its estimates were published (not withheld)
     born_late: bool = False  # opened after the watermark had passed its epoch
+    empty: bool = False  # opened by a Gap and nothing else (no producer wrote anything for it)
     retract: bool = False  # transient: a closed epoch's published estimates must be withdrawn
 
     @classmethod
@@ -285,7 +297,7 @@ class WindowState:
         head: dict[str, Any] = {
             "q": self.wid.query_id, "v": self.wid.query_version, "e": self.wid.epoch, "r": self.n_rounds,
             "w": self.width, "closed_by": self.closed_by, "late": self.late, "dup": self.duplicates,
-            "published": self.published, "born_late": self.born_late}
+            "published": self.published, "born_late": self.born_late, **({"empty": True} if self.empty else {})}
         blob = b""
         # a closed window keeps only what late records need: the markers (to spot a conflicting
         # late one) and the report counts, not the batch ids or the count arrays
@@ -318,6 +330,7 @@ class WindowState:
         st.closed_by, st.late, st.duplicates = h["closed_by"], h["late"], h["dup"]
         st.published = bool(h.get("published", False))
         st.born_late = bool(h.get("born_late", False))
+        st.empty = bool(h.get("empty", False))
         st.reports = np.asarray(h["reports"], dtype=np.int64)
         st.tallied = np.asarray(h["tallied"], dtype=np.int64)
         st.markers = {(int(a), int(b), int(c)): _decoded_marker(rest) for a, b, c, *rest in h["markers"]}
@@ -471,7 +484,13 @@ class WindowPolicy:
             if st is None or st.closed:
                 wm.untrack(wid)
                 continue
-            close(st, "watermark")
+            if not self._unended(st, clock):
+                close(st, "watermark")
+
+    def _unended(self, st: WindowState, clock: float | None) -> bool:
+        """An empty window whose epoch has not ended (plus the grace) by the tick clock: only the
+        wall clock closes it (a forged live record far ahead makes no future epoch no_reports)."""
+        return st.empty and clock is not None and (st.wid.epoch + 1) * self.epoch_s + self.wall_clock_grace_s > clock
 
     def apply(self, wm: Watermarks, load: Loader, shape: Shape, items: Sequence[Partial]) -> Outcome:
         """Apply ``items`` in order. ``load`` reads a window's stored state (None if new);
@@ -498,7 +517,8 @@ class WindowPolicy:
                 if other is None or other.closed:
                     wm.untrack(due)
                     continue
-                close(other, "watermark")
+                if not self._unended(other, wm.clock_s):
+                    close(other, "watermark")
 
         for index, item in enumerate(items):
             if isinstance(item, Tick):
@@ -514,13 +534,25 @@ class WindowPolicy:
             wid = item.window
             qid = wid.query_id
             agreed = self.agreed_epoch(wm)
+            if isinstance(item, Gap):  # opens an empty window, nothing else (the module doc)
+                # an existing window is only read (not rewritten): a gap changes nothing there
+                if (agreed is None or item.until <= agreed + self.horizon_epochs) and wid not in out.touched \
+                        and load(wid) is None and (dims := shape(wid)) is not None:
+                    out.touched[wid] = st = WindowState.new(wid, *dims)
+                    st.empty = True
+                    wm.track(wid)
+                    wm.touch(wid)
+                continue
             if agreed is not None and wid.epoch > agreed + self.horizon_epochs:
                 out.rejected.append((index, "too_far_ahead", f"epoch {wid.epoch} is more than "
                                      f"{self.horizon_epochs} epochs ahead of {agreed}, the newest epoch a quorum "
                                      f"of {self.quorum} source partitions has reached"))
                 continue
             st = get(wid)
-            if st is None:
+            if st is not None and st.empty:  # a gap's window: this first real record opens it afresh
+                st = out.touched[wid] = WindowState.new(wid, st.n_rounds, st.width)
+                st.born_late = wm.too_old(wid.epoch, self.n_source_partitions, self.allowed_lateness_epochs)
+            elif st is None:
                 dims = shape(wid)
                 if dims is None:  # stage 1 knew the query; this worker cannot find it: never silent
                     out.rejected.append((index, "unknown_query", f"query {qid!r} version {wid.query_version} "
