@@ -39,10 +39,11 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.device_binary import encode_device, encode_device_values
+from schemas.device_binary import auth_message, encode_device_values
+from schemas.enrollment import Enrollment, EnrollmentError
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
-from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
+from .fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize, query_truth_counts, split_fleet
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
 from .settings import ReplaySettings
 from .sink import ReportSink
@@ -167,6 +168,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 stop: StopFlag, day: TrafficDay, peers: list[Any], plan: StopPlan) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
+    # --via-shuffler: this producer's vehicles are the enrolled devices first_device .. + its share
+    enrollment = settings.enrollment() if settings.via_shuffler else None
+    first_device = sum(fleet_share(fleet, k, count) for k in range(index))
     # every device of this producer answers the same queries: one ledger stands for each of them
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
@@ -232,8 +236,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     if er.refused:
                         summary.refused[q.query_id] += er.refused
                         summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
-                    if settings.via_shuffler:
-                        send_device_reports(sink, q, epoch, er, halt)
+                    if enrollment is not None:  # --via-shuffler
+                        send_device_reports(sink, q, epoch, er, halt, enrollment, first_device)
                         continue
                     for r in range(q.n_rounds):
                         if er.participants:
@@ -312,29 +316,38 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
         per_part[partition][1] += 1
 
 
-def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops) -> None:
+def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops, enrollment: Enrollment,
+                        first_device: int = 0) -> None:
     """--via-shuffler: every participating device's report of every round as its own record in
     the binary layout (:mod:`schemas.device_binary`; station-valued reports encoded as one
-    array per round) under a fresh random key; a per-sensor device with no non-default answer
-    sends an empty ``pairs`` (it still counts as a participant)."""
+    array per round), sealed with its device's key (:mod:`schemas.enrollment`: the vehicle at
+    position ``v`` of this producer's epoch is enrolled device ``first_device + v``), under a
+    fresh random key, on the partition ``device id mod partitions`` (where a shuffler with
+    several instances looks for all of a device's reports); a per-sensor device with no
+    non-default answer sends an empty ``pairs`` (it still counts as a participant)."""
     headers = [(KIND_HEADER, b"device_report")]
+    parts = sink.partitions
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
         if "value" in arrays:
-            records = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"])
+            devices = (first_device + er.vehicles[r]).tolist()
+            messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
         else:
             owner = er.vehicles[r]
             order = np.argsort(owner, kind="stable")
             bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
             st, out = arrays["station"][order], arrays["output"][order]
-            records = [encode_device(q.query_id, q.version, epoch, r,
-                                     pairs=tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)))
-                       for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            devices = list(range(first_device, first_device + er.participants))
+            messages = [auth_message(q.query_id, q.version, epoch, r, None,
+                                     tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)), d)
+                        for d, a, b in zip(devices, bounds[:-1], bounds[1:], strict=True)]
+        records = enrollment.seal_messages(messages, devices)
         keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
         for j, record in enumerate(records):
             if stop.requested:
                 return
-            sink.send(record, key=keys[16 * j:16 * j + 16], headers=headers, reports=1)
+            sink.send(record, key=keys[16 * j:16 * j + 16], partition=parts[devices[j] % len(parts)],
+                      headers=headers, reports=1)
 
 
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
@@ -425,6 +438,11 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     started = time.time()
     day = load_day(settings)
     fleet = fleet_size_for(day, settings)
+    if settings.via_shuffler:  # the fleet stands in for enrolled devices: checked before any connection
+        enrolled = settings.enrollment().devices
+        if fleet > enrolled:
+            raise EnrollmentError(f"a fleet of {fleet:,} vehicles but {enrolled:,} enrolled devices; give "
+                                  f"--enrolled-devices {fleet} (the shuffler's too)")
     ensure_topics(settings)
     if settings.via_shuffler:
         ensure_topics(settings, {settings.device_topic: settings.device_partitions, settings.source_topic: 1})
