@@ -41,21 +41,26 @@ class SlotDevices:
         self.enrollment = enrollment
         self._seen: dict[Slot, set[bytes]] = {}
 
+    def digest(self, slot: Slot, device: int) -> bytes:
+        return self.enrollment.slot_digest(*slot, device)
+
+    def took(self, slot: Slot, digest: bytes) -> bool:
+        """Whether ``slot`` took the device of ``digest`` already."""
+        return digest in self._seen.get(slot, ())
+
+    def add(self, slot: Slot, digest: bytes) -> None:
+        self._seen.setdefault(slot, set()).add(digest)
+
     def take(self, slot: Slot, device: int) -> bytes | None:
         """Record ``device`` in ``slot``: its digest, or None if the slot already took it."""
-        digest = self.enrollment.slot_digest(*slot, device)
-        got = self._seen.setdefault(slot, set())
-        if digest in got:
+        digest = self.digest(slot, device)
+        if self.took(slot, digest):
             return None
-        got.add(digest)
+        self.add(slot, digest)
         return digest
 
     def has(self, slot: Slot, device: int) -> bool:
-        return self.enrollment.slot_digest(*slot, device) in self._seen.get(slot, ())
-
-    def forget(self, slot: Slot, digest: bytes) -> None:
-        """Undo a :meth:`take` (the report was refused after all)."""
-        self._seen.get(slot, set()).discard(digest)
+        return self.took(slot, self.digest(slot, device))
 
     def restore(self, state: Iterable[list[Any]]) -> None:
         """Add what :meth:`state` wrote (a restart folds every live step record's)."""

@@ -366,7 +366,8 @@ class Shuffler:
                         continue
                     slot = (report.query_id, report.query_version, report.epoch, report.round)
                     device = int(batch.device[i])
-                    why = self._one_per_device(slot, device, rec.partition)
+                    digest = self._seen.digest(slot, device)  # the device goes no further than this
+                    why = self._one_per_device(slot, device, digest, rec.partition)
                     if why is None:
                         query = self._query(report.query_id, report.query_version)
                         why = self.policy.admit(report, query, time.monotonic())
@@ -378,9 +379,8 @@ class Shuffler:
                     if why is not None:
                         step.letters.append((why, rec))
                         continue
-                    digest = self._seen.take(slot, device)  # not None: _one_per_device found none
-                    if digest is not None:
-                        step.digests.setdefault(slot, []).append(digest)
+                    self._seen.add(slot, digest)
+                    step.digests.setdefault(slot, []).append(digest)
                     # the report's JSON, without its device id and MAC: decodes again on restore
                     step.admitted.append((rec.partition, batch.text(i)))
                     step.slots.add(slot[:3])
@@ -392,14 +392,14 @@ class Shuffler:
             self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read, step.digests)
             self._seen.prune(self.policy.is_open)
 
-    def _one_per_device(self, slot: Slot, device: int, partition: int) -> Rejected | None:
+    def _one_per_device(self, slot: Slot, device: int, digest: bytes, partition: int) -> Rejected | None:
         """Why an authenticated report is refused before its slot sees it: its device's report
         of this slot was taken already, or (several instances, each reading some partitions)
         it is not on its device's partition, where its other reports of the slot are."""
         if self.s.instance_count > 1 and partition != device % self._device_parts:
             return Rejected("wrong_partition", f"a device report on partition {partition}, not its device's "
                                                f"(id mod {self._device_parts})")
-        if self._seen.has(slot, device):
+        if self._seen.took(slot, digest):
             return Rejected("duplicate_report", f"{slot[0]}:v{slot[1]} epoch {slot[2]} round {slot[3]} already took "
                                                 "this device's report")
         return None
