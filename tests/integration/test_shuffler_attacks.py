@@ -29,9 +29,10 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from producers.replay import replay
 from schemas import DeviceReport, Query, SourceEpoch, decode_device_record, encode_json
+from schemas.device_binary import encode_device
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import read_queries
-from tests.devices import signed_json
+from tests.devices import enrollment, signed_json
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, read_estimates, wait_for
@@ -53,13 +54,15 @@ FAR = ((100, 32), (200, 80), (500, 10_000))  # (epochs past the first noted one,
 
 def _forged(q: Query, epoch: int, n: int) -> list[bytes]:
     """``n`` well-formed reports of ``q`` for ``epoch``, spread over its rounds (a value or an
-    empty pair list: what any device may send), each signed by its own enrolled device (ids
-    from 200,000: stolen credentials, none the replay's fleet uses)."""
+    empty pair list: what any device may send), each sealed by its own enrolled device (ids
+    from 200,000: stolen credentials, none the replay's fleet uses), in the binary layout (as
+    fast to make as the replay's own: the attacker keeps up with it)."""
+    e = enrollment()
     out = []
     for i in range(n):
         payload = {"value": i % (q.n_stations + 1)} if q.per_station is None else {"pairs": ()}
-        out.append(signed_json(DeviceReport(query_id=q.query_id, query_version=q.version, epoch=epoch,
-                                            round=i % q.n_rounds, **payload), 200_000 + i // q.n_rounds))
+        raw = encode_device(q.query_id, q.version, epoch, i % q.n_rounds, **payload)
+        out.append(e.seal(raw, 200_000 + i // q.n_rounds))
     return out
 
 
@@ -294,7 +297,9 @@ def test_one_device_floods_and_k_stolen_credentials_add_at_most_k_per_slot(broke
                  f"{duplicates} duplicate_report dead letters and three epochs' markers")
         batches, markers = _drain_decoded(ss)
         counts = {(bt.header.epoch, bt.header.round): bt.arrays["counts"].tolist() for _, bt in batches}
-        extra = {a: {0: [], 1: []}, b: {0: [0], 1: [0]}, c: {r: [(0 + d) % 3 for d in range(k)] for r in (0, 1)}}
+        # what the attackers got in: the flooder's first report per round, each stolen credential's first
+        extra: dict[int, dict[int, list[int]]] = {a: {0: [], 1: []}, b: {0: [0], 1: [0]},
+                                                  c: {r: [d % 3 for d in range(k)] for r in (0, 1)}}
         for e in (a, b, c):
             for r in (0, 1):
                 want = Counter(v for (rr, _), v in genuine[e].items() if rr == r) + Counter(extra[e][r])

@@ -116,18 +116,18 @@ def test_authentication_never_a_crash_always_a_reason() -> None:
         who.append(None)
     got = decode_batch(values, E)
     reasons: set[str] = set()
-    for i, (raw, device) in enumerate(zip(values, who, strict=True)):
+    for i, (value, device) in enumerate(zip(values, who, strict=True)):
         bad = got.reasons[i]
         if device is not None:
-            assert bad is None and int(got.device[i]) == device, (i, raw, bad)
+            assert bad is None and int(got.device[i]) == device, (i, value, bad)
         if bad is not None:
             assert bad.reason in DEAD_LETTER_REASONS and bad.detail, bad
             assert int(got.key[i]) == -1 and int(got.device[i]) == -1
             reasons.add(bad.reason)
         elif got.notes.get(i) is None:
             assert int(got.device[i]) >= 0  # nothing reaches admission unauthenticated
-        one = decode_batch([raw], E).reasons[0]
-        assert (one is None) == (bad is None) and (bad is None or one is None or one.reason == bad.reason), (i, raw)
+        one = decode_batch([value], E).reasons[0]
+        assert (one is None) == (bad is None) and (bad is None or one is None or one.reason == bad.reason), (i, value)
     assert {"bad_mac", "unauthenticated", "bad_encoding"} <= reasons, reasons
 
 
