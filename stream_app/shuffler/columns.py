@@ -56,7 +56,6 @@ class DeviceBatch:
     keys: list[tuple[str, int]] = field(default_factory=list)
     pairs: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     notes: dict[int, SourceEpoch] = field(default_factory=dict)
-    binary: set[int] = field(default_factory=set)
 
     def report(self, i: int) -> DeviceReport:
         """Row ``i`` as a :class:`DeviceReport` for admission (built from checked columns)."""
@@ -126,7 +125,6 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
             b.key[fast[j]] = keymap.setdefault(k, len(keymap))
         good = rows[ok]
         b.epoch[good], b.round[good], b.value[good], b.device[good] = epoch[ok], rnd[ok], value[ok], device[ok]
-        b.binary.update(good.tolist())
         slow.extend(rows[~ok].tolist())  # the exact reason from the one-record decoder
         if enrollment is not None:
             for j in np.flatnonzero(ok).tolist():
@@ -148,8 +146,6 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
             b.value[i] = rec.value
         else:
             b.pairs[i] = rec.pairs or ()
-        if raw and raw[0] == BINARY_VERSION:
-            b.binary.add(i)
         if enrollment is not None:
             why = enrollment.check_report(rec, raw)
             if why is not None:
@@ -173,5 +169,4 @@ def _refuse(b: DeviceBatch, i: int, why: Rejected) -> None:
     b.reasons[i] = why
     b.key[i] = b.epoch[i] = b.round[i] = b.value[i] = b.device[i] = -1
     b.pairs.pop(i, None)
-    b.binary.discard(i)
 

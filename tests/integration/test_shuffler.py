@@ -650,6 +650,9 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
             for i in range(n):  # enrolled devices on their partitions (id mod 2): 0, 2, 4 and 1
                 producer.send(ss.device_topic, key=uuid.uuid4().bytes, partition=partition, value=signed_json(
                     DeviceReport(query_id="q-split", query_version=1, epoch=e, round=r, value=1), 2 * i + partition))
+    # device 3 on partition 0: instance 0 never sees device 3's other reports, so it refuses it
+    producer.send(ss.device_topic, key=uuid.uuid4().bytes, partition=0, value=signed_json(
+        DeviceReport(query_id="q-split", query_version=1, epoch=e, round=0, value=1), 3))
     producer.flush()
     producer.close()
     _send_notes(ss, e, e)
@@ -659,9 +662,11 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
         def letters() -> list[DeadLetter]:
             return [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
 
-        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
-                 "instance 1's below_min_crowd and both instances' markers")
-        assert letters()[0].reason == "below_min_crowd" and "[1, 1]" in letters()[0].detail
+        wait_for(lambda: len(letters()) == 2 and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
+                 "instance 1's below_min_crowd, instance 0's wrong_partition and both instances' markers")
+        by_reason = {x.reason: x for x in letters()}
+        assert set(by_reason) == {"below_min_crowd", "wrong_partition"}
+        assert "[1, 1]" in by_reason["below_min_crowd"].detail and by_reason["wrong_partition"].partition == 0
         _, markers = _drain_decoded(ss)
         assert {(x.producer_index, x.producer_count, x.participants, x.epoch, x.withheld) for _, m in markers
                 for x in m.markers} == {(0, 2, 3, e, None), (1, 2, 0, e, "below_min_crowd")}
