@@ -43,7 +43,9 @@ from schemas.device_binary import auth_message, encode_device_values
 from schemas.enrollment import Enrollment, EnrollmentError
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
+from .devices import DeviceRequests
 from .fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize, query_truth_counts, split_fleet
+from .http_client import DeviceClient
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
 from .settings import ReplaySettings
 from .sink import ReportSink
@@ -51,8 +53,8 @@ from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_sign
 from .synthetic import write_synthetic_day
 
 __all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_queries",
-           "fleet_size_for", "load_day", "replay", "send_device_reports", "send_markers", "send_round",
-           "wait_for_peers"]
+           "device_records", "fleet_size_for", "load_day", "replay", "send_device_reports", "send_markers",
+           "send_round", "wait_for_peers"]
 
 log = logging.getLogger(__name__)
 KIND_HEADER = "ptt-kind"
@@ -174,9 +176,18 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     # every device of this producer answers the same queries: one ledger stands for each of them
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
-    sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
-                      other_topics=([settings.truth_topic] if settings.truth else [])
-                      + ([settings.source_topic] if settings.via_shuffler else []))
+    client = (DeviceClient(settings.front_door_url, concurrency=settings.http_concurrency)
+              if settings.via_shuffler and settings.transport == "http" else None)
+    try:
+        if client is not None:
+            client.check()
+        sink = ReportSink(settings, settings.device_topic if settings.via_shuffler else settings.reports_topic,
+                          other_topics=([settings.truth_topic] if settings.truth else [])
+                          + ([settings.source_topic] if settings.via_shuffler else []))
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
@@ -226,6 +237,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     sink.send(encode_json(truth), key=str(epoch).encode(), topic=settings.truth_topic,
                               headers=[(KIND_HEADER, b"ground_truth")])
                 halt = Halt(cut, i)
+                devices = DeviceRequests()
                 for q in current:
                     if halt.requested:
                         break
@@ -236,13 +248,18 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     if er.refused:
                         summary.refused[q.query_id] += er.refused
                         summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
-                    if enrollment is not None:  # --via-shuffler
+                    if enrollment is not None and client is not None:  # --via-shuffler --transport http
+                        devices.add(device_records(q, epoch, er, enrollment, first_device))
+                        continue
+                    if enrollment is not None:  # --via-shuffler over Kafka
                         send_device_reports(sink, q, epoch, er, halt, enrollment, first_device)
                         continue
                     for r in range(q.n_rounds):
                         if er.participants:
                             send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
                                         er.reports[r], sent[(q.record_key, r)], halt)
+                if client is not None:
+                    devices.send(client, sink, settings.device_topic, halt)
                 sink.flush()
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
@@ -266,6 +283,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             lost = lost or exc
         finally:
             reader.close()
+            if client is not None:
+                client.close()
             summary.reports, summary.records = sink.acked_reports, sink.acked_batches
             summary.reports_sent, summary.records_sent = sink.sent_reports, sink.sent_batches
             summary.delivery_failures = sink.failed
@@ -316,39 +335,50 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
         per_part[partition][1] += 1
 
 
-def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops, enrollment: Enrollment,
-                        first_device: int = 0) -> None:
-    """--via-shuffler: every participating device's report of every round as its own record in
-    the binary layout (:mod:`schemas.device_binary`; station-valued reports encoded as one
-    array per round), sealed with its device's key (:mod:`schemas.enrollment`: the vehicle at
-    position ``v`` of this producer's epoch is enrolled device ``first_device + v``), under a
-    fresh random key, on the partition ``device id mod partitions`` (where a shuffler with
-    several instances looks for all of a device's reports); a per-sensor device with no
-    non-default answer sends an empty ``pairs`` (it still counts as a participant)."""
-    headers = [(KIND_HEADER, b"device_report")]
-    parts = sink.partitions
+def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_device: int = 0
+                   ) -> list[tuple[np.ndarray, list[bytes]]]:
+    """Every participating device's report of every round of ``q`` in the binary layout
+    (:mod:`schemas.device_binary`; station-valued reports encoded as one array per round),
+    sealed with its device's key (:mod:`schemas.enrollment`: the vehicle at position ``v`` of
+    this producer's epoch is enrolled device ``first_device + v``), per round with the simulated
+    vehicle behind each (its index in this producer's epoch); a per-sensor device with no
+    non-default answer has an empty ``pairs`` (it still counts)."""
+    out: list[tuple[np.ndarray, list[bytes]]] = []
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
         if "value" in arrays:
-            devices = (first_device + er.vehicles[r]).tolist()
+            vehicles = np.asarray(er.vehicles[r])
+            devices = (first_device + vehicles).tolist()
             messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
         else:
             owner = er.vehicles[r]
             order = np.argsort(owner, kind="stable")
             bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-            st, out = arrays["station"][order], arrays["output"][order]
-            devices = list(range(first_device, first_device + er.participants))
+            st, out_ = arrays["station"][order], arrays["output"][order]
+            vehicles = np.arange(er.participants)
+            devices = (first_device + vehicles).tolist()
             messages = [auth_message(q.query_id, q.version, epoch, r, None,
-                                     tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)), d)
+                                     tuple(zip(st[a:b].tolist(), out_[a:b].tolist(), strict=True)), d)
                         for d, a, b in zip(devices, bounds[:-1], bounds[1:], strict=True)]
-        records = enrollment.seal_messages(messages, devices)
+        out.append((vehicles, enrollment.seal_messages(messages, devices)))
+    return out
+
+
+def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops, enrollment: Enrollment,
+                        first_device: int = 0) -> None:
+    """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
+    under a fresh random key, on the partition ``device id mod partitions`` (where a shuffler
+    with several instances looks for all of a device's reports)."""
+    headers = [(KIND_HEADER, b"device_report")]
+    parts = sink.partitions
+    for vehicles, records in device_records(q, epoch, er, enrollment, first_device):
+        devices = (first_device + vehicles).tolist()
         keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
         for j, record in enumerate(records):
             if stop.requested:
                 return
             sink.send(record, key=keys[16 * j:16 * j + 16], partition=parts[devices[j] % len(parts)],
                       headers=headers, reports=1)
-
 
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
                       interrupted: bool, index: int, count: int, opens: bool = False) -> None:

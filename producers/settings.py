@@ -54,6 +54,15 @@ class ReplaySettings(EnrollmentSettings):
                                                          "device topic, for `ptt shuffler` (no batches, no markers)")
     device_topic: str = Field(default="ptt.device-reports", description="the shuffler's input topic (--via-shuffler)")
     device_partitions: int = Field(default=4, ge=1, description="partitions of the device topic when created")
+    transport: Literal["kafka", "http"] = Field(
+        default="kafka", description="--via-shuffler: how devices send -- 'kafka', each report a record on the device "
+                                     "topic (the fast path), or 'http', each device's reports of an epoch in one "
+                                     "request to the shuffler's front door (--front-door-url)")
+    front_door_url: str = Field(default="http://127.0.0.1:8080", pattern=r"^https?://[^/\s]+/?$",
+                                description="--transport http: the shuffler's front door (ptt shuffler --http-port)")
+    http_concurrency: int = Field(default=32, ge=1, le=1024,
+                                  description="--transport http: requests in flight at once (pooled keep-alive "
+                                              "connections)")
 
     @property
     def source_topic(self) -> str:
@@ -66,6 +75,9 @@ class ReplaySettings(EnrollmentSettings):
             raise ValueError("give --pems-raw or --pems-5min, not both")
         if self.expand_to is not None and self.fleet_size is not None and self.expand_to < self.fleet_size:
             raise ValueError("--expand-to must be at least --fleet-size")
+        if self.transport == "http" and not self.via_shuffler:
+            raise ValueError("--transport http sends device reports to the shuffler's front door: it needs "
+                             "--via-shuffler")
         if self.via_shuffler and self.mode != "per-vehicle":
             raise ValueError("--via-shuffler sends single device reports: it needs --mode per-vehicle")
         return self

@@ -53,7 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["AUTH_TRAILER", "BINARY_VERSION", "FLAG_AUTH", "FLAG_PAIRS", "MAC_BYTES", "QUERY_ID", "DeviceFields",
-           "auth_message", "encode_device", "encode_device_values", "strip_auth", "unpack_device"]
+           "auth_message", "device_of", "encode_device", "encode_device_values", "strip_auth", "unpack_device"]
 
 BINARY_VERSION = 1
 FLAG_PAIRS = 0x01
@@ -189,6 +189,26 @@ def unpack_device(raw: bytes) -> DeviceFields | tuple[str, str]:
         return "bad_json_record", "pairs: a station index must be >= 1"
     got = tuple(zip(arr[:, 0].tolist(), arr[:, 1].tolist(), strict=True))
     return DeviceFields(query_id, query_version, epoch, rnd, None, got, device, mac)
+
+
+def device_of(raw: bytes) -> int | None:
+    """The device id a report's authentication names (binary trailer or JSON ``device``),
+    unchecked; None if it names none. For placing a report on its device's partition.
+
+    >>> device_of(auth_message("q", 1, 9, 0, 3, None, 7) + bytes(16)), device_of(b'{"device": 8}')
+    (7, 8)
+    >>> device_of(encode_device("q", 1, 9, 0, value=3)), device_of(b"{"), device_of(b"")
+    (None, None, None)
+    """
+    if raw[:1] == b"{":
+        try:
+            got = json.loads(raw).get("device")
+        except (ValueError, AttributeError):
+            return None
+        return got if isinstance(got, int) and not isinstance(got, bool) and 0 <= got <= U32_MAX else None
+    if len(raw) > 3 + AUTH_TRAILER and raw[0] == BINARY_VERSION and raw[1] & FLAG_AUTH:
+        return int(_U32.unpack_from(raw, len(raw) - AUTH_TRAILER)[0])
+    return None
 
 
 def strip_auth(raw: bytes | None) -> bytes:

@@ -249,10 +249,12 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
     return f"{summary} and {len(plots)} plots in {out}/"
 
 
-def _replay_settings(demo: DemoSettings, bootstrap: str, enrolled: dict[str, Any] | None = None) -> ReplaySettings:
+def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
+                     enrolled: dict[str, Any] | None = None) -> ReplaySettings:
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,
+                          transport=demo.transport, front_door_url=f"http://127.0.0.1:{http_port}",
                           **(enrolled or {}))
 
 
@@ -396,6 +398,7 @@ def _run_demo(demo: DemoSettings) -> int:
     shuffler: subprocess.Popen[bytes] | None = None
     released = ""  # --via-shuffler: what the shuffler releases
     shuffler_port = free_port()  # --via-shuffler: the shuffler's /metrics, scraped by the demo's Prometheus
+    http_port = free_port()  # --transport http: the shuffler's front door
     broker = LocalBroker(port=demo.port, log_path=out / "broker.log", own_group=True)
     broker.start()
     stopped_children = False
@@ -410,7 +413,8 @@ def _run_demo(demo: DemoSettings) -> int:
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         _wait_until(lambda: _ours_metrics(metrics_url), 90, worker, "stream-app worker", worker_log)
         if demo.via_shuffler:
-            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port, **enrolled)
+            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
+                                  http_port=http_port if demo.transport == "http" else 0, **enrolled)
             if demo.release is not None:
                 ss = ss.model_copy(update={"release": demo.release})
             released = ss.release
@@ -418,6 +422,10 @@ def _run_demo(demo: DemoSettings) -> int:
                 shuffler = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
                                             env={**os.environ, **ss.to_env()}, stdout=log,
                                             stderr=subprocess.STDOUT, **child_options())
+            if demo.transport == "http":  # the replay's devices upload to its front door
+                health = f"http://127.0.0.1:{http_port}/v1/health"
+                _wait_until(lambda: _get(health) is not None, 90, shuffler, "shuffler's front door",
+                            out / "shuffler.log")
         prom_bin = shutil.which("prometheus")
         prom_url = None
         if prom_bin:
@@ -437,8 +445,9 @@ def _run_demo(demo: DemoSettings) -> int:
                   else f"the synthetic day ({demo.stations} stations)")
         print(f"broker      {broker.bootstrap} (embedded, memory only)")
         if shuffler is not None:
+            door = f", devices POST http://127.0.0.1:{http_port}/v1/reports" if demo.transport == "http" else ""
             print(f"shuffler    device reports -> {ws.reports_topic}, {released} release (log "
-                  f"{out / 'shuffler.log'}, metrics http://127.0.0.1:{shuffler_port}/metrics)")
+                  f"{out / 'shuffler.log'}, metrics http://127.0.0.1:{shuffler_port}/metrics{door})")
         print(f"metrics     {metrics_url}{metrics_note}")
         print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
         print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")
@@ -447,7 +456,7 @@ def _run_demo(demo: DemoSettings) -> int:
               "the demo ends)")
         pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"
         print(f"replaying {source} {pace}; Ctrl-C stops", flush=True)
-        rs = _replay_settings(demo, broker.bootstrap, enrolled)
+        rs = _replay_settings(demo, broker.bootstrap, http_port, enrolled)
         try:
             summary = replay(rs, progress=True)
         except ReplayLost as exc:  # what the broker acknowledged, then the CLI's one-line error

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,6 +47,10 @@ class DemoSettings(BaseSettings):
     via_shuffler: bool = Field(default=False, description="every device sends its report alone to the device topic; "
                                                           "a `ptt shuffler` started with the demo anonymizes and "
                                                           "batches them (same estimates)")
+    transport: Literal["kafka", "http"] = Field(
+        default="kafka", description="with --via-shuffler: how the devices send, 'kafka' (each report a record on "
+                                     "the device topic, the fast path) or 'http' (each device's reports of an epoch "
+                                     "in one request to the shuffler's front door)")
     release: Release | None = Field(default=None,
                                     description="with --via-shuffler: what the shuffler releases, 'aggregate' (only "
                                                 "the counts) or 'permuted' (the reports, permuted); default: the "
@@ -55,6 +60,8 @@ class DemoSettings(BaseSettings):
     def _one_source(self) -> DemoSettings:
         if self.pems_raw is not None and self.pems_5min is not None:
             raise ValueError("give --pems-raw or --pems-5min, not both")
+        if self.transport == "http" and not self.via_shuffler:
+            raise ValueError("--transport http sends to the shuffler's front door: it needs --via-shuffler")
         if self.release is not None and not self.via_shuffler:
             raise ValueError("--release chooses what the shuffler releases: it needs --via-shuffler")
         return self

@@ -51,12 +51,30 @@ def run(args: argparse.Namespace) -> int:
     if settings.metrics_port and not port_free(settings.metrics_port, settings.metrics_host):
         raise PortInUse(f"the metrics port {settings.metrics_host}:{settings.metrics_port} is already in use; give "
                         "another --metrics-port (every shuffler instance on a host needs its own), or 0")
+    if settings.http_port:
+        if settings.http_port == settings.metrics_port:
+            raise CliError(f"--http-port and --metrics-port are both {settings.http_port}; give them different ports")
+        if not port_free(settings.http_port, settings.http_host):
+            raise PortInUse(f"the HTTP port {settings.http_host}:{settings.http_port} is already in use; give "
+                            "another --http-port")
     shuffler = Shuffler(settings, exit_lost=exit_broker_lost)
     shuffler.install_signals()
+    door = None
+    if settings.http_port:
+        from ..shuffler.front_door import FrontDoor
+
+        door = FrontDoor(settings)
+        door.start()
     served = (f", /metrics on {settings.metrics_host}:{settings.metrics_port}" if settings.metrics_port else "")
+    served += (f", devices POST http://{settings.http_host}:{settings.http_port}/v1/reports" if door else "")
     print(f"shuffler {settings.instance_index + 1} of {settings.instance_count}: {settings.device_topic} -> "
           f"{settings.reports_topic} ({settings.release} release, min crowd {settings.min_crowd}{served})",
           file=sys.stderr, flush=True)
-    summary = shuffler.run(signals=False)
+    try:
+        summary = shuffler.run(signals=False)
+    finally:
+        if door is not None:
+            door.stop()
+            print(door.line(), flush=True)
     print(summary.line(), flush=True)
     return EXIT_INTERRUPTED

@@ -47,6 +47,29 @@ class ShufflerSettings(EnrollmentSettings):
     metrics_port: int = Field(default=6067, ge=0, le=65535,
                               description="port of the shuffler's Prometheus /metrics (0: not served); every "
                                           "instance on a host needs its own")
+    http_port: int = Field(default=0, ge=0, le=65535,
+                           description="serve devices' uploads, POST /v1/reports, on this port (0: no front door; "
+                                       "docs/wire.md, \"Devices over HTTP\")")
+    http_host: str = Field(default="127.0.0.1", description="where the front door listens (0.0.0.0: every interface)")
+    http_max_body_bytes: int = Field(default=64 * 1024, ge=64, le=16 * 1024 * 1024,
+                                     description="a request's body, at most (413 too_large above)")
+    http_max_reports: int = Field(default=64, ge=1, le=4096,
+                                  description="device reports in one request, at most (400 too_many_reports)")
+    http_rate_per_s: float = Field(default=50.0, gt=0,
+                                   description="requests a second per connection, on average (429 rate_limited)")
+    http_burst: int = Field(default=100, ge=1, description="requests per connection at once above the rate")
+    http_ack_timeout_s: float = Field(default=10.0, gt=0, le=300,
+                                      description="answer 503 when the broker has not acknowledged a request's "
+                                                  "reports within this")
+    http_linger_ms: int = Field(default=2, ge=0, le=1000,
+                                description="the front door's producer waits this long to batch records")
+    http_stop_grace_s: float = Field(default=5.0, ge=0, le=120,
+                                     description="on a stop, requests in flight get this long to finish")
+    http_fault_hold_s: float = Field(default=0.0, ge=0, le=600,
+                                     description="testing only (fault injection): hold every request this long at "
+                                                 "--http-fault-point")
+    http_fault_point: Literal["before_send", "after_ack"] = Field(
+        default="after_ack", description="testing only: where --http-fault-hold-s holds a request")
     fault_hold_s: float = Field(default=0.0, ge=0, le=600,
                                 description="testing only (fault injection for the crash tests): hold every "
                                             "transaction this long after its records are sent, before it commits")

@@ -5,6 +5,7 @@ A tiny configuration of bench_scale.py: its P1 scenario at 10 stations, 3 epochs
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,3 +102,21 @@ def test_a_signalled_benchmark_leaves_no_child(sig: signal.Signals, tmp_path: Pa
         for p, t in started.items():  # a failing run leaves nothing behind either (not a reused pid)
             if t is not None and _start_time(p) == t:
                 os.kill(p, signal.SIGKILL)
+
+
+def test_the_front_door_benchmark_prints_its_line(tmp_path: Path) -> None:
+    """bench_front_door.py at a tiny size (500 stations, 300 devices): one JSON line with every
+    request accepted (4 reports each: the default queries' records of one device and epoch),
+    read by its shuffler, and the papers' fleet's need stated."""
+    proc = subprocess.run(  # noqa: S603 - the repository's own script
+        [sys.executable, "tests/benchmarks/bench_front_door.py", "--only", "h1", "--devices", "300",
+         "--data-dir", str(tmp_path / "data")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert len(lines) == 1, proc.stdout
+    line = lines[0]
+    assert (line["scenario"], line["stations"], line["requests"], line["reports"]) == ("h1", 500, 300, 1200)
+    assert line["reports_per_s"] > 0 and line["retries"] == 0
+    assert line["fleet_reports_per_s"] == round(47_719 * 4 / 30)
+    assert "1,200 device reports read" in line["shuffler_summary"], line
