@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pydantic_settings import BaseSettings  # noqa: E402
 
 from producers.settings import ReplaySettings  # noqa: E402
-from schemas.settings import BrokerLossSettings, KafkaSettings  # noqa: E402
+from schemas.settings import BrokerLossSettings, EnrollmentSettings, KafkaSettings  # noqa: E402
 from stream_app.cli.demo_settings import DemoSettings  # noqa: E402
 from stream_app.settings import WorkerSettings  # noqa: E402
 from stream_app.shuffler.settings import ShufflerSettings  # noqa: E402
@@ -35,9 +35,10 @@ def rows() -> list[str]:
     groups: list[tuple[type[BaseSettings], str, set[str]]] = [
         (KafkaSettings, "all", set()),
         (BrokerLossSettings, "replay, worker, shuffler", set(KafkaSettings.model_fields)),
-        (ReplaySettings, "replay", set(BrokerLossSettings.model_fields)),
+        (EnrollmentSettings, "replay, shuffler", set(BrokerLossSettings.model_fields)),
+        (ReplaySettings, "replay", set(EnrollmentSettings.model_fields)),
         (WorkerSettings, "worker", set(BrokerLossSettings.model_fields)),
-        (ShufflerSettings, "shuffler", set(BrokerLossSettings.model_fields)),
+        (ShufflerSettings, "shuffler", set(EnrollmentSettings.model_fields)),
         (DemoSettings, "demo", set()),
     ]
     for model, commands, skip in groups:

@@ -39,11 +39,12 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.device_binary import encode_device, encode_device_values
+from schemas.device_binary import auth_message, encode_device_values
+from schemas.enrollment import Enrollment, EnrollmentError
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
 from .devices import DeviceRequests
-from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
+from .fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize, query_truth_counts, split_fleet
 from .http_client import DeviceClient
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
 from .settings import ReplaySettings
@@ -169,6 +170,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 stop: StopFlag, day: TrafficDay, peers: list[Any], plan: StopPlan) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
     device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
+    # --via-shuffler: this producer's vehicles are the enrolled devices first_device .. + its share
+    enrollment = settings.enrollment() if settings.via_shuffler else None
+    first_device = sum(fleet_share(fleet, k, count) for k in range(index))
     # every device of this producer answers the same queries: one ledger stands for each of them
     ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
@@ -244,11 +248,11 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     if er.refused:
                         summary.refused[q.query_id] += er.refused
                         summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
-                    if settings.via_shuffler and client is not None:
-                        devices.add(device_records(q, epoch, er))
+                    if enrollment is not None and client is not None:  # --via-shuffler --transport http
+                        devices.add(device_records(q, epoch, er, enrollment, first_device))
                         continue
-                    if settings.via_shuffler:
-                        send_device_reports(sink, q, epoch, er, halt)
+                    if enrollment is not None:  # --via-shuffler over Kafka
+                        send_device_reports(sink, q, epoch, er, halt, enrollment, first_device)
                         continue
                     for r in range(q.n_rounds):
                         if er.participants:
@@ -331,39 +335,50 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
         per_part[partition][1] += 1
 
 
-def device_records(q: Query, epoch: int, er: Any) -> list[tuple[np.ndarray, list[bytes]]]:
+def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_device: int = 0
+                   ) -> list[tuple[np.ndarray, list[bytes]]]:
     """Every participating device's report of every round of ``q`` in the binary layout
     (:mod:`schemas.device_binary`; station-valued reports encoded as one array per round),
-    per round with the simulated vehicle behind each (its index in this producer's epoch); a
-    per-sensor device with no non-default answer has an empty ``pairs`` (it still counts)."""
+    sealed with its device's key (:mod:`schemas.enrollment`: the vehicle at position ``v`` of
+    this producer's epoch is enrolled device ``first_device + v``), per round with the simulated
+    vehicle behind each (its index in this producer's epoch); a per-sensor device with no
+    non-default answer has an empty ``pairs`` (it still counts)."""
     out: list[tuple[np.ndarray, list[bytes]]] = []
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
         if "value" in arrays:
-            out.append((er.vehicles[r], encode_device_values(q.query_id, q.version, epoch, r, arrays["value"])))
-            continue
-        owner = er.vehicles[r]
-        order = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-        st, out_ = arrays["station"][order], arrays["output"][order]
-        out.append((np.arange(er.participants), [
-            encode_device(q.query_id, q.version, epoch, r, pairs=tuple(zip(st[a:b].tolist(), out_[a:b].tolist(),
-                                                                           strict=True)))
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]))
+            vehicles = np.asarray(er.vehicles[r])
+            devices = (first_device + vehicles).tolist()
+            messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
+        else:
+            owner = er.vehicles[r]
+            order = np.argsort(owner, kind="stable")
+            bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
+            st, out_ = arrays["station"][order], arrays["output"][order]
+            vehicles = np.arange(er.participants)
+            devices = (first_device + vehicles).tolist()
+            messages = [auth_message(q.query_id, q.version, epoch, r, None,
+                                     tuple(zip(st[a:b].tolist(), out_[a:b].tolist(), strict=True)), d)
+                        for d, a, b in zip(devices, bounds[:-1], bounds[1:], strict=True)]
+        out.append((vehicles, enrollment.seal_messages(messages, devices)))
     return out
 
 
-def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops) -> None:
+def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops, enrollment: Enrollment,
+                        first_device: int = 0) -> None:
     """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
-    under a fresh random key."""
+    under a fresh random key, on the partition ``device id mod partitions`` (where a shuffler
+    with several instances looks for all of a device's reports)."""
     headers = [(KIND_HEADER, b"device_report")]
-    for _, records in device_records(q, epoch, er):
+    parts = sink.partitions
+    for vehicles, records in device_records(q, epoch, er, enrollment, first_device):
+        devices = (first_device + vehicles).tolist()
         keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
         for j, record in enumerate(records):
             if stop.requested:
                 return
-            sink.send(record, key=keys[16 * j:16 * j + 16], headers=headers, reports=1)
-
+            sink.send(record, key=keys[16 * j:16 * j + 16], partition=parts[devices[j] % len(parts)],
+                      headers=headers, reports=1)
 
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
                       interrupted: bool, index: int, count: int, opens: bool = False) -> None:
@@ -453,6 +468,11 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     started = time.time()
     day = load_day(settings)
     fleet = fleet_size_for(day, settings)
+    if settings.via_shuffler:  # the fleet stands in for enrolled devices: checked before any connection
+        enrolled = settings.enrollment().devices
+        if fleet > enrolled:
+            raise EnrollmentError(f"a fleet of {fleet:,} vehicles but {enrolled:,} enrolled devices; give "
+                                  f"--enrolled-devices {fleet} (the shuffler's too)")
     ensure_topics(settings)
     if settings.via_shuffler:
         ensure_topics(settings, {settings.device_topic: settings.device_partitions, settings.source_topic: 1})

@@ -12,12 +12,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from estimators import default_query_mechanisms
-from schemas.settings import BrokerLossSettings, KafkaSettings, source_topic
+from schemas.settings import EnrollmentSettings, KafkaSettings, source_topic
 
 __all__ = ["KafkaSettings", "ReplaySettings"]
 
 
-class ReplaySettings(BrokerLossSettings):
+class ReplaySettings(EnrollmentSettings):
     """Everything ``ptt replay`` needs."""
 
     pems_raw: Path | None = Field(default=None, description="a PeMS Station Raw 30 s file (gzip or plain)")

@@ -11,8 +11,9 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .connection import kafka_python_options
+from .enrollment import MIN_SECRET_BYTES, Enrollment, EnrollmentError
 
-__all__ = ["BrokerLossSettings", "Codec", "KafkaSettings", "source_topic"]
+__all__ = ["BrokerLossSettings", "Codec", "EnrollmentSettings", "KafkaSettings", "source_topic"]
 
 # the record-batch codecs that work end to end with the embedded broker (Tansu 0.6.0) and every
 # client here (docs/operations.md, "Compressed topics"); snappy needs python-snappy in kafka-python
@@ -83,6 +84,39 @@ class BrokerLossSettings(KafkaSettings):
                     "metadata request) for this long, when a topic in use has been absent from its "
                     "metadata for a third of this (1-10 s), or at once when one was recreated (an "
                     "embedded broker's restart)")
+
+
+class EnrollmentSettings(BrokerLossSettings):
+    """The enrollment of the shuffler's devices (``shuffler``; ``replay --via-shuffler``, whose
+    simulated fleet stands in for the enrolled devices): the secret every device key derives
+    from (schemas/enrollment.py) and how many devices are enrolled."""
+
+    enrollment_secret: SecretStr | None = Field(
+        default=None, description="the enrollment secret (at least 32 bytes; prefer the file or the env variable "
+                                  "to the flag, which other users see in the process list)")
+    enrollment_secret_file: Path | None = Field(
+        default=None, description="a file holding the enrollment secret (surrounding whitespace stripped); wins "
+                                  "over enrollment_secret")
+    enrolled_devices: int = Field(default=262_144, ge=1, le=2**32,
+                                  description="the devices enrolled, ids 0..N-1: a report of another id is "
+                                              "dead-lettered unknown_device (a replay's fleet must fit)")
+
+    def enrollment(self) -> Enrollment:
+        """The enrollment these settings name; :class:`~schemas.enrollment.EnrollmentError` (one
+        line) if there is no usable secret. Reads the file: call it before touching the network."""
+        if self.enrollment_secret_file is not None:
+            try:
+                secret = self.enrollment_secret_file.read_bytes().strip()
+            except OSError as exc:
+                raise EnrollmentError(f"cannot read the enrollment secret file {self.enrollment_secret_file}: "
+                                      f"{exc.strerror or exc}") from exc
+        elif self.enrollment_secret is not None:
+            secret = self.enrollment_secret.get_secret_value().encode()
+        else:
+            raise EnrollmentError("no enrollment secret: give --enrollment-secret-file or set PTT_ENROLLMENT_SECRET "
+                                  f"(at least {MIN_SECRET_BYTES} bytes, e.g. `python -c 'import secrets; "
+                                  "print(secrets.token_hex(32))'`)")
+        return Enrollment(secret, self.enrolled_devices)
 
 
 def source_topic(device_topic: str) -> str:

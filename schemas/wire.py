@@ -151,7 +151,9 @@ class DeviceReport(_Frozen):
     """One device's report on the device topic (``ptt.device-reports``), for the anonymizing
     shuffler (``ptt shuffler``): one Kafka record per device, query version, epoch and round,
     under a fresh random key, with no header but ``ptt-kind``. Nothing in it names or links a
-    vehicle: no batch id, no producer id, no device id. ``value`` (station-valued mechanisms:
+    vehicle but, for the shuffler only, the enrolled ``device`` id and its ``mac`` (hex: the
+    16-byte MAC of :func:`~schemas.device_binary.auth_message`, :mod:`schemas.enrollment`), which
+    the shuffler checks and drops: no batch id, no producer id. ``value`` (station-valued mechanisms:
     station index 0..V) or ``pairs`` (per-sensor mechanisms: the device's non-default
     ``[station index, report]`` pairs, possibly none -- an empty list still counts the device
     as a participant).
@@ -169,11 +171,15 @@ class DeviceReport(_Frozen):
     value: int | None = Field(default=None, ge=0)
     pairs: tuple[tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]], ...] | None = Field(
         default=None, max_length=MAX_DEVICE_PAIRS)
+    device: int | None = Field(default=None, ge=0, le=2**32 - 1, description="the enrolled device's id")
+    mac: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="the report's MAC, hex")
 
     @model_validator(mode="after")
     def _one_payload(self) -> DeviceReport:
         if (self.value is None) == (self.pairs is None):
             raise ValueError("a report carries exactly one of value (station-valued) or pairs (per-sensor)")
+        if (self.device is None) != (self.mac is None):
+            raise ValueError("an authenticated report carries both device and mac")
         return self
 
 
@@ -231,7 +237,8 @@ def decode_device_binary(value: bytes) -> DeviceReport:
     if isinstance(got, tuple) and not isinstance(got, DeviceFields):
         raise WireError(*got)
     return DeviceReport.model_construct(query_id=got.query_id, query_version=got.query_version, epoch=got.epoch,
-                                        round=got.round, value=got.value, pairs=got.pairs)
+                                        round=got.round, value=got.value, pairs=got.pairs, device=got.device,
+                                        mac=None if got.mac is None else got.mac.hex())
 
 
 def decode_device_report(value: bytes | None) -> DeviceReport:
@@ -418,7 +425,10 @@ def encode_batch(header_fields: dict[str, Any], arrays: dict[str, npt.NDArray[An
 def encode_json(record: DeviceReport | SingleReport | EndOfEpoch | EndOfEpochSet | GroundTruth
                 | SourceEpoch) -> bytes:
     # a marker without a shuffle size leaves the field out: the bytes a producer that attests
-    # nothing sends are those it sent before the field existed
+    # nothing sends are those it sent before the field existed; so does an unauthenticated
+    # device report its device and mac
+    if isinstance(record, DeviceReport) and record.device is None:
+        return record.model_dump_json(exclude={"device", "mac"}).encode()
     return record.model_dump_json(exclude_none=isinstance(record, (EndOfEpoch, EndOfEpochSet))).encode()
 
 

@@ -5,9 +5,17 @@ parallel workers (``make test`` runs pytest-xdist with ``--dist loadgroup``, see
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from .devices import ENROLLMENT_SECRET
 from .system_tools import require_tool
+
+# the operator's enrollment secret of every shuffler and --via-shuffler replay a test starts
+# (tests/devices.py signs the tests' own device reports with it); a test of a missing secret
+# removes it
+os.environ["PTT_ENROLLMENT_SECRET"] = ENROLLMENT_SECRET
 
 
 @pytest.fixture

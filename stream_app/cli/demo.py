@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -248,11 +249,25 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
     return f"{summary} and {len(plots)} plots in {out}/"
 
 
-def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080) -> ReplaySettings:
+def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
+                     enrolled: dict[str, Any] | None = None) -> ReplaySettings:
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,
-                          transport=demo.transport, front_door_url=f"http://127.0.0.1:{http_port}")
+                          transport=demo.transport, front_door_url=f"http://127.0.0.1:{http_port}",
+                          **(enrolled or {}))
+
+
+def _enroll(out: Path, fleet: int) -> dict[str, Any]:
+    """--via-shuffler: a fresh enrollment secret for this run (``<out>/enrollment-secret``, owner
+    only), which the shuffler (the operator) and the replay (the simulated fleet, standing in
+    for the enrolled devices) both read; the whole fleet enrolled."""
+    path = out / "enrollment-secret"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return {"enrollment_secret_file": path.absolute(), "enrolled_devices": max(fleet, 262_144)}
 
 
 class DropWhenClosed:
@@ -359,7 +374,7 @@ def run_demo(demo: DemoSettings) -> int:
 
 
 def _run_demo(demo: DemoSettings) -> int:
-    from producers.replay import ReplayLost, load_day, replay
+    from producers.replay import ReplayLost, fleet_size_for, load_day, replay
     from producers.stopping import StopFlag
     from schemas.kafka_io import read_queries
 
@@ -376,6 +391,7 @@ def _run_demo(demo: DemoSettings) -> int:
         shutil.rmtree(out / stale, ignore_errors=True)
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
+    enrolled = _enroll(out, fleet_size_for(day, rs_check)) if demo.via_shuffler else {}
     ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None
     prom: subprocess.Popen[bytes] | None = None
@@ -398,7 +414,7 @@ def _run_demo(demo: DemoSettings) -> int:
         _wait_until(lambda: _ours_metrics(metrics_url), 90, worker, "stream-app worker", worker_log)
         if demo.via_shuffler:
             ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
-                                  http_port=http_port if demo.transport == "http" else 0)
+                                  http_port=http_port if demo.transport == "http" else 0, **enrolled)
             if demo.release is not None:
                 ss = ss.model_copy(update={"release": demo.release})
             released = ss.release
@@ -440,7 +456,7 @@ def _run_demo(demo: DemoSettings) -> int:
               "the demo ends)")
         pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"
         print(f"replaying {source} {pace}; Ctrl-C stops", flush=True)
-        rs = _replay_settings(demo, broker.bootstrap, http_port)
+        rs = _replay_settings(demo, broker.bootstrap, http_port, enrolled)
         try:
             summary = replay(rs, progress=True)
         except ReplayLost as exc:  # what the broker acknowledged, then the CLI's one-line error

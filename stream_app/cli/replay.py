@@ -61,11 +61,16 @@ def delivery_failures_message(summary: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from producers.replay import ReplayLost, replay
+    from schemas.enrollment import EnrollmentError
 
     settings = settings_from_args(ReplaySettings, args)
     check_inputs(input_paths(args))
     try:
+        if settings.via_shuffler:
+            settings.enrollment()  # the secret is read and checked before anything touches the network
         summary = replay(settings, progress=not args.quiet)
+    except EnrollmentError as exc:
+        raise CliError(str(exc)) from exc
     except ReplayLost as exc:  # what was acknowledged before the loss, then the one-line error
         print("\n".join(replay_summary_lines(exc.summary)), flush=True)
         raise

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from schemas.enrollment import EnrollmentError
+
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, settings_from_args
 from .errors import EXIT_BROKER_LOST, EXIT_INTERRUPTED, CliError, error_line
@@ -42,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     from .local_broker import PortInUse, port_free
 
     settings = settings_from_args(ShufflerSettings, args)
+    try:
+        settings.enrollment()  # the secret is read and checked before anything touches the network
+    except EnrollmentError as exc:
+        raise CliError(str(exc)) from exc
     if settings.metrics_port and not port_free(settings.metrics_port, settings.metrics_host):
         raise PortInUse(f"the metrics port {settings.metrics_host}:{settings.metrics_port} is already in use; give "
                         "another --metrics-port (every shuffler instance on a host needs its own), or 0")

@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas.connection import aiokafka_options, producer_options
+from schemas.device_binary import device_of
 from schemas.kafka_io import BrokerUnavailable, ensure_topics
 
 from .door_policy import Accepted, DoorLimits, Refusal, TokenBucket, parse_request, refusal
@@ -214,7 +215,7 @@ class FrontDoor:
         try:
             parts = self._partitions
             futures = [await self._producer.send(s.device_topic, value=raw, key=keys[16 * i:16 * i + 16],
-                                                 partition=parts[secrets.randbelow(len(parts))], headers=_HEADERS)
+                                                 partition=_partition(raw, parts), headers=_HEADERS)
                        for i, raw in enumerate(got.records)]
             metas = await asyncio.wait_for(asyncio.gather(*futures), timeout=s.http_ack_timeout_s)
         except (KafkaError, TimeoutError, OSError) as exc:
@@ -233,3 +234,11 @@ class FrontDoor:
         refused = ", ".join(f"{k}: {v}" for k, v in sorted(self.refused.items())) or "none"
         return (f"front door: {self.accepted_reports:,} reports accepted in {self.accepted_requests:,} requests; "
                 f"refused requests: {refused}")
+
+
+def _partition(raw: bytes, parts: list[int]) -> int:
+    """A report's device partition: its device's (id mod partitions: where a shuffler with
+    several instances looks for all of a device's reports), or, naming no device (refused by
+    the shuffler as unauthenticated), one drawn uniformly."""
+    device = device_of(raw)
+    return parts[device % len(parts)] if device is not None else parts[secrets.randbelow(len(parts))]

@@ -19,6 +19,13 @@ release of the same reports are the same bytes under the same batch ids (the wor
 batch id once). Nothing of a device record's key,
 header, partition, offset, arrival order or timestamp reaches the reports topic: batches are
 permuted and keyed by those ids, and every record of a release is stamped with its epoch's end.
+
+Enrolled devices only (docs/wire.md, "Device authentication"): the decode step checks each
+report's device id and MAC (``unauthenticated``, ``unknown_device``, ``bad_mac``), a slot takes
+one report per device (``duplicate_report``; with several instances a device's reports must be
+on partition ``id mod partitions``, else ``wrong_partition``), and the id goes no further than
+the slot's keyed digest (:mod:`.enrolled`): the state log, dead letters, logs and metrics
+never hold a device id or a MAC.
 """
 
 from __future__ import annotations
@@ -52,12 +59,14 @@ from schemas import (
     active_queries,
     decode_device_record,
 )
+from schemas.device_binary import strip_auth
 from schemas.epochs import epoch_of, epoch_start
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
 from ..decode import Rejected
 from ..guard import BrokerGuard, stop_grace_s
 from .columns import DeviceBatch, decode_batch
+from .enrolled import Slot, SlotDevices, state
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .release import KIND_HEADER, Outgoing, release_records, withheld_records
@@ -79,6 +88,7 @@ class _Step:
     notes: set[int] = field(default_factory=set)
     letters: list[tuple[Rejected, Any]] = field(default_factory=list)
     read: list[int] = field(default_factory=lambda: [0, 0])
+    digests: dict[Slot, list[bytes]] = field(default_factory=dict)  # the slots' new devices, keyed digests
 
 
 @dataclass
@@ -119,6 +129,9 @@ class Shuffler:
     def __init__(self, settings: ShufflerSettings, monitor: ShufflerMonitor | None = None,
                  exit_lost: Callable[[BrokerLost], None] | None = None) -> None:
         self.s = settings
+        self.enrollment = settings.enrollment()  # EnrollmentError (one line) before any connection
+        self._seen = SlotDevices(self.enrollment)
+        self._device_parts = 1
         self.summary = ShufflerSummary()
         self.monitor = monitor or ShufflerMonitor(CollectorRegistry())
         self._exit_lost = exit_lost
@@ -225,6 +238,7 @@ class Shuffler:
             parts = self._consumer.partitions_for_topic(s.device_topic) or set()
             if not parts:
                 time.sleep(0.1)
+        self._device_parts = max(len(parts), 1)
         mine = [TopicPartition(s.device_topic, p) for p in sorted(parts) if p % s.instance_count == s.instance_index]
         self._notes_tp = TopicPartition(s.source_topic, 0)  # the trusted clock: every instance reads it whole
         self._consumer.assign([*mine, self._notes_tp])
@@ -274,10 +288,12 @@ class Shuffler:
             if record.key == "clock":
                 continue
             self._salt = value.get("salt") or self._salt
+            self._seen.restore(value.get("seen", ()))
             slots, notes = self._apply(value)
             if value.get("admit"):
                 self._live[record.s] = (slots, notes)
         self.policy.reopen(self._active_fn())
+        self._seen.prune(self.policy.is_open)
         self._seek(clock.get("offsets", {}))
         if not self._salt:
             self._salt, self._salt_new = secrets.token_hex(16), True
@@ -342,29 +358,51 @@ class Shuffler:
             for tp, records in got.items():
                 if tp == self._notes_tp:
                     continue
-                batch = decode_batch([rec.value for rec in records])  # the decode step: columns, reasons
+                # the decode step: columns, reasons, each report's device id and MAC checked
+                batch = decode_batch([rec.value for rec in records], self.enrollment)
                 for i, rec in enumerate(records):
                     report = self._decode(batch, i, rec, step)
                     if report is None:
                         continue
-                    query = self._query(report.query_id, report.query_version)
-                    why = self.policy.admit(report, query, time.monotonic())
-                    if why is not None and why.reason == "outside_open_window" and not caught and s.clock == "source":
-                        caught = True  # the notes the replay wrote before this report may be unread: read them
-                        self._catch_up_notes(step)
+                    slot = (report.query_id, report.query_version, report.epoch, report.round)
+                    device = int(batch.device[i])
+                    digest = self._seen.digest(slot, device)  # the device goes no further than this
+                    why = self._one_per_device(slot, device, digest, rec.partition)
+                    if why is None:
+                        query = self._query(report.query_id, report.query_version)
                         why = self.policy.admit(report, query, time.monotonic())
+                        if (why is not None and why.reason == "outside_open_window" and not caught
+                                and s.clock == "source"):
+                            caught = True  # the notes the replay wrote before this report may be unread: read them
+                            self._catch_up_notes(step)
+                            why = self.policy.admit(report, query, time.monotonic())
                     if why is not None:
                         step.letters.append((why, rec))
                         continue
-                    # the record as read (a binary one as its JSON equivalent): decodes again on restore
-                    step.admitted.append((rec.partition, batch.text(i, rec.value)))
-                    step.slots.add((report.query_id, report.query_version, report.epoch))
+                    self._seen.add(slot, digest)
+                    step.digests.setdefault(slot, []).append(digest)
+                    # the report's JSON, without its device id and MAC: decodes again on restore
+                    step.admitted.append((rec.partition, batch.text(i)))
+                    step.slots.add(slot[:3])
             due = (self.policy.due(time.monotonic(), self._caught_up(), self._positions())
                    if self.policy.open_epochs else [])
             if not (step.admitted or step.letters or due or self._salt_new):
                 continue
             self._live[self._step + 1] = (frozenset(step.slots), frozenset(step.notes))
-            self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read)
+            self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read, step.digests)
+            self._seen.prune(self.policy.is_open)
+
+    def _one_per_device(self, slot: Slot, device: int, digest: bytes, partition: int) -> Rejected | None:
+        """Why an authenticated report is refused before its slot sees it: its device's report
+        of this slot was taken already, or (several instances, each reading some partitions)
+        it is not on its device's partition, where its other reports of the slot are."""
+        if self.s.instance_count > 1 and partition != device % self._device_parts:
+            return Rejected("wrong_partition", f"a device report on partition {partition}, not its device's "
+                                               f"(id mod {self._device_parts})")
+        if self._seen.took(slot, digest):
+            return Rejected("duplicate_report", f"{slot[0]}:v{slot[1]} epoch {slot[2]} round {slot[3]} already took "
+                                                "this device's report")
+        return None
 
     def _decode(self, batch: DeviceBatch, i: int, rec: Any, step: _Step) -> DeviceReport | None:
         """A device-topic record's report, from its decoded batch (:func:`.columns.decode_batch`);
@@ -427,13 +465,14 @@ class Shuffler:
         return frozenset(tp.partition for tp in self._tps if self._consumer.position(tp) >= ends[tp])
 
     def _transaction(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
-                     due: list[EpochKey], fault_hold_s: float, read: list[int]) -> None:
+                     due: list[EpochKey], fault_hold_s: float, read: list[int],
+                     digests: dict[Slot, list[bytes]] | None = None) -> None:
         """One step, committed or (a Kafka error: counted, aborted unless the broker is lost) raised."""
         p = self._producer
         self._step += 1
         p.begin_transaction()
         try:
-            outcomes = self._step_records(admitted, letters, due, fault_hold_s)
+            outcomes = self._step_records(admitted, letters, due, fault_hold_s, digests or {})
             p.commit_transaction()
         except KafkaError:
             self.monitor.on_abort()
@@ -462,12 +501,14 @@ class Shuffler:
                              self.policy.held())
 
     def _step_records(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
-                      due: list[EpochKey], fault_hold_s: float) -> list[Released | Withheld]:
+                      due: list[EpochKey], fault_hold_s: float, digests: dict[Slot, list[bytes]]
+                      ) -> list[Released | Withheld]:
         """Everything a step sends inside its transaction; what its due epochs became."""
         s = self.s
         p = self._producer
         for why, rec in letters:
-            letter = why.letter(rec.topic, rec.partition, rec.offset, rec.value)
+            # never a device id or MAC: the record without its authentication trailer
+            letter = why.letter(rec.topic, rec.partition, rec.offset, strip_auth(rec.value))
             p.send(s.dead_letter_topic, key=why.reason.encode(), value=letter.model_dump_json().encode())
         decided = []
         outcomes: list[Released | Withheld] = []
@@ -479,7 +520,7 @@ class Shuffler:
                 self._send_out(release_records(self.s, self._out_parts, self._salt, outcome))
             else:
                 self._withhold(outcome)
-        self._send_state(admitted, decided)
+        self._send_state(admitted, decided, digests)
         offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in [*self._tps, self._notes_tp]}
         offsets[self._step_tp] = OffsetAndMetadata(self._step, "", -1)
         p.send_offsets_to_transaction(offsets, s.transactional_id)
@@ -488,10 +529,12 @@ class Shuffler:
             time.sleep(fault_hold_s)
         return outcomes
 
-    def _send_state(self, admitted: list[tuple[int, str]], decided: list[list[Any]]) -> None:
+    def _send_state(self, admitted: list[tuple[int, str]], decided: list[list[Any]],
+                    digests: dict[Slot, list[bytes]]) -> None:
         """This step's state records (stream_app/shuffler/state.py): what it admitted, while any
-        of it is in an open epoch; the epochs it decided; the salt once; the clock; and a
-        tombstone for every earlier step whose reports' epochs are all decided now."""
+        of it is in an open epoch, and its slots' new devices as keyed digests (apart, sorted:
+        :mod:`.enrolled`); the epochs it decided; the salt once; the clock; and a tombstone for
+        every earlier step whose reports' epochs are all decided now."""
         def send(key: str, value: dict[str, Any] | None) -> None:
             self._producer.send(self.s.state_topic, key=key.encode(), partition=0, headers=hdrs,
                                 value=None if value is None else json.dumps(value, separators=(",", ":")).encode())
@@ -502,7 +545,7 @@ class Shuffler:
             if step != self._step:  # this step's own records, all decided already, are not written
                 send(step_key(step), None)
         if self._step in self._live:
-            send(step_key(self._step), {"admit": admitted})
+            send(step_key(self._step), {"admit": admitted, "seen": state(digests)})
         for q, v, e in decided:
             send(decided_key(q, v, e), {"decided": [[q, v, e]]})
         if self._salt_new:

@@ -6,13 +6,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from schemas.settings import BrokerLossSettings, source_topic
+from schemas.settings import EnrollmentSettings, source_topic
 from schemas.wire import Release
 
 __all__ = ["ShufflerSettings"]
 
 
-class ShufflerSettings(BrokerLossSettings):
+class ShufflerSettings(EnrollmentSettings):
     device_topic: str = Field(default="ptt.device-reports",
                               description="topic of the single device reports (input), one record per report")
     device_partitions: int = Field(default=4, ge=1, description="partitions of the device topic when created")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import tempfile
 import time
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaProducer
+from pydantic import SecretStr
 
 from producers.devices import DeviceRequests
 from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
@@ -68,10 +70,11 @@ def _requests(rs: ReplaySettings, limit: int) -> tuple[int, list[list[bytes]], i
     epoch = int(day.epochs[i])
     share = split_fleet(rs.seed, epoch, day.flows[i], fleet, 1)[0]
     devices = DeviceRequests()
+    enrollment = rs.enrollment()  # the simulated fleet stands in for the enrolled devices
     for q in queries:
         er = privatize(q, query_truth_counts(share, day.stations, q), epoch_rng(rs.seed, q, epoch, 0),
                        "per-vehicle", Device())
-        devices.add(device_records(q, epoch, er))
+        devices.add(device_records(q, epoch, er, enrollment))
     return epoch, [d for d in devices.devices if d][:limit], fleet, queries
 
 
@@ -124,7 +127,7 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
     rs = ReplaySettings(bootstrap_servers=broker.bootstrap, data_dir=data_dir, truth=False, default_queries=False,
                         reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
                         synthetic_stations=stations, via_shuffler=True, device_topic=f"dev-{tag}",
-                        device_partitions=4)
+                        device_partitions=4, enrollment_secret=SecretStr(secrets.token_hex(32)))
     epoch, requests, fleet, queries = _requests(rs, limit)
     for q in queries:
         publish_query(rs, q)

@@ -61,6 +61,7 @@ import cProfile
 import json
 import os
 import pstats
+import secrets
 import signal
 import subprocess
 import sys
@@ -70,6 +71,8 @@ import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from pydantic import SecretStr
 
 from producers.replay import replay
 from producers.settings import ReplaySettings
@@ -182,7 +185,9 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
                         reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
                         synthetic_stations=stations, mode="per-vehicle", max_epochs=epochs,
                         start_epoch=max(0, min(14 * 120, 2880 - epochs)), expand_to=vehicles, batch_size=50_000,
-                        via_shuffler=via_shuffler, device_topic=f"dev-{tag}", device_partitions=4)
+                        via_shuffler=via_shuffler, device_topic=f"dev-{tag}", device_partitions=4,
+                        # the operator's secret, shared with the simulated (enrolled) fleet
+                        enrollment_secret=SecretStr(secrets.token_hex(32)))
     day, load_s, fleet, queries, base = load_scenario(rs)
     ws = WorkerSettings(**base, app_id=f"bench-{tag}", estimates_topic=f"e-{tag}", dead_letter_topic=f"d-{tag}",
                         web_port=free_port(), min_participants=1, estimate_output="rows")

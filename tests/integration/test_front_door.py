@@ -28,8 +28,10 @@ from producers.http_client import DeviceClient
 from schemas import DeviceReport, SourceEpoch, encode_json
 from schemas.device_binary import encode_device
 from schemas.device_http import FRAMED, NDJSON, frame
+from schemas.estimates import DeadLetter
 from stream_app.cli.local_broker import free_port
 from stream_app.shuffler.settings import ShufflerSettings
+from tests.devices import enrollment
 
 from .kafka_helpers import drain
 from .stream_helpers import wait_for
@@ -194,9 +196,10 @@ def test_a_broker_that_does_not_acknowledge_is_503_and_the_retry_is_accepted(tmp
 
 
 def _one_device(q_id: str, epoch: int) -> list[bytes]:
-    """One device's two Sampling Privacy rounds of ``epoch``. With per-device enrollment (issue
-    24, item 2) these would carry the device's id and MAC: the one place to add them."""
-    return [encode_device(q_id, 1, epoch, 0, value=1), encode_device(q_id, 1, epoch, 1, value=2)]
+    """One enrolled device's two Sampling Privacy rounds of ``epoch``, sealed with its key
+    (tests/devices.py: the suite's enrollment)."""
+    e = enrollment()
+    return [e.seal(encode_device(q_id, 1, epoch, 0, value=1), 7), e.seal(encode_device(q_id, 1, epoch, 1, value=2), 7)]
 
 
 def _finished(ss: ShufflerSettings, epoch: int) -> None:
@@ -247,18 +250,18 @@ def test_a_front_door_killed_before_writing_writes_nothing_and_the_retry_counts_
     assert sorted((b.header.round, b.header.reports) for b in tallies) == [(0, 1), (1, 1)]
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 24 item 2 (per-device enrollment: at most one report per "
-                                       "device and slot) -- the retry of a request the broker had acknowledged "
-                                       "writes its reports again, and without a device id the shuffler counts "
-                                       "both copies")
 def test_a_retried_request_the_broker_had_acknowledged_counts_once(broker: str, tmp_path: Path) -> None:
     """Killed after the broker acknowledged the request but before the 202: the reports are
     durable (on the device topic) though the client never heard so, and its retry writes them
-    again -- the shuffler must still release one device per round."""
+    again -- the shuffler still releases one device per round: the retry's copies are its
+    device's second reports of their slots, dead-lettered ``duplicate_report`` (per-device
+    enrollment, docs/wire.md, "Device authentication")."""
     ss, records, epoch = _killed_mid_request(broker, tmp_path, "after_ack")
     assert Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2)) == Counter(records * 2)
     tallies = [b for _, b in _drain_decoded(ss)[0] if b.header.epoch == epoch]
     assert sorted((b.header.round, b.header.reports) for b in tallies) == [(0, 1), (1, 1)]
+    letters = [DeadLetter.model_validate_json(r.value).reason for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
+    assert letters == ["duplicate_report"] * 2, letters
 
 
 def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:

@@ -42,6 +42,7 @@ from stream_app.cli.local_broker import free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 from stream_app.shuffler.state import decided_key, fold, from_kafka
+from tests.devices import signed_json
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, core_estimates, env_for, pipeline_settings, read_estimates, wait_for
@@ -288,18 +289,19 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
     first = q.epoch_range()[0]
     released, small = first + 1, first + 2
 
-    def rep(epoch: int, rnd: int, value: int) -> bytes:
-        return encode_json(DeviceReport(query_id="q-crowd", query_version=1, epoch=epoch, round=rnd, value=value))
+    def rep(epoch: int, rnd: int, value: int, device: int) -> bytes:  # an enrolled device's (tests/devices.py)
+        return signed_json(DeviceReport(query_id="q-crowd", query_version=1, epoch=epoch, round=rnd, value=value),
+                           device)
 
     sent_order = [i % 3 for i in range(60)]
-    values: list[bytes] = [b"\x00garbage", b'{"kind": "device_report"}', rep(released, 0, 7),
-                           encode_json(DeviceReport(query_id="nobody", query_version=1, epoch=released, value=1)),
-                           encode_json(DeviceReport(query_id="q-crowd", query_version=1, epoch=released,
-                                                    pairs=((1, 1),))),
-                           rep(released, 2 - 1, 1)[:-1] + b"x"]
-    values += [rep(released, r, v) for r in (0, 1) for v in sent_order]
-    values += [rep(released, 0, 1)]  # the 61st report of a slot of population 60
-    values += [rep(small, r, 1) for r in (0, 1) for _ in range(2)]
+    values: list[bytes] = [b"\x00garbage", b'{"kind": "device_report"}', rep(released, 0, 7, 1000),
+                           signed_json(DeviceReport(query_id="nobody", query_version=1, epoch=released, value=1), 1),
+                           signed_json(DeviceReport(query_id="q-crowd", query_version=1, epoch=released,
+                                                    pairs=((1, 1),)), 1001),
+                           rep(released, 2 - 1, 1, 1002)[:-1] + b"x"]
+    values += [rep(released, r, v, d) for r in (0, 1) for d, v in enumerate(sent_order)]
+    values += [rep(released, 0, 1, 60)]  # the 61st report of a slot of population 60
+    values += [rep(small, r, 1, d) for r in (0, 1) for d in range(2)]
     producer = KafkaProducer(**ss.client_kwargs(), acks="all")
     for v in values:
         producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=v)
@@ -389,8 +391,8 @@ def test_an_epoch_the_shuffler_withholds_ends_as_withheld_rows_with_its_reason(b
     for epoch, n in ((crowd, 30), (small, 2)):
         for r in (0, 1):
             for i in range(n):
-                producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=encode_json(DeviceReport(
-                    query_id="q-held", query_version=1, epoch=epoch, round=r, value=i % 3)))
+                producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=signed_json(DeviceReport(
+                    query_id="q-held", query_version=1, epoch=epoch, round=r, value=i % 3), i))
     producer.flush()
     producer.close()
     _send_notes(ss, crowd, small)
@@ -645,9 +647,12 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
     producer = KafkaProducer(**ss.client_kwargs(), acks="all")
     for partition, n in ((0, 3), (1, 1)):
         for r in (0, 1):
-            for _ in range(n):
-                producer.send(ss.device_topic, key=uuid.uuid4().bytes, partition=partition, value=encode_json(
-                    DeviceReport(query_id="q-split", query_version=1, epoch=e, round=r, value=1)))
+            for i in range(n):  # enrolled devices on their partitions (id mod 2): 0, 2, 4 and 1
+                producer.send(ss.device_topic, key=uuid.uuid4().bytes, partition=partition, value=signed_json(
+                    DeviceReport(query_id="q-split", query_version=1, epoch=e, round=r, value=1), 2 * i + partition))
+    # device 3 on partition 0: instance 0 never sees device 3's other reports, so it refuses it
+    producer.send(ss.device_topic, key=uuid.uuid4().bytes, partition=0, value=signed_json(
+        DeviceReport(query_id="q-split", query_version=1, epoch=e, round=0, value=1), 3))
     producer.flush()
     producer.close()
     _send_notes(ss, e, e)
@@ -657,9 +662,11 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
         def letters() -> list[DeadLetter]:
             return [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
 
-        wait_for(lambda: len(letters()) == 1 and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
-                 "instance 1's below_min_crowd and both instances' markers")
-        assert letters()[0].reason == "below_min_crowd" and "[1, 1]" in letters()[0].detail
+        wait_for(lambda: len(letters()) == 2 and len(_drain_decoded(ss)[1]) == 2 * ss.partitions, 60,
+                 "instance 1's below_min_crowd, instance 0's wrong_partition and both instances' markers")
+        by_reason = {x.reason: x for x in letters()}
+        assert set(by_reason) == {"below_min_crowd", "wrong_partition"}
+        assert "[1, 1]" in by_reason["below_min_crowd"].detail and by_reason["wrong_partition"].partition == 0
         _, markers = _drain_decoded(ss)
         assert {(x.producer_index, x.producer_count, x.participants, x.epoch, x.withheld) for _, m in markers
                 for x in m.markers} == {(0, 2, 3, e, None), (1, 2, 0, e, "below_min_crowd")}

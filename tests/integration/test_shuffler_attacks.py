@@ -8,9 +8,13 @@ a clean run of the same seed gives: tests/integration/test_shuffler.py), no epoc
 with another N, every genuine report is released, and every forged record is dead-lettered with
 its reason.
 
-Not covered here (they need per-device enrollment, issue 24 item 2, not built): re-sent copies
-of genuine records and a flood by one enrolled device for an epoch inside the open window --
-without enrollment a well-formed report for an open epoch is indistinguishable from a device's.
+With enrollment (schemas/enrollment.py: every report carries its device's id and MAC, a slot
+takes one report per device): re-sent copies of genuine records during a replay are refused
+(``duplicate_report``, or ``late`` once their epoch is out) and the estimates are the clean
+run's; a flood by one enrolled device adds one report per slot; and the documented residual --
+an attacker holding k stolen device credentials adds at most k reports per slot -- holds with
+k = 3 exactly. The forged floods above are signed with credentials the attacker holds (the
+worst case: they are refused for their epoch alone).
 """
 
 from __future__ import annotations
@@ -25,12 +29,23 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from producers.replay import replay
 from schemas import DeviceReport, Query, SourceEpoch, decode_device_record, encode_json
+from schemas.device_binary import encode_device
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import read_queries
+from tests.devices import enrollment, signed_json
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, read_estimates, wait_for
-from .test_shuffler import ShufflerProcess, _assert_cores_estimates, _expected_rows, _scrape, _setup
+from .test_shuffler import (
+    ShufflerProcess,
+    _assert_cores_estimates,
+    _drain_decoded,
+    _expected_rows,
+    _hand_fed_query,
+    _scrape,
+    _send_notes,
+    _setup,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -39,12 +54,15 @@ FAR = ((100, 32), (200, 80), (500, 10_000))  # (epochs past the first noted one,
 
 def _forged(q: Query, epoch: int, n: int) -> list[bytes]:
     """``n`` well-formed reports of ``q`` for ``epoch``, spread over its rounds (a value or an
-    empty pair list: what any device may send)."""
+    empty pair list: what any device may send), each sealed by its own enrolled device (ids
+    from 200,000: stolen credentials, none the replay's fleet uses), in the binary layout (as
+    fast to make as the replay's own: the attacker keeps up with it)."""
+    e = enrollment()
     out = []
     for i in range(n):
         payload = {"value": i % (q.n_stations + 1)} if q.per_station is None else {"pairs": ()}
-        out.append(encode_json(DeviceReport(query_id=q.query_id, query_version=q.version, epoch=epoch,
-                                            round=i % q.n_rounds, **payload)))
+        raw = encode_device(q.query_id, q.version, epoch, i % q.n_rounds, **payload)
+        out.append(e.seal(raw, 200_000 + i // q.n_rounds))
     return out
 
 
@@ -141,4 +159,153 @@ def test_forged_reports_outside_the_open_window_change_nothing(broker: str, tmp_
         if attacker is not None:
             attacker.stop.set()
         worker.stop()
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+class Copier(threading.Thread):
+    """Re-sends a copy of every genuine device record the moment it appears on the device topic
+    (same bytes, same partition, a fresh key): what anyone who can read and write the topic can
+    do."""
+
+    def __init__(self, ss) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(daemon=True)
+        self.ss = ss
+        self.sent = 0
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 -- reported by the test
+            self.error = exc
+
+    def _run(self) -> None:
+        ss = self.ss
+        producer = KafkaProducer(**ss.client_kwargs(), acks="all", linger_ms=5)
+        consumer = KafkaConsumer(**ss.client_kwargs(), enable_auto_commit=False)
+        parts = [TopicPartition(ss.device_topic, p) for p in range(ss.device_partitions)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning()
+        copies: set[bytes] = set()
+        try:
+            while not self.stop.is_set():
+                for records in consumer.poll(timeout_ms=100).values():
+                    for rec in records:
+                        if rec.value in copies:  # our own copy coming back
+                            continue
+                        copies.add(rec.value)
+                        producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=rec.value,
+                                      partition=rec.partition)
+                        self.sent += 1
+                producer.flush()
+        finally:
+            producer.close()
+            consumer.close()
+
+
+def test_resent_copies_of_genuine_records_change_nothing(broker: str, tmp_path: Path) -> None:
+    """Issue 24's copies case: during a paced replay through the shuffler, every genuine device
+    record is re-sent once. Each copy is dead-lettered -- ``duplicate_report`` while its slot is
+    open (most of them), ``late`` once its epoch was released -- and every estimate is the
+    statistics core's with the core's N (what the clean run gives): no copy counted, no genuine
+    report displaced."""
+    epochs = 4
+    rs, ws, ss = _setup(broker, tmp_path, epochs)
+    rs = rs.model_copy(update={"speed": 10.0})
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    worker = WorkerProcess(ws, tmp_path / "w.log").start()
+    copier = Copier(ss)
+    try:
+        worker.wait_ready()
+        wait_for(shuffler.started, 60, "the shuffler to start")
+        done: list[int] = []
+        runner = threading.Thread(target=lambda: done.append(replay(rs, progress=False).reports), daemon=True)
+        runner.start()
+        # the replay creates the device topic, then publishes its default queries
+        wait_for(lambda: len(read_queries(rs)) >= 3, 60, "the default queries")
+        copier.start()
+        runner.join(timeout=240)
+        assert done, "the replay did not finish"
+        n_rows = _expected_rows(rs, epochs)
+        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        wait_for(lambda: copier.sent >= done[0], 60, "a copy of every genuine record")
+        copier.stop.set()
+        copier.join(timeout=30)
+        assert copier.error is None, copier.error
+        assert copier.sent == done[0]
+
+        def letters() -> Counter[str]:
+            return Counter(DeadLetter.model_validate_json(r.value).reason
+                           for r in drain(ws, ws.dead_letter_topic, quiet_polls=1))
+
+        wait_for(lambda: sum(letters().values()) == copier.sent, 90, f"{copier.sent} dead letters")
+        got = letters()
+        assert set(got) <= {"duplicate_report", "late"} and got["duplicate_report"] > copier.sent // 2, got
+        _assert_cores_estimates(rs, ws, epochs, bounds=False)
+        assert len(read_estimates(ws)) == n_rows
+        assert _scrape(ss)["ptt_shuffler_released_reports_total", ()] == done[0]
+    finally:
+        copier.stop.set()
+        worker.stop()
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def test_one_device_floods_and_k_stolen_credentials_add_at_most_k_per_slot(broker: str, tmp_path: Path) -> None:
+    """Hand-fed, on one device partition (arrival order is the order sent), three epochs of 40
+    genuine enrolled devices per round (values 0..2), and the attacks:
+
+    * epoch A: a copy of every genuine record -> each dead-lettered ``duplicate_report``; the
+      release is exactly the genuine counts (the clean run's) with 40 participants;
+    * epoch B: one enrolled device floods 300 validly signed reports per round -> one admitted
+      per slot (its first), 299 ``duplicate_report``; 41 participants;
+    * epoch C: the documented residual, k = 3 stolen credentials, 100 reports each per round ->
+      exactly k admitted per slot, the rest ``duplicate_report``; 43 participants.
+
+    The attested n (the markers' participants and shuffle size) counts distinct enrolled devices."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, device_partitions=1, min_crowd=3)
+    ss = ss.model_copy(update={"device_partitions": 1})
+    q = _hand_fed_query(ss, "q-enrolled", 1)
+    a, b, c = (q.epoch_range()[0] + i for i in (1, 2, 3))
+    genuine = {e: {(r, d): (d + r + e) % 3 for r in (0, 1) for d in range(40)} for e in (a, b, c)}
+
+    def rep(epoch: int, rnd: int, value: int, device: int) -> bytes:
+        return signed_json(DeviceReport(query_id=q.query_id, query_version=1, epoch=epoch, round=rnd, value=value),
+                           device)
+
+    values = [rep(e, r, v, d) for e, slots in genuine.items() for (r, d), v in slots.items()]
+    copies = [rep(a, r, v, d) for (r, d), v in genuine[a].items()]
+    flood = [rep(b, r, i % 3, 5_000) for r in (0, 1) for i in range(300)]
+    k = 3
+    stolen = [rep(c, r, (i + d) % 3, 7_000 + d) for r in (0, 1) for i in range(100) for d in range(k)]
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    for v in [*values, *copies, *flood, *stolen]:
+        producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=v)
+    producer.flush()
+    producer.close()
+    _send_notes(ss, a, c)
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    try:
+        duplicates = len(copies) + (len(flood) - 2) + (len(stolen) - 2 * k)
+
+        def letters() -> Counter[str]:
+            return Counter(DeadLetter.model_validate_json(r.value).reason
+                           for r in drain(ss, ss.dead_letter_topic, quiet_polls=1))
+
+        wait_for(lambda: letters() == Counter({"duplicate_report": duplicates})
+                 and len({x.epoch for _, m in _drain_decoded(ss)[1] for x in m.markers}) == 3, 90,
+                 f"{duplicates} duplicate_report dead letters and three epochs' markers")
+        batches, markers = _drain_decoded(ss)
+        counts = {(bt.header.epoch, bt.header.round): bt.arrays["counts"].tolist() for _, bt in batches}
+        # what the attackers got in: the flooder's first report per round, each stolen credential's first
+        extra: dict[int, dict[int, list[int]]] = {a: {0: [], 1: []}, b: {0: [0], 1: [0]},
+                                                  c: {r: [d % 3 for d in range(k)] for r in (0, 1)}}
+        for e in (a, b, c):
+            for r in (0, 1):
+                want = Counter(v for (rr, _), v in genuine[e].items() if rr == r) + Counter(extra[e][r])
+                assert counts[e, r] == [want[0], want[1], want[2]], (e, r)
+        assert {(x.epoch, x.round, x.participants, x.shuffle_size) for _, m in markers for x in m.markers} == {
+            (e, r, n, n) for e, n in ((a, 40), (b, 41), (c, 40 + k)) for r in (0, 1)}
+        assert _scrape(ss)["ptt_shuffler_dead_letters_total", (("reason", "duplicate_report"),)] == duplicates
+    finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
+from pydantic import SecretStr
 
 import estimators as E
 from producers.settings import ReplaySettings
@@ -31,6 +32,7 @@ from stream_app.cli.base import settings_from_args
 from stream_app.metrics import StreamMonitor
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
+from tests.devices import ENROLLMENT_SECRET
 from tests.paths import ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -994,7 +996,9 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     device = ReplaySettings().model_copy(update={"max_epochs": 2, "truth": False, "data_dir": tmp_path / "data"})
     before = set(cluster.uses)
     replay(device, progress=False)
-    replay(device.model_copy(update={"via_shuffler": True}), progress=False)
+    # the simulated fleet stands in for enrolled devices: it holds the enrollment secret
+    replay(device.model_copy(update={"via_shuffler": True, "enrollment_secret": SecretStr(ENROLLMENT_SECRET)}),
+           progress=False)
     # a device sends reports; the per-epoch source notes are the replay's (the shuffler's trusted
     # clock: only the replay principal may write them), so that use is the replay's
     notes = ReplaySettings().source_topic

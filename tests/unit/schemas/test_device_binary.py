@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from schemas import DeviceReport, WireError, decode_device_record, decode_device_report, encode_json
-from schemas.device_binary import FLAG_AUTH, encode_device, encode_device_values, unpack_device
+from schemas.device_binary import FLAG_AUTH, DeviceFields, encode_device, encode_device_values, unpack_device
 from stream_app.shuffler.metrics import DEAD_LETTER_REASONS
 
 GOOD = [
@@ -40,7 +40,8 @@ def test_array_encoding_equals_one_at_a_time() -> None:
     (b"\x01", "bad_encoding"),
     (b"\x02" + _binary(GOOD[0])[1:], "bad_encoding"),  # unknown version
     (b"\x01\x04" + _binary(GOOD[0])[2:], "bad_encoding"),  # unknown flag bit
-    (b"\x01" + bytes([FLAG_AUTH]) + _binary(GOOD[0])[2:], "bad_encoding"),  # the reserved trailer
+    (b"\x01" + bytes([FLAG_AUTH]) + _binary(GOOD[0])[2:], "bad_encoding"),  # the auth bit, no trailer
+    (b"\x01" + bytes([FLAG_AUTH]) + _binary(GOOD[0])[2:] + bytes(19), "bad_encoding"),  # a trailer cut short
     (_binary(GOOD[0]) + b"\x00", "bad_encoding"),  # trailing byte
     (_binary(GOOD[0])[:-1], "bad_encoding"),
     (_binary(GOOD[2])[:-4], "bad_encoding"),  # pairs cut short
@@ -108,6 +109,9 @@ def test_fuzz_never_a_crash_always_a_reason() -> None:
             continue
         if isinstance(got, DeviceReport) and raw[:1] == b"\x01":
             assert DeviceReport.model_validate(got.model_dump()) == got  # constructed, yet within the bounds
-            assert unpack_device(raw) == tuple(got.model_dump(exclude={"kind"}).values())
+            fields = unpack_device(raw)
+            assert isinstance(fields, DeviceFields)
+            assert fields._replace(mac=None) == tuple(got.model_dump(exclude={"kind"}).values())[:-1] + (None,)
+            assert (fields.mac is None) == (got.mac is None) and (got.mac is None or fields.mac.hex() == got.mac)
         accepted += 1
     assert refused > 10_000 and accepted > 100  # both sides exercised

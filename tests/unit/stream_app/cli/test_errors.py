@@ -191,3 +191,25 @@ def test_subscribe_to_a_file_checks_its_directory_and_flags_before_the_network(
     assert code == errors.EXIT_USAGE and "not allowed with argument" in _one_line(err, "subscribe")
     code, err = _run(capsys, "subscribe", "--arrow", str(tmp_path / "day.arrow"), *broker)
     assert code == errors.EXIT_BROKER and not (tmp_path / "day.arrow").exists()  # connects before writing
+
+
+def test_a_missing_or_short_enrollment_secret_is_one_line_before_the_network(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, dead_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shuffler and a replay through it need the enrollment secret (docs/wire.md, "Device
+    authentication"): none, an unreadable file or a short one is one line and exit 2, before any
+    connection (a dead broker would be exit 3); so is a replay fleet beyond the enrolled devices."""
+    monkeypatch.delenv("PTT_ENROLLMENT_SECRET", raising=False)
+    broker = ["--bootstrap-servers", f"127.0.0.1:{dead_port}"]
+    short = tmp_path / "short"
+    short.write_text("too short\n")
+    for extra, what in (([], "no enrollment secret"), (["--enrollment-secret-file", str(tmp_path / "nope")],
+                                                       "cannot read the enrollment secret file"),
+                        (["--enrollment-secret-file", str(short)], "at least 32")):
+        code, err = _run(capsys, "shuffler", "--metrics-port", "0", *broker, *extra)
+        assert code == errors.EXIT_USAGE and what in _one_line(err, "shuffler"), err
+        code, err = _run(capsys, "replay", "--via-shuffler", "--data-dir", str(tmp_path / "d"), *broker, *extra)
+        assert code == errors.EXIT_USAGE and what in _one_line(err, "replay"), err
+    monkeypatch.setenv("PTT_ENROLLMENT_SECRET", "s" * 40)
+    code, err = _run(capsys, "replay", "--via-shuffler", "--data-dir", str(tmp_path / "d"), "--synthetic-stations",
+                     "2", "--enrolled-devices", "3", *broker)
+    assert code == errors.EXIT_USAGE and "enrolled devices" in _one_line(err, "replay"), err

@@ -1,0 +1,163 @@
+"""Device enrollment: each enrolled device's key, the MAC its reports carry, and the shuffler's
+check of it (docs/wire.md, "Device authentication"). Standard library only (``hmac``,
+``hashlib``): HKDF is RFC 5869's composition of HMAC-SHA256, checked against its test vector.
+
+* The shuffler's operator holds one **enrollment secret** (at least 32 bytes) and enrolls the
+  devices ``0 .. devices - 1``; device ``d``'s key is ``HKDF-SHA256(secret, salt=PROTOCOL,
+  info=PROTOCOL + " device " + u32 d)``, 32 bytes. The simulated fleet derives its devices'
+  keys the same way (it stands in for the enrolled devices).
+* A report's **MAC** is HMAC-SHA256 under the device's key, truncated to 16 bytes, of
+  :func:`~schemas.device_binary.auth_message` -- the binary layout with the ``auth`` bit up to
+  and including the device id. A binary report carries id and MAC as its trailer; a JSON one as
+  ``device`` and ``mac`` (hex) over the same bytes: one definition.
+* **One report per device per slot**: :meth:`Enrollment.slot_digest` -- 8 bytes of a keyed
+  hash of the device id under the slot's key, derived from the secret (never written
+  anywhere) -- is what the shuffler keeps to refuse a second report; without the secret a digest says
+  nothing of the device and two slots' digests of one device are unrelated.
+
+>>> from schemas.device_binary import encode_device, unpack_device
+>>> e = Enrollment(b"s" * 32, devices=10)
+>>> sealed = e.seal(encode_device("q", 1, 9, 0, value=3), 7)
+>>> unpack_device(sealed).device, e.check(7, sealed[:-MAC_BYTES], sealed[-MAC_BYTES:])
+(7, None)
+>>> e.check(7, sealed[:-MAC_BYTES], bytes(16)).reason, e.check(10, sealed[:-MAC_BYTES], sealed[-16:]).reason
+('bad_mac', 'unknown_device')
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .device_binary import FLAG_AUTH, MAC_BYTES, auth_message
+from .wire import DeviceReport
+
+__all__ = ["DIGEST_BYTES", "KEY_CACHE", "MIN_SECRET_BYTES", "PROTOCOL", "AuthFailure", "Enrollment",
+           "EnrollmentError", "hkdf_expand", "hkdf_extract", "hkdf_sha256"]
+
+PROTOCOL = b"ptt device-report v1"
+MIN_SECRET_BYTES = 32
+DIGEST_BYTES = 8  # a slot digest: collisions among 136,161 devices in one slot ~ 5e-10
+KEY_CACHE = 262_144  # derived keys kept (the papers' largest fleet is 136,161 devices)
+_U32 = struct.Struct("<I")
+
+
+class EnrollmentError(ValueError):
+    """No usable enrollment secret (missing, unreadable, too short)."""
+
+
+@dataclass(frozen=True)
+class AuthFailure:
+    """Why a report's authentication failed; never names the device."""
+
+    reason: str  # unauthenticated, unknown_device, bad_mac
+    detail: str
+
+
+def hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
+    """RFC 5869 HKDF-Extract with HMAC-SHA256: the pseudorandom key."""
+    return hmac.digest(salt or bytes(32), ikm, "sha256")
+
+
+def hkdf_expand(prk: bytes, info: bytes, length: int = 32) -> bytes:
+    """RFC 5869 HKDF-Expand with HMAC-SHA256."""
+    if length > 255 * 32:
+        raise ValueError("HKDF-SHA256 output is at most 8160 bytes")
+    out, block = b"", b""
+    for i in range((length + 31) // 32):
+        block = hmac.digest(prk, block + info + bytes([i + 1]), "sha256")
+        out += block
+    return out[:length]
+
+
+def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int = 32) -> bytes:
+    """RFC 5869 HKDF with HMAC-SHA256 (extract, then expand).
+
+    RFC 5869, appendix A.1 (test case 1):
+
+    >>> okm = hkdf_sha256(bytes([0x0b] * 22), bytes(range(13)), bytes(range(0xf0, 0xfa)), 42)
+    >>> okm.hex() == ("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf"
+    ...               "34007208d5b887185865")
+    True
+    """
+    return hkdf_expand(hkdf_extract(salt, ikm), info, length)
+
+
+class Enrollment:
+    """The enrolled devices ``0 .. devices - 1`` under one secret: their keys (derived once,
+    cached), sealing a report (the device side) and checking one (the shuffler's)."""
+
+    def __init__(self, secret: bytes, devices: int) -> None:
+        if len(secret) < MIN_SECRET_BYTES:
+            raise EnrollmentError(f"the enrollment secret has {len(secret)} bytes, at least {MIN_SECRET_BYTES} needed")
+        if not 1 <= devices <= 2**32:
+            raise EnrollmentError(f"enrolled devices {devices}: 1 .. 2**32")
+        self.devices = devices
+        self._prk = hkdf_extract(PROTOCOL, secret)  # the extract step is the same for every key: once
+        self._slot_key = hkdf_expand(self._prk, PROTOCOL + b" slot digests")
+        self.key = lru_cache(maxsize=KEY_CACHE)(self._derive)
+        self._slot_keys = lru_cache(maxsize=4096)(self._slot_derive)
+
+    def _derive(self, device: int) -> bytes:
+        """Device ``device``'s key, ``hkdf_sha256(secret, PROTOCOL, PROTOCOL + b" device " + u32
+        device)`` (no range check: :meth:`check` does it)."""
+        return hkdf_expand(self._prk, PROTOCOL + b" device " + _U32.pack(device))
+
+    def _slot_derive(self, query_id: str, version: int, epoch: int, rnd: int) -> bytes:
+        return hmac.digest(self._slot_key, f"{query_id}\x1f{version}\x1f{epoch}\x1f{rnd}".encode(), "sha256")
+
+    def enrolled(self, device: int) -> bool:
+        return 0 <= device < self.devices
+
+    def mac(self, device: int, message: bytes) -> bytes:
+        return hmac.digest(self.key(device), message, "sha256")[:MAC_BYTES]
+
+    def seal(self, raw: bytes, device: int) -> bytes:
+        """A binary report (:func:`~schemas.device_binary.encode_device`, no trailer) with its
+        ``auth`` bit set and its trailer: the device id and the MAC."""
+        message = bytes((raw[0], raw[1] | FLAG_AUTH)) + raw[2:] + _U32.pack(device)
+        return message + self.mac(device, message)
+
+    def seal_messages(self, messages: Sequence[bytes], devices: Sequence[int]) -> list[bytes]:
+        """Many :func:`~schemas.device_binary.auth_message` byte strings, each with its MAC
+        appended (the replay's path: ``encode_device_values(..., devices)``, then this)."""
+        key = self.key
+        return [m + hmac.digest(key(d), m, "sha256")[:MAC_BYTES] for m, d in zip(messages, devices, strict=True)]
+
+    def sign_report(self, report: DeviceReport, device: int) -> DeviceReport:
+        """A JSON device report with its ``device`` and ``mac`` (hex) set."""
+        message = auth_message(report.query_id, report.query_version, report.epoch, report.round, report.value,
+                               report.pairs, device)
+        return report.model_copy(update={"device": device, "mac": self.mac(device, message).hex()})
+
+    def check(self, device: int, message: bytes, mac: bytes) -> AuthFailure | None:
+        """Whether ``mac`` is device ``device``'s MAC of ``message`` (None: it is)."""
+        if not self.enrolled(device):
+            return AuthFailure("unknown_device", "a device id that is not enrolled")
+        if not hmac.compare_digest(self.mac(device, message), mac):
+            return AuthFailure("bad_mac", "the report's MAC does not verify under its device's key")
+        return None
+
+    def check_report(self, report: DeviceReport, raw: bytes | None = None) -> AuthFailure | None:
+        """A decoded report's authentication: a binary one's trailer (``raw``: its bytes) or a
+        JSON one's ``device`` and ``mac``; ``unauthenticated`` without them."""
+        if report.device is None or report.mac is None:
+            return AuthFailure("unauthenticated", "a device report without a device id and MAC (enrollment is "
+                                                  "required)")
+        if raw is not None and raw[:1] != b"{":
+            return self.check(report.device, raw[:-MAC_BYTES], raw[-MAC_BYTES:])
+        message = auth_message(report.query_id, report.query_version, report.epoch, report.round, report.value,
+                               report.pairs, report.device)
+        return self.check(report.device, message, bytes.fromhex(report.mac))
+
+    def slot_digest(self, query_id: str, version: int, epoch: int, rnd: int, device: int) -> bytes:
+        """The per-slot keyed digest of a device: what the shuffler keeps to admit one report
+        per device and slot, apart from the reports: keyed BLAKE2s (RFC 7693's keyed mode, a
+        PRF; one call costs a fifth of an HMAC-SHA256 here, and the shuffler makes one per
+        report) of the u32 device id under the slot's key -- HMAC-SHA256 of the slot under a
+        key derived from the secret."""
+        key = self._slot_keys(query_id, version, epoch, rnd)
+        return hashlib.blake2s(_U32.pack(device), key=key, digest_size=DIGEST_BYTES).digest()

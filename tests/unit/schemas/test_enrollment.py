@@ -1,0 +1,124 @@
+"""Device enrollment (schemas/enrollment.py): RFC 5869 HKDF, per-device keys, the MAC of a binary
+and a JSON report (one definition), the check's three reasons, what a dead letter may keep of a
+sealed record (schemas.device_binary.strip_auth), and the settings that name the secret."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schemas import DeviceReport, decode_device_record, encode_json
+from schemas.device_binary import MAC_BYTES, auth_message, encode_device, encode_device_values, strip_auth
+from schemas.enrollment import Enrollment, EnrollmentError, hkdf_sha256
+from schemas.settings import EnrollmentSettings
+
+SECRET = b"an enrollment secret of 32 bytes or more"
+E = Enrollment(SECRET, devices=1000)
+
+
+@pytest.mark.parametrize(("ikm", "salt", "info", "length", "okm"), [
+    # RFC 5869 appendix A, test cases 1, 2 and 3 (SHA-256)
+    (bytes([0x0B] * 22), bytes(range(13)), bytes(range(0xF0, 0xFA)), 42,
+     "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"),
+    (bytes(range(80)), bytes(range(0x60, 0xB0)), bytes(range(0xB0, 0x100)), 82,
+     "b11e398dc80327a1c8e7f78c596a49344f012eda2d4efad8a050cc4c19afa97c59045a99cac7827271cb41c65e590e09"
+     "da3275600c2f09b8367793a9aca3db71cc30c58179ec3e87c14c01d5c1f3434f1d87"),
+    (bytes([0x0B] * 22), b"", b"", 42,
+     "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8"),
+])
+def test_hkdf_rfc5869_vectors(ikm: bytes, salt: bytes, info: bytes, length: int, okm: str) -> None:
+    assert hkdf_sha256(ikm, salt, info, length).hex() == okm
+
+
+def test_keys_differ_per_device_and_secret() -> None:
+    keys = {E.key(d) for d in range(1000)}
+    assert len(keys) == 1000 and all(len(k) == 32 for k in keys)
+    assert Enrollment(SECRET + b"!", 1000).key(5) != E.key(5)
+    with pytest.raises(EnrollmentError, match="at least 32"):
+        Enrollment(b"short", 10)
+
+
+def test_binary_and_json_share_one_mac() -> None:
+    report = DeviceReport(query_id="alp", query_version=2, epoch=9, round=1, pairs=((4, 1), (7, 0)))
+    sealed = E.seal(encode_device("alp", 2, 9, 1, pairs=((4, 1), (7, 0))), 17)
+    signed = E.sign_report(report, 17)
+    assert signed.device == 17 and signed.mac == sealed[-MAC_BYTES:].hex()
+    assert E.check_report(decode_device_record(sealed), sealed) is None  # type: ignore[arg-type]
+    again = decode_device_record(encode_json(signed))
+    assert isinstance(again, DeviceReport) and again == signed and E.check_report(again, encode_json(signed)) is None
+    assert sealed[:-MAC_BYTES] == auth_message("alp", 2, 9, 1, None, ((4, 1), (7, 0)), 17)
+
+
+def test_seal_messages_equals_seal() -> None:
+    values, devices = np.array([3, 0, 9]), np.array([5, 6, 999])
+    many = E.seal_messages(encode_device_values("q", 1, 9, 0, values, devices), devices.tolist())
+    assert many == [E.seal(encode_device("q", 1, 9, 0, value=int(v)), int(d)) for v, d in zip(values, devices,
+                                                                                            strict=True)]
+
+
+def test_every_changed_bit_and_every_other_key_is_a_bad_mac() -> None:
+    sealed = E.seal(encode_device("sp-day", 1, 59_832_000, 0, value=3), 42)
+    message, mac = sealed[:-MAC_BYTES], sealed[-MAC_BYTES:]
+    assert E.check(42, message, mac) is None
+    for bit in range(8 * len(message)):  # the payload, the header, the device id: all covered
+        flipped = bytearray(message)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        got = E.check(42, bytes(flipped), mac)
+        assert got is not None and got.reason == "bad_mac"
+    assert E.check(43, message, mac).reason == "bad_mac"  # type: ignore[union-attr]  # another device's key
+    assert Enrollment(SECRET + b"!", 1000).check(42, message, mac).reason == "bad_mac"  # type: ignore[union-attr]
+    for outside in (1000, 2**32 - 1):
+        got = E.check(outside, message, mac)
+        assert got is not None and got.reason == "unknown_device" and str(outside) not in got.detail
+
+
+def test_unsigned_reports_are_unauthenticated() -> None:
+    for raw in (encode_device("q", 1, 9, 0, value=1), encode_json(DeviceReport(query_id="q", query_version=1,
+                                                                              epoch=9, value=1))):
+        got = E.check_report(decode_device_record(raw), raw)  # type: ignore[arg-type]
+        assert got is not None and got.reason == "unauthenticated"
+
+
+def test_a_dead_letter_keeps_no_device_id_or_mac() -> None:
+    """Every cut, extension and flipped flag of sealed records (fixed seed): what strip_auth
+    keeps holds neither the MAC nor the device id's bytes where the trailer had them."""
+    rng = np.random.default_rng(24)
+    device = 0x5A5A1234
+    big = Enrollment(SECRET, 2**32)
+    seeds = [big.seal(encode_device("q", 1, 9, 0, value=7), device),
+             big.seal(encode_device("alp", 1, 9, 1, pairs=((4, 1), (7, 0))), device)]
+    for _ in range(3000):
+        sealed = seeds[rng.integers(2)]
+        trailer = sealed[-20:]
+        raw = bytearray(sealed)
+        op = rng.integers(3)
+        if op == 0:
+            del raw[rng.integers(len(raw)):]
+        elif op == 1:
+            raw += rng.integers(0, 256, rng.integers(1, 40), dtype=np.uint8).tobytes()
+        else:
+            raw[rng.integers(2, len(raw) - 20)] = int(rng.integers(256))
+        kept = strip_auth(bytes(raw))
+        assert trailer[:4] not in kept and trailer[4:12] not in kept and trailer[12:] not in kept, (raw, kept)
+    signed = encode_json(E.sign_report(DeviceReport(query_id="q", query_version=1, epoch=9, value=1), 777))
+    assert b"777" not in strip_auth(signed) and b"mac" not in strip_auth(signed)
+    assert strip_auth(signed[:-5]) == b""  # unparseable JSON naming them: dropped whole
+
+
+def test_settings_name_the_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PTT_ENROLLMENT_SECRET", raising=False)
+    with pytest.raises(EnrollmentError, match="no enrollment secret"):
+        EnrollmentSettings().enrollment()
+    with pytest.raises(EnrollmentError, match="cannot read"):
+        EnrollmentSettings(enrollment_secret_file=tmp_path / "absent").enrollment()
+    path = tmp_path / "secret"
+    path.write_text("  " + SECRET.decode() + "\n")
+    got = EnrollmentSettings(enrollment_secret_file=path, enrolled_devices=1000).enrollment()
+    assert got.key(3) == E.key(3) and got.devices == 1000
+    monkeypatch.setenv("PTT_ENROLLMENT_SECRET", "x" * 40)
+    assert EnrollmentSettings().enrollment().key(3) == Enrollment(b"x" * 40, 10).key(3)
+    assert EnrollmentSettings(enrollment_secret_file=path).enrollment().key(3) == E.key(3)  # the file wins
+    path.write_text("too short")
+    with pytest.raises(EnrollmentError, match="at least 32"):
+        EnrollmentSettings(enrollment_secret_file=path).enrollment()
