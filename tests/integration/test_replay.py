@@ -146,7 +146,7 @@ def test_two_producer_processes_share_the_fleet(replay_settings: ReplaySettings)
 def test_new_query_version_takes_effect_at_an_epoch_boundary(replay_settings: ReplaySettings) -> None:
     day = load_day(replay_settings)
     fleet = fleet_size_for(day, replay_settings)
-    v1 = next(q for q in default_queries(day, fleet) if q.mechanism == "sp")
+    v1 = next(q for q in default_queries(day, fleet, replay_settings.mechanisms) if q.mechanism == "sp")
     switch = epoch_start(int(day.epochs[3])) + timedelta(seconds=10)  # mid-epoch 3: effective from epoch 4
     v2 = v1.model_copy(update={"version": 2, "params": {"pis": 0.3}, "t_start": switch})
     publish_query(replay_settings, v1)
