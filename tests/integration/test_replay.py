@@ -232,7 +232,7 @@ def test_ctrl_c_flushes_and_marks(replay_settings: ReplaySettings, producers: in
     s = replay_settings
     env = {**os.environ, "PTT_BOOTSTRAP_SERVERS": s.bootstrap_servers, "PTT_REPORTS_TOPIC": s.reports_topic,
            "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
-           "PTT_SYNTHETIC_STATIONS": "6", "PTT_PARTITIONS": "3"}
+           "PTT_SYNTHETIC_STATIONS": "6", "PTT_PARTITIONS": "3", "PTT_QUERY_MECHANISMS": s.query_mechanisms}
     max_epochs = 100 if speed != "0" else 2880  # paced: 150 s; unpaced: a whole day, far more than the wait
     proc = _cli("replay", "--speed", speed, "--max-epochs", str(max_epochs), "--quiet", "--producers",
                 str(producers), env=env)
@@ -271,7 +271,8 @@ def _replay_env(s: ReplaySettings) -> dict[str, str]:
     """The environment of a ``ptt replay`` subprocess on ``s``'s broker, topics and data."""
     return {**os.environ, "PTT_BOOTSTRAP_SERVERS": s.bootstrap_servers, "PTT_REPORTS_TOPIC": s.reports_topic,
             "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
-            "PTT_SYNTHETIC_STATIONS": str(s.synthetic_stations), "PTT_PARTITIONS": str(s.partitions)}
+            "PTT_SYNTHETIC_STATIONS": str(s.synthetic_stations), "PTT_PARTITIONS": str(s.partitions),
+            "PTT_QUERY_MECHANISMS": s.query_mechanisms}
 
 
 def test_sigterm_mid_epoch_flushes_and_marks(replay_settings: ReplaySettings) -> None:
