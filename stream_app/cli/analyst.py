@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -104,8 +105,10 @@ def vehicle_day_line(queries: list[Any], release: str, shuffle_size: int | None 
     which = f"{len(answered)} {'query' if len(answered) == 1 else 'queries'} ({names})"
     if release == "local":
         return f"a vehicle's day across its {which}: epsilon {day['local']:.4g} at delta 1e-06, local (no shuffler)"
+    unbounded = "; no finite bound: a query has none (Sampling Privacy's rounds share one die)"
     return (f"a vehicle's day across its {which}: epsilon {day['shuffled']:.4g} at delta 1e-06 through the "
-            f"shuffler's {release} release among n={n:,} (local, without it: {day['local']:.4g})")
+            f"shuffler's {release} release among n={n:,} (local, without it: {day['local']:.4g})"
+            + (unbounded if math.isinf(day["shuffled"]) else ""))
 
 
 def _privacy(q: Any, asked: int, day: bool) -> dict[str, Any]:

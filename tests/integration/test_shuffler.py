@@ -568,16 +568,16 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     source reading through the shuffler), ``reports`` too (per-sensor: the non-default answers,
     pairs or counted) -- except ``epsilon_shuffled`` and ``release`` (null on the direct path,
     which attests no shuffle; through the shuffler its release and that release's epsilon), and
-    nothing withheld -- ALP and RR included. ``--release`` without ``--via-shuffler`` is refused
-    before anything starts."""
+    nothing withheld -- the default queries (ALP, unary RR) and the opt-in Sampling Privacy and RR
+    included. ``--release`` without ``--via-shuffler`` is refused before anything starts."""
     runs = {"direct": (), "aggregate": ("--via-shuffler",), "permuted": ("--via-shuffler", "--release", "permuted")}
     got = {}
     for name, flags in runs.items():
         (tmp_path / name).mkdir()
-        got[name] = _demo_estimates(tmp_path / name, *flags)
+        got[name] = _demo_estimates(tmp_path / name, *flags, "--query-mechanisms", "sp,alp,rr,unary")
     assert (tmp_path / "aggregate" / "out" / "shuffler.log").exists()
     plain = got["direct"]
-    assert len(plain) == 6 * 16 * 6  # 6 epochs, 16 stations, 6 estimators
+    assert len(plain) == 6 * 16 * 7  # 6 epochs, 16 stations, 7 estimators (SP 1, ALP 4, RR 1, unary 1)
     shuffled = ("epsilon_shuffled", "release")
     for release in ("aggregate", "permuted"):
         via = got[release]
