@@ -28,7 +28,8 @@ from .budget import (
 )
 from .compare import COMPARED, compare, kary_variances, oracle_variance, support_probabilities
 from .consistency import project_capped_simplex
-from .fleet import fleet_plan, share_epsilon
+from .fleet import fleet_plan, share_epsilon, vehicle_day
+from .ledger import ShuffledDayLedger
 from .linear import (
     Bound,
     LinearEstimator,
@@ -141,6 +142,7 @@ __all__ = [
     "Pld",
     "REGISTRY",
     "ShuffledDay",
+    "ShuffledDayLedger",
     "SparseReports",
     "SpecError",
     "StationCurves",
@@ -230,4 +232,5 @@ __all__ = [
     "two_coin_rr",
     "variation_ratio",
     "variation_ratio_pair",
+    "vehicle_day",
 ]

@@ -104,11 +104,31 @@ def _binom_block(first: int, count: int, p: float) -> tuple[int, FloatArray]:
     return lo, rows
 
 
-def _pad(rows: list[FloatArray]) -> FloatArray:
-    out = np.zeros((len(rows), max(r.size for r in rows)))
-    for i, r in enumerate(rows):
-        out[i, :r.size] = r
-    return out
+def _windows(trials: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_window` of every entry of ``trials`` at once (the same windows, one scipy call per
+    widening instead of two per row)."""
+    t = np.asarray(trials, dtype=np.int64)
+    mean, sd = t * p, np.sqrt(t * p * (1 - p))
+    lo, hi = np.zeros(t.size, dtype=np.int64), np.zeros(t.size, dtype=np.int64)
+    todo, z = np.arange(t.size), _Z
+    while todo.size:
+        tt, mu, s = t[todo], mean[todo], sd[todo]
+        lo_t = np.maximum(0, np.floor(mu - z * s).astype(np.int64) - 1)
+        hi_t = np.minimum(tt, np.ceil(mu + z * s).astype(np.int64) + 1)
+        ok = ((lo_t == 0) | (binom.cdf(lo_t - 1, tt, p) <= 1e-17)) & ((hi_t == tt) | (binom.sf(hi_t, tt, p) <= 1e-17))
+        lo[todo[ok]], hi[todo[ok]] = lo_t[ok], hi_t[ok]
+        todo, z = todo[~ok], z * 1.5
+    return lo, hi
+
+
+def _binom_rows(trials: np.ndarray, p: float) -> FloatArray:
+    """Row ``i``: the pmf of Bin(trials[i], p) on its own :func:`_window` (left-aligned, zero
+    beyond it), as ``_binom_block(trials[i], 1, p)`` would give, in one vectorized call."""
+    lo, hi = _windows(trials, p)
+    x = lo[:, None] + np.arange(int((hi - lo).max()) + 1)[None, :]
+    rows = np.asarray(binom.pmf(x, np.asarray(trials)[:, None], p), dtype=np.float64)
+    rows[x > hi[:, None]] = 0.0
+    return rows
 
 
 @dataclass(frozen=True)
@@ -155,8 +175,8 @@ def station_profiles(m: int, p1: float, p0: float, ks: np.ndarray | None = None,
             _, b_rev = _binom_block(m - int(k[-1]), k.size, p0)
             b = b_rev[::-1]
         else:  # an arbitrary set of k: one row each, padded to a common width (offsets do not matter)
-            a = _pad([_binom_block(int(t), 1, p1)[1][0] for t in k])
-            b = _pad([_binom_block(m - int(t), 1, p0)[1][0] for t in k])
+            a = _binom_rows(k, p1)
+            b = _binom_rows(m - k, p0)
         tail = np.clip(1.0 - a.sum(axis=1), 0.0, None) + np.clip(1.0 - b.sum(axis=1), 0.0, None) + _FFT_SLACK
         size = a.shape[1] + b.shape[1]  # the convolution plus one more count (the target's bit)
         nfft = sfft.next_fast_len(size, real=True)

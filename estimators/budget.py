@@ -20,7 +20,7 @@ that meet a whole-day budget.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,12 +120,29 @@ def headline_sd(spec: MechanismSpec, mech: Mechanism, expected_yes: float, popul
     return float(np.sqrt(ests[spec.headline].variance(expected_yes, population))[0])
 
 
+def _alp_mix(defaults: Mapping[str, float], lam: float) -> dict[str, float]:
+    """ALP's parameters whose Yes row is ``(1 - lam) Yes + lam No`` of the defaults' table: with
+    probability ``lam`` a device reports a fresh draw of a No vehicle's answer, a
+    truth-independent post-processing (``lam = 0``: the papers' values; ``lam = 1``: no signal).
+    The No row (``pisNo``, ``pi3``) is unchanged.
+
+    >>> p = _alp_mix({"pisYes1": 0.05, "pisYes2": 0.05, "pi1": 0.95, "pi2": 0.98, "pisNo": 0.05, "pi3": 0.98}, 0.5)
+    >>> round(p["pisYes1"], 6), round(p["pi1"], 6), round(p["pisYes2"], 6)
+    (0.05, 0.965, 0.025)
+    """
+    d = dict(defaults)
+    y1 = (1 - lam) * d["pisYes1"] + lam * d["pisNo"]
+    pi1 = ((1 - lam) * d["pisYes1"] * d["pi1"] + lam * d["pisNo"] * d["pi3"]) / y1
+    return {**d, "pisYes1": y1, "pi1": pi1, "pisYes2": (1 - lam) * d["pisYes2"]}
+
+
 @dataclass(frozen=True)
 class Family:
     """A one-parameter family searched for a day budget: ``param`` from ``lo`` to ``hi`` with the
-    others at ``fixed`` (else the defaults). ``bisect``: the day epsilon is monotone in
-    ``param`` (decreasing if ``private_when_larger``), so bisection finds the least private
-    setting that fits; otherwise the ``grid`` is scanned and the smallest sd that fits wins."""
+    others at ``fixed`` (else the defaults), or ``to_params(defaults, value)`` when given.
+    ``bisect``: the day epsilon is monotone in ``param`` (decreasing if
+    ``private_when_larger``), so bisection finds the least private setting that fits;
+    otherwise the ``grid`` is scanned and the smallest sd that fits wins."""
 
     param: str
     lo: float
@@ -135,6 +152,7 @@ class Family:
     fixed: Mapping[str, float] = field(default_factory=dict)
     bisect: bool = True
     grid: tuple[float, ...] = ()
+    to_params: Callable[[Mapping[str, float], float], dict[str, float]] | None = None
 
 
 FAMILIES: dict[str, Family] = {
@@ -147,16 +165,38 @@ FAMILIES: dict[str, Family] = {
     "krr": Family("epsilon", 1e-3, 12.0, False,
                   "bisection on the per-report epsilon (a smaller one is a post-processing of a larger one)"),
     "sp": Family("pis", 1e-4, 0.999, False, "bisection on pis (the truthful face's probability), pi0 as default"),
-    "alp": Family("s", 0.0, 0.0, False,
-                  "a grid over the sampling rates pisYes1 = pisYes2 = pisNo = s, the rest at the papers' values",
-                  bisect=False, grid=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45)),
+    # ALP's epsilon hardly moves with its sampling rates (the Yes/No ratios stay 3.5 and 0.95/0.9;
+    # over s = 0.002..0.05 the day through the release is 2.33..2.48), so mixing is the knob
+    "alp": Family("mix", 0.0, 0.99, True,
+                  "bisection on mix: the Yes row mixed toward the No row (a device answers as a No vehicle "
+                  "w.p. mix), a truth-independent post-processing of the papers' mechanism, nested in mix",
+                  to_params=_alp_mix),
 }
 
 
-def _params(fam: Family, value: float) -> dict[str, float]:
-    if fam.param == "s":
-        return {"pisYes1": value, "pisYes2": value, "pisNo": value}
+def _params(spec: MechanismSpec, fam: Family, value: float) -> dict[str, float]:
+    if fam.to_params is not None:
+        return fam.to_params(spec.defaults, value)
     return {**fam.fixed, fam.param: value}
+
+
+# the day epsilons evaluated so far, per (mechanism, stations, n, release, epochs, delta): a
+# later search (the fleet re-fitting a smaller share) starts from the tightest known bracket
+_DAYS: dict[tuple[Any, ...], dict[float, float]] = {}
+
+
+def _day_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, population: int, release: str,
+            epochs: int, delta: float) -> float:
+    """The (coarse-grid, still upper-bound) day epsilon of the family member ``value``, cached."""
+    if len(_DAYS) > 64:
+        _DAYS.clear()
+    seen = _DAYS.setdefault((spec.name, n_stations, population, release, epochs, delta), {})
+    if value not in seen:
+        mech = spec.build(_params(spec, fam, value), n_stations)
+        acc = epoch_account(spec, mech, n_stations, population, release)
+        local = privacy.optimal_composition(acc.local, epochs, delta)
+        seen[value] = min(local, pld_day_epsilon(list(acc.plds), epochs, delta, coarse=True))
+    return seen[value]
 
 
 def can_fit(spec: MechanismSpec, n_stations: int, population: int, budget_: float, release: str, epochs: int,
@@ -165,62 +205,63 @@ def can_fit(spec: MechanismSpec, n_stations: int, population: int, budget_: floa
     fam = FAMILIES.get(spec.name)
     if fam is None:
         return False, f"{spec.name}: no parameter family to search"
-    ends = ([fam.hi if fam.private_when_larger else fam.lo] if fam.bisect else [min(fam.grid)])
-    mech = spec.build(_params(fam, ends[0]), n_stations)
-    acc = epoch_account(spec, mech, n_stations, population, release)
-    d = min(privacy.optimal_composition(acc.local, epochs, delta),
-            pld_day_epsilon(list(acc.plds), epochs, delta, coarse=True))
+    end = (fam.hi if fam.private_when_larger else fam.lo) if fam.bisect else min(fam.grid)
+    d = _day_of(spec, fam, end, n_stations, population, release, epochs, delta)
     if d <= budget_:
         return True, ""
-    return False, (f"even its most private setting ({fam.param} = {ends[0]:g}) costs {d:.4g} over the day "
+    return False, (f"even its most private setting ({fam.param} = {end:g}) costs {d:.4g} over the day "
                    f"through the {release} release, more than {budget_:g}")
 
 
 def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_yes: float, budget: float,
                release: str, epochs: int, delta: float, tol: float = 1e-3) -> dict[str, Any]:
-    """The family member with the smallest headline sd whose day epsilon (the release's, a valid
-    upper bound) is at most ``budget``; ``{"fits": False, ...}`` when none does."""
+    """The family member with the smallest headline sd whose day epsilon (the release's, on the
+    search's coarse grid: a valid upper bound) is at most ``budget``; ``{"fits": False, ...}``
+    when none does. Bisection: Brent's method on the day epsilon, from the tightest bracket
+    earlier searches evaluated; the answer is the least private *evaluated* member that fits
+    (within ``tol`` of the root), so it fits by construction."""
     fam = FAMILIES.get(spec.name)
     if fam is None:
         raise PlanError(f"{spec.name}: no parameter family to search for a day budget (families: "
                         f"{', '.join(FAMILIES)})")
 
-    def day_of(value: float, coarse: bool) -> float:
-        mech = spec.build(_params(fam, value), n_stations)
-        acc = epoch_account(spec, mech, n_stations, population, release)
-        local = privacy.optimal_composition(acc.local, epochs, delta)
-        return min(local, pld_day_epsilon(list(acc.plds), epochs, delta, coarse=coarse))
+    def day_of(value: float) -> float:
+        return _day_of(spec, fam, value, n_stations, population, release, epochs, delta)
 
     tried: list[dict[str, float]] = []
     chosen: float | None = None
     if fam.bisect:
         private_end, loose_end = (fam.hi, fam.lo) if fam.private_when_larger else (fam.lo, fam.hi)
-        if day_of(private_end, True) > budget:
+        if day_of(private_end) > budget:
             return {"fits": False, "search": fam.why, "why": f"even {fam.param} = {private_end:g} exceeds the budget"}
-        if day_of(loose_end, True) <= budget:
+        if day_of(loose_end) <= budget:
             chosen = loose_end
-        else:  # Brent's method on the (coarse-grid, still upper-bound) day epsilon, then the fitting side
+        else:
+            sign = 1.0 if fam.private_when_larger else -1.0  # sign * value grows toward the private end
+            seen = _DAYS[(spec.name, n_stations, population, release, epochs, delta)]
+            fits = [v for v, d in seen.items() if d <= budget and sign * (v - private_end) <= 0
+                    and sign * (v - loose_end) >= 0]
+            over = [v for v, d in seen.items() if d > budget and sign * (v - private_end) <= 0
+                    and sign * (v - loose_end) >= 0]
+            a, b = min(fits, key=lambda v: sign * v), max(over, key=lambda v: sign * v)
+
             def gap(v: float) -> float:
-                d = day_of(v, True)
+                d = day_of(v)
                 tried.append({fam.param: v, "epsilon_day": d})
                 return d - budget
 
-            root = float(brentq(gap, private_end, loose_end, xtol=tol * 0.1, rtol=tol))
-            chosen = root
-            for _ in range(50):  # step toward the private end (which fits) until it fits
-                if day_of(chosen, True) <= budget:
-                    break
-                chosen += (private_end - chosen) * tol
-            else:
-                chosen = private_end
+            brentq(gap, a, b, xtol=tol * 0.1, rtol=tol)
+            fits = [v for v, d in seen.items() if d <= budget and sign * (v - private_end) <= 0
+                    and sign * (v - loose_end) >= 0]
+            chosen = min(fits, key=lambda v: sign * v)  # the least private evaluated member that fits
     else:
         best: tuple[float, float] | None = None
         for value in fam.grid:
             try:
-                mech = spec.build(_params(fam, value), n_stations)
+                mech = spec.build(_params(spec, fam, value), n_stations)
             except PlanError:
                 continue
-            d = day_of(value, True)
+            d = day_of(value)
             sd = headline_sd(spec, mech, expected_yes, population)
             tried.append({fam.param: value, "epsilon_day": d, "sd": sd})
             if d <= budget and (best is None or sd < best[1]):
@@ -229,7 +270,7 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
             return {"fits": False, "search": fam.why, "tried": tried,
                     "why": "no member of the family fits the budget"}
         chosen = best[0]
-    params = _params(fam, chosen)
+    params = _params(spec, fam, chosen)
     mech = spec.build(params, n_stations)
     return {"fits": True, "search": fam.why, "params": params, "chosen": {fam.param: chosen},
             "sd": headline_sd(spec, mech, expected_yes, population), "tried": tried}

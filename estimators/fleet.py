@@ -9,7 +9,8 @@ With a day budget ``B`` the budget is split in the Gaussian sense: mu^2 adds und
 composition, so each of the ``Q`` queries gets the epsilon of ``mu_B / sqrt(Q)``-GDP at the
 same delta (``mu_B``: the mu whose (B, delta) curve point is met), its parameters are chosen
 for that share (:func:`budget.fit_budget`), and the chosen queries' PLDs are composed to
-check the whole day; if it exceeds ``B`` the shares shrink by 5% and the search repeats. A
+check the whole day; if it exceeds ``B`` the shares shrink by the ratio of mu^2 between ``B`` and the
+composed day (a little more) and the search repeats from the brackets it has already evaluated. A
 query that cannot fit even alone is reported (``fits: false``, the reason) and left out of
 the vehicle's day; the others share the budget.
 """
@@ -17,6 +18,7 @@ the vehicle's day; the others share the budget.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from scipy.optimize import brentq
@@ -24,9 +26,10 @@ from scipy.optimize import brentq
 import estimators.budget as budget
 import estimators.privacy as privacy
 
-from .registry import PlanError, default_query_mechanisms, get_spec
+from .mechanisms import Mechanism
+from .registry import MechanismSpec, PlanError, default_query_mechanisms, get_spec
 
-__all__ = ["fleet_plan", "share_epsilon"]
+__all__ = ["fleet_plan", "share_epsilon", "vehicle_day"]
 
 _FLEET_TOL = 1e-2  # parameter precision of each query's fit (relative): ~1% of sd, a third of the time
 
@@ -37,9 +40,13 @@ def share_epsilon(total: float, share: float, delta: float) -> float:
     >>> round(share_epsilon(2.5, 1.0, 1e-6), 6)
     2.5
     """
-    mu = float(brentq(lambda m: budget.gaussian_delta(total, m) - delta, 1e-6, 100.0, xtol=1e-12))
-    mu_i = mu * math.sqrt(share)
+    mu_i = _mu(total, delta) * math.sqrt(share)
     return float(brentq(lambda e: budget.gaussian_delta(e, mu_i) - delta, 1e-9, 200.0, xtol=1e-12))
+
+
+def _mu(epsilon: float, delta: float) -> float:
+    """The mu of the mu-GDP curve through (epsilon, delta)."""
+    return float(brentq(lambda m: budget.gaussian_delta(epsilon, m) - delta, 1e-6, 100.0, xtol=1e-12))
 
 
 def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float) -> tuple[float, float]:
@@ -51,6 +58,21 @@ def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float)
     plds = [p for a in accounts for p in a.plds]
     shuffled = min(local, budget.pld_day_epsilon(plds, epochs, delta)) if plds else 0.0
     return local, shuffled
+
+
+def vehicle_day(queries: Sequence[tuple[MechanismSpec, Mechanism, int]], n: int, release: str = "aggregate",
+                epochs: int = 2880, delta: float = 1e-6) -> dict[str, float]:
+    """A vehicle's whole day answering every query of ``queries`` (spec, built mechanism, stations)
+    in every epoch: ``local`` (what it sends, no shuffler) and ``shuffled`` (through the
+    shuffler's ``release`` among ``n`` reports, never above ``local``; ``release = "local"``:
+    the local figure only). Infinite where some query has no shuffled bound (Sampling Privacy)."""
+    if release == "local":
+        epoch = sum(s.report_epsilon(m, v) for s, m, v in queries)  # each query's published epsilon
+        local = privacy.optimal_composition(epoch, epochs, delta) if queries else 0.0
+        return {"local": local, "shuffled": local}
+    accs = [budget.epoch_account(s, m, v, n, release) for s, m, v in queries]
+    local, shuffled = _vehicle_day(accs, epochs, delta)
+    return {"local": local, "shuffled": shuffled}
 
 
 def fleet_plan(population: int, expected_yes: float, stations: int, release: str = "aggregate",
@@ -71,7 +93,7 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
                 queries[name] = {"fits": False, "budget_share": day_budget, "why": why,
                                  "search": budget.FAMILIES[name].why if name in budget.FAMILIES else ""}
         fitting = [n for n in names if n not in queries]
-        for _ in range(6):
+        for _ in range(8):
             share = factor / max(len(fitting), 1)
             target = share_epsilon(day_budget, share, delta)
             still: list[str] = []
@@ -88,9 +110,13 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
                 fitting = still
                 continue
             accs = [_account(n, params[n], stations, population, release) for n in fitting]
-            if _vehicle_day(accs, epochs, delta)[1] <= day_budget:
+            day = _vehicle_day(accs, epochs, delta)[1]
+            if day <= day_budget:
                 break
-            factor *= 0.95
+            # the composed day came out at `day`: shrink the shares by the ratio of mu^2 (GDP) that
+            # maps it onto the budget, and a little more (the fits round toward the private side)
+            factor *= min(0.98, (_mu(day_budget, delta) / _mu(day, delta)) ** 2 * 0.995) if math.isfinite(day) \
+                else 0.5
         else:
             raise PlanError("could not split the day budget so that the composed day fits; give a larger one")
     accounts = {}

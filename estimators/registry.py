@@ -366,7 +366,8 @@ _SPECS = (
         estimator_names=("sp_difference",), headline="sp_difference",
         build_fn=_build_sp, estimators_fn=lambda m, st, d: {"sp_difference": sp_difference(m, st)},
         closed_form_fn=_sp_closed, references="Differential Privacy by Sampling §4.2, eqs. 16 and 29",
-        title="Sampling Privacy", default_query=True),
+        # opt-in (--query-mechanisms): its two rounds share one die, so no shuffled or whole-day bound exists
+        title="Sampling Privacy"),
     MechanismSpec(
         name="sp-binary", summary="binary Sampling Privacy (one sensor): faces 0, S, 1",
         defaults={"pi0": 0.275, "pis": 0.45}, n_rounds=2, per_sensor=False, max_stations=1,
@@ -385,6 +386,7 @@ _SPECS = (
         estimators_fn=lambda m, st, d: alp_estimators(m, design_yes=d[0], design_n=d[1]),
         closed_form_fn=lambda m: privacy.alp_epsilon_closed_form(**m.params),
         extra_fn=_alp_crowd, extra_names=("mean", "p01"), references="Anonymized Local Privacy §V, eqs. 6-11",
+        # a default: the papers' headline estimator, with a finite day through the shuffler's release
         title="ALP", overlay=("alp_gls", "GLS"), default_query=True),
     MechanismSpec(
         name="rr", summary="two-coin randomized response asked about each sensor (the baseline)",
@@ -394,7 +396,9 @@ _SPECS = (
         estimators_fn=lambda m, st, d: {"rr": rr_estimator(m)},
         closed_form_fn=lambda m: privacy.rr_epsilon_closed_form(m.params["pi1"], m.params["pi2"]),
         references="Differential Privacy by Sampling §1 and App. A, eq. 30; Gaboardi's lecture notes",
-        title="Randomized response", default_query=True),
+        # not a default: within a day budget its best member is symmetric unary RR (pi2 = 1/2), so a
+        # third query would repeat unary's estimate at a third of the budget instead of a half
+        title="Randomized response"),
     MechanismSpec(
         name="unary", summary="symmetric unary randomized response: each sensor's truth bit flipped w.p. q",
         defaults={"q": 0.2}, n_rounds=1, per_sensor=True,
@@ -404,7 +408,8 @@ _SPECS = (
         closed_form_fn=lambda m: math.log((1 - m.params["q"]) / m.params["q"]),
         references="Wang et al., Locally Differentially Private Protocols for Frequency Estimation "
                    "(symmetric unary encoding)",
-        title="Symmetric unary RR"),
+        # a default: the accurate one (within ~2% of a trusted curator's sd at a whole-day budget)
+        title="Symmetric unary RR", default_query=True),
     MechanismSpec(
         name="fresh", summary="two-round fresh-sample variant asked about each sensor (a baseline)",
         defaults={"pisYes1": 0.5, "pisNo1": 0.05, "pisYes2": 0.05, "pisNo2": 0.05}, n_rounds=2, per_sensor=True,
@@ -436,10 +441,12 @@ def mechanism_names(queryable_only: bool = False) -> tuple[str, ...]:
 
 
 def default_query_mechanisms() -> tuple[str, ...]:
-    """The mechanisms the demo's default queries run, in registry order.
+    """The mechanisms the demo's default queries run, in registry order: those with a finite
+    whole-day bound through the shuffler's release (Sampling Privacy has none: opt in with
+    ``--query-mechanisms``).
 
     >>> default_query_mechanisms()
-    ('sp', 'alp', 'rr')
+    ('alp', 'unary')
     """
     return tuple(n for n, s in REGISTRY.items() if s.default_query)
 

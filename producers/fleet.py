@@ -15,11 +15,12 @@ import numpy as np
 import numpy.typing as npt
 
 from estimators import DayLedger, audit_query
+from estimators.ledger import ShuffledDayLedger
 from estimators.registry import Layout
 from schemas import Query
 
-__all__ = ["Device", "EpochReports", "FleetTooSmall", "epoch_rng", "fleet_share", "privatize", "query_truth_counts",
-           "split_fleet"]
+__all__ = ["Device", "EpochReports", "FleetTooSmall", "charge", "epoch_rng", "fleet_share", "privatize",
+           "query_truth_counts", "split_fleet"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -111,8 +112,16 @@ class EpochReports:
     vehicles: list[IntArray] = field(default_factory=list)
 
 
+def charge(ledger: DayLedger | ShuffledDayLedger, day: str, query: Query) -> bool:
+    """Charge one epoch of ``query`` to a device's ledger: its local epsilon, or (through the
+    shuffler) its release's PLD at the shuffler's min_crowd. False: it would exceed the budget."""
+    if isinstance(ledger, ShuffledDayLedger):
+        return ledger.spend(day, query.record_key, query.spec, query.build(), query.n_stations)
+    return ledger.spend(day, query.epsilon)
+
+
 def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
-              device: Device, ledger: DayLedger | None = None, day: str = "") -> EpochReports:
+              device: Device, ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "") -> EpochReports:
     """Run every device of one producer for one epoch of ``query``.
 
     Per-vehicle mode: each vehicle privatizes its own truth; each round's reports are
@@ -120,13 +129,13 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     mechanisms send only the non-default (station, report) pairs, shuffled across vehicles.
     Tally mode: the exact-tally path of the statistics core.
 
-    With a ``ledger`` (the devices' daily privacy budget), a query whose epoch would take
-    ``day``'s composed epsilon over the budget is refused, like an audit refusal.
+    With a ``ledger`` (the devices' daily privacy budget, :func:`charge`), a query whose epoch
+    would take ``day``'s composed epsilon over the budget is refused, like an audit refusal.
     """
     n = int(truth_counts.sum())
     layout: Layout = "counts" if mode == "tally" else query.spec.layout
     ok, reason = device.accepts(query)
-    if ok and ledger is not None and not ledger.spend(day, query.epsilon):
+    if ok and ledger is not None and not charge(ledger, day, query):
         ok, reason = False, (f"daily privacy budget: answering would take the day's epsilon over "
                              f"{ledger.budget:g} (spent {ledger.total(day):.4g})")
     if not ok:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from estimators import DayLedger, default_query_mechanisms
+from estimators.ledger import ShuffledDayLedger
 from estimators.registry import Layout
 from schemas import (
     MAX_MARKERS_PER_SET,
@@ -100,15 +101,15 @@ def fleet_size_for(day: TrafficDay, settings: ReplaySettings) -> int:
     return max(size, settings.expand_to or 0)
 
 
-def default_queries(day: TrafficDay, population: int) -> list[Query]:
-    """The demo's queries over all the day's stations, one per mechanism the registry marks as a
-    default query (Sampling Privacy, ALP and the RR baseline, at the papers' parameters), valid
-    for the whole day."""
+def default_queries(day: TrafficDay, population: int, mechanisms: tuple[str, ...] | None = None) -> list[Query]:
+    """The demo's queries over all the day's stations, one per mechanism (default: those the
+    registry marks as default queries, ALP and symmetric unary RR; ``ReplaySettings.mechanisms``
+    chooses others), at each mechanism's default parameters, valid for the whole day."""
     sensors = tuple(int(s) for s in day.stations)
     t0, t1 = epoch_start(int(day.epochs[0])), epoch_start(int(day.epochs[-1]) + 1)
     common: dict[str, Any] = {"analyst_id": "demo", "version": 1, "sensors": sensors, "population": population,
                               "t_start": t0, "t_end": t1}
-    return [Query(query_id=f"{m}-day", mechanism=m, **common) for m in default_query_mechanisms()]
+    return [Query(query_id=f"{m}-day", mechanism=m, **common) for m in (mechanisms or default_query_mechanisms())]
 
 
 @dataclass
@@ -174,7 +175,10 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     enrollment = settings.enrollment() if settings.via_shuffler else None
     first_device = sum(fleet_share(fleet, k, count) for k in range(index))
     # every device of this producer answers the same queries: one ledger stands for each of them
-    ledger = DayLedger(settings.device_daily_budget) if settings.device_daily_budget is not None else None
+    ledger: DayLedger | ShuffledDayLedger | None = None
+    if settings.device_daily_budget is not None:  # through the shuffler: its release at its min_crowd
+        ledger = (ShuffledDayLedger(settings.device_daily_budget, min_crowd=settings.shuffler_min_crowd)
+                  if settings.via_shuffler else DayLedger(settings.device_daily_budget))
     producer_id = f"p{index}-{uuid.uuid4().hex[:8]}"
     client = (DeviceClient(settings.front_door_url, concurrency=settings.http_concurrency)
               if settings.via_shuffler and settings.transport == "http" else None)
@@ -483,7 +487,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     finally:
         reader.close()
     if not have and settings.default_queries:
-        for q in default_queries(day, fleet):
+        for q in default_queries(day, fleet, settings.mechanisms):
             publish_query(settings, q)
     total = day.epochs.size - settings.start_epoch
     if settings.max_epochs is not None:

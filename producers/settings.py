@@ -9,12 +9,35 @@ from datetime import date
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from estimators import default_query_mechanisms
+from estimators.registry import mechanism_names
 from schemas.settings import EnrollmentSettings, KafkaSettings, source_topic
 
-__all__ = ["KafkaSettings", "ReplaySettings"]
+__all__ = ["KafkaSettings", "ReplaySettings", "parse_mechanisms"]
+
+
+def parse_mechanisms(text: str) -> tuple[str, ...]:
+    """Comma-separated registry names of query mechanisms, checked (no network involved).
+
+    >>> parse_mechanisms(" sp, unary ")
+    ('sp', 'unary')
+    >>> parse_mechanisms("sp,nope")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown query mechanism 'nope'; choose from sp, sp-binary, alp, rr, unary, fresh, krr
+    """
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    known = mechanism_names(queryable_only=True)
+    for n in names:
+        if n not in known:
+            raise ValueError(f"unknown query mechanism {n!r}; choose from {', '.join(known)}")
+    if not names:
+        raise ValueError(f"name at least one query mechanism ({', '.join(known)})")
+    if len(set(names)) < len(names):
+        raise ValueError("a query mechanism is named twice")
+    return names
 
 
 class ReplaySettings(EnrollmentSettings):
@@ -44,11 +67,17 @@ class ReplaySettings(EnrollmentSettings):
     device_daily_budget: float | None = Field(default=None, gt=0, description="a device's daily privacy budget: a "
                                               "query whose next epoch would take the day's composed epsilon over "
                                               "it is refused (default: none)")
+    shuffler_min_crowd: int = Field(default=20, ge=1, description="--via-shuffler: the shuffler's --min-crowd, the "
+                                    "fewest reports a device's report is released among; the daily budget is then "
+                                    "charged through the shuffler's aggregate release at that many")
     device_blacklist: tuple[int, ...] = ()
     max_epochs: int | None = Field(default=None, ge=1, description="stop after this many epochs")
     start_epoch: int = Field(default=0, ge=0, description="skip this many epochs of the day")
-    default_queries: bool = Field(default=True, description=f"publish a query over every station for each of "
-                                  f"{', '.join(default_query_mechanisms())} if none exist")
+    default_queries: bool = Field(default=True, description="publish a query over every station for each of "
+                                  "--query-mechanisms if none exist")
+    query_mechanisms: str = Field(default=",".join(default_query_mechanisms()),
+                                  description="the default queries' mechanisms, comma-separated registry names "
+                                              "(e.g. sp,alp,unary; sp is opt-in: it has no whole-day bound)")
 
     via_shuffler: bool = Field(default=False, description="send every device's report as its own record to the "
                                                          "device topic, for `ptt shuffler` (no batches, no markers)")
@@ -63,6 +92,16 @@ class ReplaySettings(EnrollmentSettings):
     http_concurrency: int = Field(default=32, ge=1, le=1024,
                                   description="--transport http: requests in flight at once (pooled keep-alive "
                                               "connections)")
+
+    @field_validator("query_mechanisms")
+    @classmethod
+    def _known_mechanisms(cls, value: str) -> str:
+        return ",".join(parse_mechanisms(value))
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        """The default queries' mechanisms (``query_mechanisms`` split)."""
+        return tuple(self.query_mechanisms.split(","))
 
     @property
     def source_topic(self) -> str:

@@ -1,5 +1,5 @@
-"""One-shot (the `queries` service of docker-compose.yml): publish the demo's queries (sp-day,
-alp-day, rr-day over every station of the replayed day) as the **analyst** principal, if the
+"""One-shot (the `queries` service of docker-compose.yml): publish the demo's queries (alp-day
+and unary-day over every station of the replayed day, or PTT_QUERY_MECHANISMS's) as the **analyst** principal, if the
 queries topic has none.
 
 ``ptt replay`` would publish them itself (``PTT_DEFAULT_QUERIES=true``), but in the secured
@@ -25,7 +25,7 @@ def main() -> int:
             print(f"publish-demo-queries: {len(existing)} query versions exist; nothing published")
             return 0
         day = load_day(settings)
-        for query in default_queries(day, fleet_size_for(day, settings)):
+        for query in default_queries(day, fleet_size_for(day, settings), settings.mechanisms):
             publish_query(settings, query)
             print(f"publish-demo-queries: published {query.record_key} as {settings.sasl_plain_username}")
     except BrokerUnavailable as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +17,7 @@ from schemas.wire import json_safe
 from .base import add_settings_flags, param, settings_from_args
 from .errors import EXIT_USAGE, CliError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "vehicle_day_line"]
 
 _LIST_NOTE = (
     "epsilon: what one device's report costs it, per epoch and over a day, whatever happens to it. \"if shuffled "
@@ -81,8 +82,33 @@ def add_parser(sub: Any) -> None:
     ls.add_argument("--shuffled-day", action="store_true",
                     help="also the day's epsilon if shuffled (a composition over 2,880 epochs: several seconds "
                          "per query, so not by default)")
+    ls.add_argument("--release", choices=["aggregate", "permuted", "local"], default="aggregate",
+                    help="the release a vehicle's day is accounted for (the last line): the shuffler's aggregate "
+                         "(default) or permuted release, or local (no shuffler: the direct path)")
     add_settings_flags(ls, KafkaSettings)
     ls.set_defaults(func=run)
+
+
+def vehicle_day_line(queries: list[Any], release: str, shuffle_size: int | None = None) -> str:
+    """A vehicle's whole day across every query it answers (the newest version of each), for
+    ``release``: through the shuffler among n reports (the smallest population, rounded down to
+    2 significant digits as the worker does), or ``local``."""
+    from estimators import planning, vehicle_day
+
+    from ..estimate import round_down_2sig
+
+    newest = {q.query_id: q for q in sorted(queries, key=lambda q: q.version)}
+    answered = [newest[k] for k in sorted(newest)]
+    n = round_down_2sig(shuffle_size or min(q.population for q in answered))
+    day = vehicle_day([(q.spec, q.build(), q.n_stations) for q in answered], n, release, planning.EPOCHS_PER_DAY)
+    names = ", ".join(q.query_id for q in answered)
+    which = f"{len(answered)} {'query' if len(answered) == 1 else 'queries'} ({names})"
+    if release == "local":
+        return f"a vehicle's day across its {which}: epsilon {day['local']:.4g} at delta 1e-06, local (no shuffler)"
+    unbounded = "; no finite bound: a query has none (Sampling Privacy's rounds share one die)"
+    return (f"a vehicle's day across its {which}: epsilon {day['shuffled']:.4g} at delta 1e-06 through the "
+            f"shuffler's {release} release among n={n:,} (local, without it: {day['local']:.4g})"
+            + (unbounded if math.isinf(day["shuffled"]) else ""))
 
 
 def _privacy(q: Any, asked: int, day: bool) -> dict[str, Any]:
@@ -127,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
                       f"if shuffled among n={fig['shuffle_size']:,}: {fig['epsilon_shuffled']:.4g}{shuffled_day}  "
                       f"by {q.analyst_id}", flush=True)
         if existing and not args.json:
+            print(vehicle_day_line(existing, args.release, args.shuffle_size), flush=True)
             print(_LIST_NOTE.format(assumption=TRUST_ASSUMPTION))
         return 0
     fields: dict[str, Any] = {k: getattr(args, k) for k in

@@ -249,13 +249,26 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
     return f"{summary} and {len(plots)} plots in {out}/"
 
 
+def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
+    """The start-up line's per-vehicle day: every demo query, for the release the demo uses (the
+    shuffler's, or local on the direct path)."""
+    from producers.replay import default_queries, fleet_size_for
+
+    from .analyst import vehicle_day_line
+
+    release = (demo.release or ShufflerSettings().release) if demo.via_shuffler else "local"
+    line = vehicle_day_line(default_queries(day, fleet_size_for(day, rs), rs.mechanisms), release)
+    return line + ("" if demo.via_shuffler else "; --via-shuffler: through the shuffler's release")
+
+
 def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
                      enrolled: dict[str, Any] | None = None) -> ReplaySettings:
+    chosen: dict[str, Any] = {} if demo.query_mechanisms is None else {"query_mechanisms": demo.query_mechanisms}
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,
                           transport=demo.transport, front_door_url=f"http://127.0.0.1:{http_port}",
-                          **(enrolled or {}))
+                          **(enrolled or {}), **chosen)
 
 
 def _enroll(out: Path, fleet: int) -> dict[str, Any]:
@@ -392,6 +405,7 @@ def _run_demo(demo: DemoSettings) -> int:
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
     enrolled = _enroll(out, fleet_size_for(day, rs_check)) if demo.via_shuffler else {}
+    privacy_line = _vehicle_day(demo, rs_check, day)
     ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None
     prom: subprocess.Popen[bytes] | None = None
@@ -452,6 +466,7 @@ def _run_demo(demo: DemoSettings) -> int:
         print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
         print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")
         print(f"queries     {ptt} analyst list --bootstrap-servers {broker.bootstrap}")
+        print(f"privacy     {privacy_line}")
         print(f"output      {out}/ (logs now; estimates.jsonl, estimates.parquet, truth.jsonl and report/ when "
               "the demo ends)")
         pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"

@@ -8,9 +8,10 @@ from datetime import date
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from producers.settings import parse_mechanisms
 from schemas.wire import Release
 
 __all__ = ["DEFAULT_METRICS_PORT", "DEFAULT_PROMETHEUS_PORT", "DemoSettings"]
@@ -55,6 +56,16 @@ class DemoSettings(BaseSettings):
                                     description="with --via-shuffler: what the shuffler releases, 'aggregate' (only "
                                                 "the counts) or 'permuted' (the reports, permuted); default: the "
                                                 "shuffler's (aggregate)")
+
+    query_mechanisms: str | None = Field(default=None,
+                                         description="the demo queries' mechanisms, comma-separated registry names "
+                                                     "(e.g. sp,alp,unary); default: PTT_QUERY_MECHANISMS, else the "
+                                                     "registry's default queries (alp,unary)")
+
+    @field_validator("query_mechanisms")
+    @classmethod
+    def _known_mechanisms(cls, value: str | None) -> str | None:
+        return None if value is None else ",".join(parse_mechanisms(value))
 
     @model_validator(mode="after")
     def _one_source(self) -> DemoSettings:

@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--day-budget", type=float, default=None, metavar="B",
                    help="a vehicle's whole-day epsilon through the release: choose the parameters with the "
                         "smallest headline sd within it (fleet: B is split across the queries)")
+    p.add_argument("--query-mechanisms", default=None, metavar="M1,M2",
+                   help="fleet only: the queries a vehicle answers, comma-separated registry names (default: the "
+                        "registry's default queries, as the demo runs them)")
     p.add_argument("--epsilon", type=float, default=None, help="compare only: the per-device epsilon per epoch")
     p.add_argument("--daily-budget", type=float, default=None,
                    help="a device's daily budget: print how many epochs of the query it allows")
@@ -73,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         from .plan_fleet import run_fleet
 
         return run_fleet(args)
+    if args.query_mechanisms is not None:
+        print("ptt plan: error: --query-mechanisms is for `ptt plan fleet`", file=sys.stderr)
+        return EXIT_USAGE
     if args.epsilon is not None:
         print("ptt plan: error: --epsilon is for `ptt plan compare`; a mechanism's epsilon follows from its "
               "parameters (--param)", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""``ptt plan fleet``: a vehicle's whole day across every default query, locally and through the
-shuffler's release; with ``--day-budget`` each query's parameters chosen for its share."""
+"""``ptt plan fleet``: a vehicle's whole day across every default query (or ``--query-mechanisms``),
+locally and through the shuffler's release; with ``--day-budget`` each query's parameters chosen
+for its share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 from estimators.fleet import fleet_plan
 from estimators.registry import PlanError
+from producers.settings import parse_mechanisms
 from schemas.wire import json_safe
 
 from .errors import EXIT_USAGE
@@ -26,9 +28,10 @@ def run_fleet(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     try:
+        names = None if args.query_mechanisms is None else parse_mechanisms(args.query_mechanisms)
         r = fleet_plan(args.population, args.expected_yes, args.stations, release=args.release,
-                       epochs=args.epochs, delta=args.delta, day_budget=args.day_budget)
-    except PlanError as exc:
+                       epochs=args.epochs, delta=args.delta, day_budget=args.day_budget, mechanisms=names)
+    except (PlanError, ValueError) as exc:
         print(f"ptt plan fleet: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:

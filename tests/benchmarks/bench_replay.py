@@ -39,7 +39,7 @@ def main() -> None:
                            queries_topic="bench-queries", truth_topic="bench-truth", partitions=4)
         ensure_topics(s)
         day = load_day(s)
-        sp = next(q for q in default_queries(day, fleet_size_for(day, s)) if q.mechanism == "sp")
+        sp = default_queries(day, fleet_size_for(day, s), ("sp",))[0]  # Sampling Privacy, opted in
         publish_query(s, sp)
         t0 = time.perf_counter()
         summary = replay(s, progress=False)

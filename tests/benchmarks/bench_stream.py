@@ -75,7 +75,7 @@ def main() -> None:
         # 1. the pipeline
         rs, ws = settings("pipe", expand_to=args.vehicles, max_epochs=args.epochs, batch_size=20_000)
         day = load_day(rs)
-        sp = next(q for q in default_queries(day, fleet_size_for(day, rs)) if q.mechanism == "sp")
+        sp = default_queries(day, fleet_size_for(day, rs), ("sp",))[0]  # Sampling Privacy, opted in
         publish_query(rs, sp)
         t_pipe, reports = _pipeline(rs, ws, args.epochs * sp.n_stations, tmp)
         records = drain(rs, rs.reports_topic)
@@ -89,7 +89,7 @@ def main() -> None:
         rs_n, ws_n = settings("naive", expand_to=args.naive_vehicles, max_epochs=args.naive_epochs)
         day_n = load_day(rs_n)
         fleet_n = fleet_size_for(day_n, rs_n)
-        sp_n = next(q for q in default_queries(day_n, fleet_n) if q.mechanism == "sp")
+        sp_n = default_queries(day_n, fleet_n, ("sp",))[0]
         publish_query(rs_n, sp_n)
         worker = WorkerProcess(ws_n, tmp / "worker-naive.log").start()
         worker.wait_ready()

@@ -44,7 +44,7 @@ def load_scenario(rs: ReplaySettings) -> tuple[Any, float, int, list[Any], dict[
     day = load_day(rs)
     load_s = time.perf_counter() - t_load
     fleet = fleet_size_for(day, rs)
-    queries = default_queries(day, fleet)
+    queries = default_queries(day, fleet, rs.mechanisms)
     ensure_topics(rs)
     return day, load_s, fleet, queries, {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
 

@@ -36,5 +36,7 @@ def kafka_settings(broker: str, request: pytest.FixtureRequest) -> KafkaSettings
 @pytest.fixture
 def replay_settings(kafka_settings: KafkaSettings, tmp_path_factory: pytest.TempPathFactory) -> ReplaySettings:
     data = tmp_path_factory.getbasetemp() / "ptt-data"  # the synthetic day is cached across tests
+    # Sampling Privacy opted in (not a default query: no whole-day bound), beside ALP and RR: the
+    # tests exercise its two linked rounds and the three mechanisms' refusals
     return ReplaySettings(**kafka_settings.model_dump(), data_dir=data, synthetic_stations=6, max_epochs=8,
-                          batch_size=150, seed=7)
+                          batch_size=150, seed=7, query_mechanisms="sp,alp,rr")

@@ -161,7 +161,8 @@ def pipeline_settings(broker: str, tmp: Path, **replay_kw: object) -> tuple[Repl
     u = uuid.uuid4().hex[:8]
     kafka = KafkaSettings(bootstrap_servers=broker, reports_topic=f"reports-{u}", queries_topic=f"queries-{u}",
                           truth_topic=f"truth-{u}", partitions=3)
-    replay_kw = {"synthetic_stations": 6, **replay_kw}
+    # Sampling Privacy opted in beside ALP and RR (the mix these tests were written for)
+    replay_kw = {"synthetic_stations": 6, "query_mechanisms": "sp,alp,rr", **replay_kw}
     seed = int(os.environ.get("PTT_TEST_SEED", "11"))  # vary it to loop a test over seeds
     rs = ReplaySettings(**kafka.model_dump(), data_dir=tmp / "data", seed=seed, batch_size=200,
                         **replay_kw)  # type: ignore[arg-type]

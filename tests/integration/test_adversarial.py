@@ -340,7 +340,7 @@ def scenario(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     ensure_topics(rs)
     day = load_day(rs)
     fleet = fleet_size_for(day, rs)
-    templates = {q.mechanism: q for q in default_queries(day, fleet)}
+    templates = {q.mechanism: q for q in default_queries(day, fleet, rs.mechanisms)}
     queries: dict[str, tuple[str, Query, Case | None]] = {}  # query id -> (mechanism, query, case)
     for mech in MECHS:
         queries[f"clean-{mech}"] = (mech, _query(templates[mech], f"clean-{mech}"), None)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from estimators import vehicle_day
 from schemas.kafka_io import read_queries
 from schemas.settings import KafkaSettings
 from stream_app.cli import main
@@ -48,6 +49,13 @@ def test_publish_update_list(kafka_settings: KafkaSettings, capsys: pytest.Captu
     assert "peak-rr v2  rr  3 sensors" in out and f"if shuffled among n=5,000: {fig['epsilon_shuffled']:.4g}  by" in out
     assert "hypothetical until a shuffler runs" in out
     assert "Each such figure assumes the shuffler does not collude with the analyst" in out
+    # a vehicle's day across every query it answers (the newest version of each), through the release
+    day = vehicle_day([(query.spec, query.build(), query.n_stations)], 5000, "aggregate")
+    assert (f"a vehicle's day across its 1 query (peak-rr): epsilon {day['shuffled']:.4g} at delta 1e-06 through "
+            f"the shuffler's aggregate release among n=5,000 (local, without it: {day['local']:.4g})") in out
+    assert day["shuffled"] < day["local"]
+    assert main(["analyst", "list", "--release", "local", *f]) == 0
+    assert f"peak-rr): epsilon {day['local']:.4g} at delta 1e-06, local (no shuffler)" in capsys.readouterr().out
     assert main(["analyst", "list", "--shuffled-day", *f]) == 0  # the day too, on request
     assert f"n=5,000: {fig['epsilon_shuffled']:.4g} (day {fig['epsilon_day_shuffled']:.4g})" in capsys.readouterr().out
 

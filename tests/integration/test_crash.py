@@ -78,7 +78,7 @@ def _alp_epoch(broker: str, tmp_path: Path, **worker: Any) -> tuple[ReplaySettin
     ensure_topics(rs)
     day = load_day(rs)
     fleet = fleet_size_for(day, rs)
-    q = next(q for q in default_queries(day, fleet) if q.mechanism == "alp")
+    q = next(q for q in default_queries(day, fleet, rs.mechanisms) if q.mechanism == "alp")
     publish_queries(rs, [q])
     return rs, ws, q, genuine_reports(rs, day, 0, fleet, q), int(day.epochs[0]), ReportSink(rs, rs.reports_topic)
 

@@ -103,7 +103,9 @@ class Prometheus:
 
 
 def _settings(broker: str, tmp: Path) -> tuple[ReplaySettings, WorkerSettings]:
-    return pipeline_settings(broker, tmp, synthetic_stations=6, max_epochs=NORMAL_EPOCHS)
+    # the default queries (ALP, unary: the station dashboard's panels) and Sampling Privacy and RR opted in
+    return pipeline_settings(broker, tmp, synthetic_stations=6, max_epochs=NORMAL_EPOCHS,
+                             query_mechanisms="sp,alp,rr,unary")
 
 
 def _send_bad_records(rs: ReplaySettings) -> int:
@@ -236,8 +238,8 @@ def test_every_panel_of_every_dashboard_has_data(broker: str, tmp_path: Path, mo
         refusing = rs.model_copy(update={"start_epoch": NORMAL_EPOCHS, "max_epochs": REFUSING_EPOCHS,
                                          "device_epsilon_limit": REFUSING_LIMIT})
         summary = run_replay(refusing, progress=False)
-        assert set(summary.refused) == {"sp-day", "rr-day"}, summary.refused
-        closed = 3 * (NORMAL_EPOCHS + REFUSING_EPOCHS)
+        assert set(summary.refused) == {"sp-day", "rr-day", "unary-day"}, summary.refused
+        closed = 4 * (NORMAL_EPOCHS + REFUSING_EPOCHS)
         wait_for(lambda: metric(worker.metrics(), "ptt_epochs_closed_total") >= closed, 60, "every epoch closed")
         late_query = _send_late_record(rs)
         wait_for(lambda: metric(worker.metrics(), "ptt_late_records_total", query=late_query) >= 1, 30, "late")

@@ -31,7 +31,7 @@ def test_readme_subscription_example_runs(kafka_settings: KafkaSettings, tmp_pat
     ensure_topics(kafka_settings, {topic: 2})
     sink = ReportSink(kafka_settings, topic)
     for station, est in ((400001, 12.3), (400002, -4.0)):
-        e = Estimate(query_id="sp-day", query_version=1, mechanism="sp", estimator="sp_difference", epoch=1,
+        e = Estimate(query_id="unary-day", query_version=1, mechanism="unary", estimator="unary", epoch=1,
                      epoch_start=datetime(2026, 11, 18, tzinfo=UTC), station=station, estimate=est, sd=3.0,
                      bounds=(EstimateBound(confidence=0.95, lower=5.0, upper=20.0),
                              EstimateBound(confidence=0.99, lower=3.0, upper=24.0)),

@@ -146,7 +146,7 @@ def test_two_producer_processes_share_the_fleet(replay_settings: ReplaySettings)
 def test_new_query_version_takes_effect_at_an_epoch_boundary(replay_settings: ReplaySettings) -> None:
     day = load_day(replay_settings)
     fleet = fleet_size_for(day, replay_settings)
-    v1 = next(q for q in default_queries(day, fleet) if q.mechanism == "sp")
+    v1 = next(q for q in default_queries(day, fleet, replay_settings.mechanisms) if q.mechanism == "sp")
     switch = epoch_start(int(day.epochs[3])) + timedelta(seconds=10)  # mid-epoch 3: effective from epoch 4
     v2 = v1.model_copy(update={"version": 2, "params": {"pis": 0.3}, "t_start": switch})
     publish_query(replay_settings, v1)
@@ -232,7 +232,7 @@ def test_ctrl_c_flushes_and_marks(replay_settings: ReplaySettings, producers: in
     s = replay_settings
     env = {**os.environ, "PTT_BOOTSTRAP_SERVERS": s.bootstrap_servers, "PTT_REPORTS_TOPIC": s.reports_topic,
            "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
-           "PTT_SYNTHETIC_STATIONS": "6", "PTT_PARTITIONS": "3"}
+           "PTT_SYNTHETIC_STATIONS": "6", "PTT_PARTITIONS": "3", "PTT_QUERY_MECHANISMS": s.query_mechanisms}
     max_epochs = 100 if speed != "0" else 2880  # paced: 150 s; unpaced: a whole day, far more than the wait
     proc = _cli("replay", "--speed", speed, "--max-epochs", str(max_epochs), "--quiet", "--producers",
                 str(producers), env=env)
@@ -271,7 +271,8 @@ def _replay_env(s: ReplaySettings) -> dict[str, str]:
     """The environment of a ``ptt replay`` subprocess on ``s``'s broker, topics and data."""
     return {**os.environ, "PTT_BOOTSTRAP_SERVERS": s.bootstrap_servers, "PTT_REPORTS_TOPIC": s.reports_topic,
             "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
-            "PTT_SYNTHETIC_STATIONS": str(s.synthetic_stations), "PTT_PARTITIONS": str(s.partitions)}
+            "PTT_SYNTHETIC_STATIONS": str(s.synthetic_stations), "PTT_PARTITIONS": str(s.partitions),
+            "PTT_QUERY_MECHANISMS": s.query_mechanisms}
 
 
 def test_sigterm_mid_epoch_flushes_and_marks(replay_settings: ReplaySettings) -> None:

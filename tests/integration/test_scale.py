@@ -22,7 +22,7 @@ def test_500_stations_tally_every_estimate_arrives(broker: str, tmp_path: Path) 
     rs, ws = pipeline_settings(broker, tmp_path, synthetic_stations=STATIONS, mode="tally", expand_to=1_000_000,
                                max_epochs=EPOCHS, start_epoch=16 * 120, truth=False)
     day = load_day(rs)
-    queries = default_queries(day, fleet_size_for(day, rs))
+    queries = default_queries(day, fleet_size_for(day, rs), rs.mechanisms)
     expected = EPOCHS * sum(q.n_stations * len(q.spec.estimator_names) for q in queries)
     worker = WorkerProcess(ws, tmp_path / "worker.log").start()
     try:

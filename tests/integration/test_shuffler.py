@@ -570,16 +570,16 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     source reading through the shuffler), ``reports`` too (per-sensor: the non-default answers,
     pairs or counted) -- except ``epsilon_shuffled`` and ``release`` (null on the direct path,
     which attests no shuffle; through the shuffler its release and that release's epsilon), and
-    nothing withheld -- ALP and RR included. ``--release`` without ``--via-shuffler`` is refused
-    before anything starts."""
+    nothing withheld -- the default queries (ALP, unary RR) and the opt-in Sampling Privacy and RR
+    included. ``--release`` without ``--via-shuffler`` is refused before anything starts."""
     runs = {"direct": (), "aggregate": ("--via-shuffler",), "permuted": ("--via-shuffler", "--release", "permuted")}
     got = {}
     for name, flags in runs.items():
         (tmp_path / name).mkdir()
-        got[name] = _demo_estimates(tmp_path / name, *flags)
+        got[name] = _demo_estimates(tmp_path / name, *flags, "--query-mechanisms", "sp,alp,rr,unary")
     assert (tmp_path / "aggregate" / "out" / "shuffler.log").exists()
     plain = got["direct"]
-    assert len(plain) == 6 * 16 * 6  # 6 epochs, 16 stations, 6 estimators
+    assert len(plain) == 6 * 16 * 7  # 6 epochs, 16 stations, 7 estimators (SP 1, ALP 4, RR 1, unary 1)
     shuffled = ("epsilon_shuffled", "release")
     for release in ("aggregate", "permuted"):
         via = got[release]
@@ -595,7 +595,7 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     assert all(got["aggregate"][k]["epsilon_shuffled"] <= got["permuted"][k]["epsilon_shuffled"] for k in plain
                if got["permuted"][k]["epsilon_shuffled"] is not None)
     # the case is exercised: 4 station-epochs of the synthetic day's 16 stations have no source reading
-    assert Counter(e["data_quality"] for e in plain.values())["no_source_data"] == 4 * 6
+    assert Counter(e["data_quality"] for e in plain.values())["no_source_data"] == 4 * 7  # x 7 estimators
     bad = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--release", "aggregate",  # noqa: S603
                           "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "--via-shuffler" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -382,7 +382,7 @@ def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
     ensure_topics(rs)
     day = load_day(rs)
     fleet = fleet_size_for(day, rs)
-    q = next(q for q in default_queries(day, fleet) if q.mechanism == "sp")
+    q = next(q for q in default_queries(day, fleet, rs.mechanisms) if q.mechanism == "sp")
     publish_query(rs, q)
     epoch = int(day.epochs[0])
     tc = query_truth_counts(split_fleet(rs.seed, epoch, day.flows[0], fleet, 1)[0], day.stations, q)

@@ -95,7 +95,7 @@ def test_a_vehicles_rounds_are_not_linked_on_the_wire(replay_settings: ReplaySet
     day = load_day(s)
     fleet = fleet_size_for(day, s)
     assert fleet == FLEET
-    q = default_queries(day, fleet)[0]  # Sampling Privacy, the two-round query
+    q = default_queries(day, fleet, ("sp",))[0]  # Sampling Privacy, the two-round query (opt-in)
     assert q.mechanism == "sp" and q.n_rounds == 2
     publish_query(s, q)
     summary = replay(s, progress=False)

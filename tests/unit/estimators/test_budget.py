@@ -106,3 +106,58 @@ def test_a_budget_nothing_fits_is_a_clear_error(capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert "cannot meet a day budget of 0.01" in err and "Traceback" not in err
     assert np.isfinite(budget.central_limit_sd(0.01))
+
+
+def test_alp_family_mixes_the_yes_row_toward_the_no_row() -> None:
+    """mix = 0 is the papers' ALP; at mix the Yes row is (1 - mix) Yes + mix No and the No row
+    is unchanged (a truth-independent post-processing), so the day epsilon falls as mix grows."""
+    spec, fam = get_spec("alp"), budget.FAMILIES["alp"]
+    assert fam.to_params is not None and fam.private_when_larger and fam.bisect
+    base = spec.build({}, 3).output_table(0)
+    assert fam.to_params(spec.defaults, 0.0) == pytest.approx(dict(spec.defaults))
+    days = []
+    for mix in (0.0, 0.3, 0.6):
+        table = spec.build(fam.to_params(spec.defaults, mix), 3).output_table(0)
+        np.testing.assert_allclose(table[0], base[0], atol=1e-15)
+        np.testing.assert_allclose(table[1], (1 - mix) * base[1] + mix * base[0], atol=1e-15)
+        acc = budget.epoch_account(spec, spec.build(fam.to_params(spec.defaults, mix), 3), 3, 2_000, "aggregate")
+        days.append(budget.pld_day_epsilon(list(acc.plds), 50, 1e-6))
+    assert days[0] > days[1] > days[2] > 0
+
+
+def test_alp_fits_a_day_its_papers_values_exceed() -> None:
+    """The old sampling-rate grid could not go below ~94% of the papers' day (the rates leave
+    ALP's likelihood ratios unchanged); mixing reaches a budget of half of it."""
+    spec = get_spec("alp")
+    n, v, epochs = 2_000, 3, 50
+    acc = budget.epoch_account(spec, spec.build({}, v), v, n, "aggregate")
+    papers = budget.pld_day_epsilon(list(acc.plds), epochs, 1e-6)
+    fit = budget.fit_budget(spec, v, n, 20, papers / 2, "aggregate", epochs, 1e-6, tol=1e-2)
+    assert fit["fits"] and fit["chosen"]["mix"] > 0
+    chosen = spec.build(fit["params"], v)
+    day = budget.pld_day_epsilon(list(budget.epoch_account(spec, chosen, v, n, "aggregate").plds), epochs, 1e-6,
+                                 coarse=True)
+    assert day <= papers / 2
+    assert fit["sd"] > budget.headline_sd(spec, spec.build({}, v), 20, n)
+
+
+def test_fleet_plan_runs_the_default_queries_within_a_budget() -> None:
+    """With no --query-mechanisms the fleet is the registry's default queries (those with a
+    whole-day bound): the vehicle's day meets the budget with each query's sd and curator sd."""
+    from estimators.registry import default_query_mechanisms
+
+    r = fleet.fleet_plan(3_000, 50, 5, epochs=40, day_budget=2.0)
+    assert r["mechanisms"] == list(default_query_mechanisms()) and "sp" not in r["mechanisms"]
+    assert r["left_out"] == [] and r["epsilon_day_vehicle"] <= 2.0
+    for q in r["queries"].values():
+        assert q["fits"] and q["sd"] > 0 and 0 < q["central_limit_sd"] < q["sd"] * 1.2
+
+
+def test_plan_fleet_cli_takes_query_mechanisms(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "fleet", "--population", "3000", "--expected-yes", "50", "--stations", "5", "--epochs", "40"]
+    assert main([*argv, "--query-mechanisms", "sp,unary", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mechanisms"] == ["sp", "unary"] and math.isinf(out["epsilon_day_vehicle"] or math.inf)
+    assert main([*argv, "--query-mechanisms", "unary,nope"]) == 2
+    assert "unknown query mechanism 'nope'" in capsys.readouterr().err
+    assert main(["plan", "unary", "--population", "30", "--expected-yes", "5", "--query-mechanisms", "sp"]) == 2

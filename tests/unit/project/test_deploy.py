@@ -1141,7 +1141,7 @@ def test_demo_queries_job_publishes_the_replays_queries_as_the_analyst(services:
     # the very queries `ptt replay` would have published itself, over the same day
     replay = _replay_settings(services, monkeypatch).model_copy(update={"data_dir": tmp_path})
     day = load_day(replay)
-    assert [q for _, q in published] == default_queries(day, fleet_size_for(day, replay))
+    assert [q for _, q in published] == default_queries(day, fleet_size_for(day, replay), replay.mechanisms)
     # nothing is published when queries exist
     published.clear()
     monkeypatch.setattr(module, "read_queries", lambda s: ["a query"])
@@ -1319,7 +1319,7 @@ def test_every_metric_in_the_dashboards_exists(dashboards: dict[str, dict[str, A
     exposed = _exposed()
     assert "ptt_reports_total" in exposed and "ptt_estimate_vehicles" in exposed  # the counter/gauge naming
     confidences = {f"{c:g}" for c in WorkerSettings().confidences}
-    estimator_names = {"sp_difference", "rr", *E.alp_estimators(E.alp_optimal())}
+    estimator_names = set(E.all_estimator_names())
     used: set[str] = set()
     for name, panel, t in _targets(dashboards):
         where = f"{name} / {panel['title']}: {t['expr']}"
@@ -1335,7 +1335,7 @@ def test_every_metric_in_the_dashboards_exists(dashboards: dict[str, dict[str, A
             if "estimator" in matchers:
                 assert matchers["estimator"] in estimator_names, where
             if "mechanism" in matchers:
-                assert matchers["mechanism"] in {"sp", "alp", "rr"}, where
+                assert matchers["mechanism"] in E.mechanism_names(), where
         for label in re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", "")):
             assert re.search(rf"\b{label}\b", t["expr"]) or label in TARGET_LABELS, f"legend {label}: {where}"
     # the brief's panels are all there
@@ -1361,7 +1361,8 @@ def test_overview_plots_withheld_epochs_by_reason(dashboards: dict[str, dict[str
 def test_station_dashboard_has_a_panel_per_mechanism_with_bands_and_truth(
         dashboards: dict[str, dict[str, Any]]) -> None:
     board = dashboards["station.json"]
-    wanted = {"sp": {"sp_difference"}, "alp": {"alp_average"}, "rr": {"rr"}}
+    wanted = {m: {E.get_spec(m).headline} for m in E.default_query_mechanisms()}  # today alp and unary
+    assert wanted and "sp" not in wanted
     for mechanism, estimators in wanted.items():
         panels = [p for p in _panels(board) if any(f'mechanism="{mechanism}"' in t["expr"] for t in p["targets"])]
         assert len(panels) == 1, mechanism

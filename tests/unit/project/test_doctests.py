@@ -19,10 +19,11 @@ PACKAGES = ("estimators", "schemas", "producers", "stream_app")
 # Every module with docstring examples, and the fewest examples each must keep.
 WITH_EXAMPLES = {
     "estimators.aggregate": 5,
-    "estimators.budget": 1,
+    "estimators.budget": 2,
     "estimators.compare": 3,
     "estimators.consistency": 4,
     "estimators.fleet": 1,
+    "estimators.ledger": 3,
     "estimators.linear": 3,
     "estimators.mechanisms": 5,
     "estimators.planning": 2,
@@ -35,6 +36,7 @@ WITH_EXAMPLES = {
     "producers.pems.grid": 5,
     "producers.pems.model": 1,
     "producers.pems.stamps": 3,
+    "producers.settings": 2,
     "schemas.connection": 4,
     "schemas.device_binary": 14,
     "schemas.device_http": 3,
