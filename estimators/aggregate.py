@@ -33,10 +33,10 @@ relaxed: a valid, slightly pessimistic bound); "at a vs at none" is a post-proce
 Binomial mass outside each window (at most ~1e-17 a side; the exact missing mass of each row) and an FFT round-off
 allowance of 1e-12 per curve are counted at infinite loss.
 
-**Other mechanisms** (ALP's per-station release is the 2-D count (C1, C0); Sampling Privacy
-and k-ary RR release a histogram): not computed exactly here; their aggregate release uses the
-clone bound of the permuted release (valid by post-processing), and :func:`aggregate_plds`
-says so by returning ``None``.
+**Other mechanisms**: three report values per station (ALP's 2-D count ``(C0, C1)``) and k-ary
+RR's histogram are in :mod:`estimators.aggregate_multi` (built on :func:`hockey_rows`,
+:func:`connect_the_dots` and :func:`covering_ks` here). Sampling Privacy's rounds share one die:
+no per-round accounting; :meth:`registry.MechanismSpec.aggregate_plds` returns ``None`` there.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ __all__ = ["EXACT_NOTE", "FALLBACK_NOTE", "StationCurves", "binary_rates", "conn
            "covering_ks", "default_stride", "epoch_plds", "epsilon_of", "hockey_rows", "loss_grid", "station_pld",
            "station_profiles"]
 
-EXACT_NOTE = "exact: the counts' privacy-loss distribution, worst case over the other devices' data"
+EXACT_NOTE = ("exact: the counts' privacy-loss distribution, worst case over the other devices' data (k-ary RR's "
+              "histogram: through the privacy blanket, an upper bound)")
 FALLBACK_NOTE = ("the clone bound of the permuted release (valid for the counts by post-processing); "
                  "no exact accounting of this mechanism's counts yet")
 
