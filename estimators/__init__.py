@@ -7,12 +7,25 @@ from .aggregate import (
     StationCurves,
     binary_rates,
     connect_the_dots,
+    count_window,
     covering_ks,
     default_stride,
     epoch_plds,
     epsilon_of,
+    hockey_rows,
+    loss_grid,
     station_pld,
     station_profiles,
+)
+from .aggregate_multi import (
+    kary_histogram_pld,
+    kary_rates,
+    per_sensor_epoch_plds,
+    ternary_profiles,
+    ternary_rows,
+    ternary_station_pld,
+    ternary_stride,
+    trinomial,
 )
 from .budget import (
     EpochAccount,
