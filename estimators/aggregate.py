@@ -33,10 +33,10 @@ relaxed: a valid, slightly pessimistic bound); "at a vs at none" is a post-proce
 Binomial mass outside each window (at most ~1e-17 a side; the exact missing mass of each row) and an FFT round-off
 allowance of 1e-12 per curve are counted at infinite loss.
 
-**Other mechanisms** (ALP's per-station release is the 2-D count (C1, C0); Sampling Privacy
-and k-ary RR release a histogram): not computed exactly here; their aggregate release uses the
-clone bound of the permuted release (valid by post-processing), and :func:`aggregate_plds`
-says so by returning ``None``.
+**Other mechanisms**: three report values per station (ALP's 2-D count ``(C0, C1)``) and k-ary
+RR's histogram are in :mod:`estimators.aggregate_multi` (built on :func:`hockey_rows`,
+:func:`connect_the_dots` and :func:`covering_ks` here). Sampling Privacy's rounds share one die:
+no per-round accounting; :meth:`registry.MechanismSpec.aggregate_plds` returns ``None`` there.
 """
 
 from __future__ import annotations
@@ -52,10 +52,12 @@ from scipy.stats import binom
 from ._types import FloatArray
 from .shuffle import Pld, compose
 
-__all__ = ["EXACT_NOTE", "FALLBACK_NOTE", "StationCurves", "binary_rates", "connect_the_dots", "covering_ks",
-           "default_stride", "epoch_plds", "epsilon_of", "station_pld", "station_profiles"]
+__all__ = ["EXACT_NOTE", "FALLBACK_NOTE", "StationCurves", "binary_rates", "connect_the_dots", "count_window",
+           "covering_ks", "default_stride", "epoch_plds", "epsilon_of", "hockey_rows", "loss_grid", "station_pld",
+           "station_profiles"]
 
-EXACT_NOTE = "exact: the counts' privacy-loss distribution, worst case over the other devices' data"
+EXACT_NOTE = ("exact: the counts' privacy-loss distribution, worst case over the other devices' data (k-ary RR's "
+              "histogram: through the privacy blanket, an upper bound)")
 FALLBACK_NOTE = ("the clone bound of the permuted release (valid for the counts by post-processing); "
                  "no exact accounting of this mechanism's counts yet")
 
@@ -73,7 +75,7 @@ def binary_rates(table: FloatArray) -> tuple[float, float] | None:
     return float(tab[1, 1]), float(tab[0, 1])
 
 
-def _window(trials: int, p: float) -> tuple[int, int]:
+def count_window(trials: int, p: float) -> tuple[int, int]:
     """A count window ``[lo, hi]`` leaving out at most ~1e-17 of Bin(trials, p) on each side
     (8 sd, widened where the binomial is skewed: a small mean has a heavy right tail)."""
     mean, sd = trials * p, math.sqrt(trials * p * (1 - p))
@@ -90,8 +92,8 @@ def _binom_block(first: int, count: int, p: float) -> tuple[int, FloatArray]:
     the returned count, built by the recursion ``b_{t+1}(c) = (1-p) b_t(c) + p b_t(c-1)`` from
     the first row (positive weights: no cancellation). Mass the window cuts off is simply
     missing, so ``1 - row.sum()`` is (up to round-off) exactly what a row leaves out."""
-    lo, _ = _window(first, p)
-    _, hi = _window(first + count - 1, p)
+    lo, _ = count_window(first, p)
+    _, hi = count_window(first + count - 1, p)
     x = np.arange(lo, hi + 1)
     rows = np.empty((count, x.size))
     row = np.asarray(binom.pmf(x, first, p), dtype=np.float64)
@@ -144,13 +146,48 @@ class StationCurves:
 
 
 def _grid(p1: float, p0: float, points: int) -> FloatArray:
-    """``points`` eps from ``-E`` to ``E`` (``E`` the largest |loss|), dense near 0 where an
-    epoch's losses lie (sinh spacing: steps ~1e-4 there, ~0.02 near ``E``), 0 included."""
-    e = max(abs(math.log(p1 / p0)), abs(math.log((1 - p1) / (1 - p0))))
+    return loss_grid(max(abs(math.log(p1 / p0)), abs(math.log((1 - p1) / (1 - p0)))), points)
+
+
+def loss_grid(e: float, points: int) -> FloatArray:
+    """``points`` eps from ``-e`` to ``e`` (``e`` the largest |loss|), dense near 0 where an
+    epoch's losses lie (sinh spacing: steps ~1e-4 there, ~0.02 near ``e``), 0 included."""
     t = np.linspace(-1.0, 1.0, points)
     g = e * np.sinh(_SPREAD * t) / math.sinh(_SPREAD)
     g[0], g[-1] = -e, e
     return g
+
+
+def hockey_rows(pp: FloatArray, qq: FloatArray, eps: FloatArray, tail: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Per row of ``(pp, qq)`` (two distributions over the same outputs, one pair per row), the
+    exact hockey-stick curves ``delta(eps_j)`` of (pp, qq) and of (qq, pp) at the grid points
+    ``eps``, plus ``tail`` (per row: mass not enumerated, counted at infinite loss).
+
+    Exact at the grid points: every loss binned to the grid point at or above it, and
+    ``delta(eps_j) = sum over losses > eps_j of (num - e^eps_j den)`` only needs which losses
+    exceed ``eps_j``. Outputs where one side is 0 are left out (callers never produce them
+    inside their windows: every mechanism here has all report probabilities > 0)."""
+    points = eps.size
+    x = np.exp(eps)
+    rows = pp.shape[0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = np.log(pp / qq)
+    live = (pp > 0) & (qq > 0) & np.isfinite(loss)
+    out = []
+    for sign in (1.0, -1.0):
+        num, den = (pp, qq) if sign > 0 else (qq, pp)
+        lv = np.clip(sign * loss, eps[0], eps[-1])
+        # bin j: eps[j-1] < L <= eps[j]; delta(eps_j) = sum over bins > j of (num - x_j den)
+        idx = np.searchsorted(eps, lv, side="left")
+        flat = (idx + points * np.arange(rows)[:, None])[live]
+        sn = np.bincount(flat, weights=num[live], minlength=rows * points).reshape(rows, points)
+        sd = np.bincount(flat, weights=den[live], minlength=rows * points).reshape(rows, points)
+        above_n = np.cumsum(sn[:, ::-1], axis=1)[:, ::-1]
+        above_d = np.cumsum(sd[:, ::-1], axis=1)[:, ::-1]
+        gt_n = np.concatenate([above_n[:, 1:], np.zeros((rows, 1))], axis=1)
+        gt_d = np.concatenate([above_d[:, 1:], np.zeros((rows, 1))], axis=1)
+        out.append(np.maximum(gt_n - x[None, :] * gt_d, 0.0) + np.asarray(tail)[:, None])
+    return out[0], out[1]
 
 
 def station_profiles(m: int, p1: float, p0: float, ks: np.ndarray | None = None,
@@ -162,7 +199,6 @@ def station_profiles(m: int, p1: float, p0: float, ks: np.ndarray | None = None,
     if not (0 < p0 < 1 and 0 < p1 < 1) or abs(p0 - p1) < 1e-12:
         raise ValueError("a binary answer with 0 < p0 != p1 < 1 is needed")
     eps = _grid(p1, p0, points)
-    x = np.exp(eps)
     all_k = np.arange(m + 1) if ks is None else np.asarray(ks, dtype=np.int64)
     fwd = np.full(points, -np.inf)
     bwd = np.full(points, -np.inf)
@@ -186,23 +222,7 @@ def station_profiles(m: int, p1: float, p0: float, ks: np.ndarray | None = None,
         shifted = np.concatenate([np.zeros((f.shape[0], 1)), f[:, :-1]], axis=1)
         pp = p1 * shifted + (1 - p1) * f
         qq = p0 * shifted + (1 - p0) * f
-        with np.errstate(divide="ignore", invalid="ignore"):
-            loss = np.log(pp / qq)
-        live = (pp > 0) & (qq > 0) & np.isfinite(loss)
-        rows = f.shape[0]
-        for sign, target, who in ((1.0, fwd, kf), (-1.0, bwd, kb)):
-            num, den = (pp, qq) if sign > 0 else (qq, pp)
-            lv = np.clip(sign * loss, eps[0], eps[-1])
-            # bin j: eps[j-1] < L <= eps[j]; delta(eps_j) = sum over bins > j of (num - x_j den)
-            idx = np.searchsorted(eps, lv, side="left")
-            flat = (idx + points * np.arange(rows)[:, None])[live]
-            sn = np.bincount(flat, weights=num[live], minlength=rows * points).reshape(rows, points)
-            sd = np.bincount(flat, weights=den[live], minlength=rows * points).reshape(rows, points)
-            above_n = np.cumsum(sn[:, ::-1], axis=1)[:, ::-1]
-            above_d = np.cumsum(sd[:, ::-1], axis=1)[:, ::-1]
-            gt_n = np.concatenate([above_n[:, 1:], np.zeros((rows, 1))], axis=1)
-            gt_d = np.concatenate([above_d[:, 1:], np.zeros((rows, 1))], axis=1)
-            curve = np.maximum(gt_n - x[None, :] * gt_d, 0.0) + tail[:, None]
+        for curve, target, who in zip(hockey_rows(pp, qq, eps, tail), (fwd, bwd), (kf, kb), strict=True):
             best = curve.argmax(axis=0)
             val = curve[best, np.arange(points)]
             better = val > target

@@ -48,6 +48,7 @@ from typing import Literal
 import numpy as np
 
 import estimators.aggregate as aggregate
+import estimators.aggregate_multi as aggregate_multi
 import estimators.mechanisms as mechanisms  # the submodules, not through the package (no import cycle)
 import estimators.privacy as privacy
 import estimators.shuffle as shuffle
@@ -308,15 +309,23 @@ class MechanismSpec:
 
     def aggregate_plds(self, mech: Mechanism, n_stations: int, n: int,
                        stride: int | None = None) -> list[shuffle.Pld] | None:
-        """One epoch's dominating PLDs of the aggregate release at ``n`` devices (per round: the
-        two stations a move changes), worst case over the other devices' data; ``None`` where
-        no exact accounting exists (ALP's 2-D per-station count, station-valued histograms):
-        then the clone bound of the permuted release applies. ``stride``: see
-        :func:`aggregate.covering_ks` (1: every assignment of the others searched directly)."""
-        if not self.per_sensor:
+        """One epoch's dominating PLDs of the aggregate release at ``n`` devices, worst case over
+        the other devices' data. Per-sensor (binary or three report values, e.g. ALP): per round,
+        the two stations a move changes (:mod:`estimators.aggregate`,
+        :mod:`estimators.aggregate_multi`); k-ary RR's histogram: one PLD through the privacy
+        blanket (:func:`aggregate_multi.kary_histogram_pld`). ``None`` where no such accounting
+        exists (Sampling Privacy's rounds share one die; other tables): then the clone bound of
+        the permuted release applies. ``stride``: see :func:`aggregate.covering_ks` (1: every
+        assignment of the others searched directly)."""
+        if self.per_sensor:
+            tables = tuple(m.output_table(0) for m in self.round_mechanisms(mech))
+            return aggregate_multi.per_sensor_epoch_plds(tables, n, stride)
+        if mech.n_rounds != 1:
             return None
-        tables = tuple(m.output_table(0) for m in self.round_mechanisms(mech))
-        return aggregate.epoch_plds(tables, n, stride)
+        rates = aggregate_multi.kary_rates(mech.output_table(0))
+        if rates is None:
+            return None
+        return [aggregate_multi.kary_histogram_pld(rates[0], rates[1], max(int(n), 1))]
 
     def extra_statistics(self, mech: Mechanism, participants: int) -> dict[str, float]:
         """Mechanism-specific statistics of a closed epoch (ALP: Haystack crowd size)."""

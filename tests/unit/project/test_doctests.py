@@ -19,6 +19,7 @@ PACKAGES = ("estimators", "schemas", "producers", "stream_app")
 # Every module with docstring examples, and the fewest examples each must keep.
 WITH_EXAMPLES = {
     "estimators.aggregate": 5,
+    "estimators.aggregate_multi": 4,
     "estimators.budget": 2,
     "estimators.compare": 3,
     "estimators.consistency": 4,

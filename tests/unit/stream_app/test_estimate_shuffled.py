@@ -250,7 +250,8 @@ def test_the_release_is_published_and_its_epsilon_asked_for(release: str, monkey
     monkeypatch.setattr(type(q.spec), "shuffled_epsilon", spy)
     cache = ShuffledEpsilon(DELTA)
     res = close(q, w, cache)
-    want = real(q.spec, q.build(), q.n_stations, round_down_2sig(n), DELTA) + (1.0 if release == "aggregate" else 0.0)
+    want = (real(q.spec, q.build(), q.n_stations, round_down_2sig(n), DELTA, release=release)
+            + (1.0 if release == "aggregate" else 0.0))
     assert asked == [release] and res.release == release and res.epsilon_shuffled == want
     assert cache.cached(q, n, release) and not cache.cached(q, n, "aggregate" if release == "permuted" else "permuted")
     rows = [json.loads(v) for _, v in res.render()]
