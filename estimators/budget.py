@@ -142,7 +142,8 @@ class Family:
     others at ``fixed`` (else the defaults), or ``to_params(defaults, value)`` when given.
     ``bisect``: the day epsilon is monotone in ``param`` (decreasing if
     ``private_when_larger``), so bisection finds the least private setting that fits;
-    otherwise the ``grid`` is scanned and the smallest sd that fits wins."""
+    otherwise the ``grid`` is scanned and the smallest sd that fits wins. ``fallback``: the
+    family searched when no member of this one fits."""
 
     param: str
     lo: float
@@ -153,6 +154,7 @@ class Family:
     bisect: bool = True
     grid: tuple[float, ...] = ()
     to_params: Callable[[Mapping[str, float], float], dict[str, float]] | None = None
+    fallback: Family | None = None  # searched when no member of this one fits
 
 
 FAMILIES: dict[str, Family] = {
@@ -165,12 +167,18 @@ FAMILIES: dict[str, Family] = {
     "krr": Family("epsilon", 1e-3, 12.0, False,
                   "bisection on the per-report epsilon (a smaller one is a post-processing of a larger one)"),
     "sp": Family("pis", 1e-4, 0.999, False, "bisection on pis (the truthful face's probability), pi0 as default"),
-    # ALP's epsilon hardly moves with its sampling rates (the Yes/No ratios stay 3.5 and 0.95/0.9;
-    # over s = 0.002..0.05 the day through the release is 2.33..2.48), so mixing is the knob
-    "alp": Family("mix", 0.0, 0.99, True,
-                  "bisection on mix: the Yes row mixed toward the No row (a device answers as a No vehicle "
-                  "w.p. mix), a truth-independent post-processing of the papers' mechanism, nested in mix",
-                  to_params=_alp_mix),
+    # ALP: its sampling rates are the accuracy knob (through the aggregate release's exact
+    # accounting the papers' s = 0.05 costs 0.33 a day; s = 0.45 about 2.4, sd 246), so the grid
+    # over s goes first; when even the smallest s exceeds the budget, mixing its Yes row toward
+    # its No row (a post-processing) takes the papers' setting further
+    "alp": Family("s", 0.0, 0.0, False,
+                  "a grid over the sampling rates pisYes1 = pisYes2 = pisNo = s, the rest at the papers' values",
+                  bisect=False, grid=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.45, 0.49),
+                  to_params=lambda d, v: {**d, "pisYes1": v, "pisYes2": v, "pisNo": v},
+                  fallback=Family("mix", 0.0, 0.99, True,
+                                  "bisection on mix: the Yes row mixed toward the No row (a device answers as a "
+                                  "No vehicle w.p. mix), a truth-independent post-processing of the papers' "
+                                  "mechanism, nested in mix", to_params=_alp_mix)),
 }
 
 
@@ -190,7 +198,7 @@ def _day_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, pop
     """The (coarse-grid, still upper-bound) day epsilon of the family member ``value``, cached."""
     if len(_DAYS) > 64:
         _DAYS.clear()
-    seen = _DAYS.setdefault((spec.name, n_stations, population, release, epochs, delta), {})
+    seen = _DAYS.setdefault((spec.name, fam.param, n_stations, population, release, epochs, delta), {})
     if value not in seen:
         mech = spec.build(_params(spec, fam, value), n_stations)
         acc = epoch_account(spec, mech, n_stations, population, release)
@@ -205,6 +213,8 @@ def can_fit(spec: MechanismSpec, n_stations: int, population: int, budget_: floa
     fam = FAMILIES.get(spec.name)
     if fam is None:
         return False, f"{spec.name}: no parameter family to search"
+    while fam.fallback is not None:  # the last family holds the most private setting
+        fam = fam.fallback
     end = (fam.hi if fam.private_when_larger else fam.lo) if fam.bisect else min(fam.grid)
     d = _day_of(spec, fam, end, n_stations, population, release, epochs, delta)
     if d <= budget_:
@@ -224,6 +234,16 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
     if fam is None:
         raise PlanError(f"{spec.name}: no parameter family to search for a day budget (families: "
                         f"{', '.join(FAMILIES)})")
+    while True:
+        out = _fit_family(spec, fam, n_stations, population, expected_yes, budget, release, epochs, delta, tol)
+        if out["fits"] or fam.fallback is None:
+            return out
+        fam = fam.fallback
+
+
+def _fit_family(spec: MechanismSpec, fam: Family, n_stations: int, population: int, expected_yes: float,
+                budget: float, release: str, epochs: int, delta: float, tol: float) -> dict[str, Any]:
+    """:func:`fit_budget` within one family."""
 
     def day_of(value: float) -> float:
         return _day_of(spec, fam, value, n_stations, population, release, epochs, delta)
@@ -238,7 +258,7 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
             chosen = loose_end
         else:
             sign = 1.0 if fam.private_when_larger else -1.0  # sign * value grows toward the private end
-            seen = _DAYS[(spec.name, n_stations, population, release, epochs, delta)]
+            seen = _DAYS[(spec.name, fam.param, n_stations, population, release, epochs, delta)]
             fits = [v for v, d in seen.items() if d <= budget and sign * (v - private_end) <= 0
                     and sign * (v - loose_end) >= 0]
             over = [v for v, d in seen.items() if d > budget and sign * (v - private_end) <= 0

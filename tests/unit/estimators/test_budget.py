@@ -111,8 +111,8 @@ def test_a_budget_nothing_fits_is_a_clear_error(capsys: pytest.CaptureFixture[st
 def test_alp_family_mixes_the_yes_row_toward_the_no_row() -> None:
     """mix = 0 is the papers' ALP; at mix the Yes row is (1 - mix) Yes + mix No and the No row
     is unchanged (a truth-independent post-processing), so the day epsilon falls as mix grows."""
-    spec, fam = get_spec("alp"), budget.FAMILIES["alp"]
-    assert fam.to_params is not None and fam.private_when_larger and fam.bisect
+    spec, fam = get_spec("alp"), budget.FAMILIES["alp"].fallback
+    assert fam is not None and fam.to_params is not None and fam.private_when_larger and fam.bisect
     base = spec.build({}, 3).output_table(0)
     assert fam.to_params(spec.defaults, 0.0) == pytest.approx(dict(spec.defaults))
     days = []
@@ -125,20 +125,29 @@ def test_alp_family_mixes_the_yes_row_toward_the_no_row() -> None:
     assert days[0] > days[1] > days[2] > 0
 
 
-def test_alp_fits_a_day_its_papers_values_exceed() -> None:
-    """The old sampling-rate grid could not go below ~94% of the papers' day (the rates leave
-    ALP's likelihood ratios unchanged); mixing reaches a budget of half of it."""
+def test_alp_spends_a_larger_budget_on_its_sampling_rates_and_mixes_below_the_smallest() -> None:
+    """Through the aggregate release's exact accounting ALP's sampling rate s is the accuracy
+    knob: a budget above the papers' day is spent on a larger s (a smaller sd, never above the
+    budget); a budget below what even the grid's smallest s costs is met by mixing the Yes row
+    toward the No row (the fallback family)."""
     spec = get_spec("alp")
     n, v, epochs = 2_000, 3, 50
-    acc = budget.epoch_account(spec, spec.build({}, v), v, n, "aggregate")
-    papers = budget.pld_day_epsilon(list(acc.plds), epochs, 1e-6)
-    fit = budget.fit_budget(spec, v, n, 20, papers / 2, "aggregate", epochs, 1e-6, tol=1e-2)
-    assert fit["fits"] and fit["chosen"]["mix"] > 0
-    chosen = spec.build(fit["params"], v)
-    day = budget.pld_day_epsilon(list(budget.epoch_account(spec, chosen, v, n, "aggregate").plds), epochs, 1e-6,
-                                 coarse=True)
-    assert day <= papers / 2
-    assert fit["sd"] > budget.headline_sd(spec, spec.build({}, v), 20, n)
+
+    def day(params: dict[str, float]) -> float:
+        acc = budget.epoch_account(spec, spec.build(params, v), v, n, "aggregate")
+        return budget.pld_day_epsilon(list(acc.plds), epochs, 1e-6, coarse=True)
+
+    papers = day({})
+    loose = budget.fit_budget(spec, v, n, 20, 3 * papers, "aggregate", epochs, 1e-6, tol=1e-2)
+    assert loose["fits"] and loose["chosen"]["s"] > spec.defaults["pisYes1"]
+    assert day(loose["params"]) <= 3 * papers
+    assert loose["sd"] < budget.headline_sd(spec, spec.build({}, v), 20, n)
+    fam = budget.FAMILIES["alp"]
+    smallest = day(fam.to_params(spec.defaults, min(fam.grid))) if fam.to_params else float("nan")
+    tight = budget.fit_budget(spec, v, n, 20, smallest / 2, "aggregate", epochs, 1e-6, tol=1e-2)
+    assert tight["fits"] and tight["chosen"]["mix"] > 0
+    assert day(tight["params"]) <= smallest / 2
+    assert tight["sd"] > budget.headline_sd(spec, spec.build({}, v), 20, n)
 
 
 def test_fleet_plan_runs_the_default_queries_within_a_budget() -> None:
