@@ -315,7 +315,8 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
 def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops) -> None:
     """--via-shuffler: every participating device's report of every round as its own record in
     the binary layout (:mod:`schemas.device_binary`; station-valued reports encoded as one
-    array per round) under a fresh random key; a per-sensor device with no non-default answer
+    array per round) under a fresh random key, handed over at once (:meth:`ReportSink.send_many`,
+    librdkafka); a per-sensor device with no non-default answer
     sends an empty ``pairs`` (it still counts as a participant)."""
     headers = [(KIND_HEADER, b"device_report")]
     for r in range(q.n_rounds):
@@ -331,10 +332,8 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
                                      pairs=tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)))
                        for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
-        for j, record in enumerate(records):
-            if stop.requested:
-                return
-            sink.send(record, key=keys[16 * j:16 * j + 16], headers=headers, reports=1)
+        if stop.requested or sink.send_many(records, keys, 16, headers=headers, stop=stop) < len(records):
+            return
 
 
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
