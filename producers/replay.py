@@ -39,7 +39,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.device_binary import encode_device, encode_device_values
+from schemas.device_binary import encode_device_pairs, encode_device_values
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
 from .fleet import Device, FleetTooSmall, epoch_rng, privatize, query_truth_counts, split_fleet
@@ -327,10 +327,8 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
             owner = er.vehicles[r]
             order = np.argsort(owner, kind="stable")
             bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-            st, out = arrays["station"][order], arrays["output"][order]
-            records = [encode_device(q.query_id, q.version, epoch, r,
-                                     pairs=tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)))
-                       for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            records = encode_device_pairs(q.query_id, q.version, epoch, r, bounds, arrays["station"][order],
+                                          arrays["output"][order])
         keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
         if stop.requested or sink.send_many(records, keys, 16, headers=headers, stop=stop) < len(records):
             return

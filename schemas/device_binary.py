@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["BINARY_VERSION", "FLAG_AUTH", "FLAG_PAIRS", "QUERY_ID", "DeviceFields", "encode_device",
-           "encode_device_values", "unpack_device"]
+           "encode_device_pairs", "encode_device_values", "unpack_device"]
 
 BINARY_VERSION = 1
 FLAG_PAIRS = 0x01
@@ -108,6 +108,30 @@ def encode_device_values(query_id: str, query_version: int, epoch: int, rnd: int
     raw = buf.tobytes()
     w = h + 4
     return [raw[i:i + w] for i in range(0, n * w, w)]
+
+
+def encode_device_pairs(query_id: str, query_version: int, epoch: int, rnd: int, bounds: npt.NDArray[np.integer],
+                        stations: npt.NDArray[np.integer], outputs: npt.NDArray[np.integer]) -> list[bytes]:
+    """Many pair-valued devices' reports of one (query, version, epoch, round) at once: device
+    ``d``'s pairs are ``(stations[j], outputs[j])`` for ``bounds[d] <= j < bounds[d + 1]`` (none:
+    an empty ``pairs``). The head is checked once and every pair encoded in one array (a load
+    generator's path).
+
+    >>> st, out = np.array([4, 9, 2]), np.array([1, 0, 1])
+    >>> got = encode_device_pairs("q", 1, 9, 1, np.array([0, 2, 2, 3]), st, out)
+    >>> got == [encode_device("q", 1, 9, 1, pairs=((4, 1), (9, 0))), encode_device("q", 1, 9, 1, pairs=()),
+    ...         encode_device("q", 1, 9, 1, pairs=((2, 1),))]
+    True
+    """
+    counts = np.diff(np.asarray(bounds, dtype=np.int64))
+    if counts.size and int(counts.max()) > MAX_PAIRS:
+        raise ValueError(f"{int(counts.max())} pairs, at most {MAX_PAIRS}")
+    head = _head(query_id, query_version, epoch, rnd, FLAG_PAIRS)
+    body = np.column_stack([np.asarray(stations, dtype="<u4"), np.asarray(outputs, dtype="<u4")]).tobytes()
+    lengths = counts.astype("<u2").tobytes()
+    starts = (8 * np.asarray(bounds, dtype=np.int64)).tolist()
+    return [head + lengths[2 * d:2 * d + 2] + body[a:b] for d, (a, b) in enumerate(zip(starts[:-1], starts[1:],
+                                                                                         strict=True))]
 
 
 def unpack_device(raw: bytes) -> DeviceFields | tuple[str, str]:
