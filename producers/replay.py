@@ -40,7 +40,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.device_binary import auth_message, encode_device_values
+from schemas.device_binary import encode_device_pairs, encode_device_values
 from schemas.enrollment import Enrollment, EnrollmentError
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
@@ -358,12 +358,10 @@ def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_
             owner = er.vehicles[r]
             order = np.argsort(owner, kind="stable")
             bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-            st, out_ = arrays["station"][order], arrays["output"][order]
             vehicles = np.arange(er.participants)
             devices = (first_device + vehicles).tolist()
-            messages = [auth_message(q.query_id, q.version, epoch, r, None,
-                                     tuple(zip(st[a:b].tolist(), out_[a:b].tolist(), strict=True)), d)
-                        for d, a, b in zip(devices, bounds[:-1], bounds[1:], strict=True)]
+            messages = encode_device_pairs(q.query_id, q.version, epoch, r, bounds, arrays["station"][order],
+                                           arrays["output"][order], np.asarray(devices))
         out.append((vehicles, enrollment.seal_messages(messages, devices)))
     return out
 
@@ -372,17 +370,16 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
                         first_device: int = 0) -> None:
     """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
     under a fresh random key, on the partition ``device id mod partitions`` (where a shuffler
-    with several instances looks for all of a device's reports)."""
+    with several instances looks for all of a device's reports), handed over at once
+    (:meth:`ReportSink.send_many`, librdkafka)."""
     headers = [(KIND_HEADER, b"device_report")]
-    parts = sink.partitions
+    parts = np.asarray(sink.partitions)
     for vehicles, records in device_records(q, epoch, er, enrollment, first_device):
-        devices = (first_device + vehicles).tolist()
         keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
-        for j, record in enumerate(records):
-            if stop.requested:
-                return
-            sink.send(record, key=keys[16 * j:16 * j + 16], partition=parts[devices[j] % len(parts)],
-                      headers=headers, reports=1)
+        partitions = parts[(first_device + np.asarray(vehicles)) % len(parts)].tolist()
+        if stop.requested or sink.send_many(records, keys, 16, headers=headers, stop=stop,
+                                            partitions=partitions) < len(records):
+            return
 
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
                       interrupted: bool, index: int, count: int, opens: bool = False) -> None:

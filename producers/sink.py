@@ -1,4 +1,5 @@
-"""The only module of the producers that talks to Kafka (kafka-python).
+"""The module of the producers that talks to Kafka: kafka-python, and librdkafka
+(:mod:`producers.bulk`) for the many one-report records of :meth:`ReportSink.send_many`.
 
 acks=all, idempotent producer, retries with back-off; every delivery failure is counted and
 surfaced; a broker that cannot be reached is a clear error, not a stack trace.
@@ -16,9 +17,10 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any, NoReturn
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, NoReturn, Protocol
 
+from confluent_kafka import KafkaException
 from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.partitioner.default import murmur2
@@ -27,10 +29,25 @@ from schemas.connection import producer_options
 from schemas.kafka_io import BrokerHealth, BrokerUnavailable, BrokerWatch, broker_lost, connect
 from schemas.settings import KafkaSettings
 
+from .bulk import BulkProducer
+
 __all__ = ["DEFAULT_LOSS_TIMEOUT_S", "ReportSink"]
 
 log = logging.getLogger(__name__)
 DEFAULT_LOSS_TIMEOUT_S = 30.0  # settings without broker_loss_timeout_s (plain KafkaSettings)
+
+
+class Stops(Protocol):
+    @property
+    def requested(self) -> bool: ...
+
+
+class _Delivered(NamedTuple):
+    """Where librdkafka wrote a record (what kafka-python's RecordMetadata says)."""
+
+    topic: str
+    partition: int
+    offset: int
 
 
 class ReportSink:
@@ -80,6 +97,8 @@ class ReportSink:
         self._last_watch = time.monotonic()
         self._watch_every_s = max(1.0, timeout_s / 3)
         self._check_topics(force=True)  # the topic ids to compare with later (a restart changes them)
+        self._bulk: dict[str, BulkProducer] = {}  # send_many's producers, by topic
+        self._delivery_timeout_ms = max(120_000, int(1000 * timeout_s) + settings.request_timeout_ms + linger_ms)
 
     def partition_for(self, key: bytes) -> int:
         """The default partitioner's choice, computed here so per-partition counts are known."""
@@ -104,6 +123,50 @@ class ReportSink:
             self.sent_batches += 1
         future.add_callback(self._ok, reports)
         future.add_errback(self._failed)
+
+    def send_many(self, values: Sequence[bytes], keys: bytes, key_size: int,
+                  headers: Iterable[tuple[str, bytes]] = (), topic: str | None = None,
+                  stop: Stops | None = None, partitions: Sequence[int] | None = None) -> int:
+        """Hand many one-report records over at once (the device reports of ``--via-shuffler``):
+        ``values[j]`` under the key ``keys[j * key_size:(j + 1) * key_size]``, through an
+        idempotent librdkafka producer (:mod:`producers.bulk`; ~6 CPU-µs a record against
+        kafka-python's ~55), counted and acknowledged like :meth:`send` with ``reports=1``
+        each; ``partitions[j]``, when given, is ``values[j]``'s partition (else librdkafka's
+        partitioner). Stops early once ``stop.requested``; returns how many were handed over."""
+        if self.lost is not None:
+            raise broker_lost(self._settings, self.lost)
+        name = topic or self.topic
+        self._topics.add(name)
+        bulk = self._bulk.get(name)
+        if bulk is None:
+            bulk = self._bulk[name] = BulkProducer(self._settings, name, self._bulk_delivered,
+                                                   delivery_timeout_ms=self._delivery_timeout_ms)
+        if self.sent == self.delivered + self.failed:  # nothing in flight: a new wait starts now
+            self._health.waiting(time.monotonic())
+
+        def full() -> None:  # the local queue is full: a broker silent for the loss timeout is lost
+            verdict = self._health.silent(time.monotonic(), "records wait for an acknowledgement")
+            if verdict is not None:
+                self._declare(verdict)
+
+        n = 0
+        hdrs: list[tuple[str, str | bytes | None]] = list(headers)
+        try:
+            n = bulk.produce(values, keys, key_size, hdrs, lambda: stop is not None and stop.requested, full,
+                             partitions)
+        except KafkaException as exc:  # a fatal producer error (e.g. its idempotence state is gone)
+            self._declare(f"the device producer failed: {exc}")
+        finally:
+            self.sent += n
+            self.sent_reports += n
+            self.sent_batches += n
+        return n
+
+    def _bulk_delivered(self, err: Any, topic: str, partition: int, offset: int) -> None:  # in this thread
+        if err is None:
+            self._ok(1, _Delivered(topic, partition, offset))
+        else:
+            self._failed(KafkaException(err))
 
     def _ok(self, reports: int | None, meta: Any) -> None:  # the producer's I/O thread
         self.delivered += 1
@@ -158,6 +221,13 @@ class ReportSink:
             raise broker_lost(self._settings, self.lost)
         step = min(1.0, self.loss_timeout_s / 4)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for bulk in self._bulk.values():
+            while bulk.flush(step):
+                verdict = self._health.silent(time.monotonic(), "records wait for an acknowledgement")
+                if verdict is not None:
+                    self._declare(verdict)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise BrokerUnavailable(f"flush did not finish within {timeout_s:g}s") from None
         while True:
             try:
                 self._producer.flush(timeout=step)
@@ -182,6 +252,8 @@ class ReportSink:
         finally:
             try:
                 if self.lost is not None:
+                    for bulk in self._bulk.values():  # fail what waits (counted)
+                        bulk.abandon()
                     sender = getattr(self._producer, "_sender", None)  # kafka-python: fail what is pending
                     if sender is not None:
                         sender.force_close()

@@ -1,7 +1,8 @@
 """One translation of the project's Kafka connection settings into each client's options, in
 the style of quix-streams' ``ConnectionConfig``: kafka-python (producers, the analyst,
-``subscribe``, admin), aiokafka (the worker's acknowledged producers) and Faust (the worker's
-app). Nothing else maps security settings to a client.
+``subscribe``, admin), aiokafka (the worker's acknowledged producers), librdkafka
+(confluent-kafka: the replay's device reports) and Faust (the worker's app). Nothing else maps
+security settings to a client.
 
 No Kafka client is imported at module level (reading settings and building the command line
 stay light); Faust's credential classes are imported when they are asked for.
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = ["ConnectionFields", "aiokafka_options", "compression_for", "faust_options", "kafka_python_options",
-           "producer_options", "ssl_context"]
+           "librdkafka_options", "producer_options", "ssl_context"]
 
 
 class _Secret(Protocol):
@@ -139,6 +140,31 @@ def aiokafka_options(s: ConnectionFields) -> dict[str, Any]:
         kw["sasl_mechanism"] = s.sasl_mechanism or "PLAIN"
         kw["sasl_plain_username"] = s.sasl_plain_username
         kw["sasl_plain_password"] = _password(s)
+    return kw
+
+
+def librdkafka_options(s: ConnectionFields, topic: str | None = None) -> dict[str, Any]:
+    """Connection, security and codec options of a librdkafka (confluent-kafka) producer writing ``topic``.
+
+    >>> from schemas.settings import KafkaSettings
+    >>> o = librdkafka_options(KafkaSettings(bootstrap_servers="a:9092,b:9092", compression_type="none"))
+    >>> o["bootstrap.servers"], o["security.protocol"], o["compression.type"]
+    ('a:9092,b:9092', 'plaintext', 'none')
+    """
+    kw: dict[str, Any] = {"bootstrap.servers": s.bootstrap_servers, "security.protocol": s.security_protocol.lower(),
+                          "request.timeout.ms": s.request_timeout_ms,
+                          "compression.type": compression_for(s, topic) or "none"}
+    if s.security_protocol.startswith("SASL"):
+        kw["sasl.mechanism"] = s.sasl_mechanism or "PLAIN"
+        kw["sasl.username"] = s.sasl_plain_username or ""
+        kw["sasl.password"] = _password(s) or ""
+    for name, option in (("ssl_cafile", "ssl.ca.location"), ("ssl_certfile", "ssl.certificate.location"),
+                         ("ssl_keyfile", "ssl.key.location")):
+        value = getattr(s, name)
+        if value is not None:
+            kw[option] = str(value)
+    if s.ssl_password is not None:
+        kw["ssl.key.password"] = s.ssl_password.get_secret_value()
     return kw
 
 

@@ -53,7 +53,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["AUTH_TRAILER", "BINARY_VERSION", "FLAG_AUTH", "FLAG_PAIRS", "MAC_BYTES", "QUERY_ID", "DeviceFields",
-           "auth_message", "device_of", "encode_device", "encode_device_values", "strip_auth", "unpack_device"]
+           "auth_message", "device_of", "encode_device", "encode_device_pairs", "encode_device_values", "strip_auth",
+           "unpack_device"]
 
 BINARY_VERSION = 1
 FLAG_PAIRS = 0x01
@@ -145,6 +146,41 @@ def encode_device_values(query_id: str, query_version: int, epoch: int, rnd: int
         buf[:, h + 4:] = np.asarray(devices, dtype="<u4").reshape(n, 1).view(np.uint8)
     raw = buf.tobytes()
     return [raw[i:i + w] for i in range(0, n * w, w)]
+
+
+def encode_device_pairs(query_id: str, query_version: int, epoch: int, rnd: int, bounds: npt.NDArray[np.integer],
+                        stations: npt.NDArray[np.integer], outputs: npt.NDArray[np.integer],
+                        devices: npt.NDArray[np.integer] | None = None) -> list[bytes]:
+    """Many pair-valued devices' reports of one (query, version, epoch, round) at once: device
+    ``d``'s pairs are ``(stations[j], outputs[j])`` for ``bounds[d] <= j < bounds[d + 1]`` (none:
+    an empty ``pairs``). The head is checked once and every pair encoded in one array (a load
+    generator's path). With ``devices`` (one id per device): each record is its
+    :func:`auth_message`, the bytes a device's key seals.
+
+    >>> st, out = np.array([4, 9, 2]), np.array([1, 0, 1])
+    >>> got = encode_device_pairs("q", 1, 9, 1, np.array([0, 2, 2, 3]), st, out)
+    >>> got == [encode_device("q", 1, 9, 1, pairs=((4, 1), (9, 0))), encode_device("q", 1, 9, 1, pairs=()),
+    ...         encode_device("q", 1, 9, 1, pairs=((2, 1),))]
+    True
+    >>> sealed = encode_device_pairs("q", 1, 9, 1, np.array([0, 2, 2]), st[:2], out[:2], np.array([7, 8]))
+    >>> sealed == [auth_message("q", 1, 9, 1, None, ((4, 1), (9, 0)), 7), auth_message("q", 1, 9, 1, None, (), 8)]
+    True
+    """
+    counts = np.diff(np.asarray(bounds, dtype=np.int64))
+    if counts.size and int(counts.max()) > MAX_PAIRS:
+        raise ValueError(f"{int(counts.max())} pairs, at most {MAX_PAIRS}")
+    head = _head(query_id, query_version, epoch, rnd, FLAG_PAIRS | (0 if devices is None else FLAG_AUTH))
+    body = np.column_stack([np.asarray(stations, dtype="<u4"), np.asarray(outputs, dtype="<u4")]).tobytes()
+    lengths = counts.astype("<u2").tobytes()
+    starts = (8 * np.asarray(bounds, dtype=np.int64)).tolist()
+    if devices is None:
+        return [head + lengths[2 * d:2 * d + 2] + body[a:b]
+                for d, (a, b) in enumerate(zip(starts[:-1], starts[1:], strict=True))]
+    if np.any(np.asarray(devices) < 0) or np.any(np.asarray(devices) > U32_MAX):
+        raise ValueError(f"device id outside 0..{U32_MAX}")
+    ids = np.asarray(devices, dtype="<u4").tobytes()
+    return [head + lengths[2 * d:2 * d + 2] + body[a:b] + ids[4 * d:4 * d + 4]
+            for d, (a, b) in enumerate(zip(starts[:-1], starts[1:], strict=True))]
 
 
 def unpack_device(raw: bytes) -> DeviceFields | tuple[str, str]:

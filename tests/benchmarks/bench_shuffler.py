@@ -50,8 +50,19 @@ Measured on 2 cores shared with other sessions (load average 3-5; docs/operation
   39.6 s/epoch, 180,023 B on the reports topic; permuted 44.6 s/epoch, 14,069,631 B; CPU s of
   the shuffler 26.3 vs 25.0, worker 4.2 vs 4.7. Both ``same_estimates`` (15,000 rows).
 
-Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2] [--epochs-s1 10] [--epochs-s2 5]
-[--direct-s2] [--releases aggregate,permuted] [--profile]``
+* ``day10`` -- the real-day shape: a synthetic 10-station day (``--epochs-day``, default the
+  whole day's 2,880 epochs) of per-vehicle records, the direct path and through the shuffler in
+  one run (the bar: within 3x the direct path's wall time).
+
+``--device-clients librdkafka,kafka-python`` runs each shuffler path once per way the replay
+hands device reports over: ``librdkafka`` (:meth:`producers.sink.ReportSink.send_many`, the
+replay's) and ``kafka-python`` (one ``KafkaProducer.send`` per record, the replay before
+:mod:`producers.bulk`), so before and after are measured in one run. Every shuffler line has
+``cpu_s_per_million_device_records`` per process and every line the ``load_average`` at its end.
+
+Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2,day10] [--epochs-s1 10] [--epochs-s2 5]
+[--direct-s2] [--epochs-day 2880] [--releases aggregate,permuted] [--device-clients librdkafka,kafka-python]
+[--profile]``
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +88,7 @@ from pydantic import SecretStr
 
 from producers.replay import replay
 from producers.settings import ReplaySettings
+from producers.sink import ReportSink
 from schemas.kafka_io import publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.local_broker import LocalBroker, free_port
@@ -86,6 +99,26 @@ from tests.benchmarks.common import load_scenario, stop_children_on_signals
 from tests.integration.stream_helpers import WorkerProcess, env_for
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_SEND_MANY = ReportSink.send_many
+
+
+def _send_each(self: ReportSink, values: Sequence[bytes], keys: bytes, key_size: int,
+               headers: Iterable[tuple[str, bytes]] = (), topic: str | None = None, stop: Any = None,
+               partitions: Sequence[int] | None = None) -> int:
+    """The device path before :mod:`producers.bulk`: kafka-python's ``send`` once per record."""
+    hdrs = list(headers)
+    for j, value in enumerate(values):
+        if stop is not None and stop.requested:
+            return j
+        self.send(value, key=keys[j * key_size:(j + 1) * key_size], headers=hdrs, topic=topic, reports=1,
+                  partition=None if partitions is None else partitions[j])
+    return len(values)
+
+
+def use_device_client(client: str) -> None:
+    """How the replay (in this process) hands device reports over: ``librdkafka`` (the replay's
+    :meth:`ReportSink.send_many`) or ``kafka-python`` (one ``send`` per record, as before)."""
+    ReportSink.send_many = _SEND_MANY if client == "librdkafka" else _send_each  # type: ignore[method-assign]
 
 
 def _cpu_s(pid: int | None) -> float:
@@ -178,9 +211,10 @@ def _topic_bytes(settings: ReplaySettings, topic: str) -> int:
 
 def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stations: int, epochs: int,
              vehicles: int | None, via_shuffler: bool, data_dir: Path, profile: bool = False,
-             keep_rows: bool = False, release: str = "aggregate"
+             keep_rows: bool = False, release: str = "aggregate", device_client: str = "librdkafka"
              ) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
     tag = f"{name}-{'shuffler-' + release if via_shuffler else 'direct'}-{uuid.uuid4().hex[:8]}"
+    use_device_client(device_client)
     rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir, truth=False, default_queries=False,
                         reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
                         synthetic_stations=stations, mode="per-vehicle", max_epochs=epochs,
@@ -235,7 +269,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     total_cpu = sum(cpu.values())
     out: dict[str, Any] = {
         "scenario": name, "path": "shuffler" if via_shuffler else "direct",
-        **({"release": release} if via_shuffler else {}), "stations": stations,
+        **({"release": release, "device_client": device_client} if via_shuffler else {}), "stations": stations,
         "vehicles": fleet, "mode": "per-vehicle", "queries": [q.mechanism for q in queries], "epochs": epochs,
         "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
         "last_estimate_s": round(last_s, 2), "wall_s_per_epoch": round(last_s / epochs, 3),
@@ -246,6 +280,9 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     }
     if via_shuffler:
         out["device_records"] = summary.records
+        out["cpu_s_per_million_device_records"] = {k: round(1e6 * v / max(summary.records, 1), 1)
+                                                   for k, v in cpu.items()}
+    out["load_average"] = [round(x, 1) for x in os.getloadavg()]
     out["reports_topic_bytes"] = _topic_bytes(rs, rs.reports_topic)
     worker.stop()
     if shuffler is not None:
@@ -293,6 +330,10 @@ def main() -> None:
     parser.add_argument("--direct-s2", action="store_true", help="S2 also on the direct path, in the same run")
     parser.add_argument("--releases", default="aggregate,permuted",
                         help="the shuffler's --release values to run (s1: each against the direct path; s2: the first)")
+    parser.add_argument("--epochs-day", type=int, default=2880, help="day10: epochs of the 10-station day")
+    parser.add_argument("--device-clients", default="librdkafka",
+                        help="how the replay hands device reports over, each a shuffler run (s1, s2, day10): "
+                             "librdkafka (producers.bulk), kafka-python (one send per record, as before)")
     parser.add_argument("--profile", action="store_true", help="the shuffler under cProfile (its figures are slower)")
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
@@ -303,28 +344,38 @@ def main() -> None:
         tmp = Path(tmp_name)
         common = {"data_dir": args.data_dir}
         try:
+            clients = args.device_clients.split(",")
             if "s1" in wanted:
                 kw: dict[str, Any] = {"stations": 500, "epochs": args.epochs_s1, "vehicles": None, **common}
                 direct, d_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=False,
                                           keep_rows=True, **kw)
                 print(json.dumps(direct), flush=True)
                 for release in args.releases.split(","):
-                    via, v_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=True,
-                                           keep_rows=True, profile=args.profile, release=release, **kw)
-                    print(json.dumps(via), flush=True)
-                    print(json.dumps(_compare(direct, d_rows, via, v_rows, args.profile)), flush=True)
-            if "s2" in wanted:
-                kw = {"stations": 3220, "epochs": args.epochs_s2, "vehicles": 47_719, **common}
-                if args.direct_s2:
-                    direct, _ = run_path("s2", broker.bootstrap, broker.pid, tmp, via_shuffler=False, **kw)
+                    for client in clients:
+                        via, v_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=True,
+                                               keep_rows=True, profile=args.profile, release=release,
+                                               device_client=client, **kw)
+                        print(json.dumps(via), flush=True)
+                        print(json.dumps(_compare(direct, d_rows, via, v_rows, args.profile)), flush=True)
+            for name, stations, epochs, vehicles, direct_too in (
+                    ("s2", 3220, args.epochs_s2, 47_719, args.direct_s2), ("day10", 10, args.epochs_day, None, True)):
+                if name not in wanted:
+                    continue
+                kw = {"stations": stations, "epochs": epochs, "vehicles": vehicles, **common}
+                if direct_too:
+                    direct, _ = run_path(name, broker.bootstrap, broker.pid, tmp, via_shuffler=False, **kw)
                     print(json.dumps(direct), flush=True)
-                via, _ = run_path("s2", broker.bootstrap, broker.pid, tmp, via_shuffler=True, profile=args.profile,
-                                  release=args.releases.split(",")[0], **kw)
-                print(json.dumps(via), flush=True)
-                if args.direct_s2:
-                    print(json.dumps({"scenario": "s2", "compare": "shuffler vs direct, same run",
-                                      "shuffler_vs_direct": round(via["wall_s_per_epoch"]
-                                                                  / direct["wall_s_per_epoch"], 2)}), flush=True)
+                for client in clients:
+                    via, _ = run_path(name, broker.bootstrap, broker.pid, tmp, via_shuffler=True,
+                                      profile=args.profile, release=args.releases.split(",")[0],
+                                      device_client=client, **kw)
+                    print(json.dumps(via), flush=True)
+                    if direct_too:
+                        print(json.dumps({"scenario": name, "compare": "shuffler vs direct, same run",
+                                          "device_client": client, "load_average": via["load_average"],
+                                          "shuffler_vs_direct": round(via["wall_s_per_epoch"]
+                                                                      / direct["wall_s_per_epoch"], 2)}),
+                              flush=True)
         finally:  # a run that failed leaves no worker or shuffler behind
             for p in _STARTED:
                 p.stop()

@@ -57,14 +57,18 @@ class Decoded:
                 self.other.append(item)
 
 
-def wait_for_marker(s: KafkaSettings, topic: str, proc: subprocess.Popen[str], timeout_s: float = 90.0) -> None:
-    """Until an end-of-epoch marker is on ``topic`` (a replay in ``proc`` is under way)."""
+def wait_for_marker(s: KafkaSettings, topic: str, proc: subprocess.Popen[str], timeout_s: float = 90.0,
+                    producers: int = 1) -> None:
+    """Until end-of-epoch markers of ``producers`` distinct producer processes are on ``topic``
+    (a replay in ``proc`` is under way, and that many of its producers are in their loop: a
+    producer of a multi-process replay may still be starting after another's first epoch)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         try:
-            if Decoded(drain(s, topic, quiet_polls=1, timeout_s=5)).markers:
-                return
+            markers = Decoded(drain(s, topic, quiet_polls=1, timeout_s=5)).markers.values()
         except Exception:  # noqa: BLE001, S112 - the topic may not exist yet
             continue
-    raise AssertionError(f"no end-of-epoch marker within {timeout_s}s")
+        if len({m.producer_index for ms in markers for m in ms}) >= producers:
+            return
+    raise AssertionError(f"no end-of-epoch markers of {producers} producer(s) within {timeout_s}s")

@@ -105,7 +105,10 @@ class WorkerProcess:
         except OSError:
             return None
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        """Until the worker serves /metrics. The deadline only bounds a hung start: under two busy
+        loops and 3 pytest-xdist workers (load average ~12 on 2 cores) a worker had written no
+        line at all 60 s after its start (importing Faust, numpy, scipy)."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

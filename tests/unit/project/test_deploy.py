@@ -782,6 +782,30 @@ class _RecProducer:
         pass
 
 
+class _RecBulk:
+    """A stand-in for :class:`producers.bulk.BulkProducer` (librdkafka, the device reports):
+    each record sent is a WRITE on its topic, delivered at once."""
+
+    def __init__(self, cluster: _Cluster, settings: KafkaSettings, topic: str, delivered: Any) -> None:
+        self.cluster, self.settings, self.topic, self.delivered = cluster, settings, topic, delivered
+        self.pending = 0
+
+    def produce(self, values: list[bytes], keys: bytes, key_size: int, headers: Any, stopped: Any, full: Any) -> int:
+        self.cluster.use(self.settings, "WRITE", "TOPIC", self.topic)
+        log = self.cluster.records[(self.topic, 0)]
+        for j, value in enumerate(values):
+            log.append(SimpleNamespace(topic=self.topic, partition=0, offset=len(log),
+                                       key=keys[j * key_size:(j + 1) * key_size], value=value))
+            self.delivered(None, self.topic, 0, len(log) - 1)
+        return len(values)
+
+    def flush(self, timeout_s: float) -> int:
+        return 0
+
+    def abandon(self) -> None:
+        pass
+
+
 class _RecConsumer:
     def __init__(self, cluster: _Cluster, settings: KafkaSettings) -> None:
         self.cluster, self.settings = cluster, settings
@@ -969,6 +993,8 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     cluster = _Cluster({name: parts for name, (parts, _) in _topics_the_code_creates(services, monkeypatch).items()})
     for module in (kafka_io, sink_mod):  # stream_app.subscribe imports kafka_io's connect when it connects
         monkeypatch.setattr(module, "connect", cluster.connect)
+    monkeypatch.setattr(sink_mod, "BulkProducer", lambda settings, topic, delivered, **kw: _RecBulk(
+        cluster, settings, topic, delivered))  # the replay's device reports (librdkafka)
 
     def run(service: str, command: list[str], **extra: str) -> None:
         _settings_in_env(monkeypatch, {**_env(services[service]), "PTT_DATA_DIR": str(tmp_path / "data"), **extra})

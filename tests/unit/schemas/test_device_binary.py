@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from schemas import DeviceReport, WireError, decode_device_record, decode_device_report, encode_json
-from schemas.device_binary import FLAG_AUTH, DeviceFields, encode_device, encode_device_values, unpack_device
+from schemas.device_binary import (
+    FLAG_AUTH,
+    DeviceFields,
+    encode_device,
+    encode_device_pairs,
+    encode_device_values,
+    unpack_device,
+)
 from stream_app.shuffler.metrics import DEAD_LETTER_REASONS
 
 GOOD = [
@@ -115,3 +122,18 @@ def test_fuzz_never_a_crash_always_a_reason() -> None:
             assert (fields.mac is None) == (got.mac is None) and (got.mac is None or fields.mac.hex() == got.mac)
         accepted += 1
     assert refused > 10_000 and accepted > 100  # both sides exercised
+
+
+def test_encode_device_pairs_is_encode_device_per_device() -> None:
+    """The replay's array encoder gives each device exactly the one-report encoder's bytes
+    (random pair counts, zero included, and values up to the layout's u32 bound; seed 26)."""
+    rng = np.random.default_rng(26)
+    counts = rng.integers(0, 6, 500)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    st = rng.integers(1, 2**32, bounds[-1], dtype=np.uint64)
+    out = rng.integers(0, 2**32, bounds[-1], dtype=np.uint64)
+    got = encode_device_pairs("sp-day", 3, 59_832_000, 1, bounds, st, out)
+    want = [encode_device("sp-day", 3, 59_832_000, 1,
+                          pairs=tuple(zip(st[a:b].tolist(), out[a:b].tolist(), strict=True)))
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    assert got == want
