@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -447,14 +448,22 @@ def _run_demo(demo: DemoSettings) -> int:
             cfg.write_text(prometheus_config([f"127.0.0.1:{metrics_port}",
                                               *([f"127.0.0.1:{shuffler_port}"] if shuffler is not None else [])]))
             prom_log = out / "prometheus.log"
-            with prom_log.open("wb") as log:
-                prom = subprocess.Popen(  # noqa: S603
-                    [prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={out / 'tsdb'}",
-                     f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT,
-                    **child_options())
-            prom_url = f"http://127.0.0.1:{prom_port}"
-            base = prom_url
-            _wait_until(lambda: _ours_prometheus(base, cfg), 60, prom, "Prometheus", prom_log)
+            for attempt in range(3):  # a chosen port can be taken between the check and the bind
+                with prom_log.open("wb") as log:
+                    prom = subprocess.Popen(  # noqa: S603
+                        [prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={out / 'tsdb'}",
+                         f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT,
+                        **child_options())
+                prom_url = f"http://127.0.0.1:{prom_port}"
+                base = prom_url
+                try:
+                    _wait_until(functools.partial(_ours_prometheus, base, cfg), 60, prom, "Prometheus", prom_log)
+                    break
+                except DemoError:
+                    if demo.prometheus_port is not None or prom.poll() is None or attempt == 2:
+                        raise
+                    taken, prom_port = prom_port, free_port()  # another process bound it first
+                    prom_note = f" (port {taken} was taken, using {prom_port})"
         source = (f"{demo.pems_raw or demo.pems_5min}" if (demo.pems_raw or demo.pems_5min)
                   else f"the synthetic day ({demo.stations} stations)")
         print(f"broker      {broker.bootstrap} (embedded, memory only)")
