@@ -66,14 +66,12 @@ def _forged(q: Query, epoch: int, n: int) -> list[bytes]:
     return out
 
 
-class Attacker(threading.Thread):
-    """Follows the replay's source notes; after each epoch e's note floods e + 4 (3 ahead of the
-    epoch being sent), after the first one also sends the far-future reports and a forged note."""
+class _Thread(threading.Thread):
+    """An attacker's thread: its error kept for the test to report, its stop flag."""
 
-    def __init__(self, ss, queries: list[Query]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ss) -> None:  # type: ignore[no-untyped-def]
         super().__init__(daemon=True)
-        self.ss, self.queries = ss, queries
-        self.sent: Counter[str] = Counter()
+        self.ss = ss
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
@@ -82,6 +80,19 @@ class Attacker(threading.Thread):
             self._run()
         except BaseException as exc:  # noqa: BLE001 -- reported by the test
             self.error = exc
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Attacker(_Thread):
+    """Follows the replay's source notes; after each epoch e's note floods e + 4 (3 ahead of the
+    epoch being sent), after the first one also sends the far-future reports and a forged note."""
+
+    def __init__(self, ss, queries: list[Query]) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ss)
+        self.queries = queries
+        self.sent: Counter[str] = Counter()
 
     def _run(self) -> None:
         ss = self.ss
@@ -162,23 +173,14 @@ def test_forged_reports_outside_the_open_window_change_nothing(broker: str, tmp_
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
 
 
-class Copier(threading.Thread):
+class Copier(_Thread):
     """Re-sends a copy of every genuine device record the moment it appears on the device topic
     (same bytes, same partition, a fresh key): what anyone who can read and write the topic can
     do."""
 
     def __init__(self, ss) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(daemon=True)
-        self.ss = ss
+        super().__init__(ss)
         self.sent = 0
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # noqa: BLE001 -- reported by the test
-            self.error = exc
 
     def _run(self) -> None:
         ss = self.ss
