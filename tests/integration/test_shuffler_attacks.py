@@ -105,24 +105,26 @@ class Attacker(_Thread):
         first = True
         try:
             while not self.stop.is_set():
-                for records in consumer.poll(timeout_ms=100).values():
-                    for rec in records:
-                        note = decode_device_record(rec.value)
-                        assert isinstance(note, SourceEpoch)
-                        if note.opens or note.epoch in flooded:
-                            continue
-                        flooded.add(note.epoch)
-                        batch = [(v, "flood") for q in self.queries
-                                 for v in _forged(q, note.epoch + 4, (q.population + 200) * q.n_rounds)]
-                        if first:
-                            first = False
-                            batch += [(v, f"far_{n}") for q in self.queries[:1] for ahead, n in FAR
-                                      for v in _forged(q, note.epoch + ahead, n)]
-                            batch.append((encode_json(SourceEpoch(epoch=note.epoch + 50)), "note"))
-                        for value, kind in batch:
-                            producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=value)
-                            self.sent[kind] += 1
-                        producer.flush()
+                notes = [decode_device_record(rec.value) for records in consumer.poll(timeout_ms=100).values()
+                         for rec in records]
+                assert all(isinstance(n, SourceEpoch) for n in notes), notes
+                # only the newest note counts: an attacker slowed by a loaded machine never floods
+                # an epoch the replay (and so the shuffler's window) has since reached
+                newest = max((n.epoch for n in notes if isinstance(n, SourceEpoch) and not n.opens), default=None)
+                if newest is None or newest in flooded or (flooded and newest < max(flooded)):
+                    continue
+                flooded.add(newest)
+                batch = [(v, "flood") for q in self.queries
+                         for v in _forged(q, newest + 4, (q.population + 200) * q.n_rounds)]
+                if first:
+                    first = False
+                    batch += [(v, f"far_{n}") for q in self.queries[:1] for ahead, n in FAR
+                              for v in _forged(q, newest + ahead, n)]
+                    batch.append((encode_json(SourceEpoch(epoch=newest + 50)), "note"))
+                for value, kind in batch:
+                    producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=value)
+                    self.sent[kind] += 1
+                producer.flush()
         finally:
             producer.close()
             consumer.close()

@@ -790,7 +790,8 @@ class _RecBulk:
         self.cluster, self.settings, self.topic, self.delivered = cluster, settings, topic, delivered
         self.pending = 0
 
-    def produce(self, values: list[bytes], keys: bytes, key_size: int, headers: Any, stopped: Any, full: Any) -> int:
+    def produce(self, values: list[bytes], keys: bytes, key_size: int, headers: Any, stopped: Any, full: Any,
+                partitions: Any = None) -> int:
         self.cluster.use(self.settings, "WRITE", "TOPIC", self.topic)
         log = self.cluster.records[(self.topic, 0)]
         for j, value in enumerate(values):
