@@ -76,21 +76,21 @@ def refusal(reason: str, detail: str) -> Refusal:
 
 
 def _fields(raw: bytes) -> tuple[str, int, int, int, object] | Refusal:
-    """(query id, version, epoch, round, device) of one record -- ``device`` is the record's
-    device id once device reports carry one (None before) -- or the refusal naming the
-    decoder's reason."""
+    """(query id, version, epoch, round, device) of one record -- ``device`` is the enrolled
+    device id of its authentication (None for an unsigned report, which the shuffler
+    dead-letters ``unauthenticated``) -- or the refusal naming the decoder's reason."""
     if raw[0] == BINARY_VERSION:
         got = unpack_device(raw)
         if not isinstance(got, DeviceFields):
             return refusal("bad_report", f"{got[0]}: {got[1]}")
-        return got.query_id, got.query_version, got.epoch, got.round, getattr(got, "device_id", None)
+        return got.query_id, got.query_version, got.epoch, got.round, got.device
     try:
         rec = decode_device_record(raw)
     except WireError as exc:
         return refusal("bad_report", f"{exc.reason}: {exc.detail}")
     if not isinstance(rec, DeviceReport):
         return refusal("bad_report", "a source note is not a device report")
-    return rec.query_id, rec.query_version, rec.epoch, rec.round, getattr(rec, "device_id", None)
+    return rec.query_id, rec.query_version, rec.epoch, rec.round, rec.device
 
 
 def parse_request(content_type: str, body: bytes, limits: DoorLimits) -> Accepted | Refusal:

@@ -77,3 +77,18 @@ def test_the_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
     assert b.take(100.15) and not b.take(100.15)
     assert [b.take(200.0) for _ in range(4)] == [True, True, True, False]  # never more than the burst
     assert not b.take(50.0)  # a clock that goes back gives nothing
+
+
+def test_sealed_reports_of_two_devices_are_one_request_too_many() -> None:
+    """Once reports are signed, the door reads each one's enrolled device id: two devices'
+    reports in one request are refused ``mixed_devices`` (binary and JSON alike); one device's
+    sealed reports pass byte for byte."""
+    from tests.devices import enrollment, signed_json
+
+    e = enrollment()
+    a0, a1 = e.seal(SP0, 7), e.seal(SP1, 7)
+    assert parse_request(FRAMED, frame([a0, a1]), LIMITS) == Accepted((a0, a1), 9)
+    assert _refused(FRAMED, frame([a0, e.seal(SP1, 8)])).reason == "mixed_devices"
+    json_rr = DeviceReport(query_id="rr", query_version=2, epoch=9, round=0, pairs=())
+    assert _refused(FRAMED, frame([a0, signed_json(json_rr, 8)])).reason == "mixed_devices"
+    assert isinstance(parse_request(FRAMED, frame([a0, signed_json(json_rr, 7)]), LIMITS), Accepted)
