@@ -20,7 +20,6 @@ so a reason is always the one :func:`schemas.decode_device_record` gives.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +36,8 @@ __all__ = ["DeviceBatch", "decode_batch"]
 
 IntArray = npt.NDArray[np.int64]
 _VALUE_TAIL = 13  # query version, epoch, round, value: the bytes after a station-valued report's query id
+_BITMAP = 0x05  # flags: pairs, as a bitmap (auth aside)
+_BITMAP_HEAD = 11  # query version, epoch, round, V: the bytes after a bitmap report's query id
 
 
 @dataclass
@@ -54,6 +55,11 @@ class DeviceBatch:
     value: IntArray
     device: IntArray
     keys: list[tuple[str, int]] = field(default_factory=list)
+    # bitmap reports (``pairs`` as a bitmap, decoded on the fast path): the stations V their
+    # bitmap covers (-1: not one) and where in ``raw[i]`` its ceil(V/8) bytes begin
+    width: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    at: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    raw: Sequence[bytes | None] = ()
     pairs: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     notes: dict[int, SourceEpoch] = field(default_factory=dict)
 
@@ -61,18 +67,26 @@ class DeviceBatch:
         """Row ``i`` as a :class:`DeviceReport` for admission (built from checked columns)."""
         query_id, version = self.keys[int(self.key[i])]
         v = int(self.value[i])
+        if v < 0 and i not in self.pairs and self.width.size and self.width[i] >= 0:
+            self.pairs[i] = tuple((int(s), 1) for s in np.flatnonzero(self.bits([i]).sum(axis=0)) + 1)
         return DeviceReport.model_construct(query_id=query_id, query_version=version, epoch=int(self.epoch[i]),
                                             round=int(self.round[i]), value=None if v < 0 else v,
                                             pairs=self.pairs.get(i) if v < 0 else None)
 
-    def text(self, i: int) -> str:
-        """Row ``i`` as the state log keeps it: the report's JSON without its device id and MAC
-        (it decodes to the same report on restore, and names no device)."""
-        query_id, version = self.keys[int(self.key[i])]
-        v = int(self.value[i])
-        payload = f'"value":{v},"pairs":null' if v >= 0 else f'"value":null,"pairs":{json.dumps(self.pairs[i])}'
-        return (f'{{"kind":"device_report","query_id":"{query_id}","query_version":{version},'
-                f'"epoch":{int(self.epoch[i])},"round":{int(self.round[i])},{payload}}}')
+    def bits(self, rows: Sequence[int]) -> npt.NDArray[np.uint8]:
+        """Bitmap rows ``rows`` (one V) as a (rows, V) 0/1 matrix: column s - 1 is station s."""
+        v = int(self.width[rows[0]])
+        nb = (v + 7) // 8
+        raw = self.raw
+        mat = np.frombuffer(b"".join((raw[i] or b"")[self.at[i]:self.at[i] + nb] for i in rows), np.uint8)
+        return np.unpackbits(mat.reshape(len(rows), nb), axis=1, bitorder="little")[:, :v]
+
+    def station_counts(self, rows: Sequence[int], chunk: int = 8192) -> IntArray:
+        """How many of bitmap rows ``rows`` (one V) set each station's bit: counts[s - 1]."""
+        total = np.zeros(int(self.width[rows[0]]), np.int64)
+        for start in range(0, len(rows), chunk):
+            total += self.bits(rows[start:start + chunk]).sum(axis=0, dtype=np.int64)
+        return total
 
 
 def _u32(buf: npt.NDArray[np.uint8], at: IntArray) -> IntArray:
@@ -88,12 +102,20 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
     n = len(values)
     b = DeviceBatch(reasons=[None] * n, key=np.full(n, -1, np.int64), epoch=np.full(n, -1, np.int64),
                     round=np.full(n, -1, np.int64), value=np.full(n, -1, np.int64), device=np.full(n, -1, np.int64))
+    b.width, b.at, b.raw = np.full(n, -1, np.int64), np.full(n, -1, np.int64), values
     fast: list[int] = []  # rows that look like a station-valued binary report of the right length
     slow: list[int] = []
+    maps: list[int] = []  # rows that look like a bitmap report of the right length
     for i, raw in enumerate(values):
-        if (raw and len(raw) > 3 and raw[0] == BINARY_VERSION and (raw[1] == 0 or raw[1] == FLAG_AUTH)
-                and len(raw) == raw[2] + 3 + _VALUE_TAIL + (AUTH_TRAILER if raw[1] else 0)):
+        if not raw or len(raw) <= 3 or raw[0] != BINARY_VERSION:
+            slow.append(i)
+        elif (raw[1] == 0 or raw[1] == FLAG_AUTH) and len(raw) == raw[2] + 3 + _VALUE_TAIL + (
+                AUTH_TRAILER if raw[1] else 0):
             fast.append(i)
+        elif (raw[1] & ~FLAG_AUTH) == _BITMAP and len(raw) >= raw[2] + 3 + _BITMAP_HEAD and len(raw) == (
+                raw[2] + 3 + _BITMAP_HEAD + (_u16(raw, raw[2] + 12) + 7) // 8 + (AUTH_TRAILER if raw[1] & FLAG_AUTH
+                                                                                 else 0)):
+            maps.append(i)
         else:
             slow.append(i)
     ids: dict[bytes, str | None] = {}
@@ -129,6 +151,8 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
         if enrollment is not None:
             for j in np.flatnonzero(ok).tolist():
                 _verify(b, fast[j], int(device[j]), chunks[j], enrollment)
+    if maps:
+        slow.extend(_bitmaps(b, maps, values, ids, keymap, enrollment))
     for i in slow:
         raw = values[i]
         try:
@@ -154,6 +178,42 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
     return b
 
 
+def _u16(raw: bytes, at: int) -> int:
+    return raw[at] | (raw[at + 1] << 8)
+
+
+def _bitmaps(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], ids: dict[bytes, str | None],
+             keymap: dict[tuple[str, int], int], enrollment: Enrollment | None) -> list[int]:
+    """Decode the rows that look like bitmap reports into ``b``'s columns (``value`` -1,
+    ``width`` V, ``at``); the rows that are not well formed, for the one-record decoder."""
+    slow = []
+    for i in rows:
+        raw = values[i] or b""
+        q = raw[3:3 + raw[2]]
+        if q not in ids:
+            s = q.decode("ascii", "replace")
+            ids[q] = s if QUERY_ID.fullmatch(s) else None
+        qid = ids[q]
+        at = 3 + raw[2]
+        version, epoch = int.from_bytes(raw[at:at + 4], "little"), int.from_bytes(raw[at + 4:at + 8], "little")
+        rnd, v = raw[at + 8], _u16(raw, at + 9)
+        nb = (v + 7) // 8
+        pad = raw[at + 11 + nb - 1] >> (v - 8 * (nb - 1)) if nb else 0
+        if qid is None or version < 1 or rnd > 1 or v < 1 or pad:
+            slow.append(i)  # the exact reason from the one-record decoder
+            continue
+        b.key[i] = keymap.setdefault((qid, version), len(keymap))
+        b.epoch[i], b.round[i], b.width[i], b.at[i] = epoch, rnd, v, at + 11
+        if raw[1] & FLAG_AUTH:
+            device = int.from_bytes(raw[at + 11 + nb:at + 15 + nb], "little")
+            b.device[i] = device
+            if enrollment is not None:
+                _verify(b, i, device, raw, enrollment)
+        elif enrollment is not None:
+            _verify(b, i, -1, raw, enrollment)
+    return slow
+
+
 def _verify(b: DeviceBatch, i: int, device: int, raw: bytes, enrollment: Enrollment) -> None:
     """A fast-path row's authentication: refused unless its trailer's MAC verifies."""
     if device < 0:
@@ -167,6 +227,6 @@ def _verify(b: DeviceBatch, i: int, device: int, raw: bytes, enrollment: Enrollm
 
 def _refuse(b: DeviceBatch, i: int, why: Rejected) -> None:
     b.reasons[i] = why
-    b.key[i] = b.epoch[i] = b.round[i] = b.value[i] = b.device[i] = -1
+    b.key[i] = b.epoch[i] = b.round[i] = b.value[i] = b.device[i] = b.width[i] = -1
     b.pairs.pop(i, None)
 

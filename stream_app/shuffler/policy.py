@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -82,10 +82,19 @@ EPOCHS_KEPT = 120  # source notes of epochs without reports are kept this many e
 
 @dataclass
 class _Round:
-    values: list[int] = field(default_factory=list)  # station-valued: one station index per device
-    stations: list[int] = field(default_factory=list)  # per-sensor: the pairs of every device, flat
-    outputs: list[int] = field(default_factory=list)
+    """A round's admitted reports, as counts: a release depends on the reports' multiset only
+    (a permuted release sorts them first), so the counts are all a slot keeps. Station-valued:
+    ``counts[v]``, devices that sent value ``v`` (0..V); per-sensor: ``counts[s * O + o]``,
+    pairs (station ``s`` 1..V, report ``o``) over the round's devices."""
+
+    counts: IntArray
     devices: int = 0
+
+
+def _round(query: Query) -> _Round:
+    n_out = query.n_outputs
+    size = n_out if query.per_station is None else (query.n_stations + 1) * n_out
+    return _Round(np.zeros(size, np.int64))
 
 
 @dataclass
@@ -193,6 +202,25 @@ class ShufflePolicy:
         """Take one device report into its slot, or say why not (the dead letter's reason).
         A report never moves the clock: one for an epoch the clock has not opened (or long
         before it started) is refused as ``outside_open_window`` and opens nothing."""
+        why = self.refuse(report, query)
+        if why is not None or query is None:
+            return why
+        key = (query.query_id, query.version, report.epoch)
+        why = self.reserve(key, report.round, query)
+        if why is not None:
+            return why
+        counts = self._open[key].rounds[report.round].counts
+        if report.value is not None:
+            counts[report.value] += 1
+        elif report.pairs:  # distinct stations (refuse checked): one fancy-index add
+            pairs = np.asarray(report.pairs, dtype=np.int64)
+            counts[pairs[:, 0] * query.n_outputs + pairs[:, 1]] += 1
+        self.last_arrival = now
+        return None
+
+    def refuse(self, report: DeviceReport, query: Query | None) -> Rejected | None:
+        """Why ``report`` cannot be admitted, whatever else arrives (None: it can, if its slot
+        has room -- :meth:`reserve`); no side effect. :meth:`passing` is its array form."""
         if query is None:
             return Rejected("unknown_query", f"no query {report.query_id!r} version {report.query_version}")
         start, end = query.epoch_range()
@@ -210,24 +238,64 @@ class ShufflePolicy:
                             f"{self.clock + self.ahead_epochs}] of the trusted clock")
         # a device's pairs as two columns, split once (through builtins, no per-pair Python loop)
         stations, outputs = zip(*report.pairs, strict=True) if report.pairs else ((), ())
-        bad = _check_payload(report, query, stations, outputs)
-        if bad is not None:
-            return bad
+        return _check_payload(report, query, stations, outputs)
+
+    def passing(self, query: Query | None, epoch: IntArray, rnd: IntArray, value: IntArray | None = None,
+                bitmap_stations: IntArray | None = None) -> npt.NDArray[np.bool_]:
+        """:meth:`refuse` over many reports of one query version at once: whether each passes
+        (its reason, if not, is :meth:`refuse`'s). ``value``: station-valued reports' values;
+        ``bitmap_stations``: else, bitmap reports' station counts (every bitmap bit is a pair
+        ``(s, 1)``, so only the query's V and report 1 are checked here; padding bits are the
+        decoder's)."""
+        if query is None:
+            return np.zeros(epoch.size, bool)
+        start, end = query.epoch_range()
+        ok: npt.NDArray[np.bool_] = (epoch >= start) & (epoch < end) & (rnd < query.n_rounds)
+        ok &= (self.floor >= 0) & (epoch >= self.floor) & (epoch <= self.clock + self.ahead_epochs)
+        decided = [k[2] for k in self.decided if k[0] == query.query_id and k[1] == query.version]
+        if decided:
+            ok &= ~np.isin(epoch, np.asarray(decided, np.int64))
+        if value is not None:
+            return ok & (query.per_station is None) & (value >= 0) & (value <= query.n_stations)
+        if bitmap_stations is None:
+            raise ValueError("passing needs value or bitmap_stations")
+        fits = query.per_station is not None and query.n_outputs > 1 and query.default_report != 1
+        out: npt.NDArray[np.bool_] = ok & fits & (bitmap_stations == query.n_stations)
+        return out
+
+    def reserve(self, key: EpochKey, rnd: int, query: Query) -> Rejected | None:
+        """Count one more device in round ``rnd`` of ``key``'s slot (opened if need be) -- a
+        report :meth:`refuse` passed -- or ``slot_full``: a slot holds at most one report per
+        device of the query's population. The report's counts follow (:meth:`add`)."""
         slot = self._open.get(key)
         if slot is None:
-            slot = self._open[key] = _Open(query, [_Round() for _ in range(query.n_rounds)])
-        rnd = slot.rounds[report.round]
-        if rnd.devices >= query.population:  # one slot holds at most one report per device of the population
-            return Rejected("slot_full", f"{query.record_key} epoch {report.epoch} round {report.round} already holds "
-                                         f"{rnd.devices} reports, the query's population")
-        rnd.devices += 1
-        if report.value is not None:
-            rnd.values.append(report.value)
-        else:
-            rnd.stations.extend(stations)
-            rnd.outputs.extend(outputs)
-        self.last_arrival = now
+            slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)])
+        r = slot.rounds[rnd]
+        if r.devices >= query.population:
+            return Rejected("slot_full", f"{query.record_key} epoch {key[2]} round {rnd} already holds "
+                                         f"{r.devices} reports, the query's population")
+        r.devices += 1
         return None
+
+    def add(self, key: EpochKey, rnd: int, counts: IntArray, now: float) -> None:
+        """Add reserved reports' counts (the :class:`_Round` layout) to round ``rnd`` of ``key``."""
+        self._open[key].rounds[rnd].counts += counts
+        self.last_arrival = now
+
+    def held_state(self, key: EpochKey) -> list[dict[str, Any]]:
+        """An open epoch's rounds as the state log keeps them: devices and the nonzero counts."""
+        out = []
+        for r in self._open[key].rounds:
+            nz = np.flatnonzero(r.counts)
+            out.append({"devices": r.devices, "index": nz.tolist(), "count": r.counts[nz].tolist()})
+        return out
+
+    def restore_held(self, key: EpochKey, query: Query, rounds: list[dict[str, Any]]) -> None:
+        """Restoring after a restart: an open epoch's rounds as :meth:`held_state` gave them."""
+        slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)])
+        for r, got in zip(slot.rounds, rounds, strict=True):
+            r.devices = int(got["devices"])
+            r.counts[np.asarray(got["index"], np.int64)] = np.asarray(got["count"], np.int64)
 
     def note(self, note: SourceEpoch, active: Active, now: float) -> Rejected | None:
         """Take a replay's source note of an epoch (:class:`~schemas.SourceEpoch`, from the
@@ -285,7 +353,7 @@ class ShufflePolicy:
         for q in active(epoch):
             key = (q.query_id, q.version, epoch)
             if key not in self._open and key not in self.decided:
-                self._open[key] = _Open(q, [_Round() for _ in range(q.n_rounds)])
+                self._open[key] = _Open(q, [_round(q) for _ in range(q.n_rounds)])
 
     def due(self, now: float, caught_up: Collection[int], positions: dict[int, int] | None = None
             ) -> list[EpochKey]:
@@ -321,15 +389,13 @@ class ShufflePolicy:
         if release != "permuted":
             raise ValueError(f"unknown release {release!r}: permuted or aggregate")
         rounds = []
-        for r in slot.rounds:  # sorted first: the result depends on the reports and rng only, not on arrival
+        for r in slot.rounds:  # sorted first (from the counts): the result depends on the reports and rng only
+            keys = np.repeat(np.arange(r.counts.size, dtype=np.int64), r.counts)
+            keys = keys[rng.permutation(keys.size)]
             if slot.query.per_station is None:
-                values = _sorted(np.array(r.values, dtype=np.int64))
-                rounds.append(ReleasedRound({"value": values[rng.permutation(values.size)]}, int(values.size),
-                                            r.devices))
-            else:  # sorted by (station, output): one key per pair, admitted outputs are below n_outputs
-                n_out = slot.query.n_outputs
-                keys = _sorted(np.array(r.stations, dtype=np.int64) * n_out + np.array(r.outputs, dtype=np.int64))
-                station, output = np.divmod(keys[rng.permutation(keys.size)], n_out)
+                rounds.append(ReleasedRound({"value": keys}, int(keys.size), r.devices))
+            else:  # one key per pair: station * O + output
+                station, output = np.divmod(keys, slot.query.n_outputs)
                 rounds.append(ReleasedRound({"station": station, "output": output}, int(keys.size), r.devices))
         return Released(slot.query, key[2], tuple(rounds), no_data)
 
@@ -350,23 +416,15 @@ def _counts(query: Query, r: _Round) -> IntArray:
     devices sent each value 0..V; per-sensor, ``(V, O)`` row-major, how many devices gave each
     report at each station -- the pairs counted, the devices without a pair at a station counted
     at the implied default report -- so every row sums to the devices."""
-    n_out = query.n_outputs
     if query.per_station is None:
-        return np.bincount(np.array(r.values, dtype=np.int64), minlength=n_out).astype(np.int64)
-    flat = (np.array(r.stations, dtype=np.int64) - 1) * n_out + np.array(r.outputs, dtype=np.int64)
-    table = np.bincount(flat, minlength=query.n_stations * n_out).astype(np.int64).reshape(query.n_stations, n_out)
+        return r.counts.copy()
+    n_out = query.n_outputs
+    table = r.counts[n_out:].reshape(query.n_stations, n_out).copy()
     default = query.default_report
     if default is None:  # every per-sensor mechanism has one (the registry's)
         raise ValueError(f"{query.mechanism} has no implied default report")
     table[:, default] += r.devices - table.sum(axis=1)
     return table.ravel()
-
-
-def _sorted(keys: IntArray) -> IntArray:
-    """``np.sort(keys)`` for small non-negative keys (admitted station indices and outputs), by
-    counting: O(n) instead of a comparison sort of a round's millions of pairs."""
-    counts = np.bincount(keys)
-    return np.repeat(np.arange(counts.size, dtype=np.int64), counts)
 
 
 def _check_payload(report: DeviceReport, query: Query, stations: tuple[int, ...],

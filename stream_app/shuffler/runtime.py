@@ -52,7 +52,6 @@ from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, start_http_server
 
 from schemas import (
-    DeviceReport,
     Query,
     SourceEpoch,
     WireError,
@@ -65,30 +64,19 @@ from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_
 
 from ..decode import Rejected
 from ..guard import BrokerGuard, stop_grace_s
-from .columns import DeviceBatch, decode_batch
+from .admission import Admission, Step
+from .columns import decode_batch
 from .enrolled import Slot, SlotDevices, state
+from .intake import Intake
 from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .release import KIND_HEADER, Outgoing, release_records, withheld_records
 from .settings import ShufflerSettings
-from .state import StateRecord, decided_key, fold, from_kafka, headers, logged_step, step_key
+from .state import StateRecord, decided_key, fold, from_kafka, headers, held_key, logged_step, step_key
 
 __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Step:
-    """What one step read: admitted records ([partition (-1: a source note), value]), the slots
-    and note epochs they went to, the dead letters, and the device records and notes read."""
-
-    admitted: list[tuple[int, str]] = field(default_factory=list)
-    slots: set[EpochKey] = field(default_factory=set)
-    notes: set[int] = field(default_factory=set)
-    letters: list[tuple[Rejected, Any]] = field(default_factory=list)
-    read: list[int] = field(default_factory=lambda: [0, 0])
-    digests: dict[Slot, list[bytes]] = field(default_factory=dict)  # the slots' new devices, keyed digests
 
 
 @dataclass
@@ -207,9 +195,7 @@ class Shuffler:
                                  enable_idempotence=True, acks="all", linger_ms=5,
                                  max_request_size=8 * 1024 * 1024, batch_size=1024 * 1024)
         self._producer.init_transactions()  # fences a previous incarnation, aborts its open transaction
-        self._consumer = connect("consumer", s, KafkaConsumer, group_id=s.transactional_id,
-                                 enable_auto_commit=False, isolation_level="read_committed",
-                                 auto_offset_reset="earliest", max_poll_records=s.max_poll_records)
+        self._consumer = Intake(s, group_id=s.transactional_id)  # reads the group's offsets, never commits
         self._reader = QueryReader(s)
         self._notes_reader: KafkaConsumer | None = None
         try:
@@ -219,6 +205,9 @@ class Shuffler:
             self._tps = self._assign()
             self.policy = ShufflePolicy(s.min_crowd, s.lateness_epochs, s.idle_release_s,
                                         [tp.partition for tp in self._tps], s.ahead_epochs)
+            self._admission = Admission(self.policy, self._seen, self._query, self._catch_up_notes,
+                                        source_clock=s.clock == "source", source_topic=s.source_topic,
+                                        instances=s.instance_count, partitions=self._device_parts)
             self._restore()
             self._loop(s.fault_hold_s)
         finally:
@@ -226,7 +215,7 @@ class Shuffler:
             self._reader.close()
             if self._notes_reader is not None:
                 self._notes_reader.close()
-            self._consumer.close(autocommit=False)
+            self._consumer.close()
             self._producer.close(timeout=0 if lost else 10)
 
     # -- setup ---------------------------------------------------------------------------------
@@ -241,7 +230,6 @@ class Shuffler:
         self._device_parts = max(len(parts), 1)
         mine = [TopicPartition(s.device_topic, p) for p in sorted(parts) if p % s.instance_count == s.instance_index]
         self._notes_tp = TopicPartition(s.source_topic, 0)  # the trusted clock: every instance reads it whole
-        self._consumer.assign([*mine, self._notes_tp])
         # the step counter travels as the committed "offset" of the state topic's partition: in
         # the same transaction as the input offsets (a broker need not keep offset metadata); it
         # is in the state log too (_restore), for when the group's offsets have expired
@@ -253,11 +241,13 @@ class Shuffler:
     def _seek(self, kept: dict[str, int]) -> None:
         """Read the input from the group's committed offsets or, if they are gone (expired), from
         those the state log's ``clock`` record of the committed step kept (``kept``)."""
+        offsets = {}
         for tp in [*self._tps, self._notes_tp]:
             got = self._consumer.committed(tp) if self._group_step is not None else None
             if got is None or got < 0:
                 got = kept.get(f"{tp.topic}:{tp.partition}", 0)
-            self._consumer.seek(tp, got)
+            offsets[tp] = got
+        self._consumer.assign(offsets)
 
     def _restore(self) -> None:
         """Rebuild the held reports and decided epochs from the state records of committed steps
@@ -290,7 +280,7 @@ class Shuffler:
             self._salt = value.get("salt") or self._salt
             self._seen.restore(value.get("seen", ()))
             slots, notes = self._apply(value)
-            if value.get("admit"):
+            if value.get("admit") or value.get("seen"):
                 self._live[record.s] = (slots, notes)
         self.policy.reopen(self._active_fn())
         self._seen.prune(self.policy.is_open)
@@ -299,9 +289,19 @@ class Shuffler:
             self._salt, self._salt_new = secrets.token_hex(16), True
 
     def _apply(self, state: dict[str, Any]) -> tuple[frozenset[EpochKey], frozenset[int]]:
-        """Restore one record's admitted reports and decided epochs; the keys the reports went to."""
+        """Restore one record's admitted reports (a ``held`` epoch's counts, or -- a log written
+        before counts were held -- the reports one by one) and decided epochs; the keys the
+        reports went to."""
         slots: set[EpochKey] = set()
         notes: set[int] = set()
+        if "held" in state:
+            q, v, e = state["held"]
+            query = self._query(q, v)
+            if query is None:  # held before the restart, refused now (its query version is gone)
+                log.warning("shuffler: restored counts of %s:v%s epoch %s name no known query; dropped", q, v, e)
+            else:
+                self.policy.restore_held((q, v, e), query, state["rounds"])
+                self.summary.restored += max(int(r["devices"]) for r in state["rounds"])
         for _, raw in state.get("admit", ()):  # [partition (-1: the source notes), record]
             record = decode_device_record(raw.encode())
             if isinstance(record, SourceEpoch):
@@ -317,6 +317,7 @@ class Shuffler:
                 continue
             slots.add((record.query_id, record.query_version, record.epoch))
             self.summary.restored += 1
+        slots.update((str(q), int(v), int(e)) for q, v, e, _, _ in state.get("seen", ()))
         for q, v, e in state.get("decided", ()):
             self.policy.mark_decided((q, v, e))
         return frozenset(slots), frozenset(notes)
@@ -350,77 +351,23 @@ class Shuffler:
                 last_queries = now
             if s.clock == "wall":  # live devices: the last epoch that ended on this host's clock
                 self.policy.advance(epoch_of(datetime.now(UTC)) - 1, self._active_fn())
-            got = self._consumer.poll(timeout_ms=200, max_records=s.max_poll_records)
-            step = _Step()
+            got = self._consumer.poll(0.2, s.max_poll_records)
+            step = Step()
             for rec in got.get(self._notes_tp, ()):  # the trusted clock first: what the reports behind it need
                 self._take_note(rec, step)
-            caught = False
             for tp, records in got.items():
-                if tp == self._notes_tp:
-                    continue
-                # the decode step: columns, reasons, each report's device id and MAC checked
-                batch = decode_batch([rec.value for rec in records], self.enrollment)
-                for i, rec in enumerate(records):
-                    report = self._decode(batch, i, rec, step)
-                    if report is None:
-                        continue
-                    slot = (report.query_id, report.query_version, report.epoch, report.round)
-                    device = int(batch.device[i])
-                    digest = self._seen.digest(slot, device)  # the device goes no further than this
-                    why = self._one_per_device(slot, device, digest, rec.partition)
-                    if why is None:
-                        query = self._query(report.query_id, report.query_version)
-                        why = self.policy.admit(report, query, time.monotonic())
-                        if (why is not None and why.reason == "outside_open_window" and not caught
-                                and s.clock == "source"):
-                            caught = True  # the notes the replay wrote before this report may be unread: read them
-                            self._catch_up_notes(step)
-                            why = self.policy.admit(report, query, time.monotonic())
-                    if why is not None:
-                        step.letters.append((why, rec))
-                        continue
-                    self._seen.add(slot, digest)
-                    step.digests.setdefault(slot, []).append(digest)
-                    # the report's JSON, without its device id and MAC: decodes again on restore
-                    step.admitted.append((rec.partition, batch.text(i)))
-                    step.slots.add(slot[:3])
+                if tp != self._notes_tp:  # the decode step: columns, reasons, each device id and MAC checked
+                    self._admission.take(decode_batch([r.value for r in records], self.enrollment), records, step,
+                                         time.monotonic)
             due = (self.policy.due(time.monotonic(), self._caught_up(), self._positions())
                    if self.policy.open_epochs else [])
-            if not (step.admitted or step.letters or due or self._salt_new):
+            if not (step.admitted or step.letters or step.slots or due or self._salt_new):
                 continue
             self._live[self._step + 1] = (frozenset(step.slots), frozenset(step.notes))
-            self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read, step.digests)
+            self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read, step.digests, step.slots)
             self._seen.prune(self.policy.is_open)
 
-    def _one_per_device(self, slot: Slot, device: int, digest: bytes, partition: int) -> Rejected | None:
-        """Why an authenticated report is refused before its slot sees it: its device's report
-        of this slot was taken already, or (several instances, each reading some partitions)
-        it is not on its device's partition, where its other reports of the slot are."""
-        if self.s.instance_count > 1 and partition != device % self._device_parts:
-            return Rejected("wrong_partition", f"a device report on partition {partition}, not its device's "
-                                               f"(id mod {self._device_parts})")
-        if self._seen.took(slot, digest):
-            return Rejected("duplicate_report", f"{slot[0]}:v{slot[1]} epoch {slot[2]} round {slot[3]} already took "
-                                                "this device's report")
-        return None
-
-    def _decode(self, batch: DeviceBatch, i: int, rec: Any, step: _Step) -> DeviceReport | None:
-        """A device-topic record's report, from its decoded batch (:func:`.columns.decode_batch`);
-        None (dead-lettered) if it is none: undecodable, or a source note, which only the
-        source-notes topic carries."""
-        step.read[0] += 1
-        bad = batch.reasons[i]
-        if bad is not None:
-            step.letters.append((bad, rec))
-            return None
-        report: DeviceReport | SourceEpoch = batch.notes.get(i) or batch.report(i)
-        if isinstance(report, SourceEpoch):
-            step.letters.append((Rejected("untrusted_note", f"a source note of epoch {report.epoch} on the device "
-                                          f"topic (only {self.s.source_topic} carries them)"), rec))
-            return None
-        return report
-
-    def _take_note(self, rec: Any, step: _Step) -> None:
+    def _take_note(self, rec: Any, step: Step) -> None:
         step.read[1] += 1
         try:
             note = decode_device_record(rec.value)
@@ -437,10 +384,9 @@ class Shuffler:
         step.admitted.append((-1, rec.value.decode()))
         step.notes.add(note.epoch)
 
-    def _catch_up_notes(self, step: _Step) -> None:
-        """Read the source notes to their end as the broker says now, with a reader of their own
-        (pausing the device partitions of the main consumer stalls kafka-python's fetches),
-        then move the main consumer past them."""
+    def _catch_up_notes(self, step: Step) -> None:
+        """Read the source notes to their end as the broker says now, with a reader of their own,
+        then move the main consumer past them (it never returns them again)."""
         c = self._consumer
         if self._notes_reader is None:
             self._notes_reader = connect("consumer", self.s, KafkaConsumer, group_id=None, enable_auto_commit=False,
@@ -453,7 +399,7 @@ class Shuffler:
         while reader.position(self._notes_tp) < end and time.monotonic() < deadline:
             for rec in reader.poll(timeout_ms=100, max_records=1000).get(self._notes_tp, ()):
                 self._take_note(rec, step)
-        c.seek(self._notes_tp, reader.position(self._notes_tp))
+        c.skip_to(self._notes_tp, reader.position(self._notes_tp))
 
     def _positions(self) -> dict[int, int]:
         return {tp.partition: self._consumer.position(tp) for tp in self._tps}
@@ -466,13 +412,13 @@ class Shuffler:
 
     def _transaction(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
                      due: list[EpochKey], fault_hold_s: float, read: list[int],
-                     digests: dict[Slot, list[bytes]] | None = None) -> None:
+                     digests: dict[Slot, list[bytes]] | None = None, touched: set[EpochKey] | None = None) -> None:
         """One step, committed or (a Kafka error: counted, aborted unless the broker is lost) raised."""
         p = self._producer
         self._step += 1
         p.begin_transaction()
         try:
-            outcomes = self._step_records(admitted, letters, due, fault_hold_s, digests or {})
+            outcomes = self._step_records(admitted, letters, due, fault_hold_s, digests or {}, touched or set())
             p.commit_transaction()
         except KafkaError:
             self.monitor.on_abort()
@@ -501,8 +447,8 @@ class Shuffler:
                              self.policy.held())
 
     def _step_records(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
-                      due: list[EpochKey], fault_hold_s: float, digests: dict[Slot, list[bytes]]
-                      ) -> list[Released | Withheld]:
+                      due: list[EpochKey], fault_hold_s: float, digests: dict[Slot, list[bytes]],
+                      touched: set[EpochKey]) -> list[Released | Withheld]:
         """Everything a step sends inside its transaction; what its due epochs became."""
         s = self.s
         p = self._producer
@@ -520,7 +466,7 @@ class Shuffler:
                 self._send_out(release_records(self.s, self._out_parts, self._salt, outcome))
             else:
                 self._withhold(outcome)
-        self._send_state(admitted, decided, digests)
+        self._send_state(admitted, decided, digests, touched)
         offsets = {tp: OffsetAndMetadata(self._consumer.position(tp), "", -1) for tp in [*self._tps, self._notes_tp]}
         offsets[self._step_tp] = OffsetAndMetadata(self._step, "", -1)
         p.send_offsets_to_transaction(offsets, s.transactional_id)
@@ -530,11 +476,13 @@ class Shuffler:
         return outcomes
 
     def _send_state(self, admitted: list[tuple[int, str]], decided: list[list[Any]],
-                    digests: dict[Slot, list[bytes]]) -> None:
-        """This step's state records (stream_app/shuffler/state.py): what it admitted, while any
-        of it is in an open epoch, and its slots' new devices as keyed digests (apart, sorted:
-        :mod:`.enrolled`); the epochs it decided; the salt once; the clock; and a tombstone for
-        every earlier step whose reports' epochs are all decided now."""
+                    digests: dict[Slot, list[bytes]], touched: set[EpochKey]) -> None:
+        """This step's state records (stream_app/shuffler/state.py): the source notes it took
+        and its slots' new devices as keyed digests (apart, sorted: :mod:`.enrolled`), while any
+        of their epochs is open; the counts held in each open epoch it added to (``held-``, the
+        whole epoch's, replacing the last; a tombstone once decided); the epochs it decided;
+        the salt once; the clock; and a tombstone for every earlier step whose epochs are all
+        decided now."""
         def send(key: str, value: dict[str, Any] | None) -> None:
             self._producer.send(self.s.state_topic, key=key.encode(), partition=0, headers=hdrs,
                                 value=None if value is None else json.dumps(value, separators=(",", ":")).encode())
@@ -546,7 +494,10 @@ class Shuffler:
                 send(step_key(step), None)
         if self._step in self._live:
             send(step_key(self._step), {"admit": admitted, "seen": state(digests)})
+        for key in sorted(k for k in touched if self.policy.is_open(k)):
+            send(held_key(*key), {"held": list(key), "rounds": self.policy.held_state(key)})
         for q, v, e in decided:
+            send(held_key(q, v, e), None)
             send(decided_key(q, v, e), {"decided": [[q, v, e]]})
         if self._salt_new:
             send("salt", {"salt": self._salt})

@@ -2,11 +2,15 @@
 
 Every transaction (a *step*) writes, to the instance's state topic, beside what it releases:
 
-* ``step-<s>``: the device records it admitted (and the replay's notes), while any of them
-  still sits in an open epoch. Once every epoch those records went to is decided (released
-  or withheld), a later step writes a **tombstone** for ``step-<s>``: a compacted topic then
-  drops the device reports it held -- the state topic holds no report longer than its epoch
-  is open.
+* ``step-<s>``: the replay's notes it took and the keyed digests of the devices its slots
+  took, while any of their epochs is open. Once every epoch they went to is decided (released
+  or withheld), a later step writes a **tombstone** for ``step-<s>``.
+* ``held-<query>-<version>-<epoch>``: an open epoch's admitted reports as counts (per round:
+  devices, and the nonzero counts of the policy's layout), the whole epoch's, rewritten by each
+  step that adds to it and tombstoned in the step that decides it -- the state topic holds no
+  report longer than its epoch is open, and a record's size is bounded by the query's
+  stations x reports, not by how many devices report. (A log written before counts were held
+  has the admitted reports one by one in ``step-<s>``'s ``admit``; a restart still reads it.)
 * ``decided-<query>-<version>-<epoch>``: an epoch that was decided (late reports are refused).
 * ``salt``: the secret salt, once; ``clock``: the policy's epoch clock and the newest epoch
   each input partition showed (what the tombstoned steps' reports had advanced).
@@ -37,8 +41,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LEGACY", "StateRecord", "compact", "decided_key", "fold", "from_kafka", "headers", "logged_step",
-           "step_key"]
+__all__ = ["LEGACY", "StateRecord", "compact", "decided_key", "fold", "from_kafka", "headers", "held_key",
+           "logged_step", "step_key"]
 
 LEGACY = "legacy"  # the incarnation of records written before the log was keyed
 
@@ -55,6 +59,10 @@ class StateRecord:
 
 def step_key(step: int) -> str:
     return f"step-{step}"
+
+
+def held_key(query_id: str, version: int, epoch: int) -> str:
+    return f"held-{query_id}-{version}-{epoch}"
 
 
 def decided_key(query_id: str, version: int, epoch: int) -> str:

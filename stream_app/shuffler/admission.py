@@ -1,0 +1,168 @@
+"""The shuffler's admission of one polled batch of device records (the runtime's hot path):
+decoded columns in (:func:`.columns.decode_batch`), dead letters and each slot's new counts out.
+
+Per record, in arrival order, exactly as one report at a time would be decided:
+
+1. refused at decode (malformed, unauthenticated, ...), or a source note on the device topic
+   (``untrusted_note``);
+2. ``wrong_partition`` (several instances) or ``duplicate_report`` (its device's report of the
+   slot was taken already: :class:`.enrolled.SlotDevices`, keyed digests only);
+3. the policy's checks (:meth:`.policy.ShufflePolicy.refuse`) -- for station-valued and bitmap
+   reports as arrays over the batch (:meth:`~.policy.ShufflePolicy.passing`), the scalar check
+   only for a record that fails them (its reason) or has pairs;
+4. ``slot_full`` (:meth:`~.policy.ShufflePolicy.reserve`).
+
+What a slot takes is added as counts, once per (epoch, round) of the batch: a bincount of the
+values, a column sum of the bitmaps, the pairs' keys counted. The per-record Python work left
+is the slot digest and a few dict lookups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas import Query
+
+from ..decode import Rejected
+from .columns import DeviceBatch
+from .enrolled import Slot, SlotDevices
+from .policy import EpochKey, ShufflePolicy
+
+__all__ = ["Admission", "Step"]
+
+
+@dataclass
+class Step:
+    """What one step read: the source notes admitted ([-1, JSON]), the epochs its reports went
+    to and its note epochs, the dead letters, the device records and notes read, and each
+    slot's new devices (keyed digests)."""
+
+    admitted: list[tuple[int, str]] = field(default_factory=list)
+    slots: set[EpochKey] = field(default_factory=set)
+    notes: set[int] = field(default_factory=set)
+    letters: list[tuple[Rejected, Any]] = field(default_factory=list)
+    read: list[int] = field(default_factory=lambda: [0, 0])
+    digests: dict[Slot, list[bytes]] = field(default_factory=dict)
+
+
+@dataclass
+class Admission:
+    """Admits batches into ``policy``; ``query``: the query version a report names (None:
+    unknown); ``catch_up``: read the source notes to their end (once per batch, when a report is
+    outside the open window and the clock is the replay's); ``partitions``: the device topic's
+    partition count, when several ``instances`` share it."""
+
+    policy: ShufflePolicy
+    seen: SlotDevices
+    query: Callable[[str, int], Query | None]
+    catch_up: Callable[[Step], None]
+    source_clock: bool
+    source_topic: str
+    instances: int = 1
+    partitions: int = 1
+
+    def take(self, batch: DeviceBatch, records: list[Any], step: Step, now: Callable[[], float]) -> None:
+        """Admit ``records`` (decoded as ``batch``) into the policy; dead letters into ``step``."""
+        policy, seen = self.policy, self.seen
+        n = len(records)
+        step.read[0] += n
+        queries = [self.query(q, v) for q, v in batch.keys]
+        passes = self._passing(batch, queries)
+        caught = not self.source_clock
+        took: dict[tuple[EpochKey, int], list[int]] = {}
+        keys, epochs, rounds, devices = batch.key.tolist(), batch.epoch.tolist(), batch.round.tolist(), batch.device
+        for i in range(n):
+            rec = records[i]
+            bad = batch.reasons[i]
+            if bad is not None:
+                step.letters.append((bad, rec))
+                continue
+            note = batch.notes.get(i)
+            if note is not None:
+                step.letters.append((Rejected("untrusted_note", f"a source note of epoch {note.epoch} on the device "
+                                              f"topic (only {self.source_topic} carries them)"), rec))
+                continue
+            query_id, version = batch.keys[keys[i]]
+            slot = (query_id, version, epochs[i], rounds[i])
+            device = int(devices[i])
+            digest = seen.digest(slot, device)  # the device goes no further than this
+            why = self._one_per_device(slot, device, digest, rec.partition)
+            query = queries[keys[i]]
+            if why is None and not passes[i]:
+                why = self._refuse(batch, i, query)
+                if why is not None and why.reason == "outside_open_window" and not caught:
+                    caught = True  # the notes the replay wrote before this report may be unread: read them
+                    self.catch_up(step)
+                    passes = self._passing(batch, queries)
+                    why = None if passes[i] else self._refuse(batch, i, query)
+            if why is None and query is not None:
+                why = policy.reserve(slot[:3], slot[3], query)
+            if why is not None:
+                step.letters.append((why, rec))
+                continue
+            seen.add(slot, digest)
+            step.digests.setdefault(slot, []).append(digest)
+            step.slots.add(slot[:3])
+            took.setdefault((slot[:3], slot[3]), []).append(i)
+        t = now()
+        for (key, rnd), rows in took.items():
+            query = queries[keys[rows[0]]]
+            if query is not None:
+                policy.add(key, rnd, _counts(batch, rows, query), t)
+
+    def _passing(self, batch: DeviceBatch, queries: list[Query | None]) -> npt.NDArray[np.bool_]:
+        """Which rows pass the policy's checks, as arrays per query version (station-valued and
+        bitmap rows; pair rows go through the scalar check)."""
+        out = np.zeros(batch.key.size, bool)
+        for k, query in enumerate(queries):
+            rows = np.flatnonzero(batch.key == k)
+            values = rows[batch.value[rows] >= 0]
+            if values.size:
+                out[values] = self.policy.passing(query, batch.epoch[values], batch.round[values],
+                                                  value=batch.value[values])
+            maps = rows[batch.width[rows] >= 0]
+            if maps.size:
+                out[maps] = self.policy.passing(query, batch.epoch[maps], batch.round[maps],
+                                                bitmap_stations=batch.width[maps])
+        return out
+
+    def _refuse(self, batch: DeviceBatch, i: int, query: Query | None) -> Rejected | None:
+        why = self.policy.refuse(batch.report(i), query)
+        v = int(batch.width[i])
+        if why is None and query is not None and v >= 0 and v != query.n_stations:
+            why = Rejected("wrong_layout", f"a bitmap of {v} stations for {query.record_key}, which has "
+                                           f"{query.n_stations}")
+        return why
+
+    def _one_per_device(self, slot: Slot, device: int, digest: bytes, partition: int) -> Rejected | None:
+        """Why an authenticated report is refused before its slot sees it: its device's report
+        of this slot was taken already, or (several instances, each reading some partitions)
+        it is not on its device's partition, where its other reports of the slot are."""
+        if self.instances > 1 and partition != device % self.partitions:
+            return Rejected("wrong_partition", f"a device report on partition {partition}, not its device's "
+                                               f"(id mod {self.partitions})")
+        if self.seen.took(slot, digest):
+            return Rejected("duplicate_report", f"{slot[0]}:v{slot[1]} epoch {slot[2]} round {slot[3]} already took "
+                                                "this device's report")
+        return None
+
+
+def _counts(batch: DeviceBatch, rows: list[int], query: Query) -> npt.NDArray[np.int64]:
+    """The counts (the policy's round layout) of admitted rows of one (epoch, round)."""
+    n_out = query.n_outputs
+    if query.per_station is None:
+        return np.bincount(batch.value[rows], minlength=n_out).astype(np.int64)
+    out = np.zeros((query.n_stations + 1) * n_out, np.int64)
+    maps = [i for i in rows if batch.width[i] >= 0]
+    if maps:  # bitmap bit s - 1 is the pair (s, 1)
+        out[np.arange(1, query.n_stations + 1) * n_out + 1] += batch.station_counts(maps)
+    pairs = [np.asarray(batch.pairs[i], np.int64).reshape(-1, 2) for i in rows if batch.width[i] < 0]
+    if pairs:
+        flat = np.concatenate(pairs)
+        out += np.bincount(flat[:, 0] * n_out + flat[:, 1], minlength=out.size)
+    return out

@@ -1,0 +1,142 @@
+"""The shuffler's input: the device topic's partitions it owns and the source notes, read with
+librdkafka (confluent-kafka) in ``read_committed`` mode.
+
+kafka-python parses every record of a fetch in Python: ~19 CPU-µs a record here, the largest
+part of the shuffler's time at the papers' fleet (136,161 devices, one record per device per
+round). librdkafka parses in C: ~1.3 CPU-µs a record (the same records, one run,
+``tests/benchmarks/bench_shuffler.py`` measures the whole path). The transactions stay
+kafka-python's (:mod:`.runtime`): the input offsets they commit are this reader's positions,
+under the consumer group the reader only *reads* committed offsets from (it never joins the
+group and never commits).
+
+A position is the offset of the next record to read: where the reader was assigned or sought,
+past every record it returned, and past the control records a transaction leaves
+(librdkafka's own position, once it has one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as CkPartition
+from kafka import TopicPartition
+from kafka.errors import KafkaError as PyKafkaError
+
+from schemas.connection import librdkafka_options
+from schemas.settings import KafkaSettings
+
+__all__ = ["Intake", "Rec"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Rec:
+    """One input record, as the shuffler needs it (a dead letter names topic, partition, offset)."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+class IntakeError(PyKafkaError):  # type: ignore[misc]
+    """librdkafka reported a fatal consumer error (the runtime handles it as a Kafka error)."""
+
+
+class Intake:
+    """A librdkafka consumer of assigned partitions; ``group_id``: whose committed offsets it reads."""
+
+    def __init__(self, settings: KafkaSettings, group_id: str, fetch_max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._consumer = Consumer({
+            **librdkafka_options(settings),
+            "group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+            "fetch.max.bytes": fetch_max_bytes, "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "receive.message.max.bytes": fetch_max_bytes + 1024 * 1024,
+            "queued.max.messages.kbytes": 256 * 1024,
+            "log_level": 2, "logger": log,
+        })
+        self._pos: dict[tuple[str, int], int] = {}
+        self._skip: dict[tuple[str, int], int] = {}  # read elsewhere up to this offset: not returned again
+
+    def partitions_for_topic(self, topic: str, timeout_s: float = 10.0) -> set[int]:
+        meta = self._consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return set()
+        return set(meta.partitions)
+
+    def committed(self, tp: TopicPartition, timeout_s: float = 30.0) -> int | None:
+        """The group's committed offset of ``tp`` (None: none)."""
+        got = self._consumer.committed([CkPartition(tp.topic, tp.partition)], timeout=timeout_s)
+        off = got[0].offset if got else -1
+        return off if off >= 0 else None
+
+    def assign(self, offsets: dict[TopicPartition, int]) -> None:
+        """Read these partitions from these offsets (every earlier assignment replaced)."""
+        self._consumer.assign([CkPartition(tp.topic, tp.partition, o if o >= 0 else OFFSET_BEGINNING)
+                               for tp, o in offsets.items()])
+        self._pos = {(tp.topic, tp.partition): max(o, 0) for tp, o in offsets.items()}
+        self._skip = {}
+
+    def skip_to(self, tp: TopicPartition, offset: int) -> None:
+        """Records of ``tp`` below ``offset`` were read elsewhere: never returned; the position moves there."""
+        k = (tp.topic, tp.partition)
+        self._skip[k] = max(self._skip.get(k, 0), offset)
+        self._pos[k] = max(self._pos.get(k, 0), offset)
+
+    def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Rec]]:
+        """Up to ``max_records`` records, per partition in offset order."""
+        out: dict[TopicPartition, list[Rec]] = {}
+        got = self._consumer.consume(max_records, timeout_s)
+        tps: dict[tuple[str, int], TopicPartition] = {}
+        for m in got:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal() or not err.retriable():
+                    raise IntakeError(f"librdkafka consumer: {err.str()}")
+                log.debug("librdkafka consumer: %s", err.str())
+                continue
+            topic, part, off = m.topic() or "", m.partition() or 0, m.offset() or 0
+            k = (topic, part)
+            if off < self._skip.get(k, -1):
+                continue
+            tp = tps.get(k)
+            if tp is None:
+                tp = tps[k] = TopicPartition(topic, part)
+                out[tp] = []
+            out[tp].append(Rec(topic, part, off, m.value()))
+        for k, tp in tps.items():
+            self._pos[k] = max(self._pos.get(k, 0), out[tp][-1].offset + 1)
+        return out
+
+    def position(self, tp: TopicPartition) -> int:
+        """The next offset to read of ``tp`` (past control records once librdkafka knows it)."""
+        k = (tp.topic, tp.partition)
+        try:
+            got = self._consumer.position([CkPartition(tp.topic, tp.partition)])[0].offset
+        except KafkaException:
+            got = -1
+        if got > self._pos.get(k, 0) and got > self._skip.get(k, -1):
+            self._pos[k] = got
+        return self._pos.get(k, 0)
+
+    def end_offsets(self, tps: Iterable[TopicPartition], timeout_s: float = 10.0) -> dict[TopicPartition, int]:
+        """Each partition's end as the broker says now (its high watermark)."""
+        out = {}
+        for tp in tps:
+            try:
+                _, high = self._consumer.get_watermark_offsets(CkPartition(tp.topic, tp.partition),
+                                                               timeout=timeout_s, cached=False)
+            except KafkaException as exc:
+                raise IntakeError(f"librdkafka consumer: {exc}") from exc
+            out[tp] = high
+        return out
+
+    def close(self) -> None:
+        self._consumer.close()
