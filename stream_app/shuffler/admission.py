@@ -7,9 +7,11 @@ Per record, in arrival order, exactly as one report at a time would be decided:
    (``untrusted_note``);
 2. ``wrong_partition`` (several instances) or ``duplicate_report`` (its device's report of the
    slot was taken already: :class:`.enrolled.SlotDevices`, keyed digests only);
-3. the policy's checks (:meth:`.policy.ShufflePolicy.refuse`) -- for station-valued and bitmap
-   reports as arrays over the batch (:meth:`~.policy.ShufflePolicy.passing`), the scalar check
-   only for a record that fails them (its reason) or has pairs;
+3. the policy's checks (:meth:`.policy.ShufflePolicy.refuse`), the open window at the clock
+   where the record lies in the input (:meth:`~.policy.ShufflePolicy.window_clock`) -- for
+   station-valued and bitmap reports as arrays over the batch
+   (:meth:`~.policy.ShufflePolicy.passing`), the scalar check only for a record that fails them
+   (its reason) or has pairs;
 4. ``slot_full`` (:meth:`~.policy.ShufflePolicy.reserve`).
 
 What a slot takes is added as counts, once per (epoch, round) of the batch: a bincount of the
@@ -72,7 +74,10 @@ class Admission:
         n = len(records)
         step.read[0] += n
         queries = [self.query(q, v) for q, v in batch.keys]
-        passes = self._passing(batch, queries)
+        parts = np.fromiter((r.partition for r in records), np.int64, n)
+        offsets = np.fromiter((r.offset for r in records), np.int64, n)
+        clocks = self._clocks(parts, offsets)
+        passes = self._passing(batch, queries, clocks)
         caught = not self.source_clock
         took: dict[tuple[EpochKey, int], list[int]] = {}
         keys, epochs, rounds, devices = batch.key.tolist(), batch.epoch.tolist(), batch.round.tolist(), batch.device
@@ -94,12 +99,13 @@ class Admission:
             why = self._one_per_device(slot, device, digest, rec.partition)
             query = queries[keys[i]]
             if why is None and not passes[i]:
-                why = self._refuse(batch, i, query)
+                why = self._refuse(batch, i, query, int(clocks[i]))
                 if why is not None and why.reason == "outside_open_window" and not caught:
                     caught = True  # the notes the replay wrote before this report may be unread: read them
                     self.catch_up(step)
-                    passes = self._passing(batch, queries)
-                    why = None if passes[i] else self._refuse(batch, i, query)
+                    clocks = self._clocks(parts, offsets)
+                    passes = self._passing(batch, queries, clocks)
+                    why = None if passes[i] else self._refuse(batch, i, query, int(clocks[i]))
             if why is None and query is not None:
                 why = policy.reserve(slot[:3], slot[3], query)
             if why is not None:
@@ -115,7 +121,16 @@ class Admission:
             if query is not None:
                 policy.add(key, rnd, _counts(batch, rows, query), t)
 
-    def _passing(self, batch: DeviceBatch, queries: list[Query | None]) -> npt.NDArray[np.bool_]:
+    def _clocks(self, parts: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Each record's :meth:`~.policy.ShufflePolicy.window_clock` (the clock where it lies)."""
+        out = np.empty(parts.size, np.int64)
+        for p in np.unique(parts).tolist():
+            rows = parts == p
+            out[rows] = self.policy.window_clock(p, offsets[rows])
+        return out
+
+    def _passing(self, batch: DeviceBatch, queries: list[Query | None], clocks: npt.NDArray[np.int64]
+                 ) -> npt.NDArray[np.bool_]:
         """Which rows pass the policy's checks, as arrays per query version (station-valued and
         bitmap rows; pair rows go through the scalar check)."""
         out = np.zeros(batch.key.size, bool)
@@ -124,15 +139,15 @@ class Admission:
             values = rows[batch.value[rows] >= 0]
             if values.size:
                 out[values] = self.policy.passing(query, batch.epoch[values], batch.round[values],
-                                                  value=batch.value[values])
+                                                  value=batch.value[values], clock=clocks[values])
             maps = rows[batch.width[rows] >= 0]
             if maps.size:
                 out[maps] = self.policy.passing(query, batch.epoch[maps], batch.round[maps],
-                                                bitmap_stations=batch.width[maps])
+                                                bitmap_stations=batch.width[maps], clock=clocks[maps])
         return out
 
-    def _refuse(self, batch: DeviceBatch, i: int, query: Query | None) -> Rejected | None:
-        why = self.policy.refuse(batch.report(i), query)
+    def _refuse(self, batch: DeviceBatch, i: int, query: Query | None, clock: int) -> Rejected | None:
+        why = self.policy.refuse(batch.report(i), query, clock)
         v = int(batch.width[i])
         if why is None and query is not None and v >= 0 and v != query.n_stations:
             why = Rejected("wrong_layout", f"a bitmap of {v} stations for {query.record_key}, which has "

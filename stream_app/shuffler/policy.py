@@ -153,6 +153,8 @@ class ShufflePolicy:
         self.source_count = 1
         self.ends: dict[int, int] = {}  # per input partition: the newest end offset a source note vouched for
         self.barriers: list[tuple[int, dict[int, int]]] = []  # (clock, the input offsets its epochs lie below)
+        # per input partition, per producer: the offsets its notes vouched for and the epochs it had finished
+        self._vouched: dict[int, dict[int, tuple[list[int], list[int]]]] = {}
         self.last_arrival = 0.0
         self._open: dict[EpochKey, _Open] = {}
         self.decided: set[EpochKey] = set()
@@ -193,16 +195,51 @@ class ShufflePolicy:
         """Device reports held in open epochs."""
         return sum(r.devices for o in self._open.values() for r in o.rounds)
 
-    def in_window(self, epoch: int) -> bool:
+    def in_window(self, epoch: int, clock: int | None = None) -> bool:
         """Whether the trusted clock has opened ``epoch``: from the clock's first epoch up to
-        ``ahead_epochs`` past it (the epochs devices may be reporting for now)."""
-        return 0 <= self.floor <= epoch <= self.clock + self.ahead_epochs
+        ``ahead_epochs`` past it (the epochs devices may be reporting for now); ``clock``: the
+        clock where the report lies in the input (:meth:`window_clock`; None: the clock now)."""
+        return 0 <= self.floor <= epoch <= (self.clock if clock is None else clock) + self.ahead_epochs
 
-    def admit(self, report: DeviceReport, query: Query | None, now: float) -> Rejected | None:
+    def window_clock(self, partition: int, offsets: IntArray) -> IntArray:
+        """The trusted clock *where* reports lie in the input: for a report at ``offsets`` of
+        input ``partition``, the clock the replay's notes had vouched for below that offset --
+        per producer the newest epoch it finished whose note's acknowledged offsets of the
+        partition are at or below it, the oldest over the producers (a producer whose notes
+        vouch nothing for the partition counts at the epoch it finished), and never past the
+        clock now. So a report is judged at the time it was written, not when the shuffler got
+        to it: however far the notes run ahead of a backlog of device reports, a report sent
+        for an epoch beyond the window of its own moment stays outside it.
+
+        >>> p = ShufflePolicy(min_crowd=1, lateness_epochs=1, idle_release_s=1.0, partitions=(0,))
+        >>> p.note(SourceEpoch(epoch=10, opens=True), lambda epoch: [], 0.0)  # the clock starts at 9
+        >>> for e, end in ((10, 100), (11, 250)):
+        ...     p.note(SourceEpoch(epoch=e, device_offsets=((0, end),)), lambda epoch: [], 0.0)
+        >>> p.window_clock(0, np.array([50, 100, 249, 250, 900])).tolist(), p.clock
+        ([9, 10, 10, 11, 11], 11)
+        """
+        out = np.full(offsets.shape, self.clock, np.int64)
+        vouched = self._vouched.get(partition)
+        if not vouched:
+            return out
+        for k in range(self.source_count):
+            got = vouched.get(k)
+            if got is None:
+                np.minimum(out, self.sources.get(k, -1), out=out)
+                continue
+            offs, dones = got
+            at = np.searchsorted(np.asarray(offs, np.int64), offsets, side="right") - 1
+            first = self.floor - 1 if self.floor >= 0 else -1  # below its first such note: the clock's first value
+            np.minimum(out, np.where(at >= 0, np.asarray(dones, np.int64)[np.maximum(at, 0)], first), out=out)
+        return out
+
+    def admit(self, report: DeviceReport, query: Query | None, now: float, clock: int | None = None
+              ) -> Rejected | None:
         """Take one device report into its slot, or say why not (the dead letter's reason).
         A report never moves the clock: one for an epoch the clock has not opened (or long
-        before it started) is refused as ``outside_open_window`` and opens nothing."""
-        why = self.refuse(report, query)
+        before it started) is refused as ``outside_open_window`` and opens nothing (``clock``:
+        where it lies in the input, :meth:`window_clock`; None: the clock now)."""
+        why = self.refuse(report, query, clock)
         if why is not None or query is None:
             return why
         key = (query.query_id, query.version, report.epoch)
@@ -218,9 +255,10 @@ class ShufflePolicy:
         self.last_arrival = now
         return None
 
-    def refuse(self, report: DeviceReport, query: Query | None) -> Rejected | None:
+    def refuse(self, report: DeviceReport, query: Query | None, clock: int | None = None) -> Rejected | None:
         """Why ``report`` cannot be admitted, whatever else arrives (None: it can, if its slot
-        has room -- :meth:`reserve`); no side effect. :meth:`passing` is its array form."""
+        has room -- :meth:`reserve`); no side effect. :meth:`passing` is its array form;
+        ``clock``: the clock where the report lies in the input (:meth:`window_clock`)."""
         if query is None:
             return Rejected("unknown_query", f"no query {report.query_id!r} version {report.query_version}")
         start, end = query.epoch_range()
@@ -232,26 +270,27 @@ class ShufflePolicy:
         key = (query.query_id, query.version, report.epoch)
         if key in self.decided:
             return Rejected("late", f"{query.record_key} epoch {report.epoch} was already released or withheld")
-        if not self.in_window(report.epoch):
+        if not self.in_window(report.epoch, clock):
             return Rejected("outside_open_window",
                             f"epoch {report.epoch} outside the open window [{self.floor}, "
-                            f"{self.clock + self.ahead_epochs}] of the trusted clock")
+                            f"{(self.clock if clock is None else clock) + self.ahead_epochs}] of the trusted clock")
         # a device's pairs as two columns, split once (through builtins, no per-pair Python loop)
         stations, outputs = zip(*report.pairs, strict=True) if report.pairs else ((), ())
         return _check_payload(report, query, stations, outputs)
 
     def passing(self, query: Query | None, epoch: IntArray, rnd: IntArray, value: IntArray | None = None,
-                bitmap_stations: IntArray | None = None) -> npt.NDArray[np.bool_]:
+                bitmap_stations: IntArray | None = None, clock: IntArray | None = None) -> npt.NDArray[np.bool_]:
         """:meth:`refuse` over many reports of one query version at once: whether each passes
         (its reason, if not, is :meth:`refuse`'s). ``value``: station-valued reports' values;
         ``bitmap_stations``: else, bitmap reports' station counts (every bitmap bit is a pair
         ``(s, 1)``, so only the query's V and report 1 are checked here; padding bits are the
-        decoder's)."""
+        decoder's); ``clock``: each report's :meth:`window_clock` (None: the clock now)."""
         if query is None:
             return np.zeros(epoch.size, bool)
         start, end = query.epoch_range()
         ok: npt.NDArray[np.bool_] = (epoch >= start) & (epoch < end) & (rnd < query.n_rounds)
-        ok &= (self.floor >= 0) & (epoch >= self.floor) & (epoch <= self.clock + self.ahead_epochs)
+        ok &= (self.floor >= 0) & (epoch >= self.floor) & (epoch <= (self.clock if clock is None else clock)
+                                                             + self.ahead_epochs)
         decided = [k[2] for k in self.decided if k[0] == query.query_id and k[1] == query.version]
         if decided:
             ok &= ~np.isin(epoch, np.asarray(decided, np.int64))
@@ -310,10 +349,14 @@ class ShufflePolicy:
         if not note.opens:
             missing, interrupted = self._notes.get(note.epoch, (frozenset(), False))
             self._notes[note.epoch] = (missing | frozenset(note.readings_missing), interrupted or note.interrupted)
+        done = note.epoch - 1 if note.opens else note.epoch
         for p, offset in note.device_offsets:
             if p in self.partitions:
                 self.ends[p] = max(self.ends.get(p, 0), offset)
-        done = note.epoch - 1 if note.opens else note.epoch
+                offs, dones = self._vouched.setdefault(p, {}).setdefault(note.producer_index, ([], []))
+                if not offs or (offset >= offs[-1] and done >= dones[-1]):
+                    offs.append(offset)
+                    dones.append(done)
         self.sources[note.producer_index] = max(self.sources.get(note.producer_index, -1), done)
         self.source_count = note.producer_count
         if all(k in self.sources for k in range(self.source_count)):
@@ -360,6 +403,11 @@ class ShufflePolicy:
         """The open epochs whose deadline has passed (module docstring), oldest first;
         ``positions``: how far each input partition is read."""
         positions = positions or {}
+        for p, vouched in self._vouched.items():  # what lies behind the positions is needed no more
+            for offs, dones in vouched.values():
+                drop = int(np.searchsorted(np.asarray(offs, np.int64), positions.get(p, 0), side="right")) - 1
+                if drop > 0:
+                    del offs[:drop], dones[:drop]
         while self.barriers and all(positions.get(p, 0) >= o for p, o in self.barriers[0][1].items()):
             self.passed = max(self.passed, self.barriers.pop(0)[0])
         idle = self.partitions <= set(caught_up) and now - self.last_arrival >= self.idle_release_s
