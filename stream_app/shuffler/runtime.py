@@ -406,7 +406,11 @@ class Shuffler:
 
     def _caught_up(self) -> frozenset[int]:
         """The input partitions read to their end as the broker says now (a fetch's high-water
-        mark may be older than records another partition's newer epoch implies are there)."""
+        mark may be older than records another partition's newer epoch implies are there) --
+        asked only when it can matter: once the input has been quiet for ``idle_release_s``
+        (the policy's end-of-input rule; a broker round trip per partition otherwise every step)."""
+        if time.monotonic() - self.policy.last_arrival < self.s.idle_release_s:
+            return frozenset()
         ends = self._consumer.end_offsets(self._tps)
         return frozenset(tp.partition for tp in self._tps if self._consumer.position(tp) >= ends[tp])
 
