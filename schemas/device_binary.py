@@ -272,9 +272,15 @@ def encode_device_bitmaps(query_id: str, query_version: int, epoch: int, rnd: in
     # small chunk numbers (numpy's radix sort for 16-bit keys), not of the owners
     n_chunks = max(1, -(-n_devices // chunk))
     cid = own // chunk
-    order = np.argsort(cid.astype(np.uint16) if n_chunks <= 65_536 else cid, kind="stable")
-    flat = (own * n_stations + (st - 1))[order]
+    if n_chunks <= 65_536:
+        cid = cid.astype(np.uint16)
     cuts = np.concatenate(([0], np.cumsum(np.bincount(cid, minlength=n_chunks)))).tolist()
+    order = np.argsort(cid, kind="stable")
+    del cid
+    flat = own * n_stations  # in place from here: at the papers' scale these arrays hold ~10^8 pairs
+    flat += st
+    flat -= 1
+    flat = flat[order]
     h, nb = head.size, 2 + -(-n_stations // 8)
     w = h + nb + (0 if ids is None else 4)
     out: list[bytes] = []
