@@ -40,7 +40,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.device_binary import encode_device_pairs, encode_device_values
+from schemas.device_binary import encode_device_bitmaps, encode_device_pairs, encode_device_values
 from schemas.enrollment import Enrollment, EnrollmentError
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
@@ -346,14 +346,23 @@ def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_
     sealed with its device's key (:mod:`schemas.enrollment`: the vehicle at position ``v`` of
     this producer's epoch is enrolled device ``first_device + v``), per round with the simulated
     vehicle behind each (its index in this producer's epoch); a per-sensor device with no
-    non-default answer has an empty ``pairs`` (it still counts)."""
+    non-default answer has an empty ``pairs`` (it still counts). A per-sensor query with outputs
+    {0, 1} and default 0 (unary RR, RR) sends a round as bitmaps when they are
+    smaller than its pairs on average (8 bytes a pair against ceil(V / 8))."""
     out: list[tuple[np.ndarray, list[bytes]]] = []
+    bitmap_ok = q.per_station is not None and q.n_outputs == 2 and q.default_report == 0
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
         if "value" in arrays:
             vehicles = np.asarray(er.vehicles[r])
             devices = (first_device + vehicles).tolist()
             messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
+        elif (bitmap_ok and 8 * arrays["station"].size > -(-q.n_stations // 8) * er.participants
+              and bool(np.all(arrays["output"] == 1))):  # the non-default reports: output 1 only
+            vehicles = np.arange(er.participants)
+            devices = (first_device + vehicles).tolist()
+            messages = encode_device_bitmaps(q.query_id, q.version, epoch, r, q.n_stations, er.participants,
+                                             er.vehicles[r], arrays["station"], np.asarray(devices))
         else:
             owner = er.vehicles[r]
             order = np.argsort(owner, kind="stable")

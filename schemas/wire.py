@@ -34,7 +34,16 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from .device_binary import BINARY_VERSION, DeviceFields, unpack_device
 
@@ -156,7 +165,9 @@ class DeviceReport(_Frozen):
     the shuffler checks and drops: no batch id, no producer id. ``value`` (station-valued mechanisms:
     station index 0..V) or ``pairs`` (per-sensor mechanisms: the device's non-default
     ``[station index, report]`` pairs, possibly none -- an empty list still counts the device
-    as a participant).
+    as a participant). A binary bitmap report decodes to its pairs, and :attr:`bitmap_stations`
+    keeps the V it covers for the shuffler's check against its query (not a field: nothing on
+    the JSON wire; it makes the report unequal to the same pairs sent as pairs).
 
     >>> r = DeviceReport(query_id="sp-day", query_version=1, epoch=9, round=1, value=3)
     >>> decode_device_report(encode_json(r)) == r
@@ -173,6 +184,12 @@ class DeviceReport(_Frozen):
         default=None, max_length=MAX_DEVICE_PAIRS)
     device: int | None = Field(default=None, ge=0, le=2**32 - 1, description="the enrolled device's id")
     mac: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="the report's MAC, hex")
+    _bitmap_stations: int | None = PrivateAttr(default=None)
+
+    @property
+    def bitmap_stations(self) -> int | None:
+        """A binary bitmap report's V, the stations its bitmap covers (None: not a bitmap)."""
+        return self._bitmap_stations
 
     @model_validator(mode="after")
     def _one_payload(self) -> DeviceReport:
@@ -236,9 +253,11 @@ def decode_device_binary(value: bytes) -> DeviceReport:
     got = unpack_device(value)
     if isinstance(got, tuple) and not isinstance(got, DeviceFields):
         raise WireError(*got)
-    return DeviceReport.model_construct(query_id=got.query_id, query_version=got.query_version, epoch=got.epoch,
-                                        round=got.round, value=got.value, pairs=got.pairs, device=got.device,
-                                        mac=None if got.mac is None else got.mac.hex())
+    report = DeviceReport.model_construct(query_id=got.query_id, query_version=got.query_version, epoch=got.epoch,
+                                          round=got.round, value=got.value, pairs=got.pairs, device=got.device,
+                                          mac=None if got.mac is None else got.mac.hex())
+    report._bitmap_stations = got.bitmap_stations
+    return report
 
 
 def decode_device_report(value: bytes | None) -> DeviceReport:

@@ -488,6 +488,9 @@ def _check_payload(report: DeviceReport, query: Query, stations: tuple[int, ...]
         return None
     if report.pairs is None:
         return Rejected("wrong_layout", f"a value for a {query.mechanism} query (a device sends its pairs)")
+    if report.bitmap_stations is not None and report.bitmap_stations != v:
+        return Rejected("wrong_layout", f"a bitmap over {report.bitmap_stations} stations for "
+                                        f"{query.record_key}'s {v} stations")
     if not report.pairs:
         return None
     if max(stations) > v:

@@ -234,6 +234,8 @@ def core_estimates(q: Query, settings: ReplaySettings, day: TrafficDay, epoch_in
         ests = {"sp_difference": E.sp_difference(mech)}
     elif q.mechanism == "alp":
         ests = E.alp_estimators(mech)
+    elif q.mechanism == "unary":
+        ests = {"unary": E.rr_estimator(mech, name="unary")}
     else:
         ests = {"rr": E.rr_estimator(mech)}
     out: dict[str, Any] = {}

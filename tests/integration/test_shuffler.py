@@ -50,7 +50,7 @@ from .test_dashboards import Prometheus
 
 pytestmark = pytest.mark.integration
 
-ESTIMATORS_PER_QUERY = {"sp": 1, "alp": 4, "rr": 1}
+ESTIMATORS_PER_QUERY = {"sp": 1, "alp": 4, "rr": 1, "unary": 1}
 RELEASES = ("aggregate", "permuted")
 
 
@@ -98,9 +98,9 @@ def _shuffler_settings(rs: ReplaySettings, ws: WorkerSettings, **kw: Any) -> Shu
                             shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic)
 
 
-def _setup(broker: str, tmp: Path, epochs: int, **shuffler_kw: Any
+def _setup(broker: str, tmp: Path, epochs: int, *, query_mechanisms: str = "sp,alp,rr", **shuffler_kw: Any
            ) -> tuple[ReplaySettings, WorkerSettings, ShufflerSettings]:
-    rs, ws = pipeline_settings(broker, tmp, max_epochs=epochs)
+    rs, ws = pipeline_settings(broker, tmp, max_epochs=epochs, query_mechanisms=query_mechanisms)
     rs = rs.model_copy(update={"via_shuffler": True, "device_topic": f"devices-{uuid.uuid4().hex[:8]}",
                                "device_partitions": 3})
     return rs, ws, _shuffler_settings(rs, ws, **shuffler_kw)
@@ -161,23 +161,43 @@ def _replay_until_estimated(rs: ReplaySettings, ws: WorkerSettings, worker: Work
 def test_device_reports_through_the_shuffler_give_the_cores_estimates(broker: str, tmp_path: Path,
                                                                       release: str) -> None:
     """Every simulated vehicle's report as its own record, through the shuffler, under either
-    release: the worker publishes, for SP, ALP and RR, exactly what the statistics core computes
-    from the same seeded fleet (so what the same replay gives without the shuffler), closed by the
-    shuffler's markers and not withheld, with the release's shuffled epsilon; nothing on the
-    reports topic links a report to its device."""
+    release: the worker publishes, for SP, ALP, RR and unary RR, exactly what the statistics core
+    computes from the same seeded fleet (so what the same replay gives without the shuffler),
+    closed by the shuffler's markers and not withheld, with the release's shuffled epsilon;
+    nothing on the reports topic links a report to its device. Unary RR's and RR's device
+    reports travel as bitmaps over the query's stations (smaller than their pairs at 6
+    stations), SP's and ALP's not."""
     epochs = 3
-    rs, ws, ss = _setup(broker, tmp_path, epochs, release=release)
+    rs, ws, ss = _setup(broker, tmp_path, epochs, query_mechanisms="sp,alp,rr,unary", release=release)
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
     try:
         _replay_until_estimated(rs, ws, worker, epochs)
         _assert_nothing_links(ss)
+        _assert_unary_sent_as_bitmaps(ss)
         assert [DeadLetter.model_validate_json(r.value) for r in drain(ws, ws.dead_letter_topic, quiet_polls=1)] == []
         _assert_cores_estimates(rs, ws, epochs, bounds=True)
         assert _assert_shuffled_epsilon(rs, ws, release) == _expected_rows(rs, epochs)
     finally:
         worker.stop()
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def _assert_unary_sent_as_bitmaps(ss: ShufflerSettings) -> None:
+    """Every device report of a per-sensor query with outputs {0, 1} and default 0 (unary RR,
+    RR) on the device topic is a bitmap over its query's stations (the binary layout's
+    ``bitmap`` form: smaller than their pairs at 6 stations), and no other query's is."""
+    queries = {(q.query_id, q.version): q for q in read_queries(ss)}
+    forms: Counter[tuple[str, int | None]] = Counter()
+    for rec in drain(ss, ss.device_topic, quiet_polls=1):
+        if rec.headers == [("ptt-kind", b"device_report")]:
+            d = decode_device_record(rec.value)
+            assert isinstance(d, DeviceReport)
+            q = queries[(d.query_id, d.query_version)]
+            binary = q.per_station is not None and q.n_outputs == 2 and q.default_report == 0
+            assert d.bitmap_stations == (q.n_stations if binary else None), (q.mechanism, d)
+            forms[(q.mechanism, d.bitmap_stations)] += 1
+    assert forms[("unary", 6)] > 100 and forms[("rr", 6)] > 100 and forms[("alp", None)] > 100, forms
 
 
 def _assert_nothing_links(ss: ShufflerSettings) -> None:

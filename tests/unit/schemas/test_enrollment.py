@@ -87,9 +87,12 @@ def test_a_dead_letter_keeps_no_device_id_or_mac() -> None:
     device = 0x5A5A1234
     big = Enrollment(SECRET, 2**32)
     seeds = [big.seal(encode_device("q", 1, 9, 0, value=7), device),
-             big.seal(encode_device("alp", 1, 9, 1, pairs=((4, 1), (7, 0))), device)]
+             big.seal(encode_device("alp", 1, 9, 1, pairs=((4, 1), (7, 0))), device),
+             big.seal(encode_device("u", 1, 9, 1, pairs=((4, 1), (7, 1)), bitmap_stations=21), device)]
+    bitmap = encode_device("u", 1, 9, 1, pairs=((4, 1), (7, 1)), bitmap_stations=21)
+    assert strip_auth(seeds[2]) == bitmap and strip_auth(seeds[2] + b"xx") == bitmap  # cut at the bitmap's end
     for _ in range(3000):
-        sealed = seeds[rng.integers(2)]
+        sealed = seeds[rng.integers(len(seeds))]
         trailer = sealed[-20:]
         raw = bytearray(sealed)
         op = rng.integers(3)

@@ -15,7 +15,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from scipy import stats
 
-from schemas import DeviceReport, Query, SourceEpoch
+from schemas import DeviceReport, Query, SourceEpoch, decode_device_record
+from schemas.device_binary import encode_device
 from stream_app.shuffler.policy import Released, ShufflePolicy, Withheld
 
 T0 = datetime(2026, 11, 18, tzinfo=UTC)
@@ -275,3 +276,27 @@ def test_the_aggregate_release_is_the_exact_tally_of_the_admitted_reports() -> N
     assert cut.note(SourceEpoch(epoch=e, interrupted=True), lambda x: [_query()], 0.0) is None
     out = cut.close(("q", 1, e), np.random.default_rng(0), release="aggregate")
     assert isinstance(out, Released) and out.interrupted and all(r.reports == 0 for r in out.rounds)
+
+
+def test_a_bitmap_over_another_number_of_stations_is_the_wrong_layout() -> None:
+    """A binary bitmap report (unary RR) must cover exactly its query's V stations: one over 2
+    or 4 of a 3-station query is refused as wrong_layout naming both, even empty or with only
+    stations the query has; over 3 it is admitted as its pairs (s, 1)."""
+    q = _query("unary")
+    e = q.epoch_range()[0]
+    p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), q, e)
+
+    def bitmap(pairs: tuple[tuple[int, int], ...], v: int) -> DeviceReport:
+        got = decode_device_record(encode_device("q", 1, e, 0, pairs=pairs, bitmap_stations=v))
+        assert isinstance(got, DeviceReport) and got.bitmap_stations == v
+        return got
+
+    for v, pairs in ((2, ((1, 1),)), (4, ((2, 1),)), (4, ()), (2, ())):
+        rej = p.admit(bitmap(pairs, v), q, 0.0)
+        assert rej is not None and rej.reason == "wrong_layout" and f" {v} stations" in rej.detail \
+            and "3 stations" in rej.detail, rej
+    assert p.admit(bitmap(((3, 1), (1, 1)), 3), q, 0.0) is None
+    assert p.admit(bitmap((), 3), q, 0.0) is None
+    out = p.close(("q", 1, e), np.random.default_rng(7))
+    assert isinstance(out, Released) and out.rounds[0].devices == 2
+    assert sorted(out.rounds[0].arrays["station"].tolist()) == [1, 3]
