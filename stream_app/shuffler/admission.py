@@ -147,12 +147,7 @@ class Admission:
         return out
 
     def _refuse(self, batch: DeviceBatch, i: int, query: Query | None, clock: int) -> Rejected | None:
-        why = self.policy.refuse(batch.report(i), query, clock)
-        v = int(batch.width[i])
-        if why is None and query is not None and v >= 0 and v != query.n_stations:
-            why = Rejected("wrong_layout", f"a bitmap of {v} stations for {query.record_key}, which has "
-                                           f"{query.n_stations}")
-        return why
+        return self.policy.refuse(batch.report(i), query, clock)
 
     def _one_per_device(self, slot: Slot, device: int, digest: bytes, partition: int) -> Rejected | None:
         """Why an authenticated report is refused before its slot sees it: its device's report

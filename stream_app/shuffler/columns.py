@@ -69,9 +69,12 @@ class DeviceBatch:
         v = int(self.value[i])
         if v < 0 and i not in self.pairs and self.width.size and self.width[i] >= 0:
             self.pairs[i] = tuple((int(s), 1) for s in np.flatnonzero(self.bits([i]).sum(axis=0)) + 1)
-        return DeviceReport.model_construct(query_id=query_id, query_version=version, epoch=int(self.epoch[i]),
-                                            round=int(self.round[i]), value=None if v < 0 else v,
-                                            pairs=self.pairs.get(i) if v < 0 else None)
+        report = DeviceReport.model_construct(query_id=query_id, query_version=version, epoch=int(self.epoch[i]),
+                                              round=int(self.round[i]), value=None if v < 0 else v,
+                                              pairs=self.pairs.get(i) if v < 0 else None)
+        if self.width.size and self.width[i] >= 0:
+            report._bitmap_stations = int(self.width[i])  # the policy checks V against the query's
+        return report
 
     def bits(self, rows: Sequence[int]) -> npt.NDArray[np.uint8]:
         """Bitmap rows ``rows`` (one V) as a (rows, V) 0/1 matrix: column s - 1 is station s."""

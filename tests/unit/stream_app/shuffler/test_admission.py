@@ -110,24 +110,19 @@ def _one_at_a_time(records: list[_Rec]) -> tuple[ShufflePolicy, list[str | None]
             if seen.took(slot, digest):
                 why = Rejected("duplicate_report", "")
             else:
-                why = _admit(p, b, report, query, rec)
+                why = _admit(p, report, query, rec)
                 if why is not None and why.reason == "outside_open_window" and not caught:
                     caught = True
                     _catch_up(p)
-                    why = _admit(p, b, report, query, rec)
+                    why = _admit(p, report, query, rec)
             if why is None:
                 seen.add(slot, digest)
         out.append(None if why is None else why.reason)
     return p, out
 
 
-def _admit(p: ShufflePolicy, b: object, report: DeviceReport, query: Query | None, rec: _Rec) -> Rejected | None:
-    width = int(b.width[0])  # type: ignore[attr-defined]
-    clock = int(p.window_clock(rec.partition, np.array([rec.offset]))[0])
-    why = p.refuse(report, query, clock)
-    if why is None and query is not None and width >= 0 and width != query.n_stations:
-        return Rejected("wrong_layout", "")
-    return why or p.admit(report, query, 0.0, clock)
+def _admit(p: ShufflePolicy, report: DeviceReport, query: Query | None, rec: _Rec) -> Rejected | None:
+    return p.admit(report, query, 0.0, int(p.window_clock(rec.partition, np.array([rec.offset]))[0]))
 
 
 def _batched(records: list[_Rec], module: object = admission_module) -> tuple[ShufflePolicy, list[str | None]]:

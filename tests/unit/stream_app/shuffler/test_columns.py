@@ -18,6 +18,10 @@ def _batch(rng: np.random.Generator, n: int) -> list[bytes | None]:
     good = [*encode_device_values("sp-day", 1, 9, 0, rng.integers(0, 500, 50)),
             *encode_device_values("sp-day", 2, 10, 1, rng.integers(0, 500, 50)),
             encode_device("alp", 1, 9, 0, pairs=((4, 1), (7, 0))), encode_device("alp", 1, 9, 1, pairs=()),
+            # bitmaps (the fast path's other form): V 10 and 16 (no padding), none set
+            encode_device("un", 1, 9, 0, pairs=((2, 1), (9, 1), (10, 1)), bitmap_stations=10),
+            encode_device("un", 1, 9, 1, pairs=((16, 1),), bitmap_stations=16),
+            encode_device("un", 1, 9, 0, pairs=(), bitmap_stations=3),
             encode_json(DeviceReport(query_id="sp-day", query_version=1, epoch=9, value=4)),
             encode_json(DeviceReport(query_id="alp", query_version=1, epoch=9, pairs=((2, 3),))),
             encode_json(SourceEpoch(epoch=9, readings_missing=(400001,)))]
@@ -60,6 +64,7 @@ def test_columns_equal_the_one_record_decoder() -> None:
         assert got.report(i) == want, (i, raw)
         kinds["report"] += 1
     assert min(kinds.values()) > 10, kinds  # every kind exercised
+    assert int((got.width >= 0).sum()) > 50  # bitmaps decoded on the fast path
 
 
 def _signed(rng: np.random.Generator, n: int) -> tuple[list[bytes | None], list[int | None]]:
