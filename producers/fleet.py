@@ -121,7 +121,8 @@ def charge(ledger: DayLedger | ShuffledDayLedger, day: str, query: Query) -> boo
 
 
 def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
-              device: Device, ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "") -> EpochReports:
+              device: Device, ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "",
+              mix_pairs: bool = True) -> EpochReports:
     """Run every device of one producer for one epoch of ``query``.
 
     Per-vehicle mode: each vehicle privatizes its own truth; each round's reports are
@@ -131,6 +132,11 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
 
     With a ``ledger`` (the devices' daily privacy budget, :func:`charge`), a query whose epoch
     would take ``day``'s composed epsilon over the budget is refused, like an audit refusal.
+
+    ``mix_pairs=False`` (the device path, ``--via-shuffler``: every device sends its own record,
+    and the shuffler mixes them) leaves per-sensor pairs grouped by vehicle instead of
+    shuffling ~10^8 pairs only for the device path to group them again; the permutation is
+    still drawn, so the generator's stream -- and every later draw -- is the direct path's.
     """
     n = int(truth_counts.sum())
     layout: Layout = "counts" if mode == "tally" else query.spec.layout
@@ -164,7 +170,11 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     for ps in samplers:  # fresh coins per round: each round sampled, shuffled and sent on its own
         pairs = ps.sample_sparse(rng, truths)
         order = rng.permutation(pairs.station.size)
-        out.rounds.append({"station": pairs.station[order], "output": pairs.output[order]})
-        out.vehicles.append(pairs.vehicle[order])
+        if mix_pairs:
+            out.rounds.append({"station": pairs.station[order], "output": pairs.output[order]})
+            out.vehicles.append(pairs.vehicle[order])
+        else:  # the same draws; the pairs stay grouped by vehicle (two sorted runs)
+            out.rounds.append({"station": pairs.station, "output": pairs.output})
+            out.vehicles.append(pairs.vehicle)
         out.reports.append(int(pairs.station.size))
     return out

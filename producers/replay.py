@@ -247,7 +247,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                         break
                     tc = query_truth_counts(split[index], day.stations, q)
                     er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device, ledger,
-                                   when.date().isoformat())
+                                   when.date().isoformat(), mix_pairs=enrollment is None)
                     participants[q.query_id] = (er.participants, er.refused)
                     if er.refused:
                         summary.refused[q.query_id] += er.refused
