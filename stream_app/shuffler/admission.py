@@ -33,7 +33,7 @@ from schemas import Query
 from ..decode import Rejected
 from .columns import DeviceBatch
 from .enrolled import Slot, SlotDevices
-from .policy import EpochKey, ShufflePolicy
+from .policy import EpochKey, ShufflePolicy, pairs_fit
 
 __all__ = ["Admission", "Step"]
 
@@ -144,6 +144,15 @@ class Admission:
             if maps.size:
                 out[maps] = self.policy.passing(query, batch.epoch[maps], batch.round[maps],
                                                 bitmap_stations=batch.width[maps], clock=clocks[maps])
+            prow = rows[batch.npairs[rows] >= 0]
+            if prow.size and query is not None and query.per_station is not None:
+                local = np.full(batch.key.size, -1, np.int64)
+                local[prow] = np.arange(prow.size)
+                owner = local[batch.pair_row]
+                sel = owner >= 0
+                fit = pairs_fit(query, batch.pair_station[sel], batch.pair_output[sel], owner[sel], prow.size)
+                out[prow] = self.policy.passing(query, batch.epoch[prow], batch.round[prow], clock=clocks[prow],
+                                                pairs_fit=fit)
         return out
 
     def _refuse(self, batch: DeviceBatch, i: int, query: Query | None, clock: int) -> Rejected | None:
@@ -171,7 +180,14 @@ def _counts(batch: DeviceBatch, rows: list[int], query: Query) -> npt.NDArray[np
     maps = [i for i in rows if batch.width[i] >= 0]
     if maps:  # bitmap bit s - 1 is the pair (s, 1)
         out[np.arange(1, query.n_stations + 1) * n_out + 1] += batch.station_counts(maps)
-    pairs = [np.asarray(batch.pairs[i], np.int64).reshape(-1, 2) for i in rows if batch.width[i] < 0]
+    fast = [i for i in rows if batch.npairs[i] >= 0]
+    if fast:  # the fast path's pair rows: their pairs picked from the batch's pair arrays at once
+        mine = np.zeros(batch.key.size, bool)
+        mine[fast] = True
+        sel = mine[batch.pair_row]
+        out += np.bincount(batch.pair_station[sel] * n_out + batch.pair_output[sel], minlength=out.size)
+    pairs = [np.asarray(batch.pairs[i], np.int64).reshape(-1, 2) for i in rows
+             if batch.width[i] < 0 and batch.npairs[i] < 0]
     if pairs:
         flat = np.concatenate(pairs)
         out += np.bincount(flat[:, 0] * n_out + flat[:, 1], minlength=out.size)

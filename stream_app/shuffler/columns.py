@@ -4,10 +4,10 @@ columns and per-record reasons (docs/wire.md, "Device reports, binary"), and -- 
 ``device`` column, or the reason ``unauthenticated`` (no trailer), ``unknown_device`` or
 ``bad_mac``. The MAC check is one HMAC per record (a Python loop over the authenticated rows).
 
-Binary station-valued reports -- the replay's and a load generator's form -- are read with
-array operations over the batch's bytes: no pydantic object is validated per report. Every
-other record (JSON, per-sensor pairs, anything malformed) goes through the one-record decoders,
-so a reason is always the one :func:`schemas.decode_device_record` gives.
+Binary reports -- the replay's and a load generator's form: station-valued, bitmaps and pairs
+-- are read with array operations over the batch's bytes: no pydantic object is validated per
+report. Every other record (JSON, anything malformed) goes through the one-record decoders, so
+a reason is always the one :func:`schemas.decode_device_record` gives.
 
 >>> from schemas import encode_json, DeviceReport
 >>> from schemas.device_binary import encode_device
@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import DeviceReport, SourceEpoch, WireError, decode_device_record
-from schemas.device_binary import AUTH_TRAILER, BINARY_VERSION, FLAG_AUTH, MAC_BYTES, QUERY_ID
+from schemas.device_binary import AUTH_TRAILER, BINARY_VERSION, FLAG_AUTH, FLAG_PAIRS, MAC_BYTES, QUERY_ID
 from schemas.enrollment import Enrollment
 
 from ..decode import Rejected
@@ -60,6 +60,13 @@ class DeviceBatch:
     width: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     at: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     raw: Sequence[bytes | None] = ()
+    # binary pair reports decoded on the fast path: row i's pairs are (pair_station, pair_output)
+    # [pair_at[i] : pair_at[i] + npairs[i]] (npairs -1: not one); pair_row: each pair's row
+    npairs: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_at: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_station: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_output: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pair_row: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     pairs: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
     notes: dict[int, SourceEpoch] = field(default_factory=dict)
 
@@ -69,6 +76,10 @@ class DeviceBatch:
         v = int(self.value[i])
         if v < 0 and i not in self.pairs and self.width.size and self.width[i] >= 0:
             self.pairs[i] = tuple((int(s), 1) for s in np.flatnonzero(self.bits([i]).sum(axis=0)) + 1)
+        if v < 0 and i not in self.pairs and self.npairs.size and self.npairs[i] >= 0:
+            a, m = int(self.pair_at[i]), int(self.npairs[i])
+            self.pairs[i] = tuple(zip(self.pair_station[a:a + m].tolist(), self.pair_output[a:a + m].tolist(),
+                                      strict=True))
         report = DeviceReport.model_construct(query_id=query_id, query_version=version, epoch=int(self.epoch[i]),
                                               round=int(self.round[i]), value=None if v < 0 else v,
                                               pairs=self.pairs.get(i) if v < 0 else None)
@@ -106,9 +117,11 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
     b = DeviceBatch(reasons=[None] * n, key=np.full(n, -1, np.int64), epoch=np.full(n, -1, np.int64),
                     round=np.full(n, -1, np.int64), value=np.full(n, -1, np.int64), device=np.full(n, -1, np.int64))
     b.width, b.at, b.raw = np.full(n, -1, np.int64), np.full(n, -1, np.int64), values
+    b.npairs, b.pair_at = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
     fast: list[int] = []  # rows that look like a station-valued binary report of the right length
     slow: list[int] = []
     maps: list[int] = []  # rows that look like a bitmap report of the right length
+    pairs: list[int] = []  # rows that look like a binary pair report of the right length
     for i, raw in enumerate(values):
         if not raw or len(raw) <= 3 or raw[0] != BINARY_VERSION:
             slow.append(i)
@@ -119,6 +132,10 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
                 raw[2] + 3 + _BITMAP_HEAD + (_u16(raw, raw[2] + 12) + 7) // 8 + (AUTH_TRAILER if raw[1] & FLAG_AUTH
                                                                                  else 0)):
             maps.append(i)
+        elif (raw[1] & ~FLAG_AUTH) == FLAG_PAIRS and len(raw) >= raw[2] + 3 + _BITMAP_HEAD and len(raw) == (
+                raw[2] + 3 + _BITMAP_HEAD + 8 * _u16(raw, raw[2] + 12)
+                + (AUTH_TRAILER if raw[1] & FLAG_AUTH else 0)):
+            pairs.append(i)
         else:
             slow.append(i)
     ids: dict[bytes, str | None] = {}
@@ -155,7 +172,9 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
             for j in np.flatnonzero(ok).tolist():
                 _verify(b, fast[j], int(device[j]), chunks[j], enrollment)
     if maps:
-        slow.extend(_bitmaps(b, maps, values, ids, keymap, enrollment))
+        slow.extend(_payloads(b, maps, values, ids, keymap, enrollment, bitmap=True))
+    if pairs:
+        slow.extend(_payloads(b, pairs, values, ids, keymap, enrollment, bitmap=False))
     for i in slow:
         raw = values[i]
         try:
@@ -185,11 +204,12 @@ def _u16(raw: bytes, at: int) -> int:
     return raw[at] | (raw[at + 1] << 8)
 
 
-def _bitmaps(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], ids: dict[bytes, str | None],
-             keymap: dict[tuple[str, int], int], enrollment: Enrollment | None) -> list[int]:
-    """Decode the rows that look like bitmap reports into ``b``'s columns (``value`` -1,
-    ``width`` V, ``at``); the rows that are not well formed, for the one-record decoder."""
-    slow = []
+def _payloads(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], ids: dict[bytes, str | None],
+              keymap: dict[tuple[str, int], int], enrollment: Enrollment | None, bitmap: bool) -> list[int]:
+    """Decode the rows that look like bitmap (``bitmap``) or binary pair reports into ``b``'s
+    columns (``value`` -1; ``width`` V and ``at``, or the batch's pair arrays); the rows that
+    are not well formed, for the one-record decoder (its exact reason)."""
+    slow, took, counts = [], [], []
     for i in rows:
         raw = values[i] or b""
         q = raw[3:3 + raw[2]]
@@ -200,20 +220,41 @@ def _bitmaps(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], id
         at = 3 + raw[2]
         version, epoch = int.from_bytes(raw[at:at + 4], "little"), int.from_bytes(raw[at + 4:at + 8], "little")
         rnd, v = raw[at + 8], _u16(raw, at + 9)
-        nb = (v + 7) // 8
-        pad = raw[at + 11 + nb - 1] >> (v - 8 * (nb - 1)) if nb else 0
-        if qid is None or version < 1 or rnd > 1 or v < 1 or pad:
-            slow.append(i)  # the exact reason from the one-record decoder
+        nb = (v + 7) // 8 if bitmap else 8 * v
+        pad = raw[at + 11 + nb - 1] >> (v - 8 * (nb - 1)) if bitmap and nb else 0
+        if qid is None or version < 1 or rnd > 1 or (bitmap and v < 1) or pad:
+            slow.append(i)
             continue
         b.key[i] = keymap.setdefault((qid, version), len(keymap))
-        b.epoch[i], b.round[i], b.width[i], b.at[i] = epoch, rnd, v, at + 11
+        b.epoch[i], b.round[i], b.at[i] = epoch, rnd, at + 11
+        if bitmap:
+            b.width[i] = v
+        else:
+            took.append(i)
+            counts.append(v)
         if raw[1] & FLAG_AUTH:
-            device = int.from_bytes(raw[at + 11 + nb:at + 15 + nb], "little")
-            b.device[i] = device
-            if enrollment is not None:
-                _verify(b, i, device, raw, enrollment)
-        elif enrollment is not None:
-            _verify(b, i, -1, raw, enrollment)
+            b.device[i] = int.from_bytes(raw[at + 11 + nb:at + 15 + nb], "little")
+    if took:  # every pair of every pair row at once; a row with a station 0 goes to the one-record decoder
+        arr = np.frombuffer(b"".join((values[i] or b"")[b.at[i]:b.at[i] + 8 * m] for i, m in zip(took, counts,
+                                                                                                   strict=True)),
+                            "<u4").reshape(-1, 2).astype(np.int64)
+        n = np.asarray(counts, np.int64)
+        owner = np.repeat(np.arange(len(took)), n)
+        bad = np.bincount(owner[arr[:, 0] < 1], minlength=len(took)) > 0
+        starts = np.concatenate(([0], np.cumsum(n)[:-1]))
+        rows_ = np.asarray(took, np.int64)
+        b.npairs[rows_[~bad]], b.pair_at[rows_[~bad]] = n[~bad], starts[~bad]
+        b.pair_station, b.pair_output, b.pair_row = arr[:, 0], arr[:, 1], rows_[owner]
+        for j in np.flatnonzero(bad).tolist():
+            i = took[j]
+            b.key[i] = b.epoch[i] = b.round[i] = b.device[i] = b.at[i] = -1
+            slow.append(i)
+    for i in rows:
+        if b.key[i] < 0:
+            continue
+        raw = values[i] or b""
+        if enrollment is not None:
+            _verify(b, i, int(b.device[i]) if raw[1] & FLAG_AUTH else -1, raw, enrollment)
     return slow
 
 
@@ -231,5 +272,7 @@ def _verify(b: DeviceBatch, i: int, device: int, raw: bytes, enrollment: Enrollm
 def _refuse(b: DeviceBatch, i: int, why: Rejected) -> None:
     b.reasons[i] = why
     b.key[i] = b.epoch[i] = b.round[i] = b.value[i] = b.device[i] = b.width[i] = -1
+    if b.npairs.size:
+        b.npairs[i] = -1
     b.pairs.pop(i, None)
 

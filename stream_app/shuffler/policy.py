@@ -72,7 +72,7 @@ from schemas import DeviceReport, Query, SourceEpoch
 
 from ..decode import Rejected
 
-__all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld"]
+__all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld", "pairs_fit"]
 
 EpochKey = tuple[str, int, int]  # (query id, version, epoch)
 Active = Callable[[int], Iterable[Query]]  # the queries active in an epoch
@@ -279,12 +279,14 @@ class ShufflePolicy:
         return _check_payload(report, query, stations, outputs)
 
     def passing(self, query: Query | None, epoch: IntArray, rnd: IntArray, value: IntArray | None = None,
-                bitmap_stations: IntArray | None = None, clock: IntArray | None = None) -> npt.NDArray[np.bool_]:
+                bitmap_stations: IntArray | None = None, clock: IntArray | None = None,
+                pairs_fit: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
         """:meth:`refuse` over many reports of one query version at once: whether each passes
         (its reason, if not, is :meth:`refuse`'s). ``value``: station-valued reports' values;
         ``bitmap_stations``: else, bitmap reports' station counts (every bitmap bit is a pair
         ``(s, 1)``, so only the query's V and report 1 are checked here; padding bits are the
-        decoder's); ``clock``: each report's :meth:`window_clock` (None: the clock now)."""
+        decoder's); ``pairs_fit``: else, pair reports' :func:`pairs_fit`; ``clock``: each
+        report's :meth:`window_clock` (None: the clock now)."""
         if query is None:
             return np.zeros(epoch.size, bool)
         start, end = query.epoch_range()
@@ -296,8 +298,10 @@ class ShufflePolicy:
             ok &= ~np.isin(epoch, np.asarray(decided, np.int64))
         if value is not None:
             return ok & (query.per_station is None) & (value >= 0) & (value <= query.n_stations)
+        if pairs_fit is not None:
+            return ok & (query.per_station is not None) & pairs_fit
         if bitmap_stations is None:
-            raise ValueError("passing needs value or bitmap_stations")
+            raise ValueError("passing needs value, bitmap_stations or pairs_fit")
         fits = query.per_station is not None and query.n_outputs > 1 and query.default_report != 1
         out: npt.NDArray[np.bool_] = ok & fits & (bitmap_stations == query.n_stations)
         return out
@@ -473,6 +477,28 @@ def _counts(query: Query, r: _Round) -> IntArray:
         raise ValueError(f"{query.mechanism} has no implied default report")
     table[:, default] += r.devices - table.sum(axis=1)
     return table.ravel()
+
+
+def pairs_fit(query: Query, station: IntArray, output: IntArray, owner: IntArray, n: int) -> npt.NDArray[np.bool_]:
+    """Whether each of ``n`` pair reports' pairs fit ``query`` as :func:`_check_payload` says
+    (pair ``j`` belongs to report ``owner[j]``): stations at most V, each once in a report,
+    reports non-default and below the query's outputs.
+
+    >>> from datetime import datetime, timezone
+    >>> t0 = datetime(2026, 11, 18, tzinfo=timezone.utc)
+    >>> q = Query(query_id="q", analyst_id="a", version=1, mechanism="unary", sensors=(1, 2, 3), population=9,
+    ...           t_start=t0, t_end=t0.replace(day=19))
+    >>> st, out, owner = np.array([1, 3, 4, 2, 2, 1]), np.array([1, 1, 1, 1, 1, 0]), np.array([0, 0, 1, 2, 2, 3])
+    >>> pairs_fit(q, st, out, owner, 5).tolist()  # fits; station 4 > V; station 2 twice; the default; no pairs
+    [True, False, False, False, True]
+    """
+    bad = (station > query.n_stations) | (output >= query.n_outputs)
+    if query.default_report is not None:
+        bad |= output == query.default_report
+    keys = np.sort(owner * (query.n_stations + 2) + np.minimum(station, query.n_stations + 1))
+    twice = keys[1:][keys[1:] == keys[:-1]] // (query.n_stations + 2)
+    out: npt.NDArray[np.bool_] = (np.bincount(owner[bad], minlength=n) == 0) & (np.bincount(twice, minlength=n) == 0)
+    return out
 
 
 def _check_payload(report: DeviceReport, query: Query, stations: tuple[int, ...],
