@@ -118,4 +118,4 @@ def bernoulli_positions(rng: np.random.Generator, size: int, p: float) -> IntArr
         chunks.append(pos)
         start = int(pos[-1])
         expected = (size - 1 - start) * p
-    return np.concatenate(chunks).astype(np.int64)
+    return np.concatenate(chunks).astype(np.int64, copy=False)

@@ -135,8 +135,9 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
 
     ``mix_pairs=False`` (the device path, ``--via-shuffler``: every device sends its own record,
     and the shuffler mixes them) leaves per-sensor pairs grouped by vehicle instead of
-    shuffling ~10^8 pairs only for the device path to group them again; the permutation is
-    still drawn, so the generator's stream -- and every later draw -- is the direct path's.
+    shuffling ~10^8 pairs only for the device path to group them again. A permutation an
+    earlier round's draws are followed by is still drawn, so every round's pairs are the direct
+    path's; the last round's is not (``rng`` is the epoch's own: nothing after it draws from it).
     """
     n = int(truth_counts.sum())
     layout: Layout = "counts" if mode == "tally" else query.spec.layout
@@ -167,8 +168,13 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
         out.rounds = [{"value": reports[r][out.vehicles[r]]} for r in range(query.n_rounds)]
         out.reports = [n] * query.n_rounds
         return out
-    for ps in samplers:  # fresh coins per round: each round sampled, shuffled and sent on its own
+    for r, ps in enumerate(samplers):  # fresh coins per round: each round sampled, shuffled and sent on its own
         pairs = ps.sample_sparse(rng, truths)
+        if not mix_pairs and r == len(samplers) - 1:  # the generator's last draw: nothing later depends on it
+            out.rounds.append({"station": pairs.station, "output": pairs.output})
+            out.vehicles.append(pairs.vehicle)
+            out.reports.append(int(pairs.station.size))
+            continue
         order = rng.permutation(pairs.station.size)
         if mix_pairs:
             out.rounds.append({"station": pairs.station[order], "output": pairs.output[order]})
