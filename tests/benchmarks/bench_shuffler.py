@@ -60,9 +60,12 @@ replay's) and ``kafka-python`` (one ``KafkaProducer.send`` per record, the repla
 :mod:`producers.bulk`), so before and after are measured in one run. Every shuffler line has
 ``cpu_s_per_million_device_records`` per process and every line the ``load_average`` at its end.
 
+``--replay-producers N`` splits the fleet over N replay processes (``ptt replay --producers``);
+``cpu_s.replay`` then counts them all.
+
 Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2,day10] [--epochs-s1 10] [--epochs-s2 5]
 [--direct-s2] [--epochs-day 2880] [--releases aggregate,permuted] [--device-clients librdkafka,kafka-python]
-[--profile]``
+[--replay-producers 1] [--profile]``
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ import cProfile
 import json
 import os
 import pstats
+import resource
 import secrets
 import signal
 import subprocess
@@ -119,6 +123,13 @@ def use_device_client(client: str) -> None:
     """How the replay (in this process) hands device reports over: ``librdkafka`` (the replay's
     :meth:`ReportSink.send_many`) or ``kafka-python`` (one ``send`` per record, as before)."""
     ReportSink.send_many = _SEND_MANY if client == "librdkafka" else _send_each  # type: ignore[method-assign]
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's ended and waited-for children (the replay's producer
+    processes, ``--replay-producers`` > 1: joined before :func:`replay` returns)."""
+    got = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return got.ru_utime + got.ru_stime
 
 
 def _cpu_s(pid: int | None) -> float:
@@ -212,8 +223,8 @@ def _topic_bytes(settings: ReplaySettings, topic: str) -> int:
 
 def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stations: int, epochs: int,
              vehicles: int | None, via_shuffler: bool, data_dir: Path, profile: bool = False,
-             keep_rows: bool = False, release: str = "aggregate", device_client: str = "librdkafka"
-             ) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
+             keep_rows: bool = False, release: str = "aggregate", device_client: str = "librdkafka",
+             replay_producers: int = 1) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
     tag = f"{name}-{'shuffler-' + release if via_shuffler else 'direct'}-{uuid.uuid4().hex[:8]}"
     use_device_client(device_client)
     rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir, truth=False, default_queries=False,
@@ -221,6 +232,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
                         synthetic_stations=stations, mode="per-vehicle", max_epochs=epochs,
                         start_epoch=max(0, min(14 * 120, 2880 - epochs)), expand_to=vehicles, batch_size=50_000,
                         via_shuffler=via_shuffler, device_topic=f"dev-{tag}", device_partitions=4,
+                        producers=replay_producers,
                         # the operator's secret, shared with the simulated (enrolled) fleet
                         enrollment_secret=SecretStr(secrets.token_hex(32)))
     day, load_s, fleet, queries, base = load_scenario(rs)
@@ -249,7 +261,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     t0 = time.time()
-    replay_cpu0 = time.process_time()
+    replay_cpu0 = time.process_time() + _children_cpu_s()
     replay_prof = cProfile.Profile() if profile else None
     if replay_prof is not None:
         replay_prof.enable()
@@ -258,7 +270,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         replay_prof.disable()
         replay_prof.dump_stats(tmp / f"replay-{tag}.prof")
     replay_s = time.time() - t0
-    cpu = {"replay": time.process_time() - replay_cpu0}
+    cpu = {"replay": time.process_time() + _children_cpu_s() - replay_cpu0}  # its producer processes too
     deadline = time.time() + max(600.0, 20 * replay_s)
     while time.time() < deadline:
         if _closed_epochs(_scrape(worker, "ptt_epochs_closed_total")) >= epochs * len(queries):
@@ -273,6 +285,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         "scenario": name, "path": "shuffler" if via_shuffler else "direct",
         **({"release": release, "device_client": device_client} if via_shuffler else {}), "stations": stations,
         "vehicles": fleet, "mode": "per-vehicle", "queries": [q.mechanism for q in queries], "epochs": epochs,
+        "replay_producers": replay_producers,
         "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
         "last_estimate_s": round(last_s, 2), "wall_s_per_epoch": round(last_s / epochs, 3),
         "realtime_factor": round(epochs * 30 / last_s, 3), "estimates": len(rows), "expected_estimates": expected,
@@ -338,6 +351,8 @@ def main() -> None:
                         help="how the replay hands device reports over, each a shuffler run (s1, s2, day10): "
                              "librdkafka (producers.bulk), kafka-python (one send per record, as before)")
     parser.add_argument("--profile", action="store_true", help="the shuffler under cProfile (its figures are slower)")
+    parser.add_argument("--replay-producers", type=int, default=1,
+                        help="replay processes splitting the fleet (ptt replay --producers), every path")
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
@@ -345,7 +360,7 @@ def main() -> None:
     wanted = set(args.only.split(","))
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         tmp = Path(tmp_name)
-        common = {"data_dir": args.data_dir}
+        common = {"data_dir": args.data_dir, "replay_producers": args.replay_producers}
         try:
             clients = args.device_clients.split(",")
             if "s1" in wanted:

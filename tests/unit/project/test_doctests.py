@@ -27,6 +27,7 @@ WITH_EXAMPLES = {
     "estimators.ledger": 3,
     "estimators.linear": 3,
     "estimators.mechanisms": 5,
+    "estimators.per_station": 2,
     "estimators.planning": 2,
     "estimators.privacy": 9,
     "estimators.registry": 4,
