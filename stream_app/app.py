@@ -267,6 +267,8 @@ class StreamWorker:
                                  value_type=bytes)
 
     async def start(self) -> None:
+        if self.s.fault_start_delay_s:  # fault injection: a slow start (tests/integration/test_crash.py)
+            await asyncio.sleep(self.s.fault_start_delay_s)
         await self.queries.refresh()
         for sink in (self.sink if self.s.rows_on else None, self.frames):
             if sink is not None:
@@ -415,6 +417,8 @@ class StreamWorker:
         them again, and a rollup ignores a repeat. Then add the summaries that ``arrived`` to
         this partition's rollups and publish the rollups they decide (acknowledged)."""
         forward = [(route_key(x), encode_partial(x)) for x in decided]
+        if forward:  # partition_for needs a started producer: stage 2 of a restart may come first
+            await self.forward.start()
         await self.forward.publish(forward, [self.forward.partition_for(k) for k, _ in forward])
         rolled = self.rollup_policy.apply(self.load_rollup, arrived, partial(version_window, self.queries.known))
         results = rollup_outputs(rolled, self.queries.known, self.queries.estimators, self.output)
