@@ -574,14 +574,14 @@ def run_worker(s: WorkerSettings, exit_lost: Callable[[BrokerLost], NoReturn]) -
     its producer first, which does not end while the broker is gone), ``exit_lost(lost)``
     straight from the guard's deadline: it must end the process (the command line's is the
     one-line error and exit code 7, ``stream_app/cli/worker.py``)."""
-    from faust.worker import Worker
+    from .faust_worker import QuickStopWorker
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
     topic_ids = ensure_stream_topics(s)
     app = create_app(s)
     guard: BrokerGuard = app.broker_guard  # type: ignore[attr-defined]
     guard.know(topic_ids)  # the baseline: the topics as they are once ensured, never before they exist
-    worker = Worker(app, loglevel=s.log_level, quiet=True, redirect_stdouts=False)
+    worker = QuickStopWorker(app, loglevel=s.log_level, quiet=True, redirect_stdouts=False)
 
     guard.start(partial(_stop_on_loss, s, guard, exit_lost))
     try:
