@@ -172,16 +172,23 @@ def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
     return sum(len(active_queries(queries, epoch_start(e))) for e in epochs)
 
 
-def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0) -> None:
+def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0) -> bool:
     """After the replay: until the worker has closed every window the replay marked and decided
-    every rollup it completes (or a stop). Each stage-2 partition closes its own epochs, so the
-    newest closed epoch says nothing of the older ones: the closed epochs are counted."""
-    deadline = time.monotonic() + timeout_s
+    every rollup it completes (True), or a stop, or ``timeout_s`` without one more closed or
+    decided (False: a stalled pipeline; a busy one that still makes progress is waited for).
+    Each stage-2 partition closes its own epochs, so the newest closed epoch says nothing of the
+    older ones: the closed epochs are counted."""
     decided = (b"ptt_rollups_total{", b"ptt_withheld_rollups_total{")
+    progress = -1.0
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.requested:
-        if _closed_epochs(metrics_url) >= windows and _closed_epochs(metrics_url, decided) >= rollups:
-            return
+        closed, done = _closed_epochs(metrics_url), _closed_epochs(metrics_url, decided)
+        if closed >= windows and done >= rollups:
+            return True
+        if closed + done > progress:
+            progress, deadline = closed + done, time.monotonic() + timeout_s
         stop.wait(0.5)
+    return False
 
 
 def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s: float = 1.0) -> dict[str, int]:
@@ -498,8 +505,10 @@ def _run_demo(demo: DemoSettings) -> int:
             if not summary.interrupted and summary.epochs:
                 replayed = [int(e) for e in day.epochs[:summary.epochs]]
                 queries = read_queries(rs)
-                _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
-                             rollups=expected_rollups(queries, replayed))
+                if not _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
+                                    rollups=expected_rollups(queries, replayed)) and not stop.requested:
+                    print("demo: the worker closed no further epoch for 60 s; saving what it has published",
+                          file=sys.stderr, flush=True)
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
                 while not stop.wait(0.5):
