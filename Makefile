@@ -63,7 +63,7 @@ lint: setup
 # workers (each with its own broker, ports, topics and temporary directory; tests/conftest.py
 # keeps a module's shared fixture on one worker). One line per finished test: worker, share of
 # the suite done, result, file::test. TEST_WORKERS=0 runs the tests in this process, one by one.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: lint
 	@echo "== pytest: every test on $(TEST_WORKERS) workers (the first lines come after ~1 min of collection)"
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v

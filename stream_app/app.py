@@ -267,6 +267,8 @@ class StreamWorker:
                                  value_type=bytes)
 
     async def start(self) -> None:
+        if self.s.fault_start_delay_s:  # fault injection: a slow start (tests/integration/test_crash.py)
+            await asyncio.sleep(self.s.fault_start_delay_s)
         await self.queries.refresh()
         for sink in (self.sink if self.s.rows_on else None, self.frames):
             if sink is not None:
@@ -415,6 +417,8 @@ class StreamWorker:
         them again, and a rollup ignores a repeat. Then add the summaries that ``arrived`` to
         this partition's rollups and publish the rollups they decide (acknowledged)."""
         forward = [(route_key(x), encode_partial(x)) for x in decided]
+        if forward:  # partition_for needs a started producer: stage 2 of a restart may come first
+            await self.forward.start()
         await self.forward.publish(forward, [self.forward.partition_for(k) for k, _ in forward])
         rolled = self.rollup_policy.apply(self.load_rollup, arrived, partial(version_window, self.queries.known))
         results = rollup_outputs(rolled, self.queries.known, self.queries.estimators, self.output)
@@ -570,14 +574,14 @@ def run_worker(s: WorkerSettings, exit_lost: Callable[[BrokerLost], NoReturn]) -
     its producer first, which does not end while the broker is gone), ``exit_lost(lost)``
     straight from the guard's deadline: it must end the process (the command line's is the
     one-line error and exit code 7, ``stream_app/cli/worker.py``)."""
-    from faust.worker import Worker
+    from .faust_worker import QuickStopWorker
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
     topic_ids = ensure_stream_topics(s)
     app = create_app(s)
     guard: BrokerGuard = app.broker_guard  # type: ignore[attr-defined]
     guard.know(topic_ids)  # the baseline: the topics as they are once ensured, never before they exist
-    worker = Worker(app, loglevel=s.log_level, quiet=True, redirect_stdouts=False)
+    worker = QuickStopWorker(app, loglevel=s.log_level, quiet=True, redirect_stdouts=False)
 
     guard.start(partial(_stop_on_loss, s, guard, exit_lost))
     try:

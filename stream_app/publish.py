@@ -73,6 +73,8 @@ class BatchSink:
         """Kafka's default partitioner (murmur2 of the key), cached per key: station ids repeat."""
         p = self._partition_of.get(key)
         if p is None:
+            if not self._partitions:
+                raise RuntimeError(f"BatchSink({self.topic}).partition_for before start()")
             p = self._partition_of[key] = self._partitions[(murmur2(key) & 0x7FFFFFFF) % len(self._partitions)]
         return p
 

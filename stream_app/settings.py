@@ -58,6 +58,10 @@ class WorkerSettings(BrokerLossSettings):
     fault_state_write_delay_s: float = Field(default=0.0, ge=0, le=600,
                                              description="testing only (fault injection for the crash tests): hold "
                                                          "every window-state write this long before sending it")
+    fault_start_delay_s: float = Field(default=0.0, ge=0, le=600,
+                                       description="testing only (fault injection for the crash tests): hold the "
+                                                   "worker's start task (its first read of the queries topic and "
+                                                   "its producers' start) this long")
     store: str = Field(default="memory://", description="Faust table store (state is rebuilt from the changelog)")
     worker_dir: Path = Field(default=Path(".ptt-data/worker"), description="the worker's local files (Faust datadir)")
     log_level: str = "info"

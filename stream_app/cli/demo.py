@@ -45,15 +45,13 @@ if TYPE_CHECKING:
     from producers.stopping import StopFlag
     from schemas import Query
 
-    from ..subscribe import FrameCounts
-
 #: seconds the helpers get to stop gracefully once asked (then SIGKILL); the topics are saved meanwhile
 STOP_GRACE_S = 2.0
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
 __all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
-           "run_demo", "save_frames", "save_topics", "write_report"]
+           "read_frames", "run_demo", "save_topics", "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -174,16 +172,23 @@ def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
     return sum(len(active_queries(queries, epoch_start(e))) for e in epochs)
 
 
-def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0) -> None:
+def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0) -> bool:
     """After the replay: until the worker has closed every window the replay marked and decided
-    every rollup it completes (or a stop). Each stage-2 partition closes its own epochs, so the
-    newest closed epoch says nothing of the older ones: the closed epochs are counted."""
-    deadline = time.monotonic() + timeout_s
+    every rollup it completes (True), or a stop, or ``timeout_s`` without one more closed or
+    decided (False: a stalled pipeline; a busy one that still makes progress is waited for).
+    Each stage-2 partition closes its own epochs, so the newest closed epoch says nothing of the
+    older ones: the closed epochs are counted."""
     decided = (b"ptt_rollups_total{", b"ptt_withheld_rollups_total{")
+    progress = -1.0
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.requested:
-        if _closed_epochs(metrics_url) >= windows and _closed_epochs(metrics_url, decided) >= rollups:
-            return
+        closed, done = _closed_epochs(metrics_url), _closed_epochs(metrics_url, decided)
+        if closed >= windows and done >= rollups:
+            return True
+        if closed + done > progress:
+            progress, deadline = closed + done, time.monotonic() + timeout_s
         stop.wait(0.5)
+    return False
 
 
 def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s: float = 1.0) -> dict[str, int]:
@@ -205,20 +210,19 @@ def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s
     return counts
 
 
-def save_frames(settings: KafkaSettings, topic: str, path: Path, idle_timeout_s: float = 1.0) -> FrameCounts:
-    """Read the estimate frames topic to its end and write its frames, the latest per window
-    (:func:`stream_app.subscribe.latest_frames`), to ``path`` as Parquet in long form
-    (:func:`stream_app.subscribe.write_frames`); an absent topic gives an empty file."""
+def read_frames(settings: KafkaSettings, topic: str, idle_timeout_s: float = 1.0) -> list[bytes]:
+    """The estimate frames topic read to its end: the latest frame per window
+    (:func:`stream_app.subscribe.latest_frames`); an absent topic gives none. Read while the
+    broker runs; written (:func:`stream_app.subscribe.write_frames`) once it has stopped."""
     from schemas.kafka_io import read_to_end
 
-    from ..subscribe import latest_frames, write_frames
+    from ..subscribe import latest_frames
 
     try:
-        records = read_to_end(settings, topic, idle_timeout_s=idle_timeout_s)
-        values = latest_frames((rec.key, rec.value) for rec in records if rec.value)
+        return latest_frames((rec.key, rec.value) for rec in read_to_end(settings, topic, idle_timeout_s=idle_timeout_s)
+                             if rec.value)
     except LookupError:  # the topic was never created: nothing to save
-        values = []
-    return write_frames(values, path, "parquet")
+        return []
 
 
 def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], None] | None = None) -> str:
@@ -392,6 +396,8 @@ def _run_demo(demo: DemoSettings) -> int:
     from producers.stopping import StopFlag
     from schemas.kafka_io import read_queries
 
+    from ..subscribe import write_frames
+
     out = demo.out
     for path in (demo.pems_raw, demo.pems_5min, demo.meta):
         if path is not None and not path.is_file():
@@ -499,8 +505,10 @@ def _run_demo(demo: DemoSettings) -> int:
             if not summary.interrupted and summary.epochs:
                 replayed = [int(e) for e in day.epochs[:summary.epochs]]
                 queries = read_queries(rs)
-                _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
-                             rollups=expected_rollups(queries, replayed))
+                if not _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
+                                    rollups=expected_rollups(queries, replayed)) and not stop.requested:
+                    print("demo: the worker closed no further epoch for 60 s; saving what it has published",
+                          file=sys.stderr, flush=True)
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
                 while not stop.wait(0.5):
@@ -518,12 +526,13 @@ def _run_demo(demo: DemoSettings) -> int:
             again = " (Ctrl-C again quits without them)" if stop.requested else ""
             print(f"saving the estimates and the ground truth into {out}/{again}", flush=True)
             counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
-            table = out / "estimates.parquet"
-            frames = save_frames(rs, ws.frames_topic, table)
-            # the worker's graceful stop (its producers closed, no error logged) takes about a second
+            frame_values = read_frames(rs, ws.frames_topic)
+            # the worker's graceful stop (its producers closed, no error logged) takes about half a second
             terminate_all([shuffler, worker, prom], timeout_s=max(STOP_GRACE_S - (time.monotonic() - asked), 0.1))
             broker.stop()
             stopped_children = True
+            table = out / "estimates.parquet"  # written with every helper gone (pyarrow: ~0.5 s under load)
+            frames = write_frames(frame_values, table, "parquet")
             print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
                   f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}", flush=True)
             print(f"saved the same {frames.rows:,} estimates from {frames.frames:,} estimate frames to {table} "

@@ -10,11 +10,16 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 
 from schemas import DecodedBatch, EndOfEpoch, EndOfEpochSet, GroundTruth, SingleReport, decode_record
+from schemas.kafka_io import at_end
 from schemas.settings import KafkaSettings
 
 
 def drain(settings: KafkaSettings, topic: str, quiet_polls: int = 3, timeout_s: float = 60.0) -> list[Any]:
-    """Every record of ``topic``, read from the beginning until it stays quiet."""
+    """Every record of ``topic``, read from the beginning up to the high-water mark the broker
+    returns with fetched data (:func:`schemas.kafka_io.at_end`; its ``end_offsets()`` are wrong,
+    BROKER.md) -- or, should that mark not be reached (records of a transaction still open),
+    until ``quiet_polls`` polls in a row bring nothing. A test waits for what it expects with
+    :func:`~tests.integration.stream_helpers.wait_for`; this only reads what is there."""
     consumer = KafkaConsumer(**settings.client_kwargs(), group_id=None, enable_auto_commit=False,
                              max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:
@@ -29,6 +34,8 @@ def drain(settings: KafkaSettings, topic: str, quiet_polls: int = 3, timeout_s: 
             n = sum(len(v) for v in got.values())
             for records in got.values():
                 out.extend(records)
+            if at_end(consumer):
+                break
             quiet = quiet + 1 if n == 0 else 0
         return out
     finally:

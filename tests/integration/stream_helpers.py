@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -21,6 +22,7 @@ import numpy as np
 import estimators as E
 from producers.fleet import epoch_rng, query_truth_counts, split_fleet
 from producers.pems import TrafficDay
+from producers.replay import ReplaySummary, replay
 from producers.settings import ReplaySettings
 from schemas import Query
 from schemas.estimates import Estimate
@@ -198,12 +200,46 @@ def read_estimates(settings: WorkerSettings, span_s: int = 30) -> dict[tuple[str
     return out
 
 
+class ReplayThread(threading.Thread):
+    """``replay(rs)`` in a thread of the test's process (a paced replay the test acts on while
+    it runs): its summary, or its error, kept for the test (:meth:`result`)."""
+
+    def __init__(self, settings: ReplaySettings) -> None:
+        super().__init__(daemon=True)
+        self.settings = settings
+        self.summary: ReplaySummary | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.summary = replay(self.settings, progress=False)
+        except BaseException as exc:  # noqa: BLE001 - raised by result()
+            self.error = exc
+
+    def result(self, timeout_s: float) -> ReplaySummary:
+        """The summary once the replay has ended (its error raised; TimeoutError if it runs on)."""
+        self.join(timeout=timeout_s)
+        if self.is_alive():
+            raise TimeoutError(f"the replay did not finish within {timeout_s}s")
+        if self.error is not None:
+            raise self.error
+        assert self.summary is not None
+        return self.summary
+
+
+def start_replay_thread(settings: ReplaySettings) -> ReplayThread:
+    """A started :class:`ReplayThread` of ``settings``."""
+    runner = ReplayThread(settings)
+    runner.start()
+    return runner
+
+
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if predicate():
             return
-        time.sleep(1.0)
+        time.sleep(0.5)
     raise TimeoutError(f"timed out waiting for {what}" + "".join(w.diagnosis() for w in list(_LIVE)))
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,43 @@ def _count(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+def _replay_losing_its_broker(s: ReplaySettings, cwd: Path, producers: int,
+                              in_loop: Callable[[subprocess.Popen[str]], None],
+                              lose: Callable[[], None]) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``ptt replay --speed 5 --max-epochs 100 --quiet --producers N`` in a subprocess; once
+    ``in_loop(proc)`` returns (every producer in its loop), ``lose()`` its broker. Returns how the
+    replay ended (within 120 s) and how long after the loss. Speed 5: an epoch every 6 s, sent at
+    once -- the loss lands between epochs, so the next epoch's reports go to a broker that is gone."""
+    proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "5", "--max-epochs", "100",
+                             "--quiet", "--producers", str(producers)],
+                            env=env_for(s), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        in_loop(proc)
+        lose()
+        lost_at = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - lost_at
+
+
+def _assert_lost_mid_run(done: subprocess.CompletedProcess[str], took: float) -> str:
+    """Exit 7 within the next epoch's start (6 s), the loss timeout and a margin; one line on
+    stderr; a summary whose acknowledged reports and records are fewer than those sent (the
+    epoch after the loss was sent, never acknowledged). Returns the line."""
+    assert done.returncode == EXIT_BROKER_LOST, (done.stdout, done.stderr)
+    line = _one_line(done.stderr, "replay")
+    assert "start the broker again" in line, line
+    assert took < 6 + LOSS_TIMEOUT_S + 30, took
+    match = ACKED.search(done.stdout)
+    assert match is not None, done.stdout
+    acked, sent, acked_records, sent_records = (_count(g) for g in match.groups())
+    assert 0 < acked < sent and 0 < acked_records < sent_records, done.stdout
+    return line
+
+
 @pytest.mark.parametrize(("producers", "how"), [(1, "kill"), (2, "kill"), (1, "restart")])
 def test_replay_ends_with_one_line_when_the_broker_is_lost(own_broker: OwnBroker, tmp_path: Path,
                                                            tmp_path_factory: pytest.TempPathFactory,
@@ -101,37 +138,18 @@ def test_replay_ends_with_one_line_when_the_broker_is_lost(own_broker: OwnBroker
     margin, one line naming the loss and what to do, and a summary whose acknowledged reports
     are fewer than those sent (the epoch after the loss was sent, never acknowledged)."""
     s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp())
-    # speed 5: an epoch every 6 s, sent at once -- the loss lands between epochs, so the next
-    # epoch's reports are sent to a broker that is gone
-    proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "5", "--max-epochs", "100",
-                             "--quiet", "--producers", str(producers)],
-                            env=env_for(s), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    try:
-        # every producer is in its loop: one still starting when the broker goes (under load,
-        # after a peer's first epoch) meets it dead while connecting and sends nothing, so
-        # nothing would be sent unacknowledged and the summary would rightly say so
-        wait_for_marker(s, s.reports_topic, proc, producers=producers)
-        own_broker.lose(how)
-        lost_at = time.monotonic()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    took = time.monotonic() - lost_at
-    assert proc.returncode == EXIT_BROKER_LOST, (out, err)
-    line = _one_line(err, "replay")
-    assert "mid-run" in line and "start the broker again" in line and "replay into fresh topics" in line
+    # every producer is in its loop: one still starting when the broker goes (under load, after
+    # a peer's first epoch) meets it dead while connecting and sends nothing, so nothing would
+    # be sent unacknowledged and the summary would rightly say so
+    done, took = _replay_losing_its_broker(
+        s, tmp_path, producers, lambda proc: wait_for_marker(s, s.reports_topic, proc, producers=producers),
+        lambda: own_broker.lose(how))
+    line = _assert_lost_mid_run(done, took)
+    assert "mid-run" in line and "replay into fresh topics" in line
     if how == "kill":
         assert "no answer from the broker" in line
     else:
         assert "was deleted and recreated" in line or "is gone" in line
-    # bounded: the next epoch starts within 6 s, then the loss timeout, then closing
-    assert took < 6 + LOSS_TIMEOUT_S + 30, took
-    match = ACKED.search(out)
-    assert match is not None, out
-    acked, sent, acked_records, sent_records = (_count(g) for g in match.groups())
-    assert 0 < acked < sent and 0 < acked_records < sent_records, out
 
 
 def _epoch_notes(s: ReplaySettings) -> int:
@@ -153,30 +171,14 @@ def test_replay_via_shuffler_ends_with_one_line_when_the_broker_is_lost(own_brok
     sent. The loss is only once every producer noted an epoch (all are in their loop)."""
     s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp(), via_shuffler=True,
                   device_topic=f"dev-{tmp_path.name}-{producers}")
-    proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "5", "--max-epochs", "100",
-                             "--quiet", "--producers", str(producers)],
-                            env=env_for(s), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 90
-        while _epoch_notes(s) < producers:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no epoch noted by every producer within 90 s"
-        own_broker.kill()
-        lost_at = time.monotonic()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    took = time.monotonic() - lost_at
-    assert proc.returncode == EXIT_BROKER_LOST, (out, err)
-    line = _one_line(err, "replay")
-    assert "no answer from the broker" in line and "start the broker again" in line, line
-    assert took < 6 + LOSS_TIMEOUT_S + 30, took
-    match = ACKED.search(out)
-    assert match is not None, out
-    acked, sent, acked_records, sent_records = (_count(g) for g in match.groups())
-    assert 0 < acked < sent and 0 < acked_records < sent_records, out
+
+    def in_loop(proc: subprocess.Popen[str]) -> None:
+        wait_for(lambda: proc.poll() is not None or _epoch_notes(s) >= producers, 90,
+                 "an epoch noted by every producer")
+        assert proc.poll() is None, proc.communicate()
+
+    done, took = _replay_losing_its_broker(s, tmp_path, producers, in_loop, own_broker.kill)
+    assert "no answer from the broker" in _assert_lost_mid_run(done, took)
 
 
 def _held_by_the_broker(settings: KafkaSettings, topic: str, timeout_s: float = 30.0) -> tuple[int, int]:

@@ -97,6 +97,13 @@ def _scraped(prom_port: int, metrics_port: int) -> bool:
             and any(r["metric"].get("instance") == f"127.0.0.1:{metrics_port}" for r in estimates.get("result", [])))
 
 
+def _own_ports() -> list[str]:
+    """``--metrics-port`` and ``--prometheus-port`` on free ports: a demo on the default ports
+    (6066, 9090) races another test's demo on a parallel pytest-xdist worker for them (a worker
+    that lost the race exited, and its demo had read the other demo's /metrics as its own)."""
+    return ["--metrics-port", str(free_port()), "--prometheus-port", str(free_port())]
+
+
 def _metrics(port: int) -> str:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as r:  # noqa: S310
@@ -360,7 +367,8 @@ def test_demo_saves_its_estimates_as_parquet_equal_to_the_rows(tmp_path: Path) -
     raw, meta = _day_with_gaps(tmp_path)
     out = tmp_path / "ptt-demo-out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "8",  # noqa: S603
-                           "--exit-when-done", "--pems-raw", str(raw), "--meta", str(meta), "--out", str(out)],
+                           "--exit-when-done", "--pems-raw", str(raw), "--meta", str(meta), "--out", str(out),
+                           *_own_ports()],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = assert_long_table_is_the_rows(out / "estimates.parquet", out / "estimates.jsonl")

@@ -268,7 +268,8 @@ def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, A
     out = tmp / "out"
     tmp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "20",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *flags],
+                           "--exit-when-done", "--stations", "16", "--out", str(out), *flags,
+                           "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
                           capture_output=True, text=True, timeout=900, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]

@@ -22,7 +22,15 @@ from stream_app.cli.local_broker import free_port
 from stream_app.settings import WorkerSettings
 
 from .kafka_helpers import drain
-from .stream_helpers import WorkerProcess, core_estimates, metric, pipeline_settings, read_estimates, wait_for
+from .stream_helpers import (
+    WorkerProcess,
+    core_estimates,
+    metric,
+    pipeline_settings,
+    read_estimates,
+    start_replay_thread,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -144,17 +152,14 @@ def test_one_and_two_workers_give_identical_estimates(broker: str, tmp_path: Pat
 def test_sigkill_mid_day_and_restart_loses_nothing(broker: str, tmp_path: Path) -> None:
     rs, ws = _settings(broker, tmp_path, max_epochs=30, speed=150.0)  # one epoch per 0.2 s
     w = _run(ws, tmp_path, "first")
-    import threading
-
-    t = threading.Thread(target=replay, args=(rs,), kwargs={"progress": False})
-    t.start()
+    runner = start_replay_thread(rs)
     day = load_day(rs)
     # mid-day: a few epochs closed, most still to come
     wait_for(lambda: metric(w.metrics(), "ptt_last_closed_epoch") >= 3 * int(day.epochs[3]), 120, "epoch 3 closed")
     w.kill()  # no goodbye (waits until the process is gone)
     w2 = _run(ws, tmp_path, "second")
     try:
-        t.join(timeout=120)
+        runner.result(120)
         _wait_estimates(ws, _expected_records(rs, 30), timeout_s=180)
         _assert_matches_core(rs, ws, 30)
         text = w2.metrics()
