@@ -40,6 +40,11 @@ from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_esti
 pytestmark = pytest.mark.integration
 
 LOSS_TIMEOUT_S = 3.0
+# a paced replay's (speed 5: an epoch every 6 s) loss timeout: longer than the gap between two
+# epochs, so the epoch after the loss is always sent before the loss is declared. With 3 s, a
+# loss early in a gap was declared before the next epoch began: nothing was sent
+# unacknowledged (seen once, 2 producers under two busy loops)
+REPLAY_LOSS_TIMEOUT_S = 8.0
 ACKED = re.compile(r"the broker acknowledged ([\d,]+) of ([\d,]+) reports sent \(([\d,]+) of ([\d,]+) records\)")
 
 
@@ -122,7 +127,7 @@ def _assert_lost_mid_run(done: subprocess.CompletedProcess[str], took: float) ->
     assert done.returncode == EXIT_BROKER_LOST, (done.stdout, done.stderr)
     line = _one_line(done.stderr, "replay")
     assert "start the broker again" in line, line
-    assert took < 6 + LOSS_TIMEOUT_S + 30, took
+    assert took < 6 + REPLAY_LOSS_TIMEOUT_S + 30, took
     match = ACKED.search(done.stdout)
     assert match is not None, done.stdout
     acked, sent, acked_records, sent_records = (_count(g) for g in match.groups())
@@ -137,7 +142,7 @@ def test_replay_ends_with_one_line_when_the_broker_is_lost(own_broker: OwnBroker
     """The broker dies mid-replay (or restarts empty): exit 7 within the loss timeout plus a
     margin, one line naming the loss and what to do, and a summary whose acknowledged reports
     are fewer than those sent (the epoch after the loss was sent, never acknowledged)."""
-    s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp())
+    s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp(), broker_loss_timeout_s=REPLAY_LOSS_TIMEOUT_S)
     # every producer is in its loop: one still starting when the broker goes (under load, after
     # a peer's first epoch) meets it dead while connecting and sends nothing, so nothing would
     # be sent unacknowledged and the summary would rightly say so
@@ -169,7 +174,8 @@ def test_replay_via_shuffler_ends_with_one_line_when_the_broker_is_lost(own_brok
     in bulk, producers/bulk.py) loses its broker between epochs: exit 7 within the loss timeout
     plus a margin, the one line, and a summary whose acknowledged reports are fewer than those
     sent. The loss is only once every producer noted an epoch (all are in their loop)."""
-    s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp(), via_shuffler=True,
+    s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp(), broker_loss_timeout_s=REPLAY_LOSS_TIMEOUT_S,
+                  via_shuffler=True,
                   device_topic=f"dev-{tmp_path.name}-{producers}")
 
     def in_loop(proc: subprocess.Popen[str]) -> None:
