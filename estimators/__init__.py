@@ -75,7 +75,7 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
-from .per_station import PerStation, SparseReports, bernoulli_positions
+from .per_station import BitReports, PerStation, SparseReports, bernoulli_positions
 from .planning import build_mechanism, plan, shuffled_figures
 from .privacy import (
     AuditResult,
@@ -150,6 +150,7 @@ __all__ = [
     "MechanismSpec",
     "N_CAP",
     "Pair",
+    "BitReports",
     "PerStation",
     "PlanError",
     "Pld",

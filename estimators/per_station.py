@@ -8,11 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from ._types import IntArray
 from .mechanisms import Mechanism
 
-__all__ = ["PerStation", "SparseReports", "bernoulli_positions"]
+__all__ = ["BitReports", "PerStation", "SparseReports", "bernoulli_positions"]
+
+_BIT_CHUNK = 4096  # vehicles whose unpacked bits (V bytes each) are built at a time
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,32 @@ class SparseReports:
     vehicle: IntArray
     station: IntArray  # 1..V
     output: IntArray
+
+
+@dataclass(frozen=True)
+class BitReports:
+    """A fleet's reports of a bit-valued per-station mechanism (outputs {0, 1}, default 0) as
+    one bitmap per vehicle: ``rows[i]`` holds vehicle ``i``'s V bits, least significant bit
+    first (station ``s`` is bit ``(s - 1) % 8`` of byte ``(s - 1) // 8``), the padding 0.
+    ``n_set``: how many bits are set (the sparse path's number of pairs). Device side only,
+    like :class:`SparseReports`: row ``i`` is one device's report.
+    """
+
+    rows: npt.NDArray[np.uint8]
+    n_set: int
+    n_stations: int
+
+    def to_sparse(self) -> SparseReports:
+        """The same reports as (vehicle, station, 1) pairs, by vehicle then station.
+
+        >>> bits = BitReports(np.array([[0b101], [0b010]], dtype=np.uint8), 3, 3)
+        >>> sp = bits.to_sparse()
+        >>> sp.vehicle.tolist(), sp.station.tolist(), sp.output.tolist()
+        ([0, 0, 1], [1, 3, 2], [1, 1, 1])
+        """
+        pos = np.flatnonzero(np.unpackbits(self.rows, axis=1, count=self.n_stations, bitorder="little"))
+        veh, st = _divmod_small(pos.astype(np.int64, copy=False), self.n_stations)
+        return SparseReports(vehicle=veh, station=st + 1, output=np.ones(veh.size, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -58,9 +87,7 @@ class PerStation:
         vehicle x station grid; it is drawn by geometric skips, so the cost is proportional
         to the number of non-default reports, not to N x V.
         """
-        truths = np.asarray(truths, dtype=np.int64)
-        if truths.size and (truths.min() < 0 or truths.max() > self.n_stations):
-            raise ValueError(f"truths must lie in 0..{self.n_stations}")
+        truths = self._checked(truths)
         table = self.mechanism.output_table(0)
         d = self.default
         n, v = truths.size, self.n_stations
@@ -89,6 +116,61 @@ class PerStation:
             station=np.concatenate([st, truths[yes_veh[nd]]]),
             output=np.concatenate([out_no, yes_out[nd]]),
         )
+
+    @property
+    def bit_valued(self) -> bool:
+        """Reports are bits: outputs {0, 1}, 0 the default (unary RR, per-sensor RR)."""
+        return self.mechanism.n_outputs == 2 and self.default == 0
+
+    def sample_bits(self, rng: np.random.Generator, truths: IntArray) -> BitReports:
+        """:meth:`sample_sparse`'s reports, from exactly its draws (the same generator left in
+        the same state), as one bitmap per vehicle -- a device's bitmap report (the replay's
+        device path) without ~10^8 (vehicle, station) pairs to split and regroup at the
+        papers' scale. Only for a :attr:`bit_valued` mechanism.
+
+        >>> from estimators.mechanisms import symmetric_unary
+        >>> ps = PerStation(symmetric_unary(0.2), 10)
+        >>> truths = np.array([0, 3, 10, 7])
+        >>> a, b = np.random.default_rng(5), np.random.default_rng(5)
+        >>> bits, pairs = ps.sample_bits(a, truths), ps.sample_sparse(b, truths)
+        >>> sp = bits.to_sparse()
+        >>> order = np.lexsort((pairs.station, pairs.vehicle))
+        >>> (sp.vehicle == pairs.vehicle[order]).all() and (sp.station == pairs.station[order]).all()
+        np.True_
+        >>> bits.n_set == pairs.station.size and a.random() == b.random()
+        True
+        """
+        if not self.bit_valued:
+            raise ValueError("sample_bits needs a mechanism with outputs {0, 1} and default 0")
+        truths = self._checked(truths)
+        n, v = truths.size, self.n_stations
+        table = self.mechanism.output_table(0)
+        pos = bernoulli_positions(rng, n * v, 1.0 - float(table[0, 0]))  # the draws of sample_sparse
+        rows = np.empty((n, -(-v // 8)), dtype=np.uint8)
+        cuts = np.searchsorted(pos, np.arange(0, n + _BIT_CHUNK, _BIT_CHUNK) * v).tolist()
+        n_set = pos.size
+        for c, first in enumerate(range(0, n, _BIT_CHUNK)):
+            m = min(_BIT_CHUNK, n - first)
+            bits = np.zeros(m * v, dtype=bool)
+            bits[pos[cuts[c]:cuts[c + 1]] - first * v] = True
+            t = truths[first:first + m]
+            own = np.flatnonzero(t > 0) * v + t[t > 0] - 1  # a vehicle's own station: the Yes row below
+            n_set -= int(np.count_nonzero(bits[own]))
+            bits[own] = False
+            rows[first:first + m] = np.packbits(bits.reshape(m, v), axis=1, bitorder="little")
+        del pos
+        yes_veh = np.flatnonzero(truths > 0)
+        yes_faces = self.mechanism.draw_faces(rng, np.ones(yes_veh.size, dtype=np.int64))
+        hit = yes_veh[self.mechanism.emit(0, yes_faces, np.ones_like(yes_faces)) != 0]
+        bit = truths[hit] - 1
+        rows[hit, bit >> 3] |= (1 << (bit & 7)).astype(np.uint8)
+        return BitReports(rows=rows, n_set=n_set + hit.size, n_stations=v)
+
+    def _checked(self, truths: IntArray) -> IntArray:
+        truths = np.asarray(truths, dtype=np.int64)
+        if truths.size and (truths.min() < 0 or truths.max() > self.n_stations):
+            raise ValueError(f"truths must lie in 0..{self.n_stations}")
+        return truths
 
     def tally(self, rng: np.random.Generator, yes_counts: IntArray, n_vehicles: int) -> IntArray:
         """Exact-tally path: per-station counts ``(V, O)`` given each station's Yes count."""

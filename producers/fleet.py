@@ -94,8 +94,9 @@ class EpochReports:
     ``rounds[r]`` holds the arrays of round r in the wire ``layout`` (``schemas.wire``): the
     query's per-vehicle layout (``MechanismSpec.layout``: ``{"value": ...}`` for a
     station-valued mechanism, ``{"station": ..., "output": ...}`` for a per-sensor one) or
-    ``counts`` (tally mode: ``{"counts": ...}``). ``reports[r]`` is how many reports (tally:
-    vehicles) the round stands for.
+    ``counts`` (tally mode: ``{"counts": ...}``), or ``{"bitmap": rows}`` (the device path's
+    bit-valued round, :func:`privatize`). ``reports[r]`` is how many reports (tally: vehicles)
+    the round stands for.
 
     ``vehicles[r]`` (per-vehicle mode): the simulated vehicle behind each report of round r,
     in sending order -- its index in this producer's shuffled truths of the epoch. Device side
@@ -107,7 +108,7 @@ class EpochReports:
     refused: int
     refusal_reason: str | None
     layout: Layout
-    rounds: list[dict[str, IntArray]] = field(default_factory=list)
+    rounds: list[dict[str, npt.NDArray[np.integer]]] = field(default_factory=list)
     reports: list[int] = field(default_factory=list)
     vehicles: list[IntArray] = field(default_factory=list)
 
@@ -138,6 +139,9 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     shuffling ~10^8 pairs only for the device path to group them again. A permutation an
     earlier round's draws are followed by is still drawn, so every round's pairs are the direct
     path's; the last round's is not (``rng`` is the epoch's own: nothing after it draws from it).
+    That round of a bit-valued mechanism (unary RR, per-sensor RR) comes as ``{"bitmap": rows}``,
+    one row of bits per vehicle (:meth:`~estimators.PerStation.sample_bits`: the same draws),
+    and ``reports`` counts its set bits, the direct path's pairs.
     """
     n = int(truth_counts.sum())
     layout: Layout = "counts" if mode == "tally" else query.spec.layout
@@ -169,8 +173,15 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
         out.reports = [n] * query.n_rounds
         return out
     for r, ps in enumerate(samplers):  # fresh coins per round: each round sampled, shuffled and sent on its own
+        last = not mix_pairs and r == len(samplers) - 1  # the generator's last draw: nothing later depends on it
+        if last and ps.bit_valued:  # the same draws as one bitmap per device (the bitmap device report)
+            bits = ps.sample_bits(rng, truths)
+            out.rounds.append({"bitmap": bits.rows})
+            out.vehicles.append(np.arange(n, dtype=np.int64))
+            out.reports.append(bits.n_set)
+            continue
         pairs = ps.sample_sparse(rng, truths)
-        if not mix_pairs and r == len(samplers) - 1:  # the generator's last draw: nothing later depends on it
+        if last:
             out.rounds.append({"station": pairs.station, "output": pairs.output})
             out.vehicles.append(pairs.vehicle)
             out.reports.append(int(pairs.station.size))

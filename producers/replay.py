@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from estimators import DayLedger, default_query_mechanisms
+from estimators import BitReports, DayLedger, default_query_mechanisms
 from estimators.ledger import ShuffledDayLedger
 from estimators.registry import Layout
 from schemas import (
@@ -40,7 +40,12 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
-from schemas.device_binary import encode_device_bitmaps, encode_device_pairs, encode_device_values
+from schemas.device_binary import (
+    encode_device_bitmap_rows,
+    encode_device_bitmaps,
+    encode_device_pairs,
+    encode_device_values,
+)
 from schemas.enrollment import Enrollment, EnrollmentError
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
@@ -351,26 +356,30 @@ def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_
     smaller than its pairs on average (8 bytes a pair against ceil(V / 8))."""
     out: list[tuple[np.ndarray, list[bytes]]] = []
     bitmap_ok = q.per_station is not None and q.n_outputs == 2 and q.default_report == 0
+    nb = -(-q.n_stations // 8)
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
+        vehicles = np.asarray(er.vehicles[r]) if "value" in arrays else np.arange(er.participants)
+        devices = (first_device + vehicles).tolist()
+        smaller = 8 * er.reports[r] > nb * er.participants  # bitmaps beat the pairs on average
         if "value" in arrays:
-            vehicles = np.asarray(er.vehicles[r])
-            devices = (first_device + vehicles).tolist()
             messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
-        elif (bitmap_ok and 8 * arrays["station"].size > -(-q.n_stations // 8) * er.participants
-              and bool(np.all(arrays["output"] == 1))):  # the non-default reports: output 1 only
-            vehicles = np.arange(er.participants)
-            devices = (first_device + vehicles).tolist()
+        elif "bitmap" in arrays and smaller:
+            messages = encode_device_bitmap_rows(q.query_id, q.version, epoch, r, q.n_stations, arrays["bitmap"],
+                                                 np.asarray(devices))
+        elif "bitmap" not in arrays and bitmap_ok and smaller and bool(np.all(arrays["output"] == 1)):
             messages = encode_device_bitmaps(q.query_id, q.version, epoch, r, q.n_stations, er.participants,
                                              er.vehicles[r], arrays["station"], np.asarray(devices))
         else:
-            owner = er.vehicles[r]
+            if "bitmap" in arrays:
+                sparse = BitReports(arrays["bitmap"], er.reports[r], q.n_stations).to_sparse()
+                owner, stations, outputs = sparse.vehicle, sparse.station, sparse.output
+            else:
+                owner, stations, outputs = er.vehicles[r], arrays["station"], arrays["output"]
             order = np.argsort(owner, kind="stable")
             bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-            vehicles = np.arange(er.participants)
-            devices = (first_device + vehicles).tolist()
-            messages = encode_device_pairs(q.query_id, q.version, epoch, r, bounds, arrays["station"][order],
-                                           arrays["output"][order], np.asarray(devices))
+            messages = encode_device_pairs(q.query_id, q.version, epoch, r, bounds, stations[order], outputs[order],
+                                           np.asarray(devices))
         out.append((vehicles, enrollment.seal_messages(messages, devices)))
     return out
 

@@ -66,8 +66,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["AUTH_TRAILER", "BINARY_VERSION", "FLAG_AUTH", "FLAG_BITMAP", "FLAG_PAIRS", "MAC_BYTES", "QUERY_ID",
-           "DeviceFields", "auth_message", "device_of", "encode_device", "encode_device_bitmaps", "encode_device_pairs",
-           "encode_device_values", "strip_auth", "unpack_device"]
+           "DeviceFields", "auth_message", "device_of", "encode_device", "encode_device_bitmap_rows",
+           "encode_device_bitmaps", "encode_device_pairs", "encode_device_values", "strip_auth", "unpack_device"]
 
 BINARY_VERSION = 1
 FLAG_PAIRS = 0x01
@@ -184,17 +184,10 @@ def encode_device_values(query_id: str, query_version: int, epoch: int, rnd: int
     >>> encode_device_values("q", 1, 9, 0, np.array([3]), np.array([7]))[0] == auth_message("q", 1, 9, 0, 3, None, 7)
     True
     """
-    auth = 0 if devices is None else FLAG_AUTH
-    head = np.frombuffer(_head(query_id, query_version, epoch, rnd, auth), dtype=np.uint8)
-    n, h = len(values), head.size
-    w = h + 4 + (4 if auth else 0)
-    buf = np.empty((n, w), dtype=np.uint8)
-    buf[:, :h] = head
-    buf[:, h:h + 4] = np.asarray(values, dtype="<u4").reshape(n, 1).view(np.uint8)
-    if devices is not None:
-        buf[:, h + 4:] = np.asarray(devices, dtype="<u4").reshape(n, 1).view(np.uint8)
-    raw = buf.tobytes()
-    return [raw[i:i + w] for i in range(0, n * w, w)]
+    head = np.frombuffer(_head(query_id, query_version, epoch, rnd, 0 if devices is None else FLAG_AUTH),
+                         dtype=np.uint8)
+    payload = np.asarray(values, dtype="<u4").reshape(-1, 1).view(np.uint8)
+    return _records(head, payload, None if devices is None else _device_ids(devices, payload.shape[0]))
 
 
 def encode_device_pairs(query_id: str, query_version: int, epoch: int, rnd: int, bounds: npt.NDArray[np.integer],
@@ -225,9 +218,7 @@ def encode_device_pairs(query_id: str, query_version: int, epoch: int, rnd: int,
     if devices is None:
         return [head + lengths[2 * d:2 * d + 2] + body[a:b]
                 for d, (a, b) in enumerate(zip(starts[:-1], starts[1:], strict=True))]
-    if np.any(np.asarray(devices) < 0) or np.any(np.asarray(devices) > U32_MAX):
-        raise ValueError(f"device id outside 0..{U32_MAX}")
-    ids = np.asarray(devices, dtype="<u4").tobytes()
+    ids = _device_ids(devices, counts.size).tobytes()
     return [head + lengths[2 * d:2 * d + 2] + body[a:b] + ids[4 * d:4 * d + 4]
             for d, (a, b) in enumerate(zip(starts[:-1], starts[1:], strict=True))]
 
@@ -260,14 +251,7 @@ def encode_device_bitmaps(query_id: str, query_version: int, epoch: int, rnd: in
     _check_bitmap(n_stations, st)
     head = np.frombuffer(_head(query_id, query_version, epoch, rnd,
                                FLAG_PAIRS | FLAG_BITMAP | (0 if devices is None else FLAG_AUTH)), dtype=np.uint8)
-    ids = None
-    if devices is not None:
-        dev = np.asarray(devices)
-        if dev.shape != (n_devices,):
-            raise ValueError(f"{dev.size} device ids for {n_devices} devices")
-        if np.any(dev < 0) or np.any(dev > U32_MAX):
-            raise ValueError(f"device id outside 0..{U32_MAX}")
-        ids = dev.astype("<u4").reshape(-1, 1).view(np.uint8)
+    ids = None if devices is None else _device_ids(devices, n_devices)
     # each pair's bit (device * V + station - 1), grouped by chunk of devices: a stable sort of
     # small chunk numbers (numpy's radix sort for 16-bit keys), not of the owners
     n_chunks = max(1, -(-n_devices // chunk))
@@ -281,19 +265,69 @@ def encode_device_bitmaps(query_id: str, query_version: int, epoch: int, rnd: in
     flat += st
     flat -= 1
     flat = flat[order]
-    h, nb = head.size, 2 + -(-n_stations // 8)
-    w = h + nb + (0 if ids is None else 4)
     out: list[bytes] = []
     for c, first in enumerate(range(0, n_devices, chunk)):
         m = min(chunk, n_devices - first)
-        buf = np.empty((m, w), dtype=np.uint8)
-        buf[:, :h] = head
-        buf[:, h:h + nb] = _bitmap_rows(flat[cuts[c]:cuts[c + 1]] - first * n_stations, m, n_stations)
-        if ids is not None:
-            buf[:, h + nb:] = ids[first:first + m]
-        raw = buf.tobytes()
-        out += [raw[i:i + w] for i in range(0, m * w, w)]
+        out += _records(head, _bitmap_rows(flat[cuts[c]:cuts[c + 1]] - first * n_stations, m, n_stations),
+                        None if ids is None else ids[first:first + m])
     return out
+
+
+def encode_device_bitmap_rows(query_id: str, query_version: int, epoch: int, rnd: int, n_stations: int,
+                              rows: npt.NDArray[np.uint8], devices: npt.NDArray[np.integer] | None = None
+                              ) -> list[bytes]:
+    """Many devices' bitmap reports of one (query, version, epoch, round) from their bitmaps:
+    ``rows[d]`` is device ``d``'s ceil(V / 8) bytes, least significant bit first, the padding
+    0 (:class:`estimators.BitReports`). With ``devices``: each record is its :func:`auth_message`.
+
+    >>> rows = np.array([[0b0000_0101, 0], [0, 0b10]], dtype=np.uint8)
+    >>> got = encode_device_bitmap_rows("q", 1, 9, 1, 10, rows)
+    >>> got == [encode_device("q", 1, 9, 1, pairs=((1, 1), (3, 1)), bitmap_stations=10),
+    ...         encode_device("q", 1, 9, 1, pairs=((10, 1),), bitmap_stations=10)]
+    True
+    >>> encode_device_bitmap_rows("q", 1, 9, 1, 9, rows)
+    Traceback (most recent call last):
+    ValueError: a bit past station 9 is set
+    """
+    _check_bitmap(n_stations, np.zeros(0, dtype=np.int64))
+    nb = -(-n_stations // 8)
+    rows = np.asarray(rows, dtype=np.uint8)
+    if rows.ndim != 2 or rows.shape[1] != nb:
+        raise ValueError(f"bitmap rows of {nb} bytes for {n_stations} stations, not {rows.shape}")
+    if n_stations % 8 and rows.size and np.any(rows[:, -1] >> (n_stations % 8)):
+        raise ValueError(f"a bit past station {n_stations} is set")
+    n = rows.shape[0]
+    ids = None if devices is None else _device_ids(devices, n)
+    head = np.frombuffer(_head(query_id, query_version, epoch, rnd,
+                               FLAG_PAIRS | FLAG_BITMAP | (0 if devices is None else FLAG_AUTH)), dtype=np.uint8)
+    payload = np.empty((n, 2 + nb), dtype=np.uint8)
+    payload[:, :2] = np.frombuffer(_U16.pack(n_stations), dtype=np.uint8)
+    payload[:, 2:] = rows
+    return _records(head, payload, ids)
+
+
+def _device_ids(devices: npt.NDArray[np.integer], n_devices: int) -> npt.NDArray[np.uint8]:
+    """One u32 device id per device, little-endian, as an (n, 4) byte table."""
+    dev = np.asarray(devices)
+    if dev.shape != (n_devices,):
+        raise ValueError(f"{dev.size} device ids for {n_devices} devices")
+    if np.any(dev < 0) or np.any(dev > U32_MAX):
+        raise ValueError(f"device id outside 0..{U32_MAX}")
+    return dev.astype("<u4").reshape(-1, 1).view(np.uint8)
+
+
+def _records(head: npt.NDArray[np.uint8], payload: npt.NDArray[np.uint8],
+             ids: npt.NDArray[np.uint8] | None) -> list[bytes]:
+    """One record per payload row: the head, the row, then the row's device id (if any)."""
+    m, h, nb = payload.shape[0], head.size, payload.shape[1]
+    w = h + nb + (0 if ids is None else 4)
+    buf = np.empty((m, w), dtype=np.uint8)
+    buf[:, :h] = head
+    buf[:, h:h + nb] = payload
+    if ids is not None:
+        buf[:, h + nb:] = ids
+    raw = buf.tobytes()
+    return [raw[i:i + w] for i in range(0, m * w, w)]
 
 
 def unpack_device(raw: bytes) -> DeviceFields | tuple[str, str]:
