@@ -9,7 +9,9 @@ written twice: a device report is counted once), and every delivery is reported 
 callback -- the :class:`~producers.sink.ReportSink` that counts what the broker acknowledged.
 
 Delivery callbacks run in the calling thread, inside :meth:`BulkProducer.produce`,
-:meth:`BulkProducer.serve` and :meth:`BulkProducer.flush`.
+:meth:`BulkProducer.serve` and :meth:`BulkProducer.flush`. librdkafka's report of each record
+only adds it to its partition's tally (one record costs ~1 µs there instead of ~10 through the
+owner's bookkeeping); the owner hears the tallies once each poll is done.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from schemas.settings import KafkaSettings
 
 __all__ = ["BulkProducer", "Delivery"]
 
-# (error or None, topic, partition, offset); the owner's bookkeeping, called once per record
-Delivery = Callable[[KafkaError | None, str, int, int], None]
+# (error or None, topic, partition, offset, records); the owner's bookkeeping: once per failed
+# record, and once per partition for the records acknowledged since the last call (offset: the
+# highest of them)
+Delivery = Callable[[KafkaError | None, str, int, int, int], None]
 _SERVE_EVERY = 20_000  # records between two polls for delivery reports (bounds the queue of reports)
 log = logging.getLogger(__name__)
 
@@ -50,10 +54,32 @@ class BulkProducer:
         }
         self._producer = Producer(config)
         self.pending = 0  # records handed over whose delivery report has not come back
+        self._acked: dict[int, list[int]] = {}  # partition -> [records acknowledged, highest offset]
 
     def _report(self, err: KafkaError | None, msg: Message) -> None:
-        self.pending -= 1
-        self._delivered(err, msg.topic() or self.topic, msg.partition() or 0, msg.offset() or 0)
+        if err is not None:
+            self.pending -= 1
+            self._delivered(err, msg.topic() or self.topic, msg.partition() or 0, msg.offset() or 0, 1)
+            return
+        tally = self._acked.get(msg.partition() or 0)
+        offset = msg.offset() or 0
+        if tally is None:
+            self._acked[msg.partition() or 0] = [1, offset]
+        else:
+            tally[0] += 1
+            if offset > tally[1]:
+                tally[1] = offset
+
+    def _poll(self, timeout_s: float) -> None:
+        """librdkafka's delivery reports, then the tallies to the owner."""
+        self._producer.poll(timeout_s)
+        self._publish()
+
+    def _publish(self) -> None:
+        acked, self._acked = self._acked, {}
+        for partition, (n, offset) in acked.items():
+            self.pending -= n
+            self._delivered(None, self.topic, partition, offset, n)
 
     def produce(self, values: Sequence[bytes], keys: bytes, key_size: int,
                 headers: list[tuple[str, str | bytes | None]], stopped: Callable[[], bool],
@@ -68,7 +94,7 @@ class BulkProducer:
             if j % _SERVE_EVERY == 0:
                 if stopped():
                     break
-                self._producer.poll(0)
+                self._poll(0)
             key = keys[j * key_size:(j + 1) * key_size]
             while True:
                 try:
@@ -79,18 +105,19 @@ class BulkProducer:
                     break
                 except BufferError:  # the local queue is full: wait for deliveries
                     full()
-                    self._producer.poll(0.1)
+                    self._poll(0.1)
             done += 1
             self.pending += 1
         return done
 
     def serve(self, timeout_s: float = 0.0) -> None:
         """Deliver the delivery reports that are in."""
-        self._producer.poll(timeout_s)
+        self._poll(timeout_s)
 
     def flush(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for every delivery report; returns how many records still wait."""
         self._producer.flush(timeout_s)
+        self._publish()
         return self.pending
 
     def abandon(self) -> None:
@@ -100,3 +127,4 @@ class BulkProducer:
             self._producer.flush(0)
         except KafkaException as exc:
             log.debug("purging the device producer: %s", exc)
+        self._publish()

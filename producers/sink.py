@@ -162,11 +162,15 @@ class ReportSink:
             self.sent_batches += n
         return n
 
-    def _bulk_delivered(self, err: Any, topic: str, partition: int, offset: int) -> None:  # in this thread
-        if err is None:
-            self._ok(1, _Delivered(topic, partition, offset))
-        else:
+    def _bulk_delivered(self, err: Any, topic: str, partition: int, offset: int, records: int = 1
+                        ) -> None:  # in this thread: ``records`` acknowledged on a partition, its highest offset
+        if err is not None:
             self._failed(KafkaException(err))
+            return
+        self.delivered += records - 1  # _ok counts one
+        self.acked_reports += records - 1
+        self.acked_batches += records - 1
+        self._ok(1, _Delivered(topic, partition, offset))
 
     def _ok(self, reports: int | None, meta: Any) -> None:  # the producer's I/O thread
         self.delivered += 1
