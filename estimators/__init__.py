@@ -75,7 +75,7 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
-from .per_station import BitReports, PerStation, SparseReports, bernoulli_positions
+from .per_station import BitReports, PerStation, SparseReports, bernoulli_cells, bernoulli_positions
 from .planning import build_mechanism, plan, shuffled_figures
 from .privacy import (
     AuditResult,
@@ -174,6 +174,7 @@ __all__ = [
     "amplified_epsilon",
     "audit_query",
     "basic_composition",
+    "bernoulli_cells",
     "bernoulli_positions",
     "binary_rates",
     "build_mechanism",

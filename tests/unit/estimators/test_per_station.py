@@ -1,6 +1,8 @@
-"""PerStation.sample_bits: the bitmap form of sample_sparse's reports, from exactly its draws.
+"""PerStation.sample_bits and bernoulli_cells: a bit-valued mechanism's per-vehicle reports as one
+bitmap per vehicle, and sample_sparse's pairs from the same draws.
 
-Deterministic (fixed seeds, exact equality): no false-failure rate.
+The equality tests are deterministic (fixed seeds); each Monte Carlo bound is at >= 5 sd of a
+binomial rate (two-sided false-failure < 6e-7 each).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ def _bits_of(pairs: E.SparseReports, n: int, v: int) -> np.ndarray:
     (E.symmetric_unary(0.01), 64, 700, 3),
     (E.symmetric_unary(0.2), 1, 50, 4),
 ])
-def test_sample_bits_are_sample_sparse_from_the_same_draws(mech: E.Mechanism, v: int, n: int, seed: int,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sample_sparse_is_sample_bits_as_pairs(mech: E.Mechanism, v: int, n: int, seed: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(per_station, "_BIT_CHUNK", 1024)
     ps = E.PerStation(mech, v)
     truths = np.random.default_rng(seed).integers(0, v + 1, size=n)  # some vehicles at no station (0)
@@ -36,10 +38,31 @@ def test_sample_bits_are_sample_sparse_from_the_same_draws(mech: E.Mechanism, v:
     assert np.array_equal(bits.rows, _bits_of(pairs, n, v))
     assert bits.n_set == pairs.station.size == int(np.unpackbits(bits.rows).sum())
     assert a.bit_generator.state == b.bit_generator.state  # nothing drawn more or less
-    sp = bits.to_sparse()
-    order = np.lexsort((pairs.station, pairs.vehicle))
-    assert np.array_equal(sp.vehicle, pairs.vehicle[order]) and np.array_equal(sp.station, pairs.station[order])
-    assert np.all(sp.output == 1)
+    assert np.all(np.diff(pairs.vehicle * (v + 1) + pairs.station) > 0)  # by vehicle then station
+    assert np.all(pairs.output == 1)
+    if v % 8:
+        assert not np.any(bits.rows[:, -1] >> (v % 8))  # the padding bits are 0
+
+
+@pytest.mark.parametrize(("p", "size", "seed"), [
+    (2.5 / 65536, 40_000_000, 11),  # half of it from the ties u == T: 2 / 65536 without them (8 sd away)
+    (0.2, 10_000_000, 12),
+    (0.45, 3_000_001, 13),  # a size that is not a multiple of 4
+])
+def test_bernoulli_cells_rate_and_independence(p: float, size: int, seed: int) -> None:
+    bits = E.bernoulli_cells(np.random.default_rng(seed), size, p)
+    assert bits.shape == (size,) and bits.dtype == np.bool_
+    assert abs(bits.mean() - p) < 5 * np.sqrt(p * (1 - p) / size)
+    both = bits[:-1] & bits[1:]  # neighbours (often one raw output's 16-bit quarters) are independent
+    assert abs(both.mean() - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / (size - 1))
+
+
+def test_bernoulli_cells_edges() -> None:
+    rng = np.random.default_rng(0)
+    assert not E.bernoulli_cells(rng, 1000, 0.0).any() and E.bernoulli_cells(rng, 1000, 1.0).all()
+    assert E.bernoulli_cells(rng, 0, 0.3).size == 0
+    with pytest.raises(ValueError, match="p must lie"):
+        E.bernoulli_cells(rng, 3, 1.5)
 
 
 def test_sample_bits_draws_each_vehicles_own_station_from_the_yes_row() -> None:

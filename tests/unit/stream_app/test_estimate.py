@@ -37,6 +37,7 @@ import copy
 import json
 import math
 import re
+import sys
 import zlib
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -983,21 +984,26 @@ def test_born_late_epoch_is_withheld_as_late_unless_its_markers_completed_it(mec
 # the consistent estimate where the cap binds
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mechanism", PER_SENSOR)
-def test_consistent_estimate_where_the_participants_cap_binds(mechanism: str) -> None:
-    """Nearly every vehicle at a station: the unbiased estimates of a seeded epoch sum past the
-    participants for some estimator, and the published consistent vector is the projection --
-    non-negative and summing to exactly the participants there. The unbiased estimate and its
-    bounds are unchanged by it (equal to the statistics core's)."""
+def test_consistent_estimate_where_the_participants_cap_binds(mechanism: str, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Nearly every vehicle at a station: the first of a few seeded epochs whose unbiased
+    estimates sum past the participants for some estimator (about every other epoch does), and
+    the published consistent vector is the projection -- non-negative and summing to exactly
+    the participants there. The unbiased estimate and its bounds are unchanged by it (equal to
+    the statistics core's)."""
     q = QUERIES[mechanism]
-    sink = MemorySink(N_PARTITIONS)
     truths = (np.array([0, 80, 120, 160, 40]), np.array([0, 70, 90, 30, 110]))
-    reports = produce(q, truths, ("per-vehicle", "tally"), sink)
-    w = window_from(q, sink.records)
-    res = result(q, w)
     n = int(sum(int(t.sum()) for t in truths))
-    assert_matches(res, q, direct_counts(q, reports), n)
-    binding = [name for name, v in res.values.items() if np.maximum(v.estimate, 0).sum() > n]
+    for seed in range(SEED, SEED + 20):  # P(none of 20 binds) ~ 2^-20 at about one in two
+        monkeypatch.setattr(sys.modules[__name__], "SEED", seed)
+        sink = MemorySink(N_PARTITIONS)
+        reports = produce(q, truths, ("per-vehicle", "tally"), sink)
+        res = result(q, window_from(q, sink.records))
+        binding = [name for name, v in res.values.items() if np.maximum(v.estimate, 0).sum() > n]
+        if binding:
+            break
     assert binding, {name: float(np.maximum(v.estimate, 0).sum()) for name, v in res.values.items()}
+    assert_matches(res, q, direct_counts(q, reports), n)
     for name in binding:
         cons = res.values[name].consistent
         assert cons is not None
