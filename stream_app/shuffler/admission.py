@@ -70,18 +70,70 @@ class Admission:
 
     def take(self, batch: DeviceBatch, records: list[Any], step: Step, now: Callable[[], float]) -> None:
         """Admit ``records`` (decoded as ``batch``) into the policy; dead letters into ``step``."""
-        policy, seen = self.policy, self.seen
-        n = len(records)
+        policy, n = self.policy, len(records)
         step.read[0] += n
         queries = [self.query(q, v) for q, v in batch.keys]
         parts = np.fromiter((r.partition for r in records), np.int64, n)
         offsets = np.fromiter((r.offset for r in records), np.int64, n)
         clocks = self._clocks(parts, offsets)
         passes = self._passing(batch, queries, clocks)
+        took = self._all_admitted(batch, queries, passes, parts, step)
+        if took is None:
+            took = self._one_by_one(batch, records, queries, parts, offsets, clocks, passes, step)
+        t = now()
+        keys = batch.key.tolist()
+        for (key, rnd), rows in took.items():
+            query = queries[keys[rows[0]]]
+            if query is not None:
+                policy.add(key, rnd, _counts(batch, rows, query), t)
+
+    def _all_admitted(self, batch: DeviceBatch, queries: list[Query | None], passes: npt.NDArray[np.bool_],
+                      parts: npt.NDArray[np.int64], step: Step) -> dict[tuple[EpochKey, int], list[int]] | None:
+        """The common batch -- every record a device report that passes the policy's checks,
+        on its device's partition, no device twice in a slot, every slot with room for its
+        rows -- admitted a slot at a time (what :meth:`_one_by_one` does then, without its
+        per-record loop); None, having changed nothing, for any other batch."""
+        n = batch.key.size
+        if (n == 0 or batch.notes or batch.reasons.count(None) != n or not passes.all()
+                or any(q is None for q in queries)
+                or (self.instances > 1 and bool(np.any(parts != batch.device % self.partitions)))):
+            return None
+        slots, group = np.unique(np.stack([batch.key, batch.epoch, batch.round], axis=1), axis=0,
+                                 return_inverse=True)
+        group = group.ravel()
+        order = np.argsort(group, kind="stable")  # a slot's rows in arrival order
+        cuts = np.searchsorted(group[order], np.arange(len(slots) + 1)).tolist()
+        plan = []
+        listed = slots.tolist()
+        for g in sorted(range(len(listed)), key=lambda g: int(order[cuts[g]])):  # slots by first arrival
+            k, epoch, rnd = listed[g]
+            rows = order[cuts[g]:cuts[g + 1]]
+            query_id, version = batch.keys[k]
+            slot, query = (query_id, version, epoch, rnd), queries[k]
+            digests = self.seen.digests(slot, batch.device[rows].tolist())
+            if query is None or not self.seen.took_none(slot, digests) or \
+                    self.policy.room(slot[:3], rnd, query) < rows.size:
+                return None
+            plan.append((slot, query, rows.tolist(), digests))
+        took: dict[tuple[EpochKey, int], list[int]] = {}
+        for slot, query, rows, digests in plan:
+            self.policy.reserve_many(slot[:3], slot[3], query, len(rows))
+            self.seen.add_all(slot, digests)
+            step.digests.setdefault(slot, []).extend(digests)
+            step.slots.add(slot[:3])
+            took[(slot[:3], slot[3])] = rows
+        return took
+
+    def _one_by_one(self, batch: DeviceBatch, records: list[Any], queries: list[Query | None],
+                    parts: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], clocks: npt.NDArray[np.int64],
+                    passes: npt.NDArray[np.bool_], step: Step) -> dict[tuple[EpochKey, int], list[int]]:
+        """Each record in arrival order: its dead letter into ``step``, or admitted (its rows by
+        slot returned)."""
+        policy, seen = self.policy, self.seen
         caught = not self.source_clock
         took: dict[tuple[EpochKey, int], list[int]] = {}
         keys, epochs, rounds, devices = batch.key.tolist(), batch.epoch.tolist(), batch.round.tolist(), batch.device
-        for i in range(n):
+        for i in range(len(records)):
             rec = records[i]
             bad = batch.reasons[i]
             if bad is not None:
@@ -115,11 +167,7 @@ class Admission:
             step.digests.setdefault(slot, []).append(digest)
             step.slots.add(slot[:3])
             took.setdefault((slot[:3], slot[3]), []).append(i)
-        t = now()
-        for (key, rnd), rows in took.items():
-            query = queries[keys[rows[0]]]
-            if query is not None:
-                policy.add(key, rnd, _counts(batch, rows, query), t)
+        return took
 
     def _clocks(self, parts: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Each record's :meth:`~.policy.ShufflePolicy.window_clock` (the clock where it lies)."""

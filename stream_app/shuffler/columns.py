@@ -210,23 +210,23 @@ def _payloads(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], i
     columns (``value`` -1; ``width`` V and ``at``, or the batch's pair arrays); the rows that
     are not well formed, for the one-record decoder (its exact reason)."""
     slow, took, counts = [], [], []
+    heads: dict[bytes, tuple[int, int, int, int, int, int] | None] = {}  # header -> its fields, parsed once
     for i in rows:
         raw = values[i] or b""
-        q = raw[3:3 + raw[2]]
-        if q not in ids:
-            s = q.decode("ascii", "replace")
-            ids[q] = s if QUERY_ID.fullmatch(s) else None
-        qid = ids[q]
         at = 3 + raw[2]
-        version, epoch = int.from_bytes(raw[at:at + 4], "little"), int.from_bytes(raw[at + 4:at + 8], "little")
-        rnd, v = raw[at + 8], _u16(raw, at + 9)
-        nb = (v + 7) // 8 if bitmap else 8 * v
-        pad = raw[at + 11 + nb - 1] >> (v - 8 * (nb - 1)) if bitmap and nb else 0
-        if qid is None or version < 1 or rnd > 1 or (bitmap and v < 1) or pad:
+        head = raw[:at + 11]
+        if head in heads:
+            got = heads[head]
+        else:
+            got = heads[head] = _header(head, at, ids, keymap, bitmap)
+        if got is None:
             slow.append(i)
             continue
-        b.key[i] = keymap.setdefault((qid, version), len(keymap))
-        b.epoch[i], b.round[i], b.at[i] = epoch, rnd, at + 11
+        key, epoch, rnd, v, nb, shift = got
+        if bitmap and nb and raw[at + 10 + nb] >> shift:  # a padding bit set
+            slow.append(i)
+            continue
+        b.key[i], b.epoch[i], b.round[i], b.at[i] = key, epoch, rnd, at + 11
         if bitmap:
             b.width[i] = v
         else:
@@ -256,6 +256,24 @@ def _payloads(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], i
         if enrollment is not None:
             _verify(b, i, int(b.device[i]) if raw[1] & FLAG_AUTH else -1, raw, enrollment)
     return slow
+
+
+def _header(head: bytes, at: int, ids: dict[bytes, str | None], keymap: dict[tuple[str, int], int], bitmap: bool
+            ) -> tuple[int, int, int, int, int, int] | None:
+    """A bitmap or pair report's header (up to its u16): (key, epoch, round, V or n, payload
+    bytes, the padding's shift), or None when a field is out of bounds (the one-record
+    decoder gives the reason)."""
+    q = head[3:at]
+    if q not in ids:
+        text = q.decode("ascii", "replace")
+        ids[q] = text if QUERY_ID.fullmatch(text) else None
+    qid = ids[q]
+    version, epoch = int.from_bytes(head[at:at + 4], "little"), int.from_bytes(head[at + 4:at + 8], "little")
+    rnd, v = head[at + 8], _u16(head, at + 9)
+    if qid is None or version < 1 or rnd > 1 or (bitmap and v < 1):
+        return None
+    nb = (v + 7) // 8 if bitmap else 8 * v
+    return keymap.setdefault((qid, version), len(keymap)), epoch, rnd, v, nb, v - 8 * (nb - 1) if bitmap else 0
 
 
 def _verify(b: DeviceBatch, i: int, device: int, raw: bytes, enrollment: Enrollment) -> None:

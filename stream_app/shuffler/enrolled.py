@@ -44,6 +44,16 @@ class SlotDevices:
     def digest(self, slot: Slot, device: int) -> bytes:
         return self.enrollment.slot_digest(*slot, device)
 
+    def digests(self, slot: Slot, devices: list[int]) -> list[bytes]:
+        return self.enrollment.slot_digests(*slot, devices)
+
+    def took_none(self, slot: Slot, digests: list[bytes]) -> bool:
+        """Whether ``digests`` are distinct and ``slot`` took none of them yet."""
+        return len(set(digests)) == len(digests) and self._seen.get(slot, set()).isdisjoint(digests)
+
+    def add_all(self, slot: Slot, digests: list[bytes]) -> None:
+        self._seen.setdefault(slot, set()).update(digests)
+
     def took(self, slot: Slot, digest: bytes) -> bool:
         """Whether ``slot`` took the device of ``digest`` already."""
         return digest in self._seen.get(slot, ())

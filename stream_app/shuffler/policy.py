@@ -320,6 +320,20 @@ class ShufflePolicy:
         r.devices += 1
         return None
 
+    def room(self, key: EpochKey, rnd: int, query: Query) -> int:
+        """How many more devices round ``rnd`` of ``key``'s slot takes (:meth:`reserve`)."""
+        slot = self._open.get(key)
+        return query.population - (0 if slot is None else slot.rounds[rnd].devices)
+
+    def reserve_many(self, key: EpochKey, rnd: int, query: Query, n: int) -> None:
+        """:meth:`reserve` ``n`` times, when :meth:`room` has space for them all."""
+        slot = self._open.get(key)
+        if slot is None:
+            slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)])
+        if slot.rounds[rnd].devices + n > query.population:
+            raise ValueError("reserve_many past the slot's room")
+        slot.rounds[rnd].devices += n
+
     def add(self, key: EpochKey, rnd: int, counts: IntArray, now: float) -> None:
         """Add reserved reports' counts (the :class:`_Round` layout) to round ``rnd`` of ``key``."""
         self._open[key].rounds[rnd].counts += counts

@@ -206,3 +206,60 @@ def test_bitmap_counts_are_the_pairs_counts() -> None:
     assert _held(p1) == _held(p2)
     got = _held(p1)[("un", 1, E0 + 1)][0]
     assert got["devices"] == 1 and got["index"] == [2 * s + 1 for s in stations]  # station * O + report 1
+
+
+def _good(n: int, dup: bool = False) -> list[_Rec]:
+    """``n`` admissible reports of epoch E0 + 1 (station-valued for sp, bitmaps for un), one
+    per device and slot -- with ``dup``, device 7's sp report a second time at the end."""
+    rng = np.random.default_rng(5)
+    out = []
+    for d in range(n):
+        raw = E.seal_messages(encode_device_values("sp", 1, E0 + 1, 0, np.array([rng.integers(0, V + 1)]),
+                                                   np.array([d])), [d])[0]
+        out += [_Rec(0, raw), _Rec(0, _bitmap("un", E0 + 1, 0, sorted(set(rng.integers(1, V + 1, 3).tolist())), V, d))]
+    if dup:
+        out.append(_Rec(0, E.seal_messages(encode_device_values("sp", 1, E0 + 1, 0, np.array([2]), np.array([7])),
+                                           [7])[0]))
+    for i, r in enumerate(out):
+        r.offset = i
+    return out
+
+
+def _steps(records: list[_Rec], population: int = 1000) -> tuple[ShufflePolicy, Step]:
+    p = _policy()
+    queries = {k: q.model_copy(update={"population": population}) for k, q in QUERIES.items()}
+    adm = Admission(p, SlotDevices(E), lambda q, v: queries.get((q, v)), lambda step: _catch_up(p),
+                    source_clock=True, source_topic="notes")
+    step = Step()
+    adm.take(decode_batch([r.value for r in records], E), records, step, lambda: 0.0)
+    return p, step
+
+
+@pytest.mark.parametrize(("dup", "population", "fast"), [(False, 1000, True), (True, 1000, False),
+                                                         (False, 30, False)])
+def test_a_clean_batch_is_admitted_a_slot_at_a_time(dup: bool, population: int, fast: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch where every record is admitted takes the slot-at-a-time path and ends where one
+    report at a time ends (counts, devices, the step's digests in order); a batch with one
+    device twice in a slot, or with more reports than a slot's population, takes the record
+    loop (the duplicate and the reports past the population refused, as one at a time)."""
+    records = _good(40, dup)
+    loops: list[int] = []
+    real = Admission._one_by_one
+
+    def counted(self: Admission, *args: object) -> object:
+        loops.append(1)
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Admission, "_all_admitted", lambda self, *args: None)  # the reference: the record loop
+    forced_p, forced_step = _steps(records, population)
+    monkeypatch.undo()
+    monkeypatch.setattr(Admission, "_one_by_one", counted)
+    got_p, got_step = _steps(records, population)
+    assert bool(loops) != fast
+    assert _held(got_p) == _held(forced_p) and got_step.digests == forced_step.digests
+    assert list(got_step.digests) == list(forced_step.digests)  # slots in first-arrival order
+    assert [(w.reason, r.offset) for w, r in got_step.letters] == [(w.reason, r.offset) for w, r in forced_step.letters]
+    assert got_step.slots == forced_step.slots
+    want = 1 if dup else 2 * max(0, 40 - population)
+    assert len(got_step.letters) == want
