@@ -37,7 +37,7 @@ __all__ = ["DeviceBatch", "decode_batch"]
 IntArray = npt.NDArray[np.int64]
 _VALUE_TAIL = 13  # query version, epoch, round, value: the bytes after a station-valued report's query id
 _BITMAP = 0x05  # flags: pairs, as a bitmap (auth aside)
-_BITMAP_HEAD = 11  # query version, epoch, round, V: the bytes after a bitmap report's query id
+_PAYLOAD_HEAD = 11  # query version, epoch, round, u16 (V or n): the bytes after a bitmap or pair report's query id
 
 
 @dataclass
@@ -128,12 +128,12 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
         elif (raw[1] == 0 or raw[1] == FLAG_AUTH) and len(raw) == raw[2] + 3 + _VALUE_TAIL + (
                 AUTH_TRAILER if raw[1] else 0):
             fast.append(i)
-        elif (raw[1] & ~FLAG_AUTH) == _BITMAP and len(raw) >= raw[2] + 3 + _BITMAP_HEAD and len(raw) == (
-                raw[2] + 3 + _BITMAP_HEAD + (_u16(raw, raw[2] + 12) + 7) // 8 + (AUTH_TRAILER if raw[1] & FLAG_AUTH
+        elif (raw[1] & ~FLAG_AUTH) == _BITMAP and len(raw) >= raw[2] + 3 + _PAYLOAD_HEAD and len(raw) == (
+                raw[2] + 3 + _PAYLOAD_HEAD + (_u16(raw, raw[2] + 12) + 7) // 8 + (AUTH_TRAILER if raw[1] & FLAG_AUTH
                                                                                  else 0)):
             maps.append(i)
-        elif (raw[1] & ~FLAG_AUTH) == FLAG_PAIRS and len(raw) >= raw[2] + 3 + _BITMAP_HEAD and len(raw) == (
-                raw[2] + 3 + _BITMAP_HEAD + 8 * _u16(raw, raw[2] + 12)
+        elif (raw[1] & ~FLAG_AUTH) == FLAG_PAIRS and len(raw) >= raw[2] + 3 + _PAYLOAD_HEAD and len(raw) == (
+                raw[2] + 3 + _PAYLOAD_HEAD + 8 * _u16(raw, raw[2] + 12)
                 + (AUTH_TRAILER if raw[1] & FLAG_AUTH else 0)):
             pairs.append(i)
         else:
