@@ -211,6 +211,8 @@ def _payloads(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], i
     are not well formed, for the one-record decoder (its exact reason)."""
     slow, took, counts = [], [], []
     heads: dict[bytes, tuple[int, int, int, int, int, int] | None] = {}  # header -> its fields, parsed once
+    good: list[int] = []
+    cols: list[tuple[int, int, int, int, int, int]] = []  # per good row: key, epoch, round, at, V or n, device
     for i in rows:
         raw = values[i] or b""
         at = 3 + raw[2]
@@ -226,14 +228,18 @@ def _payloads(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], i
         if bitmap and nb and raw[at + 10 + nb] >> shift:  # a padding bit set
             slow.append(i)
             continue
-        b.key[i], b.epoch[i], b.round[i], b.at[i] = key, epoch, rnd, at + 11
-        if bitmap:
-            b.width[i] = v
-        else:
+        good.append(i)
+        cols.append((key, epoch, rnd, at + 11, v,
+                     int.from_bytes(raw[at + 11 + nb:at + 15 + nb], "little") if raw[1] & FLAG_AUTH else -1))
+        if not bitmap:
             took.append(i)
             counts.append(v)
-        if raw[1] & FLAG_AUTH:
-            b.device[i] = int.from_bytes(raw[at + 11 + nb:at + 15 + nb], "little")
+    if good:  # the columns in one assignment each
+        idx, col = np.asarray(good, np.int64), np.asarray(cols, np.int64)
+        b.key[idx], b.epoch[idx], b.round[idx], b.at[idx], b.device[idx] = col[:, 0], col[:, 1], col[:, 2], col[:, 3], \
+            col[:, 5]
+        if bitmap:
+            b.width[idx] = col[:, 4]
     if took:  # every pair of every pair row at once; a row with a station 0 goes to the one-record decoder
         arr = np.frombuffer(b"".join((values[i] or b"")[b.at[i]:b.at[i] + 8 * m] for i, m in zip(took, counts,
                                                                                                    strict=True)),
@@ -249,12 +255,11 @@ def _payloads(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], i
             i = took[j]
             b.key[i] = b.epoch[i] = b.round[i] = b.device[i] = b.at[i] = -1
             slow.append(i)
-    for i in rows:
-        if b.key[i] < 0:
-            continue
-        raw = values[i] or b""
-        if enrollment is not None:
-            _verify(b, i, int(b.device[i]) if raw[1] & FLAG_AUTH else -1, raw, enrollment)
+    if enrollment is not None:
+        keys, devices = b.key.tolist(), b.device.tolist()
+        for i in good:
+            if keys[i] >= 0:
+                _verify(b, i, devices[i], values[i] or b"", enrollment)
     return slow
 
 
