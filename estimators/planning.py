@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 import estimators.budget as budget
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
@@ -51,6 +50,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     >>> round(p["sd"], 3), round(p["halfwidth_95"], 2)  # 1.96 sd
     (11.055, 21.67)
     """
+    from scipy.stats import norm
     if population < 1:
         raise PlanError("--population must be >= 1")
     if day_budget is not None and not 0 < day_budget < math.inf:
