@@ -79,10 +79,14 @@ class EpochAccount:
         return aggregate.EXACT_NOTE if self.exact else aggregate.FALLBACK_NOTE
 
 
-def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int, release: str) -> EpochAccount:
+def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int, release: str,
+                  ratios: tuple[shuffle.VariationRatio, ...] | None = None) -> EpochAccount:
+    """``ratios``: ``spec.shuffle_ratios(mech, n_stations)`` when the caller has them already
+    (k-ary RR's over 3,220 stations take ~1 s)."""
     if release not in RELEASES:
         raise PlanError(f"unknown release {release!r}; choose {' or '.join(RELEASES)}")
-    ratios = spec.shuffle_ratios(mech, n_stations)
+    if ratios is None:
+        ratios = spec.shuffle_ratios(mech, n_stations)
     local = sum(v.epsilon0 for v in ratios if v.beta > 0)
     if math.isinf(local):
         return EpochAccount(release, (), False, local)

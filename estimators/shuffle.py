@@ -265,6 +265,13 @@ def dominating_pld(pair: Pair, n: int) -> Pld:
     k = np.arange(lo, hi + 2, dtype=np.float64)  # a count includes the target's own report
     a, b = k[:, None], k[None, :]
     log_r, log_o = math.log(r), (math.log1p(-2 * r) if r < 0.5 else -math.inf)
+    # gammaln(i + 1) for every count i = 0..m + 1, looked up below: the same numbers as calling
+    # gammaln on the grids (whose entries are these integers), at a fraction of the cost
+    log_fact = gammaln(np.arange(m + 2, dtype=np.float64) + 1)
+
+    def lgamma1(v: FloatArray) -> FloatArray:
+        out: FloatArray = log_fact[v.astype(np.int64)]
+        return out
 
     def log_p0(x: FloatArray, y: FloatArray) -> FloatArray:
         rest = m - x - y
@@ -272,7 +279,7 @@ def dominating_pld(pair: Pair, n: int) -> Pld:
         xs, ys, rs = np.where(ok, x, 0), np.where(ok, y, 0), np.where(ok, rest, 0)
         with np.errstate(invalid="ignore"):
             other = np.where(rs > 0, rs * log_o, 0.0)
-        out = gammaln(m + 1) - gammaln(xs + 1) - gammaln(ys + 1) - gammaln(rs + 1) + (xs + ys) * log_r + other
+        out = gammaln(m + 1) - lgamma1(xs) - lgamma1(ys) - lgamma1(rs) + (xs + ys) * log_r + other
         return np.where(ok, out, -np.inf)
 
     la, lb, l0 = log_p0(a - 1, b), log_p0(a, b - 1), log_p0(a, b)
