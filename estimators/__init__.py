@@ -1,6 +1,8 @@
 """Mechanisms, estimators and privacy accounting of the source papers: pure numpy/scipy.
 
-No I/O and no Kafka, Faust, Prometheus or pydantic here (a test enforces it).
+No I/O and no Kafka, Faust, Prometheus or pydantic here (a test enforces it). scipy is imported
+inside the functions that use it, so importing the package (and starting ``ptt``) does not
+load it (~0.8 s of every ``ptt`` start).
 """
 
 from .aggregate import (

@@ -46,8 +46,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import scipy.fft as sfft
-from scipy.stats import binom
 
 from ._types import FloatArray
 from .shuffle import Pld, compose
@@ -78,6 +76,7 @@ def binary_rates(table: FloatArray) -> tuple[float, float] | None:
 def count_window(trials: int, p: float) -> tuple[int, int]:
     """A count window ``[lo, hi]`` leaving out at most ~1e-17 of Bin(trials, p) on each side
     (8 sd, widened where the binomial is skewed: a small mean has a heavy right tail)."""
+    from scipy.stats import binom
     mean, sd = trials * p, math.sqrt(trials * p * (1 - p))
     z = _Z
     while True:
@@ -92,6 +91,7 @@ def _binom_block(first: int, count: int, p: float) -> tuple[int, FloatArray]:
     the returned count, built by the recursion ``b_{t+1}(c) = (1-p) b_t(c) + p b_t(c-1)`` from
     the first row (positive weights: no cancellation). Mass the window cuts off is simply
     missing, so ``1 - row.sum()`` is (up to round-off) exactly what a row leaves out."""
+    from scipy.stats import binom
     lo, _ = count_window(first, p)
     _, hi = count_window(first + count - 1, p)
     x = np.arange(lo, hi + 1)
@@ -109,6 +109,7 @@ def _binom_block(first: int, count: int, p: float) -> tuple[int, FloatArray]:
 def _windows(trials: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_window` of every entry of ``trials`` at once (the same windows, one scipy call per
     widening instead of two per row)."""
+    from scipy.stats import binom
     t = np.asarray(trials, dtype=np.int64)
     mean, sd = t * p, np.sqrt(t * p * (1 - p))
     lo, hi = np.zeros(t.size, dtype=np.int64), np.zeros(t.size, dtype=np.int64)
@@ -126,6 +127,7 @@ def _windows(trials: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
 def _binom_rows(trials: np.ndarray, p: float) -> FloatArray:
     """Row ``i``: the pmf of Bin(trials[i], p) on its own :func:`_window` (left-aligned, zero
     beyond it), as ``_binom_block(trials[i], 1, p)`` would give, in one vectorized call."""
+    from scipy.stats import binom
     lo, hi = _windows(trials, p)
     x = lo[:, None] + np.arange(int((hi - lo).max()) + 1)[None, :]
     rows = np.asarray(binom.pmf(x, np.asarray(trials)[:, None], p), dtype=np.float64)
@@ -196,6 +198,7 @@ def station_profiles(m: int, p1: float, p0: float, ks: np.ndarray | None = None,
     all of ``0..m``) on ``points`` eps from ``-E`` to ``E`` (``E`` the largest |loss|), and
     their pointwise maxima. Exact at the grid points (every loss binned to the grid point at or
     above it, and ``delta(eps_j)`` only needs which losses exceed ``eps_j``)."""
+    import scipy.fft as sfft
     if not (0 < p0 < 1 and 0 < p1 < 1) or abs(p0 - p1) < 1e-12:
         raise ValueError("a binary answer with 0 < p0 != p1 < 1 is needed")
     eps = _grid(p1, p0, points)

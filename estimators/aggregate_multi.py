@@ -50,11 +50,10 @@ valid, slightly pessimistic); ``B`` outside its window is counted at infinite lo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 
 import numpy as np
-from scipy.signal import fftconvolve
-from scipy.stats import binom
 
 import estimators.aggregate as aggregate
 
@@ -70,6 +69,7 @@ _SLACK = 1e-12  # added to every curve value: dominates the 2-D FFT's round-off
 _NEGLIGIBLE = 1e-20  # lattice points below this (under both rows) are not enumerated
 _TAIL = 1e-17  # each marginal's quantile left out of a multinomial's window, a side
 _RESTART = 128  # trinomial: the conditional pmf from scipy every this many columns
+_BATCH = 32  # ternary profiles: the trinomials of this many k computed together (scipy called once for them)
 _BLOCKS = 64  # k-ary RR: at most this many blocks of the blanket size B
 
 
@@ -92,11 +92,25 @@ def ternary_rows(table: FloatArray) -> Rows | None:
 def _window(trials: int, p: float) -> tuple[int, int]:
     """The counts from the 1e-17 to the 1 - 1e-17 quantile of Bin(trials, p) (exact quantiles: a
     third narrower than sd-based windows for skewed binomials); sd-based if scipy cannot say."""
-    lo = binom.ppf(_TAIL, trials, p)
-    hi = trials - binom.ppf(_TAIL, trials, 1.0 - p)
-    if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
-        return aggregate.count_window(trials, p)
-    return max(0, int(lo)), min(trials, int(hi))
+    lo, hi = _windows(np.array([trials]), p)
+    return int(lo[0]), int(hi[0])
+
+
+def _windows(trials: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_window` of every entry of ``trials``, one scipy call a side for all of them (scipy's
+    quantiles are elementwise: the same numbers as one call per entry)."""
+    from scipy.stats import binom
+
+    t = np.asarray(trials, dtype=np.int64)
+    lo = np.asarray(binom.ppf(_TAIL, t, p), dtype=np.float64)
+    hi = t - np.asarray(binom.ppf(_TAIL, t, 1.0 - p), dtype=np.float64)
+    out_lo, out_hi = np.empty(t.size, dtype=np.int64), np.empty(t.size, dtype=np.int64)
+    for i in range(t.size):
+        if not (np.isfinite(lo[i]) and np.isfinite(hi[i])) or lo[i] > hi[i]:
+            out_lo[i], out_hi[i] = aggregate.count_window(int(t[i]), p)
+        else:
+            out_lo[i], out_hi[i] = max(0, int(lo[i])), min(int(t[i]), int(hi[i]))
+    return out_lo, out_hi
 
 
 def trinomial(trials: int, pa: float, pb: float) -> tuple[int, int, FloatArray]:
@@ -115,29 +129,55 @@ def trinomial(trials: int, pa: float, pb: float) -> tuple[int, int, FloatArray]:
     >>> (lo_a, lo_b), f.round(4).tolist()
     ((0, 0), [[0.0625, 0.125, 0.0625], [0.25, 0.25, 0.0], [0.25, 0.0, 0.0]])
     """
-    lo_a, hi_a = _window(trials, pa)
-    lo_b, hi_b = _window(trials, pb)
-    b = np.arange(lo_b, hi_b + 1)
+    return _trinomials([trials], pa, pb)[0]
+
+
+def _trinomials(trials: Sequence[int], pa: float, pb: float) -> list[tuple[int, int, FloatArray]]:
+    """:func:`trinomial` of every entry of ``trials``: the same arithmetic, with scipy asked once
+    for all the windows, once for all the restart columns and once for all the marginals (its
+    quantiles and pmf are elementwise, so the numbers are those of one call each)."""
+    from scipy.stats import binom
+
+    t = np.asarray(trials, dtype=np.int64)
+    if t.size == 0:
+        return []
+    lo_a, hi_a = _windows(t, pa)
+    lo_b, hi_b = _windows(t, pb)
     p = min(pa / (1.0 - pb), 1.0) if pb < 1.0 else 0.0
     # the conditional is computed on a range of a holding every column's own window (the
     # recursion carries what a column leaves out into the next ones), then cut to lo_a..hi_a
-    lo_c = min(lo_a, _window(trials - hi_b, p)[0])
-    hi_c = max(hi_a, _window(trials - lo_b, p)[1])
-    a = np.arange(lo_c, hi_c + 1)
-    cond = np.empty((a.size, b.size))
-    col = np.zeros(a.size)
-    for j in range(b.size - 1, -1, -1):  # b decreasing: N = trials - b grows by one per step
-        if (b.size - 1 - j) % _RESTART == 0:
-            col = np.asarray(binom.pmf(a, trials - b[j], p), dtype=np.float64)
-        else:
-            nxt = (1.0 - p) * col
-            nxt[1:] += p * col[:-1]
-            col = nxt
-        cond[:, j] = col
-    cond = cond[lo_a - lo_c:hi_a - lo_c + 1]
-    a = a[lo_a - lo_c:hi_a - lo_c + 1]
-    marginal = np.asarray(binom.pmf(b, trials, pb), dtype=np.float64)
-    return lo_a, lo_b, np.where(a[:, None] + b[None, :] <= trials, cond * marginal[None, :], 0.0)
+    lo_c = np.minimum(lo_a, _windows(t - hi_b, p)[0])
+    hi_c = np.maximum(hi_a, _windows(t - lo_b, p)[1])
+    bs = [np.arange(lo_b[i], hi_b[i] + 1) for i in range(t.size)]
+    as_ = [np.arange(lo_c[i], hi_c[i] + 1) for i in range(t.size)]
+    # b decreasing: N = trials - b grows by one per column; scipy's pmf every _RESTART columns
+    restarts = [np.arange(b.size - 1, -1, -_RESTART) for b in bs]
+    xs = [np.tile(a, r.size) for a, r in zip(as_, restarts, strict=True)]
+    ns = [np.repeat(t[i] - bs[i][r], as_[i].size) for i, r in enumerate(restarts)]
+    starts = np.asarray(binom.pmf(np.concatenate(xs), np.concatenate(ns), p), dtype=np.float64)
+    marginals = np.asarray(binom.pmf(np.concatenate(bs), np.repeat(t, [b.size for b in bs]), pb), dtype=np.float64)
+    out: list[tuple[int, int, FloatArray]] = []
+    at_s = at_m = 0
+    for i in range(t.size):
+        a, b = as_[i], bs[i]
+        cond = np.empty((a.size, b.size))
+        col = np.zeros(a.size)
+        for j in range(b.size - 1, -1, -1):
+            if (b.size - 1 - j) % _RESTART == 0:
+                col = starts[at_s:at_s + a.size]
+                at_s += a.size
+            else:
+                nxt = (1.0 - p) * col
+                nxt[1:] += p * col[:-1]
+                col = nxt
+            cond[:, j] = col
+        cut = slice(int(lo_a[i] - lo_c[i]), int(hi_a[i] - lo_c[i] + 1))
+        cond, a = cond[cut], a[cut]
+        marginal = marginals[at_m:at_m + b.size]
+        at_m += b.size
+        out.append((int(lo_a[i]), int(lo_b[i]),
+                    np.where(a[:, None] + b[None, :] <= t[i], cond * marginal[None, :], 0.0)))
+    return out
 
 
 def ternary_profiles(m: int, yes: tuple[float, float, float], no: tuple[float, float, float],
@@ -146,6 +186,7 @@ def ternary_profiles(m: int, yes: tuple[float, float, float], no: tuple[float, f
     ``ks`` (default: all of ``0..m``) on ``points`` eps from ``-E`` to ``E`` (``E`` the largest
     |loss|), and their pointwise maxima: ``forward`` = the target's report from the ``yes`` row
     against the ``no`` row, ``backward`` the reverse."""
+    from scipy.signal import fftconvolve
     e = max(abs(math.log(y / z)) for y, z in zip(yes, no, strict=True))
     if e < 1e-12:
         raise ValueError("the two rows are equal: nothing to account")
@@ -155,9 +196,9 @@ def ternary_profiles(m: int, yes: tuple[float, float, float], no: tuple[float, f
     bwd = np.full(points, -np.inf)
     kf = np.zeros(points, dtype=np.int64)
     kb = np.zeros(points, dtype=np.int64)
-    for k in all_k.tolist():
-        _, _, a = trinomial(k, yes[0], yes[1])
-        _, _, b = trinomial(m - k, no[0], no[1])
+    ks_all = all_k.tolist()
+    for k, (_, _, a), (_, _, b) in zip(ks_all, _batched(ks_all, yes), _batched([m - k for k in ks_all], no),
+                                       strict=True):
         tail = max(1.0 - float(a.sum()), 0.0) + max(1.0 - float(b.sum()), 0.0) + _SLACK
         f = np.clip(fftconvolve(a, b), 0.0, None)  # the others' counts (offsets do not matter)
         shape = (f.shape[0] + 1, f.shape[1] + 1)  # the target's report adds one to a count (or none)
@@ -175,6 +216,12 @@ def ternary_profiles(m: int, yes: tuple[float, float, float], no: tuple[float, f
             target[better] = curve[0][better]
             who[better] = k
     return aggregate.StationCurves(eps, np.minimum(fwd, 1.0), np.minimum(bwd, 1.0), kf, kb)
+
+
+def _batched(trials: list[int], row: tuple[float, float, float]) -> Iterator[tuple[int, int, FloatArray]]:
+    """:func:`trinomial` of each entry of ``trials`` in turn, computed :data:`_BATCH` at a time."""
+    for start in range(0, len(trials), _BATCH):
+        yield from _trinomials(trials[start:start + _BATCH], row[0], row[1])
 
 
 def ternary_stride(m: int) -> int:
@@ -218,6 +265,7 @@ def kary_histogram_pld(k: int, pi1: float, n: int, blocks: int = _BLOCKS) -> Pld
     """The PLD of k-ary RR's histogram of ``n`` reports over ``k`` values (one device's truth
     ``x`` against ``x'``), through the privacy blanket (module doc): an upper bound for every
     assignment of the other devices' data. ``blocks``: how many blocks of ``B`` at most."""
+    from scipy.stats import binom
     if not (k >= 2 and 0 < pi1 < 1 and n >= 1):
         raise ValueError("k-ary RR needs k >= 2, 0 < pi1 < 1 and n >= 1")
     u = (1.0 - pi1) / k

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import norm
 
 import estimators.aggregate as aggregate
 import estimators.privacy as privacy
@@ -47,6 +45,7 @@ _COARSE = 2  # the search composes on a grid this much coarser (still an upper b
 
 def gaussian_delta(eps: float, mu: float) -> float:
     """delta(eps) of mu-GDP."""
+    from scipy.stats import norm
     return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2))
 
 
@@ -54,6 +53,7 @@ def central_limit_sd(budget: float, delta: float = 1e-6, epochs: int = 2880, sha
     """The curator's per-epoch, per-station sd at a whole-day (budget, delta): ``sqrt(T) sqrt(2) / mu``
     with ``delta(budget; mu) = delta``. ``share``: the fraction of mu^2 one query gets when a
     curator answers several (mu^2 adds under composition)."""
+    from scipy.optimize import brentq
     if budget <= 0:
         raise PlanError("a day budget must be > 0")
     mu = brentq(lambda m: gaussian_delta(budget, m) - delta, 1e-6, 100.0, xtol=1e-12)
@@ -79,10 +79,14 @@ class EpochAccount:
         return aggregate.EXACT_NOTE if self.exact else aggregate.FALLBACK_NOTE
 
 
-def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int, release: str) -> EpochAccount:
+def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int, release: str,
+                  ratios: tuple[shuffle.VariationRatio, ...] | None = None) -> EpochAccount:
+    """``ratios``: ``spec.shuffle_ratios(mech, n_stations)`` when the caller has them already
+    (k-ary RR's over 3,220 stations take ~1 s)."""
     if release not in RELEASES:
         raise PlanError(f"unknown release {release!r}; choose {' or '.join(RELEASES)}")
-    ratios = spec.shuffle_ratios(mech, n_stations)
+    if ratios is None:
+        ratios = spec.shuffle_ratios(mech, n_stations)
     local = sum(v.epsilon0 for v in ratios if v.beta > 0)
     if math.isinf(local):
         return EpochAccount(release, (), False, local)
@@ -244,6 +248,7 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
 def _fit_family(spec: MechanismSpec, fam: Family, n_stations: int, population: int, expected_yes: float,
                 budget: float, release: str, epochs: int, delta: float, tol: float) -> dict[str, Any]:
     """:func:`fit_budget` within one family."""
+    from scipy.optimize import brentq
 
     def day_of(value: float) -> float:
         return _day_of(spec, fam, value, n_stations, population, release, epochs, delta)

@@ -34,7 +34,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 from .linear import alp_estimators, rr_estimator, sp_difference
 from .mechanisms import alp_optimal, kary_rr, sampling_privacy
@@ -44,7 +43,6 @@ from .shuffle import TRUST_ASSUMPTION, VariationRatio, shuffled_day
 __all__ = ["COMPARED", "compare", "kary_variances", "oracle_variance", "support_probabilities"]
 
 COMPARED = ("sp", "alp", "kary", "oue", "olh")
-Z95 = float(norm.ppf(0.975))
 
 
 def support_probabilities(name: str, epsilon: float, k: int) -> tuple[float, float]:
@@ -71,14 +69,17 @@ def oracle_variance(p: float, q: float, n: float, yes: float) -> float:
 
 def _row(name: str, epsilon: float, params: dict[str, float], var: float, step: float,
          yes: float, note: str = "") -> dict[str, Any]:
+    from scipy.stats import norm
+
+    z95 = float(norm.ppf(0.975))
     sd = math.sqrt(max(var, 0.0))
     warnings = []
     if step > max(yes, 1.0):
         warnings.append(f"the estimate lives on a lattice of step {step:.4g} vehicles, larger than the expected "
                         f"count {yes:g}: single estimates jump in steps of that size")
-    if Z95 * sd > max(yes, 1.0):
-        warnings.append(f"95% half-width {Z95 * sd:.4g} exceeds the expected count {yes:g}")
-    return {"mechanism": name, "epsilon": epsilon, "params": params, "sd": sd, "halfwidth_95": Z95 * sd,
+    if z95 * sd > max(yes, 1.0):
+        warnings.append(f"95% half-width {z95 * sd:.4g} exceeds the expected count {yes:g}")
+    return {"mechanism": name, "epsilon": epsilon, "params": params, "sd": sd, "halfwidth_95": z95 * sd,
             "lattice_step": step, "note": note, "warnings": warnings}
 
 

@@ -21,8 +21,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scipy.optimize import brentq
-
 import estimators.budget as budget
 import estimators.privacy as privacy
 
@@ -40,12 +38,14 @@ def share_epsilon(total: float, share: float, delta: float) -> float:
     >>> round(share_epsilon(2.5, 1.0, 1e-6), 6)
     2.5
     """
+    from scipy.optimize import brentq
     mu_i = _mu(total, delta) * math.sqrt(share)
     return float(brentq(lambda e: budget.gaussian_delta(e, mu_i) - delta, 1e-9, 200.0, xtol=1e-12))
 
 
 def _mu(epsilon: float, delta: float) -> float:
     """The mu of the mu-GDP curve through (epsilon, delta)."""
+    from scipy.optimize import brentq
     return float(brentq(lambda m: budget.gaussian_delta(epsilon, m) - delta, 1e-6, 100.0, xtol=1e-12))
 
 

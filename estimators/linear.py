@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
-from scipy.stats import norm
 
 from ._types import BoolArray, FloatArray, IntArray
 from .mechanisms import ALP_BOTTOM, ALP_YES, Mechanism
@@ -153,6 +152,7 @@ def quadratic_interval(est: FloatArray, alpha: FloatArray, beta: FloatArray, k: 
 
 @lru_cache(maxsize=64)
 def _z2(confidence: float) -> float:
+    from scipy.stats import norm
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     return float(norm.ppf(0.5 + confidence / 2.0) ** 2)

@@ -309,6 +309,25 @@ class _TruthOrFixed(Mechanism):
         out: IntArray = fixed + (truths - fixed) * truthful
         return out
 
+    def output_table(self, r: int = 0) -> FloatArray:
+        """:meth:`Mechanism.output_table` without the ``(T, F)`` grid when no two forced faces
+        report the same value (k-ary RR over 3,220 stations: 0.9 s -> ~0.05 s). The numbers are
+        the generic sum's: a cell gets the truthful face's mass (when it is the truth), then the
+        one forced face's, in that order, from 0.0 (``a + b`` and ``b + a`` are the same double)."""
+        t_n, o_n = self.n_truths, self.n_outputs
+        forced = self.fixed[1:]
+        if (t_n > o_n or forced.size == 0 or int(forced.min()) < 0 or int(forced.max()) >= o_n
+                or np.unique(forced).size != forced.size):
+            return super().output_table(r)
+        w = self.latent  # (1, F) when the die does not depend on the truth: one row, broadcast
+        rows = np.zeros((w.shape[0], o_n), dtype=np.float64)
+        rows[:, forced] = w[:, 1:]
+        table = np.empty((t_n, o_n), dtype=np.float64)
+        table[...] = rows
+        diag = np.arange(t_n)
+        table[diag, diag] += np.broadcast_to(w[:, 0], (t_n,))
+        return table
+
 
 def two_coin_rr(pi1: float = 0.8, pi2: float = 0.2) -> Mechanism:
     """Two-coin randomized response (Differential Privacy by Sampling §1, App. A):

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 import estimators.budget as budget
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
@@ -51,6 +50,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     >>> round(p["sd"], 3), round(p["halfwidth_95"], 2)  # 1.96 sd
     (11.055, 21.67)
     """
+    from scipy.stats import norm
     if population < 1:
         raise PlanError("--population must be >= 1")
     if day_budget is not None and not 0 < day_budget < math.inf:
@@ -109,12 +109,14 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     # the guarantee is the smallest valid bound, never a larger one
     out["epsilon_day"] = min(out["epsilon_day_basic"], out["epsilon_day_advanced"], out["epsilon_day_optimal"])
     n = shuffle_size or population
-    out.update(shuffled_figures(spec.shuffle_ratios(mech, stations), n, epochs, delta))
+    ratios = spec.shuffle_ratios(mech, stations)
+    out.update(shuffled_figures(ratios, n, epochs, delta))
     out["epsilon_day_shuffled_permuted"] = out["epsilon_day_shuffled"]
     out["release"] = release
     if release == "aggregate":
         permuted_epoch = out["epsilon_shuffled"]
-        out.update(budget.release_figures(budget.epoch_account(spec, mech, stations, n, release), epochs, delta))
+        acc = budget.epoch_account(spec, mech, stations, n, release, ratios)
+        out.update(budget.release_figures(acc, epochs, delta))
         out["epsilon_shuffled"] = min(out["epsilon_shuffled"], permuted_epoch)
         # both are valid bounds for the counts (the permuted one by post-processing)
         out["epsilon_day_shuffled"] = min(out["epsilon_day_shuffled"], out["epsilon_day_shuffled_permuted"])

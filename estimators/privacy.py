@@ -15,7 +15,6 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import binom
 
 from ._types import FloatArray
 from .mechanisms import Mechanism
@@ -419,6 +418,7 @@ class CrowdSize:
 def crowd_size(no_count: int, pisNo: float, pi3: float) -> CrowdSize:  # noqa: N803
     """Haystack crowd size (Anonymized Local Privacy §VI-B): "No" owners answering "Yes" for a station,
     ``Binomial(No, pisNo * pi3)``: mean and lower 1% quantile."""
+    from scipy.stats import binom
     p = pisNo * pi3
     return CrowdSize(mean=no_count * p, p01=float(binom.ppf(0.01, no_count, p)))
 
