@@ -44,9 +44,14 @@ _COARSE = 2  # the search composes on a grid this much coarser (still an upper b
 
 
 def gaussian_delta(eps: float, mu: float) -> float:
-    """delta(eps) of mu-GDP."""
+    """delta(eps) of mu-GDP; ``e^eps Phi(b)`` as ``exp(eps + log Phi(b))``, which is at most
+    ``Phi(a)`` <= 1, so a day epsilon past ~709 does not overflow.
+
+    >>> round(gaussian_delta(1.0, 1.0), 6), gaussian_delta(5000.0, 2.0)
+    (0.126937, 0.0)
+    """
     from scipy.stats import norm
-    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2))
+    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)))
 
 
 def central_limit_sd(budget: float, delta: float = 1e-6, epochs: int = 2880, share: float = 1.0) -> float:
