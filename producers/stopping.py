@@ -8,6 +8,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,11 +54,28 @@ class StopFlag:
         self.event = threading.Event()
         self.notice = notice and mp.parent_process() is None
         self._previous: Any = None
+        self._unraisable: Any = sys.unraisablehook
 
     def __enter__(self) -> StopFlag:
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = self._ignored
         return self
+
+    def _ignored(self, info: Any) -> None:
+        """The second Ctrl-C's KeyboardInterrupt can land in code whose exceptions the
+        interpreter only prints and drops (a weakref callback, a ``__del__``): "Exception ignored
+        in ... Traceback" on the user's terminal, and the forced quit did not happen there. Send
+        the signal again a moment later (from a thread: raised in this hook, it would be dropped
+        too), until it lands where it propagates; the forced quit's timer ends the process
+        regardless."""
+        if info.exc_type is KeyboardInterrupt:
+            again = threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        self._unraisable(info)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.event.is_set():
@@ -71,6 +89,7 @@ class StopFlag:
         if self._previous is not None:
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
+            sys.unraisablehook = self._unraisable
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True if a stop was requested."""
