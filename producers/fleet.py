@@ -139,9 +139,9 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     shuffling ~10^8 pairs only for the device path to group them again. A permutation an
     earlier round's draws are followed by is still drawn, so every round's pairs are the direct
     path's; the last round's is not (``rng`` is the epoch's own: nothing after it draws from it).
-    That round of a bit-valued mechanism (unary RR, per-sensor RR) comes as ``{"bitmap": rows}``,
-    one row of bits per vehicle (:meth:`~estimators.PerStation.sample_bits`: the same draws),
-    and ``reports`` counts its set bits, the direct path's pairs.
+    Every round of a bit-valued mechanism (unary RR, per-sensor RR, fresh) comes as
+    ``{"bitmap": rows}``, one row of bits per vehicle (:meth:`~estimators.PerStation.sample_bits`:
+    the same draws), and ``reports`` counts its set bits, the direct path's pairs.
     """
     n = int(truth_counts.sum())
     layout: Layout = "counts" if mode == "tally" else query.spec.layout
@@ -174,8 +174,10 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
         return out
     for r, ps in enumerate(samplers):  # fresh coins per round: each round sampled, shuffled and sent on its own
         last = not mix_pairs and r == len(samplers) - 1  # the generator's last draw: nothing later depends on it
-        if last and ps.bit_valued:  # the same draws as one bitmap per device (the bitmap device report)
+        if not mix_pairs and ps.bit_valued:  # the same draws as one bitmap per device (the bitmap device report)
             bits = ps.sample_bits(rng, truths)
+            if not last:
+                rng.permutation(bits.n_set)  # the direct path's shuffle of these pairs: later rounds draw after it
             out.rounds.append({"bitmap": bits.rows})
             out.vehicles.append(np.arange(n, dtype=np.int64))
             out.reports.append(bits.n_set)

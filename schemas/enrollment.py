@@ -159,8 +159,7 @@ class Enrollment:
         PRF; one call costs a fifth of an HMAC-SHA256 here, and the shuffler makes one per
         report) of the u32 device id under the slot's key -- HMAC-SHA256 of the slot under a
         key derived from the secret."""
-        key = self._slot_keys(query_id, version, epoch, rnd)
-        return hashlib.blake2s(_U32.pack(device), key=key, digest_size=DIGEST_BYTES).digest()
+        return self.slot_digests(query_id, version, epoch, rnd, (device,))[0]
 
     def slot_digests(self, query_id: str, version: int, epoch: int, rnd: int, devices: Sequence[int]) -> list[bytes]:
         """:meth:`slot_digest` of many devices of one slot (the slot's key looked up once)."""

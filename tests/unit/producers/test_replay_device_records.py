@@ -17,7 +17,7 @@ from tests.unit.producers.test_fleet import SEED, make_query, sensors, truth_for
 
 @pytest.mark.parametrize(("mechanism", "params", "v", "layout"), [
     ("unary", {"q": 0.2}, 50, "bitmap"),
-    ("fresh", {}, 30, "bitmap"),  # its second round
+    ("fresh", {}, 30, "bitmap"),  # both rounds
     ("unary", {"q": 0.01}, 600, "pairs"),  # ~7 pairs a device: 56 bytes against 75 of bitmap
 ])
 def test_bitmap_rounds_send_what_the_sparse_pairs_sent(mechanism: str, params: dict[str, float], v: int,
