@@ -280,7 +280,17 @@ def _hand_fed_query(ss: ShufflerSettings, query_id: str, device_partitions: int)
 
 def _send_notes(ss: ShufflerSettings, first: int, last: int) -> None:
     """A replay's source notes (the shuffler's trusted clock): it begins with ``first`` and
-    has finished every epoch up to ``last``."""
+    has finished every epoch up to ``last``.
+
+    They vouch for no device-topic offsets (the reports are written before them, not between
+    them as a replay's are), so an epoch ``lateness_epochs`` behind the newest note counts as read
+    the moment the notes are: the shuffler could decide it before it has read the reports already
+    there, as it did once in CI (a crowd withheld as ``no_reports``). Hence the check: with
+    ``lateness_epochs`` above ``last - first`` every epoch waits for the end-of-input rule, which
+    holds until every device partition is read to its end."""
+    if ss.lateness_epochs <= last - first:
+        raise ValueError(f"lateness_epochs {ss.lateness_epochs} <= {last - first}: epochs these notes pass "
+                         "could be decided before the reports already written are read (set it higher)")
     producer = KafkaProducer(**ss.client_kwargs(), acks="all")
     ensure_topics(ss, {ss.source_topic: 1})
     notes = [SourceEpoch(epoch=first, opens=True)] + [SourceEpoch(epoch=e) for e in range(first, last + 1)]
@@ -403,7 +413,8 @@ def test_an_epoch_the_shuffler_withholds_ends_as_withheld_rows_with_its_reason(b
     3. Under either release the worker publishes a row for every station of each: the first
     estimated, the other two withheld with the shuffler's reason (``no_reports``,
     ``below_min_crowd``) and 0 participants -- never absent, never estimated."""
-    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, release=release)
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, release=release,
+                        lateness_epochs=3)
     ss = ss.model_copy(update={"device_partitions": 1})
     q = _hand_fed_query(ss, "q-held", 1)
     crowd, nobody, small = (q.epoch_range()[0] + i for i in (1, 2, 3))

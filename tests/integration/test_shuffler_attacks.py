@@ -291,7 +291,7 @@ def test_one_device_floods_and_k_stolen_credentials_add_at_most_k_per_slot(broke
       exactly k admitted per slot, the rest ``duplicate_report``; 43 participants.
 
     The attested n (the markers' participants and shuffle size) counts distinct enrolled devices."""
-    rs, ws, ss = _setup(broker, tmp_path, 1, device_partitions=1, min_crowd=3)
+    rs, ws, ss = _setup(broker, tmp_path, 1, device_partitions=1, min_crowd=3, lateness_epochs=3)
     ss = ss.model_copy(update={"device_partitions": 1})
     q = _hand_fed_query(ss, "q-enrolled", 1)
     a, b, c = (q.epoch_range()[0] + i for i in (1, 2, 3))
