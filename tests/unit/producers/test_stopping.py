@@ -22,6 +22,7 @@ def test_a_second_ctrl_c_inside_a_finalizer_still_quits_without_a_traceback(monk
                                                                            capfd: pytest.CaptureFixture[str]) -> None:
     quits: list[float] = []
     monkeypatch.setattr(stopping, "_quit_after", quits.append)  # not the process's real end in a test
+    gc.collect()  # earlier tests' garbage: collected below, the re-sent signal could land in its finalizers
     with StopFlag(notice=False) as flag:
         flag.event.set()  # the first Ctrl-C came: the next one forces the quit
         with pytest.raises(KeyboardInterrupt):
@@ -32,7 +33,9 @@ def test_a_second_ctrl_c_inside_a_finalizer_still_quits_without_a_traceback(monk
                 time.sleep(0.001)
     err = capfd.readouterr().err
     assert "Exception ignored" not in err and "Traceback" not in err, err
-    assert quits == [stopping.FORCE_QUIT_GRACE_S]
+    # one forced quit per SIGINT that reached the handler: more than one when a re-sent signal
+    # landed in another dropped place first (garbage of earlier tests, collected meanwhile)
+    assert quits and set(quits) == {stopping.FORCE_QUIT_GRACE_S}, quits
 
 
 def test_other_dropped_exceptions_go_to_the_hook_before(monkeypatch: pytest.MonkeyPatch) -> None:
