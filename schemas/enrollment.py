@@ -31,6 +31,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from .device_binary import FLAG_AUTH, MAC_BYTES, auth_message
 from .wire import DeviceReport
@@ -43,6 +44,8 @@ MIN_SECRET_BYTES = 32
 DIGEST_BYTES = 8  # a slot digest: collisions among 136,161 devices in one slot ~ 5e-10
 KEY_CACHE = 262_144  # derived keys kept (the papers' largest fleet is 136,161 devices)
 _U32 = struct.Struct("<I")
+_IPAD = bytes(x ^ 0x36 for x in range(256))  # RFC 2104's pads, as bytes.translate tables
+_OPAD = bytes(x ^ 0x5C for x in range(256))
 
 
 class EnrollmentError(ValueError):
@@ -99,12 +102,22 @@ class Enrollment:
         self._prk = hkdf_extract(PROTOCOL, secret)  # the extract step is the same for every key: once
         self._slot_key = hkdf_expand(self._prk, PROTOCOL + b" slot digests")
         self.key = lru_cache(maxsize=KEY_CACHE)(self._derive)
+        self._states = lru_cache(maxsize=KEY_CACHE)(self._keyed_states)
         self._slot_keys = lru_cache(maxsize=4096)(self._slot_derive)
 
     def _derive(self, device: int) -> bytes:
         """Device ``device``'s key, ``hkdf_sha256(secret, PROTOCOL, PROTOCOL + b" device " + u32
         device)`` (no range check: :meth:`check` does it)."""
         return hkdf_expand(self._prk, PROTOCOL + b" device " + _U32.pack(device))
+
+    def _keyed_states(self, device: int) -> tuple[Any, Any]:
+        """HMAC-SHA256 under device ``device``'s key as two SHA-256 states that have hashed the
+        key padded to a block, xor ipad and xor opad (RFC 2104), kept per device: a MAC is then
+        two copies, an update each and two digests, ~1.4 µs for a short report against
+        ``hmac.digest``'s ~3.1 (OpenSSL 3 sets a one-shot HMAC up anew on every call), on the
+        shuffler and on every device. Kept ~0.65 KB a device: +87 MB at the papers' fleet (136,161)."""
+        block = self._derive(device).ljust(64, b"\0")  # a 32-byte key: padded, never hashed first
+        return hashlib.sha256(block.translate(_IPAD)), hashlib.sha256(block.translate(_OPAD))
 
     def _slot_derive(self, query_id: str, version: int, epoch: int, rnd: int) -> bytes:
         return hmac.digest(self._slot_key, f"{query_id}\x1f{version}\x1f{epoch}\x1f{rnd}".encode(), "sha256")
@@ -113,7 +126,17 @@ class Enrollment:
         return 0 <= device < self.devices
 
     def mac(self, device: int, message: bytes) -> bytes:
-        return hmac.digest(self.key(device), message, "sha256")[:MAC_BYTES]
+        """HMAC-SHA256 of ``message`` under device ``device``'s key, its first ``MAC_BYTES``.
+
+        >>> e = Enrollment(b"an enrollment secret of 32 bytes!", devices=8)
+        >>> all(e.mac(3, m) == hmac.digest(e.key(3), m, "sha256")[:MAC_BYTES] for m in (b"", b"x" * 100))
+        True
+        """
+        inner, outer = self._states(device)
+        inner, outer = inner.copy(), outer.copy()
+        inner.update(message)
+        outer.update(inner.digest())
+        return outer.digest()[:MAC_BYTES]  # type: ignore[no-any-return]
 
     def seal(self, raw: bytes, device: int) -> bytes:
         """A binary report (:func:`~schemas.device_binary.encode_device`, no trailer) with its
@@ -124,8 +147,8 @@ class Enrollment:
     def seal_messages(self, messages: Sequence[bytes], devices: Sequence[int]) -> list[bytes]:
         """Many :func:`~schemas.device_binary.auth_message` byte strings, each with its MAC
         appended (the replay's path: ``encode_device_values(..., devices)``, then this)."""
-        key = self.key
-        return [m + hmac.digest(key(d), m, "sha256")[:MAC_BYTES] for m, d in zip(messages, devices, strict=True)]
+        mac = self.mac
+        return [m + mac(d, m) for m, d in zip(messages, devices, strict=True)]
 
     def sign_report(self, report: DeviceReport, device: int) -> DeviceReport:
         """A JSON device report with its ``device`` and ``mac`` (hex) set."""

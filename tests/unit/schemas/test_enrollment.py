@@ -3,6 +3,7 @@ and a JSON report (one definition), the check's three reasons, what a dead lette
 sealed record (schemas.device_binary.strip_auth), and the settings that name the secret."""
 from __future__ import annotations
 
+import hmac
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,19 @@ def test_binary_and_json_share_one_mac() -> None:
     again = decode_device_record(encode_json(signed))
     assert isinstance(again, DeviceReport) and again == signed and E.check_report(again, encode_json(signed)) is None
     assert sealed[:-MAC_BYTES] == auth_message("alp", 2, 9, 1, None, ((4, 1), (7, 0)), 17)
+
+
+def test_the_mac_is_rfc_2104_hmac_sha256_under_the_device_key() -> None:
+    """The kept keyed states (``Enrollment._keyed_states``) give exactly HMAC-SHA256 (the
+    library's one-shot) under each device's key, for messages below, at and above a block,
+    repeatedly (a state used up in place would change the second MAC of a device)."""
+    rng = np.random.default_rng(7)
+    for device in (0, 1, 17, 999):
+        for n in (0, 1, 41, 55, 56, 63, 64, 65, 128, 1300):
+            m = rng.bytes(n)
+            want = hmac.digest(E.key(device), m, "sha256")[:MAC_BYTES]
+            assert E.mac(device, m) == want and E.mac(device, m) == want, (device, n)
+    assert E.mac(1, b"x") != E.mac(2, b"x")
 
 
 def test_seal_messages_equals_seal() -> None:
