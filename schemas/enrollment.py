@@ -60,6 +60,12 @@ class AuthFailure:
     detail: str
 
 
+_UNAUTHENTICATED = AuthFailure("unauthenticated", "a device report without a device id and MAC (enrollment is "
+                                                  "required)")
+_UNKNOWN = AuthFailure("unknown_device", "a device id that is not enrolled")
+_BAD_MAC = AuthFailure("bad_mac", "the report's MAC does not verify under its device's key")
+
+
 def hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
     """RFC 5869 HKDF-Extract with HMAC-SHA256: the pseudorandom key."""
     return hmac.digest(salt or bytes(32), ikm, "sha256")
@@ -125,7 +131,7 @@ class Enrollment:
     def enrolled(self, device: int) -> bool:
         return 0 <= device < self.devices
 
-    def mac(self, device: int, message: bytes) -> bytes:
+    def mac(self, device: int, message: bytes | memoryview) -> bytes:
         """HMAC-SHA256 of ``message`` under device ``device``'s key, its first ``MAC_BYTES``.
 
         >>> e = Enrollment(b"an enrollment secret of 32 bytes!", devices=8)
@@ -159,17 +165,34 @@ class Enrollment:
     def check(self, device: int, message: bytes, mac: bytes) -> AuthFailure | None:
         """Whether ``mac`` is device ``device``'s MAC of ``message`` (None: it is)."""
         if not self.enrolled(device):
-            return AuthFailure("unknown_device", "a device id that is not enrolled")
+            return _UNKNOWN
         if not hmac.compare_digest(self.mac(device, message), mac):
-            return AuthFailure("bad_mac", "the report's MAC does not verify under its device's key")
+            return _BAD_MAC
         return None
+
+    def check_sealed(self, devices: Sequence[int], records: Sequence[bytes]) -> list[tuple[int, AuthFailure]]:
+        """:meth:`check` of many sealed binary records, each's message and MAC its own bytes
+        (the shuffler's decode step, one call per batch); ``devices``: each's trailer's device
+        id, -1 where it has none (``unauthenticated``). The failures, by position.
+
+        >>> e = Enrollment(b"an enrollment secret of 32 bytes!", devices=8)
+        >>> good = e.seal(b"\\x01\\x00\\x01q" + bytes(13), 3)
+        >>> [(j, why.reason) for j, why in e.check_sealed([3, 4, 9, -1], [good] * 4)]
+        [(1, 'bad_mac'), (2, 'unknown_device'), (3, 'unauthenticated')]
+        """
+        out, mac, n, compare = [], self.mac, self.devices, hmac.compare_digest
+        for j, (device, raw) in enumerate(zip(devices, records, strict=True)):
+            if not 0 <= device < n:
+                out.append((j, _UNAUTHENTICATED if device < 0 else _UNKNOWN))
+            elif not compare(mac(device, memoryview(raw)[:-MAC_BYTES]), raw[-MAC_BYTES:]):
+                out.append((j, _BAD_MAC))
+        return out
 
     def check_report(self, report: DeviceReport, raw: bytes | None = None) -> AuthFailure | None:
         """A decoded report's authentication: a binary one's trailer (``raw``: its bytes) or a
         JSON one's ``device`` and ``mac``; ``unauthenticated`` without them."""
         if report.device is None or report.mac is None:
-            return AuthFailure("unauthenticated", "a device report without a device id and MAC (enrollment is "
-                                                  "required)")
+            return _UNAUTHENTICATED
         if raw is not None and raw[:1] != b"{":
             return self.check(report.device, raw[:-MAC_BYTES], raw[-MAC_BYTES:])
         message = auth_message(report.query_id, report.query_version, report.epoch, report.round, report.value,

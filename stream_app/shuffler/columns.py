@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import DeviceReport, SourceEpoch, WireError, decode_device_record
-from schemas.device_binary import AUTH_TRAILER, BINARY_VERSION, FLAG_AUTH, FLAG_PAIRS, MAC_BYTES, QUERY_ID
+from schemas.device_binary import AUTH_TRAILER, BINARY_VERSION, FLAG_AUTH, FLAG_PAIRS, QUERY_ID
 from schemas.enrollment import Enrollment
 
 from ..decode import Rejected
@@ -169,8 +169,8 @@ def decode_batch(values: Sequence[bytes | None], enrollment: Enrollment | None =
         b.epoch[good], b.round[good], b.value[good], b.device[good] = epoch[ok], rnd[ok], value[ok], device[ok]
         slow.extend(rows[~ok].tolist())  # the exact reason from the one-record decoder
         if enrollment is not None:
-            for j in np.flatnonzero(ok).tolist():
-                _verify(b, fast[j], int(device[j]), chunks[j], enrollment)
+            checked = np.flatnonzero(ok).tolist()
+            _verify(b, [fast[j] for j in checked], device[checked].tolist(), [chunks[j] for j in checked], enrollment)
     if maps:
         slow.extend(_payloads(b, maps, values, ids, keymap, enrollment, bitmap=True))
     if pairs:
@@ -256,10 +256,8 @@ def _payloads(b: DeviceBatch, rows: list[int], values: Sequence[bytes | None], i
             b.key[i] = b.epoch[i] = b.round[i] = b.device[i] = b.at[i] = -1
             slow.append(i)
     if enrollment is not None:
-        keys, devices = b.key.tolist(), b.device.tolist()
-        for i in good:
-            if keys[i] >= 0:
-                _verify(b, i, devices[i], values[i] or b"", enrollment)
+        checked = [i for i in good if b.key[i] >= 0]
+        _verify(b, checked, b.device[checked].tolist(), [values[i] or b"" for i in checked], enrollment)
     return slow
 
 
@@ -281,15 +279,10 @@ def _header(head: bytes, at: int, ids: dict[bytes, str | None], keymap: dict[tup
     return keymap.setdefault((qid, version), len(keymap)), epoch, rnd, v, nb, v - 8 * (nb - 1) if bitmap else 0
 
 
-def _verify(b: DeviceBatch, i: int, device: int, raw: bytes, enrollment: Enrollment) -> None:
-    """A fast-path row's authentication: refused unless its trailer's MAC verifies."""
-    if device < 0:
-        _refuse(b, i, Rejected("unauthenticated", "a device report without a device id and MAC (enrollment is "
-                                                  "required)"))
-        return
-    why = enrollment.check(device, raw[:-MAC_BYTES], raw[-MAC_BYTES:])
-    if why is not None:
-        _refuse(b, i, Rejected(why.reason, why.detail))
+def _verify(b: DeviceBatch, rows: list[int], devices: list[int], raws: list[bytes], enrollment: Enrollment) -> None:
+    """Fast-path rows' authentication: each refused unless its trailer's MAC verifies."""
+    for j, why in enrollment.check_sealed(devices, raws):
+        _refuse(b, rows[j], Rejected(why.reason, why.detail))
 
 
 def _refuse(b: DeviceBatch, i: int, why: Rejected) -> None:
