@@ -30,9 +30,11 @@ Every line of a path has:
 * ``estimates == expected_estimates`` (nothing lost), ``dead_letters``, ``device_records``
   (the replay's records through the shuffler), ``shuffler_summary`` (its last line).
 
-``--profile`` runs the shuffler under ``python -m cProfile`` and the replay under
-:class:`cProfile.Profile` (slower: the line is marked ``profiled``) and adds ``shuffler_profile``
-and ``replay_profile``: the top functions by own time and by cumulative time, in seconds.
+``--profile`` runs the shuffler under :mod:`cProfile` (``tests/benchmarks/cpu_profile.py``) and
+the replay under :class:`cProfile.Profile`, both timed by their main thread's CPU clock (waits
+and other threads do not count; slower: the line is marked ``profiled``) and adds
+``shuffler_profile`` and ``replay_profile``: the top functions by own and by cumulative CPU
+time, in seconds.
 
 Measured on 2 cores shared with other sessions (load average 3-5; docs/operations.md,
 "Benchmarks", has the table):
@@ -153,9 +155,9 @@ class _Shuffler:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> _Shuffler:
-        prefix = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
+        run = [str(Path(__file__).with_name("cpu_profile.py")), str(self.profile)] if self.profile else ["-m"]
         with self.log.open("ab") as fh:
-            self.proc = subprocess.Popen([sys.executable, *prefix, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
+            self.proc = subprocess.Popen([sys.executable, *run, "stream_app.cli", "shuffler"],  # noqa: S603
                                          env=env_for(self.settings), stdout=fh, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while "shuffler " not in self.log.read_text(errors="replace"):  # its signal handlers are in
@@ -262,7 +264,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     t0 = time.time()
     replay_cpu0 = time.process_time() + _children_cpu_s()
-    replay_prof = cProfile.Profile() if profile else None
+    replay_prof = cProfile.Profile(time.thread_time) if profile else None
     if replay_prof is not None:
         replay_prof.enable()
     summary = replay(rs, progress=False)
