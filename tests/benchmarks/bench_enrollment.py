@@ -4,7 +4,9 @@ One JSON line per step, process CPU microseconds per report (the best of ``--rep
 
 * ``replay_encode`` -- the replay's array encoding without a trailer (before enrollment);
 * ``replay_seal`` -- the same with the device ids and each report's MAC (keys cached);
-* ``key_derivation`` -- deriving one device's key (once per device and process);
+* ``key_derivation`` -- a device's first MAC: its key derived and its two keyed SHA-256 states
+  built (once per device and process), and the MAC;
+* ``mac`` -- one report's MAC with the device's keyed states kept;
 * ``shuffler_decode`` / ``shuffler_decode_verify`` -- the shuffler's columnar decode step of
   unsigned reports (before) and of sealed ones with every MAC checked (after);
 * ``slot_digest`` -- one report's keyed slot digest, checked and recorded (one per slot);
@@ -59,17 +61,19 @@ def main() -> None:
             if not seen.took(slot, g):
                 seen.add(slot, g)
 
+    key, message = secrets.token_bytes(32), sealed[0][:-16]
+
     def derive() -> None:
         fresh = Enrollment(secrets.token_bytes(32), 262_144)
         for d in ids:
-            fresh.key(d)
+            fresh.mac(d, message)
 
-    key, message = secrets.token_bytes(32), sealed[0][:-16]
     steps: dict[str, Callable[[], object]] = {
         "replay_encode": lambda: encode_device_values("sp-day", 1, 59_832_000, 0, values),
         "replay_seal": lambda: enrollment.seal_messages(
             encode_device_values("sp-day", 1, 59_832_000, 0, values, devices), ids),
         "key_derivation": derive,
+        "mac": lambda: [enrollment.mac(d, message) for d in ids],
         "shuffler_decode": lambda: decode_batch(plain),
         "shuffler_decode_verify": lambda: decode_batch(sealed, enrollment),
         "slot_digest": digests,
