@@ -160,27 +160,32 @@ def rounds_independent(mech: Mechanism, atol: float = 1e-12) -> bool:
     return True
 
 
-def per_sensor_report_epsilon(table: FloatArray, n_stations: int) -> float:
+def per_sensor_report_epsilon(table: FloatArray, n_stations: int, passages: int = 1) -> float:
     """Epsilon of the whole report vector of a binary mechanism asked about each of V sensors.
 
-    Neighbouring truths are "at a" vs "at b" (two answers flip, in opposite directions) and
-    "at a" vs "at no station" (one answer flips). For ``V >= 2`` the worst case is the move::
-
-        max_o ln P(o|Yes)/P(o|No)  +  max_o ln P(o|No)/P(o|Yes)
-
-    and for ``V = 1`` it is the per-answer epsilon. Equal to
-    ``local_epsilon(per_sensor_joint_table(table, V))`` (the tests check it by brute force).
+    The truth is the set of stations a vehicle passed (at most ``passages`` = P of them: one in
+    a 30-s epoch, up to one per epoch in a longer span). Neighbouring truths A and B differ in
+    ``a = |A \\ B|`` answers flipped Yes -> No and ``b = |B \\ A|`` flipped No -> Yes, with
+    ``a, b <= P`` and ``a + b <= V``. With ``up = max_o ln P(o|Yes)/P(o|No)`` and ``down =
+    max_o ln P(o|No)/P(o|Yes)`` the worst case is ``a up + b down`` at its largest: for ``V >=
+    2P`` that is ``P (up + down)`` (P = 1: "at a" vs "at b"), for ``V = 1`` the per-answer
+    epsilon. Equal to ``local_epsilon(per_sensor_joint_table(table, V))`` at P = 1 (the tests
+    check it by brute force, and every P against the joint table of sets).
 
     >>> import numpy as np
     >>> rr = np.array([[0.96, 0.04], [0.16, 0.84]])  # two-coin RR (0.8, 0.2)
     >>> round(per_sensor_report_epsilon(rr, 3), 6)   # ln 126
     4.836282
+    >>> round(per_sensor_report_epsilon(rr, 3, passages=2), 6)  # 3 answers flip: 2 x ln 21 + ln 6
+    7.880804
     """
     tab = np.asarray(table, dtype=np.float64)
     if tab.shape[0] != 2:
         raise ValueError("a per-sensor mechanism is binary: its table has two rows (No, Yes)")
     if n_stations < 1:
         raise ValueError("n_stations must be >= 1")
+    if passages < 1:
+        raise ValueError("passages must be >= 1")
     if n_stations == 1:
         return local_epsilon(tab)
     no, yes = tab[0], tab[1]
@@ -188,7 +193,9 @@ def per_sensor_report_epsilon(table: FloatArray, n_stations: int) -> float:
     if np.any((no[used] == 0) | (yes[used] == 0)):
         return math.inf
     log_ratio = np.log(yes[used]) - np.log(no[used])
-    return float(log_ratio.max() + (-log_ratio).max())
+    big, small = sorted((float(log_ratio.max()), float((-log_ratio).max())), reverse=True)
+    first = min(passages, n_stations)  # the larger direction takes as many flips as it can
+    return first * big + min(passages, n_stations - first) * small
 
 
 def per_sensor_joint_table(table: FloatArray, n_stations: int) -> FloatArray:

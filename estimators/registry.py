@@ -264,16 +264,20 @@ class MechanismSpec:
         """The papers' closed form of the per-answer epsilon (NaN where they give none)."""
         return self.closed_form_fn(mech)
 
-    def report_epsilon(self, mech: Mechanism, n_stations: int) -> float:
-        """Epsilon of what one device sends in one round of an epoch: its whole report.
+    def report_epsilon(self, mech: Mechanism, n_stations: int, passages: int = 1) -> float:
+        """Epsilon of what one device sends in one round of an epoch (or a span): its whole report.
 
-        Station-valued: one station index per round, so the largest per-round table epsilon.
+        Station-valued: one station index per round, so the largest per-round table epsilon
+        (``passages`` must be 1: such a report names one station).
         Per-sensor: :func:`privacy.per_sensor_report_epsilon` (a move from station a to b
-        flips two answers in opposite directions).
+        flips two answers in opposite directions; a span report of up to ``passages`` stations
+        flips up to ``2 x passages``).
         """
         if not self.per_sensor:
+            if passages != 1:
+                raise PlanError(f"{self.name} reports one station: it has no span report of {passages} passages")
             return self.answer_epsilon(mech)
-        return max(privacy.per_sensor_report_epsilon(m.output_table(0), n_stations)
+        return max(privacy.per_sensor_report_epsilon(m.output_table(0), n_stations, passages)
                    for m in self.round_mechanisms(mech))
 
     def answer_epsilon(self, mech: Mechanism) -> float:

@@ -18,9 +18,16 @@ from estimators.registry import MechanismSpec, get_spec, mechanism_names
 
 from .epochs import EPOCH_S
 
+DAY_S = 86_400
+
 __all__ = ["MECHANISM_NAMES", "Query", "QueryMechanism", "active_queries"]
 
 MECHANISM_NAMES = mechanism_names(queryable_only=True)
+
+
+def per_sensor_names() -> tuple[str, ...]:
+    """The queryable mechanisms that ask about each sensor (the ones a span report can use)."""
+    return tuple(n for n in MECHANISM_NAMES if get_spec(n).per_sensor)
 
 
 def one_of(what: str, names: Callable[[], tuple[str, ...]]) -> Callable[[str], str]:
@@ -65,6 +72,16 @@ class Query(BaseModel):
     params: dict[str, float] = Field(default_factory=dict)
     population: int = Field(ge=1, description="N rows: how many data owners the query is sized for")
     epoch_length_s: Literal[30] = Field(default=30, description="the one epoch clock: 30 s (fixed)")
+    span_s: int = Field(default=EPOCH_S, ge=EPOCH_S, le=DAY_S,
+                        description="seconds one report covers: 30 (one epoch, the default) or a longer span "
+                                    "(a multiple of 30 that divides a day, e.g. 300 or 3600), aligned on the "
+                                    "epoch clock; a device then sends one report per span naming every station "
+                                    "it passed in it (per-sensor mechanisms only)")
+    max_passages: int | None = Field(default=None, ge=1,
+                                     description="the most stations one report may say a vehicle passed (P): "
+                                                 "default one per epoch of the span (span_s / 30, at most the "
+                                                 "number of sensors); a vehicle that passed more reports a "
+                                                 "uniformly random P of them")
     t_start: AwareDatetime
     t_end: AwareDatetime
 
@@ -76,6 +93,15 @@ class Query(BaseModel):
             raise ValueError("sensor ids must be positive PeMS station ids")
         if self.t_end <= self.t_start:
             raise ValueError("t_end must be after t_start")
+        if self.span_s % EPOCH_S or DAY_S % self.span_s:
+            raise ValueError(f"span_s must be a multiple of {EPOCH_S} that divides a day ({DAY_S} s), "
+                             f"got {self.span_s}")
+        if self.span_s != EPOCH_S and not self.spec.per_sensor:
+            raise ValueError(f"{self.mechanism} reports one station per epoch: a span longer than {EPOCH_S} s "
+                             f"needs a per-sensor mechanism ({', '.join(per_sensor_names())})")
+        if self.max_passages is not None and self.max_passages > self.epochs_per_span:
+            raise ValueError(f"max_passages {self.max_passages} is more than the span's {self.epochs_per_span} "
+                             f"epoch(s): a vehicle passes at most one station per epoch")
         self.build()  # raises ValueError (PlanError) on unknown or invalid parameters
         return self
 
@@ -83,6 +109,22 @@ class Query(BaseModel):
     @property
     def n_stations(self) -> int:
         return len(self.sensors)
+
+    @property
+    def epochs_per_span(self) -> int:
+        """30-s epochs one report covers (1 for the default span)."""
+        return self.span_s // EPOCH_S
+
+    @property
+    def passages(self) -> int:
+        """P: the most stations one report names (``max_passages``, by default one per epoch
+        of the span, never more than the sensors)."""
+        return min(self.max_passages or self.epochs_per_span, self.n_stations)
+
+    def span_start(self, epoch: int) -> int:
+        """The first epoch of the span holding ``epoch`` (spans are aligned on the epoch clock:
+        an hour's starts on a UTC hour). A span's reports, windows and rows carry this epoch."""
+        return epoch - epoch % self.epochs_per_span
 
     @property
     def spec(self) -> MechanismSpec:
@@ -126,9 +168,10 @@ class Query(BaseModel):
 
     @cached_property
     def epsilon(self) -> float:
-        """Per-epoch epsilon of a device's whole report (brute-force equivalent): what a
-        device audits and every published ``epsilon`` field shows."""
-        return self.spec.report_epsilon(self.build(), self.n_stations)
+        """Epsilon of a device's whole report of one epoch (or, for a longer ``span_s``, of one
+        span: up to ``passages`` stations; brute-force equivalent): what a device audits and
+        every published ``epsilon`` field shows."""
+        return self.spec.report_epsilon(self.build(), self.n_stations, self.passages)
 
     @cached_property
     def epsilon_per_answer(self) -> float:

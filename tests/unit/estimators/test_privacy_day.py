@@ -36,6 +36,28 @@ def test_per_sensor_report_epsilon_is_the_brute_force(name: str, params: dict[st
     assert spec.report_epsilon(mech, v) == pytest.approx(brute, rel=1e-12)
 
 
+def _set_joint_table(table: np.ndarray, v: int, passages: int) -> np.ndarray:
+    """P(report vector | set of stations passed) for every set of at most ``passages`` of ``v``
+    stations: rows are the sets, columns every report vector (the brute force of a span report)."""
+    import itertools
+    sets = [frozenset(c) for k in range(passages + 1) for c in itertools.combinations(range(v), k)]
+    outs = list(itertools.product(range(table.shape[1]), repeat=v))
+    return np.array([[math.prod(table[int(s in truth), o[s]] for s in range(v)) for o in outs] for truth in sets])
+
+
+@pytest.mark.parametrize("name,params", [("alp", {}), ("rr", {}), ("rr", {"pi1": 0.5, "pi2": 0.7}), ("unary", {}),
+                                         ("fresh", {})])
+@pytest.mark.parametrize("v,passages", [(1, 1), (2, 2), (3, 2), (4, 2), (4, 3), (5, 2)])
+def test_span_report_epsilon_is_the_brute_force_over_sets(name: str, params: dict[str, float], v: int,
+                                                          passages: int) -> None:
+    """A span report's truth is a set of at most P stations: the closed form against every pair
+    of sets (fails with ``P (up + down)`` used where ``V < 2P``, or with P ignored)."""
+    spec = get_spec(name)
+    mech = spec.build(params, v)
+    brute = max(E.local_epsilon(_set_joint_table(m.output_table(0), v, passages)) for m in spec.round_mechanisms(mech))
+    assert spec.report_epsilon(mech, v, passages) == pytest.approx(brute, rel=1e-12)
+
+
 def test_a_symmetric_mechanism_doubles() -> None:
     """AlmostRandom-like (P(1|Yes) = P(0|No) = 3/4): per answer ln 3, whole report ln 9."""
     table = np.array([[0.75, 0.25], [0.25, 0.75]])
