@@ -53,3 +53,10 @@ def test_a_span_report_costs_its_passages() -> None:
 def test_impossible_spans_are_refused_with_why(kw: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
         _query(**kw)
+
+
+def test_a_query_may_fix_its_release() -> None:
+    assert _query().release is None
+    assert _query(release="aggregate").release == "aggregate"
+    with pytest.raises(ValidationError, match="aggregate"):
+        _query(release="counts")
