@@ -68,9 +68,10 @@ test: lint
 	@echo "== pytest: every test on $(TEST_WORKERS) workers (the first lines come after ~1 min of collection)"
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v
 
-# Every benchmark script in tests/benchmarks/ (bench_*.py), one after the other.
+# Every benchmark script in tests/benchmarks/ (bench_*.py), one after the other, each run
+# appended to the benchmark record (docs/benchmark-record.jsonl: command, machine, date, figures).
 bench: $(STAMP)
-	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b; done
+	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python tests/benchmarks/record.py $$b; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
