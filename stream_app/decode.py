@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 # every reason a record can be dead-lettered for (schemas.WireError reasons, then stage 1's)
 REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", "bad_layout", "out_of_range",
            "bad_json_record", "unknown_query", "outside_query_window", "misaligned_span", "bad_round",
-           "mismatched_sizes", "wrong_layout", "bad_marker", "out_of_bounds", "too_far_ahead", "unexpected_record", "internal_error")
+           "mismatched_sizes", "wrong_layout", "bad_marker", "out_of_bounds", "too_far_ahead", "unexpected_record",
+           "internal_error")
 
 QueryLookup = Callable[[str, int], Query | None]
 
