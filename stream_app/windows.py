@@ -25,11 +25,9 @@ the ones that closed, with the reason. An epoch closes when
 
 whichever comes first. After closing only a small record stays (to count late records).
 
-**Spans.** A query with a longer ``span_s`` (``schemas.Query``) has one window per span, keyed by
-the span's first epoch (its reports and markers carry that epoch; stage 1 dead-letters any
-other as ``misaligned_span``). Rule 1 is unchanged; rules 2 and 4 and the ``born_late`` test
-read the span's *last* epoch (first + epochs per span - 1) where they read an epoch's, and
-rule 3 the span's end: a span window does not close when the watermark passes its first epoch.
+**Spans.** A query with a longer ``span_s`` has one window per span, keyed by its first epoch
+(stage 1 dead-letters any other as ``misaligned_span``). Rule 1 is unchanged; rules 2-4 and
+``born_late`` read the span's *last* epoch (first + epochs per span - 1) where an epoch's is read.
 The Faust agent only reads, calls, writes and emits.
 
 **No epoch disappears.** The watermark is made of claims a writer controls: well-formed

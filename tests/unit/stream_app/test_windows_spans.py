@@ -49,7 +49,7 @@ def run(policy: WindowPolicy, wm: Watermarks, store: dict[WindowId, WindowState]
 
 def test_the_watermark_closes_a_span_window_only_past_its_last_epoch() -> None:
     policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=LATE)
-    wm, store = Watermarks(), {}
+    wm, store = Watermarks(), dict[WindowId, WindowState]()
     got = run(policy, wm, store, [batch("flow", S), batch("live", S)])
     assert got == {}
     # the 30-s query moves the watermark on; its epoch S closes at S + LATE + 1
@@ -66,7 +66,7 @@ def test_the_watermark_closes_a_span_window_only_past_its_last_epoch() -> None:
 def test_the_wall_clock_closes_a_span_window_only_after_the_span_s_end() -> None:
     grace = 60.0
     policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=LATE, wall_clock_grace_s=grace)
-    wm, store = Watermarks(), {}
+    wm, store = Watermarks(), dict[WindowId, WindowState]()
     run(policy, wm, store, [batch("flow", S), batch("live", S)])
     got = run(policy, wm, store, [Tick((S + 1) * 30 + grace + 1)])
     assert got == {("live", S): "wall_clock"}
@@ -78,19 +78,19 @@ def test_the_wall_clock_closes_a_span_window_only_after_the_span_s_end() -> None
 
 def test_markers_close_a_span_window_at_once() -> None:
     policy = WindowPolicy(n_source_partitions=2, allowed_lateness_epochs=LATE)
-    wm, store = Watermarks(), {}
+    wm, store = Watermarks(), dict[WindowId, WindowState]()
     got = run(policy, wm, store, [batch("flow", S, 0), marker("flow", S, 0), marker("flow", S, 1, batches=0)])
     assert got == {("flow", S): "markers"}
 
 
 def test_a_span_s_first_record_is_late_only_past_its_last_epoch() -> None:
     policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=LATE)
-    wm, store = Watermarks(), {}
+    wm, store = Watermarks(), dict[WindowId, WindowState]()
     run(policy, wm, store, [batch("live", S + SPAN + LATE - 1)])
     run(policy, wm, store, [batch("flow", S), batch("live", S)])
     assert not store[WindowId("flow", 1, S)].born_late
     assert store[WindowId("live", 1, S)].born_late  # a 30-s epoch that far back is
-    wm2, store2 = Watermarks(), {}
+    wm2, store2 = Watermarks(), dict[WindowId, WindowState]()
     run(policy, wm2, store2, [batch("live", S + SPAN + LATE)])
     run(policy, wm2, store2, [batch("flow", S)])
     assert store2[WindowId("flow", 1, S)].born_late
@@ -100,7 +100,7 @@ def test_an_empty_span_window_is_not_stall_closed_before_its_span_ends() -> None
     grace = 60.0
     policy = WindowPolicy(n_source_partitions=1, allowed_lateness_epochs=LATE, wall_clock_grace_s=grace,
                           stall_close_s=5.0, live_horizon_s=0.0)
-    wm, store = Watermarks(), {}
+    wm, store = Watermarks(), dict[WindowId, WindowState]()
     now = (S + 2) * 30 + grace  # the gap span S has not ended
     run(policy, wm, store, [Tick(now), batch("flow", S + SPAN), Gap("flow", 1, S, 0, S + SPAN)])
     got = run(policy, wm, store, [Tick(now + 10)])
