@@ -50,16 +50,21 @@ class Estimate(BaseModel):
     epoch: int = Field(ge=0, description="absolute epoch index: Unix seconds // epoch length")
     epoch_start: AwareDatetime
     span_s: int = Field(default=30, gt=0, description="seconds the estimate covers from epoch_start: 30 for one "
-                                                       "epoch, 300 or 3600 for a rollup (the sum of that many "
-                                                       "seconds' epochs; epoch is its first)")
+                                                       "epoch; a span query's span_s (one report per device per "
+                                                       "span: the flow of distinct vehicles passing the station in "
+                                                       "it); or 300 or 3600 for a rollup of a 30-s query (the sum of "
+                                                       "that many seconds' epochs). epoch is the span's first")
     station: int = Field(description="PeMS station id")
-    estimate: float | None
+    estimate: float | None = Field(description="null when withheld, and in a rollup for a station with an epoch "
+                                                "of no source data (data_quality no_source_data): missing epochs "
+                                                "summed as 0 would read as a smaller flow")
     sd: float | None = Field(description="standard deviation of the estimate at max(estimate, 0)")
     bounds: tuple[EstimateBound, ...]
     consistent: float | None = Field(
         default=None, description="the estimate made consistent: the estimator's estimates of the epoch's stations "
-                                  "projected onto {x >= 0, sum(x) <= participants} (never negative; biased; the "
-                                  "bounds stay those of the unbiased estimate); null when withheld or no_source_data")
+                                  "projected onto {x >= 0, sum(x) <= P x participants}, P = 1 for a 30-s epoch and the "
+                                  "query's passages for a span (never negative; biased; the bounds stay those of the "
+                                  "unbiased estimate); null when withheld or no_source_data, and in rollups")
     reports: int = Field(ge=0, description="reports counted in the epoch (all rounds; per-sensor mechanisms: the "
                                           "non-default answers, however their counts travelled)")
     participants: int = Field(ge=0, description="vehicles that answered (N of the estimator)")
@@ -80,7 +85,8 @@ class Estimate(BaseModel):
     withheld: str | None = None
     data_quality: Literal["ok", "no_source_data"] = Field(
         default="ok", description="no_source_data: the replayed source had no reading for this station in this "
-                                  "epoch (a gap or a dead detector): there is no ground truth to hold it against")
+                                  "epoch, or in some epoch of this span or rollup (a gap or a dead detector): there is "
+                                  "no ground truth to hold it against. A subscriber reading flows keeps 'ok' rows")
     closed_by: Literal["markers", "watermark", "wall_clock"]
     round_count_mismatch: int = Field(description="round-2 minus round-1 reports (Sampling Privacy; 0 otherwise)")
     late: int = Field(ge=0, description="late records for this epoch seen before publication (kept out)")

@@ -318,6 +318,11 @@ class EndOfEpoch(_Frozen):
                     "round) -- 'permuted' (the device reports, permuted: reports batches) or 'aggregate' (only their "
                     "counts: tally batches); absent: a direct producer, or a shuffler from before the field "
                     "(permuted)")
+    span_s: int | None = Field(
+        default=None, ge=30, le=86_400,
+        description="optional: the seconds the marked epoch covers, the query's span_s (a span query's epoch is its "
+                    "span's first 30-s epoch); absent: not said. The worker dead-letters a marker whose span is not "
+                    "its query's (bad_marker)")
     withheld: ShufflerWithheld | None = Field(
         default=None,
         description="optional: a shuffler withheld this (query, version, epoch) -- 'no_reports' (nobody reported) or "

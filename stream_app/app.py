@@ -64,7 +64,7 @@ from .introspect import consumer_state, describe
 from .metrics import StationArrays, StreamMonitor
 from .publish import BatchSink
 from .records import BatchPartial, EpochSummary, Tick, WindowId, bundle, decode_partial, encode_partial, split_bundle
-from .rollups import RollupId, RollupOutcome, RollupPolicy, RollupState, route_key, summary_of, version_window
+from .rollups import RollupId, RollupOutcome, RollupPolicy, RollupState, rolls_up, route_key, summary_of, version_window
 from .settings import WorkerSettings
 from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks, rollup_outputs, shuffled_needs
 from .windows import Watermarks, WindowPolicy, WindowState
@@ -152,10 +152,10 @@ class QueryCache:
             qe = self._estimators[q.record_key] = QueryEstimators.build(q)
         return qe
 
-    def shape(self, wid: WindowId) -> tuple[int, int] | None:
-        """(rounds, width) of a window's query, None if the query is unknown."""
+    def shape(self, wid: WindowId) -> tuple[int, int, int] | None:
+        """(rounds, width, epochs per span) of a window's query, None if the query is unknown."""
         q = self.known(wid.query_id, wid.query_version)
-        return None if q is None else (q.n_rounds, q.width)
+        return None if q is None else (q.n_rounds, q.width, q.epochs_per_span)
 
 
 class _MillisecondsToSeconds:
@@ -403,7 +403,8 @@ class StreamWorker:
             for res in done:
                 self.monitor.on_epoch_closed(res)
                 self.monitor.on_epochs_published(time.monotonic() - started)
-                summaries.append(summary_of(res))
+                if rolls_up(res.query):  # 30-s queries only: a span query's estimate is its flow
+                    summaries.append(summary_of(res))
         rolled = await self.roll(summaries, [i for i in decoded if isinstance(i, EpochSummary)])
         writes = [(wid.key, st.encode()) for wid, st in outcome.touched.items()]
         writes += [(rid.key, st.encode()) for rid, st in rolled.touched.items()]

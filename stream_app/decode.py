@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 
 # every reason a record can be dead-lettered for (schemas.WireError reasons, then stage 1's)
 REASONS = ("empty", "bad_encoding", "truncated", "bad_header", "size_mismatch", "bad_layout", "out_of_range",
-           "bad_json_record", "unknown_query", "outside_query_window", "bad_round", "mismatched_sizes",
-           "wrong_layout", "bad_marker", "out_of_bounds", "too_far_ahead", "unexpected_record", "internal_error")
+           "bad_json_record", "unknown_query", "outside_query_window", "misaligned_span", "bad_round",
+           "mismatched_sizes", "wrong_layout", "bad_marker", "out_of_bounds", "too_far_ahead", "unexpected_record",
+           "internal_error")
 
 QueryLookup = Callable[[str, int], Query | None]
 
@@ -96,6 +97,9 @@ def _check_query(lookup: QueryLookup, query_id: str, version: int, epoch: int, r
     start, end = q.epoch_range()
     if not start <= epoch < end:
         return Rejected("outside_query_window", f"epoch {epoch} outside {q.record_key}'s [{start}, {end})")
+    if q.span_start(epoch) != epoch:  # a span's reports and markers carry its first epoch (schemas.Query)
+        return Rejected("misaligned_span", f"epoch {epoch} is not the first epoch of a {q.span_s}-s span of "
+                                           f"{q.record_key} (that span starts at epoch {q.span_start(epoch)})")
     if rnd >= q.n_rounds:
         return Rejected("bad_round", f"round {rnd} but {q.mechanism} has {q.n_rounds} round(s)")
     return q
@@ -155,6 +159,8 @@ def _single(r: SingleReport, q: Query, partition: int) -> BatchPartial | Rejecte
 
 
 def _marker(m: EndOfEpoch, q: Query, partition: int, max_producers: int) -> MarkerPartial | Rejected:
+    if m.span_s is not None and m.span_s != q.span_s:
+        return Rejected("bad_marker", f"marker for a {m.span_s}-s span; {q.record_key}'s span is {q.span_s} s")
     if m.producer_count > max_producers:
         return Rejected("bad_marker", f"producer count {m.producer_count} above the configured maximum "
                                       f"{max_producers}")

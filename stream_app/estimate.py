@@ -48,8 +48,9 @@ class QueryEstimators:
 class StationEstimates:
     """One estimator's estimates for every station of a query: ``(V,)`` and ``(C, V)`` arrays.
 
-    ``consistent``: the estimates projected onto ``{x >= 0, sum(x) <= participants}`` over the
-    query's stations (``estimators.consistency``); None where not computed (published as null).
+    ``consistent``: the estimates projected onto ``{x >= 0, sum(x) <= P x participants}`` (P = 1
+    for a 30-s epoch, ``Query.passages`` for a span) over the query's stations
+    (``estimators.consistency``); None where not computed (published as null).
     """
 
     estimate: FloatArray
@@ -84,7 +85,10 @@ class EpochResult:
     # None when not attested (``shuffle_null`` says why, SHUFFLE_NULL_CODES) or infinite
     epsilon_shuffled: float | None = None
     shuffle_null: str | None = None
-    span_s: int = EPOCH_S  # seconds covered: an epoch's, or a rollup's (stream_app.rollups)
+    span_s: int = EPOCH_S  # seconds covered: the query's span (30 s: an epoch), or a rollup's (stream_app.rollups)
+    # station indices (1..V) published without a number (estimate, sd, bounds, consistent null): a
+    # rollup's stations with an epoch of no source data (stream_app.rollups, "Missing is not a flow")
+    blank: frozenset[int] = frozenset()
     release: str | None = None  # what the shuffler released ("permuted", "aggregate"); None: not attested
 
     @property
@@ -117,10 +121,10 @@ class EpochResult:
         quality = [',"data_quality":"no_source_data"' if i + 1 in self.no_source_data else ',"data_quality":"ok"'
                    for i in range(q.n_stations)]
         out: list[tuple[bytes, bytes]] = []
+        tail = ',"estimate":null,"sd":null,"bounds":[],"consistent":null'
         for name in q.spec.estimator_names:
             prefix = f'{head},"estimator":"{name}","station":'
             if self.withheld is not None:
-                tail = ',"estimate":null,"sd":null,"bounds":[],"consistent":null'
                 out.extend((k, f"{prefix}{s}{tail}{dq}}}".encode())
                            for k, s, dq in zip(keys, q.sensors, quality, strict=True))
                 continue
@@ -131,6 +135,9 @@ class EpochResult:
                     ["null" if i + 1 in self.no_source_data else repr(x) for i, x in enumerate(v.consistent.tolist())])
             confs = [json.dumps(c) for c in self.confidences]
             for i, s in enumerate(q.sensors):
+                if i + 1 in self.blank:
+                    out.append((keys[i], f"{prefix}{s}{tail}{quality[i]}}}".encode()))
+                    continue
                 bounds = ",".join(f'{{"confidence":{c},"lower":{lows[j][i]!r},"upper":{ups[j][i]!r}}}'
                                   for j, c in enumerate(confs))
                 out.append((keys[i], f'{prefix}{s},"estimate":{est[i]!r},"sd":{sd[i]!r},"bounds":[{bounds}]'
@@ -276,6 +283,7 @@ def retraction(q: Query, w: WindowState, confidences: Sequence[float]) -> EpochR
                        confidences=tuple(confidences), participants=participants or 0,
                        reports=int(w.reports.sum()), round_reports=w.reports.tolist(), late=w.late,
                        refused=w.refused(), missing_batches=0, withheld_code="conflicting_markers", retracted=True,
+                       span_s=q.span_s,
                        withheld=f"withdrawn: a later end-of-epoch marker contradicts the ones this epoch "
                                 f"closed on ({slots})")
 
@@ -355,7 +363,7 @@ def epoch_results(qe: QueryEstimators, closed: Sequence[tuple[WindowState, Close
                           participants=n, reports=sum(per_round), round_reports=per_round,
                           late=w.late, refused=w.refused(), missing_batches=w.missing_batches(),
                           withheld=None if why is None else why[1], no_source_data=w.no_source_data(),
-                          withheld_code=None if why is None else why[0])
+                          withheld_code=None if why is None else why[0], span_s=q.span_s)
         res.epsilon_shuffled, res.shuffle_null, res.release = _shuffled(q, w, n_partitions, shuffled)
         results.append(res)
         if why is None:
@@ -383,8 +391,9 @@ def _estimate_stack(qe: QueryEstimators, live: Sequence[tuple[EpochResult, IntAr
         values[name] = (v, sd, np.stack([lo for lo, _ in ints], axis=1), np.stack([hi for _, hi in ints], axis=1))
     finite = np.all(np.isfinite(np.stack([v for v, *_ in values.values()])), axis=(0, 2))  # (k,)
     consistent = {name: np.full_like(v, np.nan) for name, (v, *_) in values.items()}
-    for name, (v, *_) in values.items():  # the cap: every vehicle is at one station or none
-        consistent[name][finite] = project_capped_simplex(v[finite], ns[finite])
+    cap = ns * qe.query.passages  # the cap: every vehicle is at one station or none (a span's: at most P)
+    for name, (v, *_) in values.items():
+        consistent[name][finite] = project_capped_simplex(v[finite], cap[finite])
     for i, (res, _, n) in enumerate(live):
         if bad[i].any():
             res.withheld_code = "impossible_counts"

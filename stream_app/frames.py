@@ -16,7 +16,9 @@ Schema version :data:`FRAME_SCHEMA_VERSION` (docs/wire.md, "Estimate frames"):
   ``E.estimate``, ``E.sd`` and, per confidence level ``c``, ``E.lower[c]`` and ``E.upper[c]``
   (float64; ``c`` written as in the rows, e.g. ``0.95``); then per estimator ``E.consistent``
   (float64, null where the rows' ``consistent`` is null). A withheld epoch's estimator
-  columns are all null; otherwise they hold exactly the floats the rows carry (a NaN stays NaN).
+  columns are all null; otherwise they hold exactly the floats the rows carry (a NaN stays NaN),
+  null where a row has no number (a rollup's station without source data: its ``estimate`` is
+  null and its ``bounds`` empty).
   Version 1 (no ``E.consistent`` columns) is still read: its rows' ``consistent`` is null.
 
 :func:`frame_rows` gives back the per-row records as plain dicts (what ``json.loads`` of each
@@ -102,8 +104,8 @@ def _estimator_arrays(res: EpochResult, name: str) -> list[pa.Array]:
     if res.withheld is not None:
         return [pa.nulls(n, pa.float64())] * (2 + 2 * len(res.confidences))
     v = res.values[name]
-    return [pa.array(v.estimate, pa.float64()), pa.array(v.sd, pa.float64()),
-            *(pa.array(row, pa.float64()) for row in v.lower), *(pa.array(row, pa.float64()) for row in v.upper)]
+    blank = np.array([i + 1 in res.blank for i in range(n)], dtype=bool) if res.blank else None
+    return [pa.array(a, pa.float64(), mask=blank) for a in (v.estimate, v.sd, *v.lower, *v.upper)]
 
 
 def encode_frame(res: EpochResult) -> bytes:
@@ -201,7 +203,8 @@ def frame_rows(frame: Frame) -> Iterator[dict[str, Any]]:
         cons = cols.get(f"{name}.consistent") or [None] * len(cols["station"])
         for i, station in enumerate(cols["station"]):
             yield {**common, "estimator": name, "station": station, "estimate": est[i], "sd": sd[i],
-                   "bounds": [{"confidence": c, "lower": lows[j][i], "upper": ups[j][i]} for j, c in levels],
+                   "bounds": [{"confidence": c, "lower": lows[j][i], "upper": ups[j][i]} for j, c in levels
+                              if est[i] is not None],  # a station without a number has no bounds
                    "consistent": cons[i], "data_quality": quality[i]}
 
 
@@ -238,11 +241,13 @@ def _bounds(frame: Frame, cols: list[str]) -> pa.Array:
     t, n, c = frame.table, frame.table.num_rows, len(frame.confidences)
     if frame.header["withheld"] is not None:
         return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], _BOUND))
-    low = np.stack([t.column(x).to_numpy() for x in cols[2:2 + c]], axis=1).ravel()
-    up = np.stack([t.column(x).to_numpy() for x in cols[2 + c:]], axis=1).ravel()
-    level = np.tile(np.array(frame.confidences, np.float64), n)
+    has = ~np.asarray(t.column(cols[0]).is_null().to_numpy(zero_copy_only=False), dtype=bool)  # blank: no bounds
+    low = np.stack([t.column(x).to_numpy(zero_copy_only=False) for x in cols[2:2 + c]], axis=1)[has].ravel()
+    up = np.stack([t.column(x).to_numpy(zero_copy_only=False) for x in cols[2 + c:]], axis=1)[has].ravel()
+    level = np.tile(np.array(frame.confidences, np.float64), int(has.sum()))
     values = pa.StructArray.from_arrays([level, low, up], fields=list(_BOUND))
-    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * c), values)
+    offsets = np.concatenate([[0], np.cumsum(has.astype(np.int32) * c)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
 def _long_part(frame: Frame, name: str) -> pa.Table:

@@ -18,6 +18,9 @@ for epochs whose genuine data is still to come: harmless, because a gap's window
 receives data is opened afresh (:meth:`stream_app.windows.WindowPolicy.apply`) and its earlier
 ``no_reports`` superseded.
 
+A span query (``schemas.Query.span_s``) has one window per span, at the span's first epoch:
+only the span starts a record skipped are gaps, never the epochs inside a span.
+
 What it cannot see: the memory is the worker's own. A gap that spans a worker restart, or a
 rebalance that moved the source partition to a worker that had not read it, is not found:
 those epochs stay without a row, as before.
@@ -75,7 +78,9 @@ class GapFinder:
             q = lookup(query_id, version)
             if q is None:  # stage 1 knew it a moment ago; without its window no gap can be bounded
                 continue
+            step = q.epochs_per_span  # a span query's windows are its spans' first epochs
             start, end = q.epoch_range()
             lo, hi = max(prev + 1, epoch - self.horizon_epochs, start), min(epoch, end)
-            out += [Gap(query_id, version, e, partition, epoch) for e in range(lo, hi)]
+            first = -(-lo // step) * step  # the first span start at or after lo (spans align on the clock)
+            out += [Gap(query_id, version, e, partition, epoch) for e in range(first, hi, step)]
         return out

@@ -25,6 +25,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _go_float
 
+from schemas.epochs import EPOCH_S
+
 from .estimate import WITHHELD_CODES, EpochResult
 from .windows import SHUFFLE_NULL_CODES
 
@@ -55,8 +57,15 @@ class StationArrays(Collector):
 
     def set_estimates(self, query: str, mechanism: str, estimator: str, stations: Sequence[int],
                       estimate: npt.NDArray[np.float64], lower: npt.NDArray[np.float64],
-                      upper: npt.NDArray[np.float64], confidences: Sequence[float], span_s: int | None = None) -> None:
-        """The latest estimates of an epoch, or (``span_s``) of a rollup of that span."""
+                      upper: npt.NDArray[np.float64], confidences: Sequence[float], span_s: int | None = None,
+                      blank: frozenset[int] = frozenset()) -> None:
+        """The latest estimates of an epoch, or (``span_s``) of a flow over that span (a rollup,
+        or a span query's estimate); ``blank``: station indices (1..V) published without a
+        number, left out (no series rather than a NaN or a stale one)."""
+        if blank:
+            keep = np.array([i + 1 not in blank for i in range(len(stations))], dtype=bool)
+            stations = [s for s, k in zip(stations, keep.tolist(), strict=True) if k]
+            estimate, lower, upper = estimate[keep], lower[:, keep], upper[:, keep]
         key, into = ((query, mechanism, estimator), self._latest) if span_s is None else (
             (query, mechanism, estimator, str(span_s)), self._rollups)
         into[key] = _Latest([str(s) for s in stations], estimate.copy(), lower.copy(), upper.copy(),
@@ -84,12 +93,13 @@ class StationArrays(Collector):
         truth = GaugeMetricFamily("ptt_ground_truth_vehicles",
                                   "Ground truth of the latest replayed epoch (evaluation only; absent where the "
                                   "source has no reading)", labels=["station"])
-        r_est = GaugeMetricFamily("ptt_rollup_vehicles", "Latest published rollup of a station's count (the sum of "
-                                  "span_s seconds of epochs; the query's headline estimator)",
+        r_est = GaugeMetricFamily("ptt_rollup_vehicles", "Latest published flow of a station over span_s seconds: a "
+                                  "rollup of a 30-s query (the sum of its epochs; the headline estimator) or a span "
+                                  "query's estimate (every estimator); absent where a rollup had no source data",
                                   labels=[*EST_LABELS, "span_s"])
-        r_low = GaugeMetricFamily("ptt_rollup_lower_vehicles", "Lower confidence bound of the latest rollup",
+        r_low = GaugeMetricFamily("ptt_rollup_lower_vehicles", "Lower confidence bound of the latest flow",
                                   labels=[*EST_LABELS, "span_s", "confidence"])
-        r_up = GaugeMetricFamily("ptt_rollup_upper_vehicles", "Upper confidence bound of the latest rollup",
+        r_up = GaugeMetricFamily("ptt_rollup_upper_vehicles", "Upper confidence bound of the latest flow",
                                  labels=[*EST_LABELS, "span_s", "confidence"])
         return est, low, up, truth, r_est, r_low, r_up
 
@@ -208,7 +218,8 @@ class StreamMonitor:
                                registry=registry)
         self.suppressed = Counter("ptt_suppressed_estimates", "Estimates withheld", ["query"], registry=registry)
         self.no_source_data = Counter("ptt_no_source_data_estimates", "Estimates of stations whose replayed source "
-                                      "had no reading (no truth to hold them against)", ["query"], registry=registry)
+                                      "had no reading (no truth to hold them against): epochs' and rollups' rows",
+                                      ["query"], registry=registry)
         self.withheld_epochs = Counter("ptt_withheld_epochs", "Epochs withheld, by reason", ["query", "reason"],
                                        registry=registry)
         self.closed = Counter("ptt_epochs_closed", "Epochs closed", ["query", "closed_by"], registry=registry)
@@ -300,15 +311,19 @@ class StreamMonitor:
             self.suppressed.labels(qid).inc(r.n_records())
             self.withheld_epochs.labels(qid, r.withheld_code or "internal").inc()
             return
+        flow = None if r.span_s == EPOCH_S else r.span_s  # a span query's: the flows' series (span_s label)
         for name, v in r.values.items():
             self.arrays.set_estimates(qid, q.mechanism, name, q.sensors, v.estimate, v.lower, v.upper,
-                                      r.confidences)
+                                      r.confidences, span_s=flow, blank=r.blank)
 
     def on_rollup(self, r: EpochResult) -> None:
         """A rollup (:mod:`stream_app.rollups`) decided or withdrawn: counted by span; a published
         one's headline estimates and bounds become the station series with the ``span_s`` label."""
         q = r.query
         qid, span = q.query_id, str(r.span_s)
+        self.know_query(qid)
+        if r.no_source_data and not r.retracted:  # rows flagged no_source_data, as an epoch's are counted
+            self.no_source_data.labels(qid).inc(len(r.no_source_data) * len(q.spec.estimator_names))
         if r.withheld is not None:
             self.rollups_withheld.labels(qid, span, r.withheld_code or "internal").inc()
             return
@@ -317,7 +332,7 @@ class StreamMonitor:
         v = r.values.get(q.spec.headline)
         if v is not None:
             self.arrays.set_estimates(qid, q.mechanism, q.spec.headline, q.sensors, v.estimate, v.lower, v.upper,
-                                      r.confidences, span_s=r.span_s)
+                                      r.confidences, span_s=r.span_s, blank=r.blank)
 
     def on_epochs_published(self, seconds: float) -> None:
         self.close_latency.observe(seconds)

@@ -11,15 +11,24 @@ one stage-2 partition, in the same changelog-backed table as the windows.
 :class:`RollupPolicy` adds summaries to the rollups' states (:class:`RollupState`); a summary
 of an epoch already added is ignored (a restarted stage 2 may send it twice), so the sums
 neither lose nor double an epoch. Once every epoch of a rollup is decided the rollup is
-*decided*: published as the sum of its epochs' estimates -- sd from the summed variances
+*decided*: published as the sum of its epochs' estimates -- kept exactly (:func:`fixed_sum`), so the
+sum is the same whatever order the epochs arrive in, and rounded to a float once --, sd from the summed variances
 (the epochs' estimates are independent), bounds from the score interval of the sum
 (:func:`rollup_result`; docs/statistics.md, "Rollups") -- or, if any epoch was withheld,
 withheld with the first such epoch and its code. Its ``release`` is its epochs' (``permuted`` if
 they disagree: the aggregate counts are a function of the permuted reports, so ``permuted``
 bounds what was released of every epoch; null if any epoch's is null, as ``epsilon_shuffled``
-is). A station without source data in any of its
-epochs is ``no_source_data`` in the rollup (missing is not zero). An epoch withdrawn after
-its rollup was published withdraws the rollup too.
+is). An epoch withdrawn after its rollup was published withdraws the rollup too.
+
+**Missing is not a flow.** A station without source data in any epoch of the rollup is
+``no_source_data`` and published *without a number* (estimate, sd, bounds and consistent null):
+its epochs without a reading carry no truth, so their estimates summed with the others' would
+read as a flow over the whole span -- smaller by the missing epochs' traffic, with bounds that
+hold no truth (docs/statistics.md, "Rollups"). A partial sum over the epochs with data was the
+alternative; it reads as a flow just as easily when its count of epochs is overlooked.
+
+Only 30-s queries are rolled up (:func:`rolls_up`): a span query's own estimate is its flow,
+and a sum of its spans would add noise a longer span query avoids.
 
 An epoch withheld ``no_reports`` (nothing arrived for it) holds nothing, so it does not end the
 rollup's sums: it withholds the rollup with its reason, and if the epoch's data comes after all
@@ -58,8 +67,8 @@ from schemas.wire import FRAME_LENGTH
 from .estimate import EpochResult, QueryEstimators, StationEstimates
 from .records import EpochSummary
 
-__all__ = ["SPANS", "RollupId", "RollupOutcome", "RollupPolicy", "RollupState", "Window", "rollup_result",
-           "route_key", "summary_of", "version_window"]
+__all__ = ["FIXED_BITS", "SPANS", "RollupId", "RollupOutcome", "RollupPolicy", "RollupState", "Window", "add_fixed",
+           "fixed_sum", "from_fixed", "rollup_result", "rolls_up", "route_key", "summary_of", "version_window"]
 
 FloatArray = npt.NDArray[np.float64]
 SPANS = (10, 120)  # epochs per rollup: 5 minutes, an hour
@@ -93,6 +102,69 @@ class RollupId:
 def rollups_of(query_id: str, version: int, epoch: int, spans: Sequence[int] = SPANS) -> list[RollupId]:
     """The rollups an epoch belongs to, one per span."""
     return [RollupId(query_id, version, s, epoch - epoch % s) for s in spans]
+
+
+FIXED_BITS = 48  # a rollup's sums are kept exactly, in units of 2**-48 (fixed_sum)
+_LIMB = 62  # an exact sum is hi * 2**62 + lo, 0 <= lo < 2**62, two int64 limbs (room for a carry)
+_LOW = np.int64((1 << _LIMB) - 1)
+_FIXED_LIMIT = 2.0 ** 64  # the largest summand taken: its hi limb stays below 2**51
+FixedSums = npt.NDArray[np.int64]  # (2, *shape): the hi and lo limbs
+
+
+def fixed_sum(x: npt.ArrayLike) -> FixedSums:
+    """``x`` as exact integers in units of ``2**-FIXED_BITS`` (each value floored to that grid, the
+    only rounding: 3.6e-15 vehicles), held as two int64 limbs ``(hi, lo)``. Adding these
+    (:func:`add_fixed`) is exact integer addition, so a rollup's sums are the same bits whatever
+    order its epochs arrive in; :func:`from_fixed` turns a sum into floats once.
+
+    >>> a, b, c = 0.1, 0.2, 0.3
+    >>> (a + b) + c == a + (b + c)  # floats: the order shows in the last bits
+    False
+    >>> x, y, z = fixed_sum([a]), fixed_sum([b]), fixed_sum([c])
+    >>> from_fixed(add_fixed(add_fixed(x, y), z)) == from_fixed(add_fixed(x, add_fixed(y, z)))
+    array([ True])
+    >>> from_fixed(fixed_sum([-2.5, 1e9, 0.0])).tolist()
+    [-2.5, 1000000000.0, 0.0]
+    """
+    v = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(v)) or np.any(np.abs(v) >= _FIXED_LIMIT):
+        raise ValueError(f"a rollup sums finite values below {_FIXED_LIMIT:g} in magnitude")
+    m, e = np.frexp(v)  # v = m * 2**e exactly, |m| in [0.5, 1)
+    mant = (m * 2.0 ** 53).astype(np.int64)  # exact: m has 53 bits
+    k = e.astype(np.int64) - 53 + FIXED_BITS  # v * 2**FIXED_BITS = mant * 2**k
+    up = np.clip(k, 0, 63)
+    # k >= 0: mant * 2**k; its low limb from the wrapped shift (the low bits survive a wrap), its
+    # high limb by an arithmetic (flooring) shift; k < 0: floor(mant / 2**-k), a shift that saturates
+    shifted = np.where(k >= 0, np.left_shift(mant, up), np.right_shift(mant, np.clip(-k, 0, 63)))
+    lo = shifted & _LOW
+    hi = np.where(k >= 0,
+                  np.where(k <= _LIMB, np.right_shift(mant, np.clip(_LIMB - k, 0, 63)),
+                           np.left_shift(mant, np.clip(k - _LIMB, 0, 63))),
+                  np.right_shift(shifted, _LIMB))
+    lo = np.where((k >= 0) & (k >= _LIMB), 0, lo)
+    return np.stack([hi, lo]).astype(np.int64)
+
+
+def add_fixed(a: FixedSums, b: FixedSums) -> FixedSums:
+    """The exact sum of two :func:`fixed_sum` values (the low limb's carry moved up)."""
+    lo = a[1] + b[1]  # < 2**63: no overflow
+    return np.stack([a[0] + b[0] + np.right_shift(lo, _LIMB), lo & _LOW])
+
+
+def from_fixed(a: FixedSums) -> FloatArray:
+    """Floats of exact sums: a function of the sums alone, so order-free. The low limb is taken
+    in ``[-2**61, 2**61)`` (a sum below 8,192 vehicles in magnitude is one limb: rounded once,
+    to within 1e-12 vehicles) and added to the high one's exact float (within an ulp or so)."""
+    neg = a[1] >= (1 << (_LIMB - 1))
+    hi = (a[0] + neg).astype(np.float64) * 2.0 ** (_LIMB - FIXED_BITS)
+    lo = (a[1] - np.where(neg, np.int64(1 << _LIMB), np.int64(0))).astype(np.float64) * 2.0 ** -FIXED_BITS
+    out: FloatArray = hi + lo
+    return out
+
+
+def rolls_up(q: Query) -> bool:
+    """Whether ``q``'s decided epochs feed rollups: 30-s queries only (the module doc)."""
+    return q.span_s == EPOCH_S
 
 
 def route_key(s: EpochSummary) -> bytes:
@@ -152,8 +224,9 @@ class RollupState:
     rid: RollupId
     done: list[bool]  # per epoch of the span: decided and added
     estimators: tuple[str, ...] = ()
-    estimate: FloatArray | None = None
-    variance: FloatArray | None = None
+    # the exact sums of the epochs' estimates and variances, in units of 2**-FIXED_BITS (fixed_sum):
+    # integer addition does not depend on the order the epochs arrive in
+    sums: tuple[FixedSums, FixedSums] | None = None
     no_source: list[int] = field(default_factory=list)  # station indices (1..V), sorted
     participants: int = 0
     reports: int = 0
@@ -176,6 +249,16 @@ class RollupState:
     @classmethod
     def new(cls, rid: RollupId) -> RollupState:
         return cls(rid, [False] * rid.span)
+
+    @property
+    def estimate(self) -> FloatArray | None:
+        """The summed estimates ``(estimators, stations)``: the exact sum, rounded once (None: no sums held)."""
+        return None if self.sums is None else from_fixed(self.sums[0])
+
+    @property
+    def variance(self) -> FloatArray | None:
+        """The summed variances, as :attr:`estimate`."""
+        return None if self.sums is None else from_fixed(self.sums[1])
 
     def add(self, s: EpochSummary) -> bool:
         """Add an epoch's summary; False if it changed nothing (a duplicate)."""
@@ -214,15 +297,15 @@ class RollupState:
         if s.withheld is not None:
             return self._withhold(s, retract=False)
         if self.withheld is None:
-            if self.estimate is None or self.variance is None:
+            if self.sums is None:
                 self.estimators = s.estimators
-                self.estimate, self.variance = s.estimate.copy(), s.variance.copy()
-            elif s.estimators != self.estimators or s.estimate.shape != self.estimate.shape:
+                self.sums = fixed_sum(s.estimate), fixed_sum(s.variance)
+            elif s.estimators != self.estimators or s.estimate.shape != self.sums[0].shape[1:]:
                 raise ValueError(f"epoch {s.epoch} has estimators {s.estimators} of shape {s.estimate.shape}; "
-                                 f"rollup {self.rid} has {self.estimators} of shape {self.estimate.shape}")
+                                 f"rollup {self.rid} has {self.estimators} of shape {self.sums[0].shape[1:]}")
             else:
-                self.estimate += s.estimate
-                self.variance += s.variance
+                self.sums = (add_fixed(self.sums[0], fixed_sum(s.estimate)),
+                             add_fixed(self.sums[1], fixed_sum(s.variance)))
             if s.no_source_data:
                 self.no_source = sorted(set(self.no_source) | set(s.no_source_data))
         return True
@@ -240,7 +323,7 @@ class RollupState:
             self.withheld_epochs += 1
         if first or retract:
             self.withheld = (s.epoch, code, why)
-        self.estimate = self.variance = None  # nothing of it will be published
+        self.sums = None  # nothing of it will be published
         return True
 
     def outside(self, first: int, end: int) -> bool:
@@ -257,7 +340,7 @@ class RollupState:
             why = f"{len(gone)} of its epochs [{lo}, {hi}) are outside the query version's [{first}, {end})"
             self.withheld = (e, "outside_query_window", why)
         self.withheld_epochs += 1
-        self.estimate = self.variance = None
+        self.sums = None
         return True
 
     @property
@@ -294,10 +377,10 @@ class RollupState:
                 "decided": self.decided, "published": self.published,
                 "retracted": self.retracted, "shape": None}
         blob = b""
-        if self.estimate is not None and self.variance is not None and (not self.decided or self.empty):
-            head["shape"] = list(self.estimate.shape)
-            blob = (np.ascontiguousarray(self.estimate, "<f8").tobytes()
-                    + np.ascontiguousarray(self.variance, "<f8").tobytes())
+        if self.sums is not None and (not self.decided or self.empty):
+            head["shape"] = list(self.sums[0].shape[1:])
+            head["fixed"] = FIXED_BITS  # the sums' unit (a state written before: float64 sums)
+            blob = b"".join(np.ascontiguousarray(a, "<i8").tobytes() for a in self.sums)
         h = json.dumps(head, separators=(",", ":")).encode()
         return b"".join([_STATE_MAGIC, FRAME_LENGTH.pack(len(h)), h, blob])
 
@@ -324,8 +407,13 @@ class RollupState:
             shape = tuple(h["shape"])
             size = shape[0] * shape[1]
             off = 8 + hlen
-            st.estimate = np.frombuffer(data, "<f8", size, off).reshape(shape).astype(np.float64)
-            st.variance = np.frombuffer(data, "<f8", size, off + 8 * size).reshape(shape).astype(np.float64)
+            if h.get("fixed") == FIXED_BITS:
+                whole = np.frombuffer(data, "<i8", 4 * size, off).astype(np.int64).reshape(2, 2, *shape)
+                st.sums = whole[0], whole[1]
+            else:  # float64 sums, from before the exact ones
+                est = np.frombuffer(data, "<f8", size, off).reshape(shape)
+                var = np.frombuffer(data, "<f8", size, off + 8 * size).reshape(shape)
+                st.sums = fixed_sum(est), fixed_sum(var)
         return st
 
 
@@ -390,7 +478,9 @@ def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[fl
     """A decided rollup as an estimate result (rendered as rows and frames like an epoch's):
     ``epoch`` its first epoch, ``span_s`` its length, ``release`` its epochs'; per estimator the summed estimates, the
     sd of the summed variances, and the score interval of the sum at ``participants`` summed
-    over its epochs (docs/statistics.md, "Rollups")."""
+    over its epochs (docs/statistics.md, "Rollups"). A station with an epoch of no source data
+    is published without a number (``blank``: its truth over the span is unknown, and the sum
+    would read as a flow; the module doc)."""
     q = qe.query
     res = EpochResult(query=q, epoch=st.rid.start, closed_by=st.closed_by,  # type: ignore[arg-type]
                       confidences=tuple(confidences), participants=st.participants, reports=st.reports,
@@ -399,17 +489,20 @@ def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[fl
                       withheld_code=None if (first := st.first_withheld()) is None else first[1],
                       no_source_data=frozenset(st.no_source), retracted=st.retracted, span_s=st.rid.span_s,
                       epsilon_shuffled=None if st.unshuffled else st.epsilon_shuffled,
-                      release=None if st.unreleased else st.release)
+                      release=None if st.unreleased else st.release, blank=frozenset(st.no_source))
     if res.withheld is not None or st.estimate is None or st.variance is None:
         if res.withheld is None:
             res.withheld, res.withheld_code = "internal: a rollup without sums", "internal"
         return res
     n = float(st.participants)
+    blank = np.array(sorted(st.no_source), dtype=np.int64) - 1
     for j, name in enumerate(st.estimators):
         est = qe.estimators[name]
         total = st.estimate[j]
         sd = np.sqrt(np.maximum(st.variance[j], 0.0))
         ints = [est.score_interval(total, n, c) for c in confidences]
-        res.values[name] = StationEstimates(total.copy(), sd, np.stack([lo for lo, _ in ints]),
-                                            np.stack([hi for _, hi in ints]), None)
+        lower, upper = np.stack([lo for lo, _ in ints]), np.stack([hi for _, hi in ints])
+        for a in (total, sd, lower.T, upper.T):  # no number where a station had no source data
+            a[blank] = np.nan
+        res.values[name] = StationEstimates(total, sd, lower, upper, None)
     return res

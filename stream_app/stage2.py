@@ -111,7 +111,7 @@ def shuffled_needs(outcome: Outcome, known: Callable[[str, int], Query | None],
 def frame_key(res: EpochResult) -> bytes:
     """An estimate frame's key: its window's, or its rollup's (a restart re-publishes the same key)."""
     q = res.query
-    if res.span_s == EPOCH_S:
+    if res.span_s == q.span_s:  # an epoch's, or a span query's span
         return WindowId(q.query_id, q.version, res.epoch).key
     return RollupId(q.query_id, q.version, res.span_s // EPOCH_S, res.epoch).key
 

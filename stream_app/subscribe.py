@@ -40,7 +40,7 @@ def format_row(e: Estimate) -> str:
     bound = f"[{b95.lower:.1f}, {b95.upper:.1f}]" if b95 else ""
     flag = ("  no source data" if e.data_quality != "ok" else "") + span
     return (f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8} "
-            f"{e.estimate or 0.0:>10.1f} {bound:>20} {e.participants:>8} "
+            f"{'-' if e.estimate is None else f'{e.estimate:.1f}':>10} {bound:>20} {e.participants:>8} "
             f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6} "
             f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}{flag}")  # '-': not attested
 
@@ -63,7 +63,7 @@ def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str
     else:
         parts = []
         for name in dict.fromkeys(r.estimator for r in rows):
-            values = [r.estimate or 0.0 for r in rows if r.estimator == name]
+            values = [r.estimate for r in rows if r.estimator == name and r.estimate is not None]
             below = sum(v < 0 for v in values)
             parts.append(f"{name} {math.fsum(values):,.1f}" + (f" ({below} below 0)" if below else ""))
         body = " \u00b7 ".join(parts)

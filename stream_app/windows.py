@@ -24,6 +24,10 @@ the ones that closed, with the reason. An epoch closes when
    -- no epoch is left without an outcome ("watermark"),
 
 whichever comes first. After closing only a small record stays (to count late records).
+
+**Spans.** A query with a longer ``span_s`` has one window per span, keyed by its first epoch
+(stage 1 dead-letters any other as ``misaligned_span``). Rule 1 is unchanged; rules 2-4 and
+``born_late`` read the span's *last* epoch (first + epochs per span - 1) where an epoch's is read.
 The Faust agent only reads, calls, writes and emits.
 
 **No epoch disappears.** The watermark is made of claims a writer controls: well-formed
@@ -149,12 +153,20 @@ class WindowState:
     published: bool = False  # closed and its estimates were published (not withheld)
     born_late: bool = False  # opened after the watermark had passed its epoch
     empty: bool = False  # opened by a Gap and nothing else (no producer wrote anything for it)
+    span: int = 1  # epochs the window covers: its query's epochs_per_span (wid.epoch is the span's first)
     retract: bool = False  # transient: a closed epoch's published estimates must be withdrawn
 
     @classmethod
-    def new(cls, wid: WindowId, n_rounds: int, width: int) -> WindowState:
+    def new(cls, wid: WindowId, n_rounds: int, width: int, span: int = 1) -> WindowState:
+        if span < 1:
+            raise ValueError(f"a window spans at least one epoch, not {span}")
         return cls(wid, n_rounds, width, np.zeros((n_rounds, width), dtype=np.int64),
-                   np.zeros(n_rounds, dtype=np.int64), np.zeros(n_rounds, dtype=np.int64))
+                   np.zeros(n_rounds, dtype=np.int64), np.zeros(n_rounds, dtype=np.int64), span=span)
+
+    @property
+    def last_epoch(self) -> int:
+        """The last 30-s epoch the window covers (its own epoch, or its span's last)."""
+        return self.wid.epoch + self.span - 1
 
     @property
     def closed(self) -> bool:
@@ -297,7 +309,8 @@ class WindowState:
         head: dict[str, Any] = {
             "q": self.wid.query_id, "v": self.wid.query_version, "e": self.wid.epoch, "r": self.n_rounds,
             "w": self.width, "closed_by": self.closed_by, "late": self.late, "dup": self.duplicates,
-            "published": self.published, "born_late": self.born_late, **({"empty": True} if self.empty else {})}
+            "published": self.published, "born_late": self.born_late, **({"empty": True} if self.empty else {}),
+            **({"span": self.span} if self.span != 1 else {})}
         blob = b""
         # a closed window keeps only what late records need: the markers (to spot a conflicting
         # late one) and the report counts, not the batch ids or the count arrays
@@ -326,7 +339,7 @@ class WindowState:
         (hlen,) = FRAME_LENGTH.unpack_from(data, 4)
         h = json.loads(data[8:8 + hlen])
         r, w = int(h["r"]), int(h["w"])
-        st = cls.new(WindowId(h["q"], h["v"], h["e"]), r, w)
+        st = cls.new(WindowId(h["q"], h["v"], h["e"]), r, w, int(h.get("span", 1)))
         st.closed_by, st.late, st.duplicates = h["closed_by"], h["late"], h["dup"]
         st.published = bool(h.get("published", False))
         st.born_late = bool(h.get("born_late", False))
@@ -349,7 +362,7 @@ class Watermarks:
     since it was loaded (then it must be written back: restarts depend on it)."""
 
     newest: dict[int, int] = field(default_factory=dict)  # source partition -> epoch
-    open: dict[WindowId, int] = field(default_factory=dict)  # open window -> epoch (insertion order)
+    open: dict[WindowId, int] = field(default_factory=dict)  # open window -> its last epoch (insertion order)
     clock_s: float | None = None  # newest tick time seen on this partition
     active: dict[WindowId, float] = field(default_factory=dict)  # open window -> last record, tick clock
     dirty: bool = False
@@ -381,9 +394,10 @@ class Watermarks:
             return None
         return min(self.newest[p] for p in range(n_partitions))
 
-    def track(self, wid: WindowId) -> None:
+    def track(self, wid: WindowId, last: int | None = None) -> None:
+        """Keep ``wid`` open; ``last``: the last epoch it covers (a span's; None: its own epoch)."""
         if wid not in self.open:
-            self.open[wid] = wid.epoch
+            self.open[wid] = wid.epoch if last is None else last
             self.dirty = True
 
     def untrack(self, wid: WindowId) -> None:
@@ -398,8 +412,8 @@ class Watermarks:
         return wm is not None and epoch < wm - lateness
 
     def due(self, n_partitions: int, lateness: int, idle_s: float = 0.0) -> list[WindowId]:
-        """Open windows the watermark has passed by more than ``lateness`` epochs and that have
-        received nothing for ``idle_s`` of the tick clock (0: at once)."""
+        """Open windows whose last epoch the watermark has passed by more than ``lateness``
+        epochs and that have received nothing for ``idle_s`` of the tick clock (0: at once)."""
         wm = self.watermark(n_partitions)
         if wm is None:
             return []
@@ -413,7 +427,8 @@ class Watermarks:
 
     def encode(self) -> bytes:
         return json.dumps({"newest": sorted(self.newest.items()),
-                           "open": [[w.query_id, w.query_version, w.epoch] for w in self.open],
+                           "open": [[w.query_id, w.query_version, w.epoch, *([last] if last != w.epoch else [])]
+                                    for w, last in self.open.items()],
                            "clock": self.clock_s,
                            "active": [[w.query_id, w.query_version, w.epoch, t] for w, t in self.active.items()]},
                           separators=(",", ":")).encode()
@@ -425,7 +440,7 @@ class Watermarks:
         d = json.loads(data)
         clock = d.get("clock")
         return cls(newest={int(p): int(e) for p, e in d["newest"]},
-                   open={WindowId(q, int(v), int(e)): int(e) for q, v, e in d["open"]},
+                   open={WindowId(q, int(v), int(e)): int(rest[0]) if rest else int(e) for q, v, e, *rest in d["open"]},
                    clock_s=None if clock is None else float(clock),
                    active={WindowId(q, int(v), int(e)): float(t) for q, v, e, t in d.get("active", [])})
 
@@ -445,7 +460,7 @@ class Outcome:
 
 
 Loader = Callable[[WindowId], "WindowState | None"]
-Shape = Callable[[WindowId], "tuple[int, int] | None"]
+Shape = Callable[[WindowId], "tuple[int, ...] | None"]  # (rounds, width[, epochs per span])
 
 
 @dataclass(frozen=True)
@@ -490,11 +505,12 @@ class WindowPolicy:
     def _unended(self, st: WindowState, clock: float | None) -> bool:
         """An empty window whose epoch has not ended (plus the grace) by the tick clock: only the
         wall clock closes it (a forged live record far ahead makes no future epoch no_reports)."""
-        return st.empty and clock is not None and (st.wid.epoch + 1) * self.epoch_s + self.wall_clock_grace_s > clock
+        return st.empty and clock is not None and (st.last_epoch + 1) * self.epoch_s + self.wall_clock_grace_s > clock
 
     def apply(self, wm: Watermarks, load: Loader, shape: Shape, items: Sequence[Partial]) -> Outcome:
         """Apply ``items`` in order. ``load`` reads a window's stored state (None if new);
-        ``shape`` gives (rounds, width) of a window's query, None if the query is unknown."""
+        ``shape`` gives (rounds, width) of a window's query -- and, for a span query, its epochs
+        per span -- None if the query is unknown."""
         out = Outcome()
 
         def get(wid: WindowId) -> WindowState | None:
@@ -523,8 +539,8 @@ class WindowPolicy:
         for index, item in enumerate(items):
             if isinstance(item, Tick):
                 wm.tick(item.now_s)
-                for wid, epoch in list(wm.open.items()):
-                    age = item.now_s - (epoch + 1) * self.epoch_s
+                for wid, last in list(wm.open.items()):
+                    age = item.now_s - (last + 1) * self.epoch_s
                     st = get(wid)
                     if st is not None and not st.closed and self.wall_clock_grace_s < age < self.live_horizon_s:
                         close(st, "wall_clock")
@@ -540,7 +556,7 @@ class WindowPolicy:
                         and load(wid) is None and (dims := shape(wid)) is not None:
                     out.touched[wid] = st = WindowState.new(wid, *dims)
                     st.empty = True
-                    wm.track(wid)
+                    wm.track(wid, st.last_epoch)
                     wm.touch(wid)
                 continue
             if agreed is not None and wid.epoch > agreed + self.horizon_epochs:
@@ -550,8 +566,8 @@ class WindowPolicy:
                 continue
             st = get(wid)
             if st is not None and st.empty:  # a gap's window: this first real record opens it afresh
-                st = out.touched[wid] = WindowState.new(wid, st.n_rounds, st.width)
-                st.born_late = wm.too_old(wid.epoch, self.n_source_partitions, self.allowed_lateness_epochs)
+                st = out.touched[wid] = WindowState.new(wid, st.n_rounds, st.width, st.span)
+                st.born_late = wm.too_old(st.last_epoch, self.n_source_partitions, self.allowed_lateness_epochs)
             elif st is None:
                 dims = shape(wid)
                 if dims is None:  # stage 1 knew the query; this worker cannot find it: never silent
@@ -559,8 +575,8 @@ class WindowPolicy:
                                                                  f"is not known to this worker"))
                     continue
                 st = WindowState.new(wid, *dims)
-                # its epoch was passed before any of its data came: it still gets an outcome
-                st.born_late = wm.too_old(wid.epoch, self.n_source_partitions, self.allowed_lateness_epochs)
+                # its epoch (its span's last) was passed before any of its data came: it still gets an outcome
+                st.born_late = wm.too_old(st.last_epoch, self.n_source_partitions, self.allowed_lateness_epochs)
                 out.touched[wid] = st
             result = st.add(item)
             if st.retract:
@@ -574,7 +590,7 @@ class WindowPolicy:
                 if isinstance(item, BatchPartial):
                     out.reports[qid] += item.reports
                 if not st.closed:
-                    wm.track(wid)
+                    wm.track(wid, st.last_epoch)
                     wm.touch(wid)
             wm.see(item.source_partition, wid.epoch)
             out.newest[qid] = max(out.newest.get(qid, wid.epoch), wid.epoch)

@@ -26,8 +26,8 @@ __all__ = ["ShufflerMonitor"]
 
 WITHHELD_REASONS = ("below_min_crowd", "no_reports")
 DEAD_LETTER_REASONS = ("empty", "bad_encoding", "bad_json_record", "unknown_query", "outside_query_window",
-                       "outside_open_window", "untrusted_note", "unexpected_record", "bad_round", "wrong_layout",
-                       "out_of_range", "bad_pairs", "slot_full", "late",
+                       "misaligned_span", "outside_open_window", "untrusted_note", "unexpected_record", "bad_round",
+                       "wrong_layout", "out_of_range", "bad_pairs", "slot_full", "late",
                        # enrollment (schemas/enrollment.py): never a device id in a label
                        "unauthenticated", "unknown_device", "bad_mac", "duplicate_report", "wrong_partition")
 

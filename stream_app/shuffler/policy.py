@@ -29,6 +29,11 @@ default reports filled in (per-sensor), the wire's exact-tally layout. A smaller
 with the reason ``below_min_crowd``, an epoch nobody reported for as ``no_reports``; neither gets
 an estimate. A report for an epoch already decided is refused as ``late``.
 
+A span query (``Query.span_s``) has one slot per span, at the span's first epoch (a report naming
+any other epoch is refused as ``misaligned_span``); the rules above read the span's *last* epoch
+(the clock must pass it), and the released span carries the notes of all its epochs (a station
+without a reading in any of them, interrupted if any was).
+
 >>> from datetime import datetime, timezone
 >>> from schemas import DeviceReport, Query
 >>> t0 = datetime(2026, 11, 18, tzinfo=timezone.utc)
@@ -265,6 +270,9 @@ class ShufflePolicy:
         if not start <= report.epoch < end:
             return Rejected("outside_query_window",
                             f"epoch {report.epoch} outside {query.record_key}'s [{start}, {end})")
+        if query.span_start(report.epoch) != report.epoch:  # a span's slot is its first epoch's
+            return Rejected("misaligned_span", f"epoch {report.epoch} is not the first epoch of a {query.span_s}-s "
+                                               f"span of {query.record_key}")
         if report.round >= query.n_rounds:
             return Rejected("bad_round", f"round {report.round} but {query.mechanism} has {query.n_rounds} round(s)")
         key = (query.query_id, query.version, report.epoch)
@@ -291,6 +299,7 @@ class ShufflePolicy:
             return np.zeros(epoch.size, bool)
         start, end = query.epoch_range()
         ok: npt.NDArray[np.bool_] = (epoch >= start) & (epoch < end) & (rnd < query.n_rounds)
+        ok &= epoch % query.epochs_per_span == 0  # a span query's reports name their span's first epoch
         ok &= (self.floor >= 0) & (epoch >= self.floor) & (epoch <= (self.clock if clock is None else clock)
                                                              + self.ahead_epochs)
         decided = [k[2] for k in self.decided if k[0] == query.query_id and k[1] == query.version]
@@ -381,8 +390,7 @@ class ShufflePolicy:
             self.advance(min(self.sources[k] for k in range(self.source_count)), active, dict(self.ends))
         self.last_arrival = now
         if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no report named, long past: dropped
-            open_epochs = {k[2] for k in self._open}
-            for e in [e for e in self._notes if e < self.clock - EPOCHS_KEPT and e not in open_epochs]:
+            for e in [e for e in self._notes if e < self.clock - EPOCHS_KEPT and not self._covered(e)]:
                 del self._notes[e]
         return None
 
@@ -412,6 +420,8 @@ class ShufflePolicy:
 
     def _open_empty(self, epoch: int, active: Active) -> None:
         for q in active(epoch):
+            if q.span_start(epoch) != epoch:  # a span query has one slot per span, at its first epoch
+                continue
             key = (q.query_id, q.version, epoch)
             if key not in self._open and key not in self.decided:
                 self._open[key] = _Open(q, [_round(q) for _ in range(q.n_rounds)])
@@ -430,17 +440,37 @@ class ShufflePolicy:
             self.passed = max(self.passed, self.barriers.pop(0)[0])
         idle = self.partitions <= set(caught_up) and now - self.last_arrival >= self.idle_release_s
         horizon = self.passed - self.lateness_epochs
-        return [k for k in self.open_epochs if k[2] <= horizon or (idle and k[2] <= min(self.clock, self.passed))]
+        last = {k: k[2] + o.query.epochs_per_span - 1 for k, o in self._open.items()}  # a span's: its last epoch
+        return [k for k in self.open_epochs if last[k] <= horizon or (idle and last[k] <= min(self.clock, self.passed))]
+
+    def _span(self, key: EpochKey) -> range:
+        """The epochs an open slot covers: its own, or its span's."""
+        return range(key[2], key[2] + self._open[key].query.epochs_per_span)
+
+    def _covered(self, epoch: int) -> bool:
+        """Whether an open slot covers ``epoch`` (its note is still needed)."""
+        return any(k[2] <= epoch < k[2] + o.query.epochs_per_span for k, o in self._open.items())
+
+    def _take_notes(self, epochs: range) -> tuple[frozenset[int], bool]:
+        """The notes of ``epochs`` (a decided slot's) joined; each dropped once no open slot covers it."""
+        missing: frozenset[int] = frozenset()
+        interrupted = False
+        for e in epochs:
+            m, i = self._notes.get(e, (frozenset(), False))
+            missing, interrupted = missing | m, interrupted or i
+        for e in epochs:
+            if not self._covered(e):
+                self._notes.pop(e, None)
+        return missing, interrupted
 
     def close(self, key: EpochKey, rng: np.random.Generator, release: str = "permuted") -> Released | Withheld:
         """Decide a due epoch: release its rounds -- ``"permuted"`` (the reports, by ``rng``) or
         ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd)."""
+        span = self._span(key)
         slot = self._open.pop(key)
         self._decide(key)
         devices = tuple(r.devices for r in slot.rounds)
-        no_data, interrupted = self._notes.get(key[2], (frozenset(), False))
-        if not any(k[2] == key[2] for k in self._open):
-            self._notes.pop(key[2], None)
+        no_data, interrupted = self._take_notes(span)  # a span's: any epoch of it
         if interrupted:  # withheld by the worker as interrupted, as without the shuffler: nothing released
             empty = ({"value": np.zeros(0, np.int64)} if slot.query.per_station is None
                      else {"station": np.zeros(0, np.int64), "output": np.zeros(0, np.int64)})
@@ -467,10 +497,10 @@ class ShufflePolicy:
 
     def mark_decided(self, key: EpochKey) -> None:
         """Restoring after a restart: this epoch was decided before (its held reports go)."""
+        span = self._span(key) if key in self._open else range(key[2], key[2] + 1)
         self._open.pop(key, None)
         self._decide(key)
-        if not any(k[2] == key[2] for k in self._open):
-            self._notes.pop(key[2], None)
+        self._take_notes(span)
 
     def _decide(self, key: EpochKey) -> None:
         self.decided.add(key)

@@ -620,7 +620,8 @@ def test_every_reason_but_internal_error_is_produced() -> None:
     policy's, which knows the partitions' epochs)."""
     sp, alp = QUERIES["sp"], QUERIES["alp"]
     small = Query(**{**sp.model_dump(), "query_id": "q-small", "population": 1})
-    local = {("q-small", 1): small}
+    span = Query(**{**alp.model_dump(), "query_id": "q-span", "span_s": 300})
+    local = {("q-small", 1): small, ("q-span", 1): span}
 
     def lk(i: str, v: int) -> Query | None:
         return local.get((i, v)) or lookup(i, v)
@@ -636,6 +637,7 @@ def test_every_reason_but_internal_error_is_produced() -> None:
         "bad_json_record": b"{}",
         "unknown_query": values_record(sp, np.array([1]), query_id="q-nobody"),
         "outside_query_window": values_record(sp, np.array([1]), epoch=E0 - 1),
+        "misaligned_span": encode_json(eoe(span, partition=0)),  # epoch E0 + 2: not a 5-minute span's first
         "bad_round": encode_json(eoe(alp, round=1, partition=0)),
         "mismatched_sizes": values_record(sp, np.array([1]), n_stations=V + 1),
         "wrong_layout": values_record(alp, np.array([1])),

@@ -141,8 +141,9 @@ def test_no_source_data_in_any_epoch_marks_the_rollup_station() -> None:
     results = [epoch(E0 + i, rng, gaps=gaps.get(i, frozenset())) for i in range(10)]
     (st,) = run(results)[0]
     res = rollup_result(QE, st, CONF)
-    assert res.no_source_data == frozenset({2, 5})
-    assert b'"data_quality":"no_source_data"' in res.render()[1][1]
+    assert res.no_source_data == frozenset({2, 5}) == res.blank
+    row = json.loads(res.render()[1][1])  # station index 2: flagged, and no number (not a flow)
+    assert row["data_quality"] == "no_source_data" and row["estimate"] is None and row["bounds"] == []
 
 
 def test_a_restart_neither_loses_nor_duplicates_a_rollup() -> None:
