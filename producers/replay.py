@@ -405,11 +405,14 @@ def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no
     topic, once this producer's device reports of the epoch are acknowledged: the device-topic
     offsets they lie below, the stations without a source reading, whether the replay stopped
     in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
-    metadata, nothing per vehicle."""
+    metadata, nothing per vehicle. Signed with the notes key (:meth:`Enrollment.sign_note`,
+    derived from the enrollment secret): the shuffler refuses an unsigned note."""
+    signer = settings.enrollment()  # the secret was checked at start; a few µs an epoch
     sink.flush()
     ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
-    value = encode_json(SourceEpoch(epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted,
-                                    opens=opens, producer_index=index, producer_count=count, device_offsets=ends))
+    value = encode_json(signer.sign_note(SourceEpoch(
+        epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted, opens=opens,
+        producer_index=index, producer_count=count, device_offsets=ends)))
     sink.send(value, key=b"source-epoch", partition=0, topic=settings.source_topic,
               headers=[(KIND_HEADER, b"source_epoch")])
     sink.flush()

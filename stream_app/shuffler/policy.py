@@ -21,13 +21,27 @@ When an epoch is due:
 2. *end of input*: the epoch is at most the clock, every input partition has been read to its
    end and nothing arrived for ``idle_release_s`` (the last epochs of a replay, a quiet night).
 
+**How far a note may move the clock** (docs/wire.md, "Source notes"): a note's MAC is the
+runtime's check (:meth:`schemas.enrollment.Enrollment.check_note`); the policy's
+(:meth:`ShufflePolicy.note_refusal`) is that an epoch finished is at most ``note_lead_epochs``
+past the newest epoch something vouches for -- the clock itself or an admitted (authenticated,
+in-window) device report (:meth:`ShufflePolicy.vouch`) -- plus, with ``note_pace`` (a paced
+replay's speed), the epochs the host's clock has passed at that pace since that epoch was
+vouched for; with the wall clock (live devices) at most ``lateness_epochs`` past the host's
+current epoch. Beyond, ``note_from_future``.
+Unpaced (speed 0) a note can thus run ahead of the device reports by ``note_lead_epochs`` only,
+however fast it comes; the first note (no clock, nothing seen) is the anchor.
+
 A due epoch whose every round holds at least ``min_crowd`` device reports is released, as the
-runtime's ``release`` says: ``permuted``, each round's reports sorted (arrival order is gone) and
+runtime's ``release`` says (unless the query fixes another release: withheld
+``release_mismatch``): ``permuted``, each round's reports sorted (arrival order is gone) and
 then permuted uniformly at random by the generator the runtime passes; or ``aggregate``, only each
 round's counts -- per value (station-valued mechanisms) or per (station, report) with the implied
 default reports filled in (per-sensor), the wire's exact-tally layout. A smaller crowd is withheld
-with the reason ``below_min_crowd``, an epoch nobody reported for as ``no_reports``; neither gets
-an estimate. A report for an epoch already decided is refused as ``late``.
+with the reason ``below_min_crowd``, an epoch nobody reported for as ``no_reports`` -- either as
+``notes_refused`` instead when a source note of the epoch or of the ``ahead_epochs`` before it
+was refused (the clock may have been kept from opening its window, so its reports refused);
+none gets an estimate. A report for an epoch already decided is refused as ``late``.
 
 >>> from datetime import datetime, timezone
 >>> from schemas import DeviceReport, Query
@@ -69,6 +83,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import DeviceReport, Query, SourceEpoch
+from schemas.epochs import EPOCH_S
 
 from ..decode import Rejected
 
@@ -132,16 +147,23 @@ class Released:
 class Withheld:
     query: Query
     epoch: int
-    reason: str
+    reason: str  # schemas.wire.SHUFFLER_WITHHELD
     devices: tuple[int, ...]  # per round
+    detail: str = ""  # for the operator's dead letter and log line
 
 
 class ShufflePolicy:
     """Admit, hold, decide. ``partitions``: the input (device topic) partitions this instance reads."""
 
     def __init__(self, min_crowd: int, lateness_epochs: int, idle_release_s: float,
-                 partitions: Iterable[int], ahead_epochs: int = 2) -> None:
+                 partitions: Iterable[int], ahead_epochs: int = 2, note_lead_epochs: int = 3,
+                 note_pace: float = 0.0) -> None:
         self.min_crowd = min_crowd
+        self.note_lead_epochs = note_lead_epochs
+        self.note_pace = note_pace
+        self.vouched = -1  # the newest epoch an authenticated device report named (vouch)
+        self._base = (-1, 0.0)  # (max(clock, vouched), the host time it was first seen)
+        self._refused: Counter[int] = Counter()  # note epoch -> notes of it refused (untrusted, from the future)
         self.lateness_epochs = lateness_epochs
         self.idle_release_s = idle_release_s
         self.ahead_epochs = ahead_epochs
@@ -253,6 +275,7 @@ class ShufflePolicy:
             pairs = np.asarray(report.pairs, dtype=np.int64)
             counts[pairs[:, 0] * query.n_outputs + pairs[:, 1]] += 1
         self.last_arrival = now
+        self.vouch(report.epoch, now)
         return None
 
     def refuse(self, report: DeviceReport, query: Query | None, clock: int | None = None) -> Rejected | None:
@@ -338,6 +361,7 @@ class ShufflePolicy:
         """Add reserved reports' counts (the :class:`_Round` layout) to round ``rnd`` of ``key``."""
         self._open[key].rounds[rnd].counts += counts
         self.last_arrival = now
+        self.vouch(key[2], now)
 
     def held_state(self, key: EpochKey) -> list[dict[str, Any]]:
         """An open epoch's rounds as the state log keeps them: devices and the nonzero counts."""
@@ -353,6 +377,68 @@ class ShufflePolicy:
         for r, got in zip(slot.rounds, rounds, strict=True):
             r.devices = int(got["devices"])
             r.counts[np.asarray(got["index"], np.int64)] = np.asarray(got["count"], np.int64)
+
+    def vouch(self, epoch: int, now: float) -> None:
+        """An authenticated device report of ``epoch`` was admitted (so inside the open window,
+        at most ``ahead_epochs`` past the clock: stolen credentials cannot vouch further): the
+        fleet is there, so a note may move the clock that far (:meth:`note_refusal`); called by
+        :meth:`admit` and :meth:`add`."""
+        if epoch > self.vouched:
+            self.vouched = epoch
+            self._mark(now)
+
+    def _mark(self, now: float) -> None:
+        base = max(self.clock, self.vouched)
+        if base > self._base[0]:
+            self._base = (base, now)
+
+    def note_bound(self, now: float) -> int | None:
+        """The newest epoch a note may say its producer finished, at host time ``now`` (None:
+        nothing seen yet, the first note is the anchor)."""
+        self._mark(now)
+        base, since = self._base
+        if base < 0:
+            return None
+        paced = int(max(now - since, 0.0) * self.note_pace / EPOCH_S) if self.note_pace else 0
+        return base + self.note_lead_epochs + paced
+
+    def note_refusal(self, note: SourceEpoch, now: float, wall_epoch: int | None = None) -> Rejected | None:
+        """Why a note (its MAC verified) may not move the clock: it finishes an epoch beyond
+        :meth:`note_bound` or, with the wall clock (``wall_epoch``: the host's current epoch),
+        more than ``lateness_epochs`` past the host's epoch -- ``note_from_future`` (module
+        docstring). A note of an epoch the clock passed is never refused here.
+
+        >>> p = ShufflePolicy(min_crowd=1, lateness_epochs=1, idle_release_s=1.0, partitions=(0,), note_lead_epochs=2)
+        >>> p.note_refusal(SourceEpoch(epoch=500), 0.0) is None  # the first: the anchor
+        True
+        >>> p.note(SourceEpoch(epoch=10, opens=True), lambda epoch: [], 0.0)
+        >>> p.note_refusal(SourceEpoch(epoch=11), 0.0), p.note_refusal(SourceEpoch(epoch=50), 0.0).reason
+        (None, 'note_from_future')
+        >>> p.vouch(11, 1.0)  # an admitted device report of epoch 11
+        >>> p.note_refusal(SourceEpoch(epoch=13), 1.0) is None, p.note_refusal(SourceEpoch(epoch=14), 1.0).reason
+        (True, 'note_from_future')
+        """
+        done = note.epoch - 1 if note.opens else note.epoch
+        if wall_epoch is not None and note.epoch > wall_epoch + self.lateness_epochs:
+            return Rejected("note_from_future", f"a source note of epoch {note.epoch}, more than "
+                                                f"{self.lateness_epochs} past the host's epoch {wall_epoch}")
+        bound = self.note_bound(now)
+        if bound is not None and done > bound:
+            return Rejected("note_from_future",
+                            f"a source note that finishes epoch {done}, past {bound}: the newest epoch vouched for "
+                            f"(clock {self.clock}, device reports {self.vouched}) + {self.note_lead_epochs}"
+                            + (f" + the host's time at pace {self.note_pace:g}" if self.note_pace else ""))
+        return None
+
+    def note_refused(self, epoch: int) -> None:
+        """A note of ``epoch`` was refused (untrusted or from the future): an epoch it could
+        have opened that is withheld says ``notes_refused`` (:meth:`close`). Kept for epochs
+        near the clock, a bounded number."""
+        self._refused[epoch] += 1
+        if len(self._refused) > 4 * EPOCHS_KEPT:
+            for e in sorted(self._refused):
+                if e < self.clock - EPOCHS_KEPT or len(self._refused) > 2 * EPOCHS_KEPT:
+                    del self._refused[e]
 
     def note(self, note: SourceEpoch, active: Active, now: float) -> Rejected | None:
         """Take a replay's source note of an epoch (:class:`~schemas.SourceEpoch`, from the
@@ -379,6 +465,7 @@ class ShufflePolicy:
         self.source_count = note.producer_count
         if all(k in self.sources for k in range(self.source_count)):
             self.advance(min(self.sources[k] for k in range(self.source_count)), active, dict(self.ends))
+            self._mark(now)
         self.last_arrival = now
         if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no report named, long past: dropped
             open_epochs = {k[2] for k in self._open}
@@ -434,21 +521,31 @@ class ShufflePolicy:
 
     def close(self, key: EpochKey, rng: np.random.Generator, release: str = "permuted") -> Released | Withheld:
         """Decide a due epoch: release its rounds -- ``"permuted"`` (the reports, by ``rng``) or
-        ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd)."""
+        ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd, a
+        refused note, a query that fixes another release: module docstring)."""
         slot = self._open.pop(key)
         self._decide(key)
         devices = tuple(r.devices for r in slot.rounds)
         no_data, interrupted = self._notes.get(key[2], (frozenset(), False))
         if not any(k[2] == key[2] for k in self._open):
             self._notes.pop(key[2], None)
+        q = slot.query
+        if q.release is not None and q.release != release:  # never released under another release
+            return Withheld(q, key[2], "release_mismatch", devices,
+                            f"{q.record_key} fixes the {q.release} release; this shuffler releases {release}")
         if interrupted:  # withheld by the worker as interrupted, as without the shuffler: nothing released
             empty = ({"value": np.zeros(0, np.int64)} if slot.query.per_station is None
                      else {"station": np.zeros(0, np.int64), "output": np.zeros(0, np.int64)})
             return Released(slot.query, key[2], tuple(ReleasedRound(empty, 0, d) for d in devices), no_data, True)
-        if max(devices) == 0:
-            return Withheld(slot.query, key[2], "no_reports", devices)
-        if min(devices) < self.min_crowd:
-            return Withheld(slot.query, key[2], "below_min_crowd", devices)
+        if max(devices) == 0 or min(devices) < self.min_crowd:
+            refused = sum(self._refused.get(e, 0) for e in range(key[2] - self.ahead_epochs, key[2] + 1))
+            said = (f"device reports per round {list(devices)}, "
+                    + ("none at all" if max(devices) == 0 else f"below min_crowd {self.min_crowd}"))
+            if refused:
+                return Withheld(q, key[2], "notes_refused", devices,
+                                f"{said}, and {refused} source note(s) that could have opened its window were "
+                                "refused (untrusted_note, note_from_future): its reports may have been refused")
+            return Withheld(q, key[2], "no_reports" if max(devices) == 0 else "below_min_crowd", devices, said)
         if release == "aggregate":
             return Released(slot.query, key[2], tuple(ReleasedRound({"counts": _counts(slot.query, r)}, r.devices,
                                                                     r.devices) for r in slot.rounds), no_data)

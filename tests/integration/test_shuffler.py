@@ -34,7 +34,6 @@ from schemas import (
     SourceEpoch,
     decode_device_record,
     decode_record,
-    encode_json,
 )
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import ensure_topics, publish_query, read_queries
@@ -42,7 +41,7 @@ from stream_app.cli.local_broker import free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 from stream_app.shuffler.state import decided_key, fold, from_kafka
-from tests.devices import signed_json
+from tests.devices import signed_json, signed_note
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, core_estimates, env_for, pipeline_settings, read_estimates, wait_for
@@ -295,7 +294,7 @@ def _send_notes(ss: ShufflerSettings, first: int, last: int) -> None:
     ensure_topics(ss, {ss.source_topic: 1})
     notes = [SourceEpoch(epoch=first, opens=True)] + [SourceEpoch(epoch=e) for e in range(first, last + 1)]
     for note in notes:
-        producer.send(ss.source_topic, key=b"source-epoch", value=encode_json(note), partition=0)
+        producer.send(ss.source_topic, key=b"source-epoch", value=signed_note(note), partition=0)
     producer.flush()
     producer.close()
 
