@@ -413,8 +413,8 @@ def test_forged_source_notes_change_no_estimate_and_withhold_no_epoch(broker: st
                 return Counter(DeadLetter.model_validate_json(r.value).reason
                                for r in drain(ws, ws.dead_letter_topic, quiet_polls=1))
 
+            _assert_cores_estimates(rs, ws, epochs, bounds=False)  # first: what a forged note could change
             wait_for(lambda: letters() == wanted, 60, f"dead letters {dict(wanted)}")
-            _assert_cores_estimates(rs, ws, epochs, bounds=False)
             got = read_estimates(ws)
             assert len(got) == n_rows
             # the forged readings_missing note flagged nothing: what is flagged is the clean run's (the day's gaps)
