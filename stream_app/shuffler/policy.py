@@ -21,14 +21,12 @@ When an epoch is due:
 2. *end of input*: the epoch is at most the clock, every input partition has been read to its
    end and nothing arrived for ``idle_release_s`` (the last epochs of a replay, a quiet night).
 
-**How far a note may move the clock** (docs/wire.md, "Source notes"): a note's MAC is the
-runtime's check (:meth:`schemas.enrollment.Enrollment.check_note`); the policy's
-(:meth:`ShufflePolicy.note_refusal`) is that an epoch finished is at most ``note_lead_epochs``
-past the newest epoch something vouches for -- the clock itself or an admitted (authenticated,
-in-window) device report (:meth:`ShufflePolicy.vouch`) -- plus, with ``note_pace`` (a paced
-replay's speed), the epochs the host's clock has passed at that pace since that epoch was
-vouched for; with the wall clock (live devices) at most ``lateness_epochs`` past the host's
-current epoch. Beyond, ``note_from_future``.
+**How far a note may move the clock**: a note's MAC is the runtime's check
+(:meth:`schemas.enrollment.Enrollment.check_note`); the policy's
+(:meth:`ShufflePolicy.note_refusal`, :mod:`.notes`) is that a note finishes an epoch at most
+``note_lead_epochs`` past the newest epoch something vouches for -- the clock itself or an
+admitted device report -- plus, with ``note_pace``, what the host's time allows; beyond,
+``note_from_future``.
 Unpaced (speed 0) a note can thus run ahead of the device reports by ``note_lead_epochs`` only,
 however fast it comes; the first note (no clock, nothing seen) is the anchor.
 
@@ -83,9 +81,9 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import DeviceReport, Query, SourceEpoch
-from schemas.epochs import EPOCH_S
 
 from ..decode import Rejected
+from .notes import NoteBound
 
 __all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld", "pairs_fit"]
 
@@ -159,11 +157,7 @@ class ShufflePolicy:
                  partitions: Iterable[int], ahead_epochs: int = 2, note_lead_epochs: int = 3,
                  note_pace: float = 0.0) -> None:
         self.min_crowd = min_crowd
-        self.note_lead_epochs = note_lead_epochs
-        self.note_pace = note_pace
-        self.vouched = -1  # the newest epoch an authenticated device report named (vouch)
-        self._base = (-1, 0.0)  # (max(clock, vouched), the host time it was first seen)
-        self._refused: Counter[int] = Counter()  # note epoch -> notes of it refused (untrusted, from the future)
+        self.notes = NoteBound(note_lead_epochs, note_pace, lateness_epochs)
         self.lateness_epochs = lateness_epochs
         self.idle_release_s = idle_release_s
         self.ahead_epochs = ahead_epochs
@@ -275,7 +269,7 @@ class ShufflePolicy:
             pairs = np.asarray(report.pairs, dtype=np.int64)
             counts[pairs[:, 0] * query.n_outputs + pairs[:, 1]] += 1
         self.last_arrival = now
-        self.vouch(report.epoch, now)
+        self.notes.vouch(report.epoch, self.clock, now)
         return None
 
     def refuse(self, report: DeviceReport, query: Query | None, clock: int | None = None) -> Rejected | None:
@@ -361,7 +355,7 @@ class ShufflePolicy:
         """Add reserved reports' counts (the :class:`_Round` layout) to round ``rnd`` of ``key``."""
         self._open[key].rounds[rnd].counts += counts
         self.last_arrival = now
-        self.vouch(key[2], now)
+        self.notes.vouch(key[2], self.clock, now)
 
     def held_state(self, key: EpochKey) -> list[dict[str, Any]]:
         """An open epoch's rounds as the state log keeps them: devices and the nonzero counts."""
@@ -378,67 +372,15 @@ class ShufflePolicy:
             r.devices = int(got["devices"])
             r.counts[np.asarray(got["index"], np.int64)] = np.asarray(got["count"], np.int64)
 
-    def vouch(self, epoch: int, now: float) -> None:
-        """An authenticated device report of ``epoch`` was admitted (so inside the open window,
-        at most ``ahead_epochs`` past the clock: stolen credentials cannot vouch further): the
-        fleet is there, so a note may move the clock that far (:meth:`note_refusal`); called by
-        :meth:`admit` and :meth:`add`."""
-        if epoch > self.vouched:
-            self.vouched = epoch
-            self._mark(now)
-
-    def _mark(self, now: float) -> None:
-        base = max(self.clock, self.vouched)
-        if base > self._base[0]:
-            self._base = (base, now)
-
-    def note_bound(self, now: float) -> int | None:
-        """The newest epoch a note may say its producer finished, at host time ``now`` (None:
-        nothing seen yet, the first note is the anchor)."""
-        self._mark(now)
-        base, since = self._base
-        if base < 0:
-            return None
-        paced = int(max(now - since, 0.0) * self.note_pace / EPOCH_S) if self.note_pace else 0
-        return base + self.note_lead_epochs + paced
-
     def note_refusal(self, note: SourceEpoch, now: float, wall_epoch: int | None = None) -> Rejected | None:
-        """Why a note (its MAC verified) may not move the clock: it finishes an epoch beyond
-        :meth:`note_bound` or, with the wall clock (``wall_epoch``: the host's current epoch),
-        more than ``lateness_epochs`` past the host's epoch -- ``note_from_future`` (module
-        docstring). A note of an epoch the clock passed is never refused here.
-
-        >>> p = ShufflePolicy(min_crowd=1, lateness_epochs=1, idle_release_s=1.0, partitions=(0,), note_lead_epochs=2)
-        >>> p.note_refusal(SourceEpoch(epoch=500), 0.0) is None  # the first: the anchor
-        True
-        >>> p.note(SourceEpoch(epoch=10, opens=True), lambda epoch: [], 0.0)
-        >>> p.note_refusal(SourceEpoch(epoch=11), 0.0), p.note_refusal(SourceEpoch(epoch=50), 0.0).reason
-        (None, 'note_from_future')
-        >>> p.vouch(11, 1.0)  # an admitted device report of epoch 11
-        >>> p.note_refusal(SourceEpoch(epoch=13), 1.0) is None, p.note_refusal(SourceEpoch(epoch=14), 1.0).reason
-        (True, 'note_from_future')
-        """
-        done = note.epoch - 1 if note.opens else note.epoch
-        if wall_epoch is not None and note.epoch > wall_epoch + self.lateness_epochs:
-            return Rejected("note_from_future", f"a source note of epoch {note.epoch}, more than "
-                                                f"{self.lateness_epochs} past the host's epoch {wall_epoch}")
-        bound = self.note_bound(now)
-        if bound is not None and done > bound:
-            return Rejected("note_from_future",
-                            f"a source note that finishes epoch {done}, past {bound}: the newest epoch vouched for "
-                            f"(clock {self.clock}, device reports {self.vouched}) + {self.note_lead_epochs}"
-                            + (f" + the host's time at pace {self.note_pace:g}" if self.note_pace else ""))
-        return None
+        """Why a note (its MAC verified) may not move the clock (:mod:`.notes`:
+        ``note_from_future``); ``wall_epoch``: the host's epoch, with the wall clock."""
+        return self.notes.refusal(note, self.clock, now, wall_epoch)
 
     def note_refused(self, epoch: int) -> None:
-        """A note of ``epoch`` was refused (untrusted or from the future): an epoch it could
-        have opened that is withheld says ``notes_refused`` (:meth:`close`). Kept for epochs
-        near the clock, a bounded number."""
-        self._refused[epoch] += 1
-        if len(self._refused) > 4 * EPOCHS_KEPT:
-            for e in sorted(self._refused):
-                if e < self.clock - EPOCHS_KEPT or len(self._refused) > 2 * EPOCHS_KEPT:
-                    del self._refused[e]
+        """A note of ``epoch`` was refused (untrusted, from the future): an epoch it could
+        have opened that is withheld says ``notes_refused`` (:meth:`close`)."""
+        self.notes.refused(epoch)
 
     def note(self, note: SourceEpoch, active: Active, now: float) -> Rejected | None:
         """Take a replay's source note of an epoch (:class:`~schemas.SourceEpoch`, from the
@@ -465,7 +407,7 @@ class ShufflePolicy:
         self.source_count = note.producer_count
         if all(k in self.sources for k in range(self.source_count)):
             self.advance(min(self.sources[k] for k in range(self.source_count)), active, dict(self.ends))
-            self._mark(now)
+            self.notes.vouch(-1, self.clock, now)
         self.last_arrival = now
         if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no report named, long past: dropped
             open_epochs = {k[2] for k in self._open}
@@ -538,7 +480,7 @@ class ShufflePolicy:
                      else {"station": np.zeros(0, np.int64), "output": np.zeros(0, np.int64)})
             return Released(slot.query, key[2], tuple(ReleasedRound(empty, 0, d) for d in devices), no_data, True)
         if max(devices) == 0 or min(devices) < self.min_crowd:
-            refused = sum(self._refused.get(e, 0) for e in range(key[2] - self.ahead_epochs, key[2] + 1))
+            refused = self.notes.refused_near(key[2], self.ahead_epochs)
             said = (f"device reports per round {list(devices)}, "
                     + ("none at all" if max(devices) == 0 else f"below min_crowd {self.min_crowd}"))
             if refused:
