@@ -13,6 +13,7 @@ what was handed to the producer. A broker lost mid-run ends the replay within
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing as mp
 import secrets
@@ -399,6 +400,12 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
                                             partitions=partitions) < len(records):
             return
 
+@functools.cache
+def _notes_signer(settings: ReplaySettings) -> Enrollment:
+    """The enrollment whose notes key signs this replay's source notes."""
+    return settings.enrollment()
+
+
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
                       interrupted: bool, index: int, count: int, opens: bool = False) -> None:
     """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
@@ -407,7 +414,7 @@ def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no
     in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
     metadata, nothing per vehicle. Signed with the notes key (:meth:`Enrollment.sign_note`,
     derived from the enrollment secret): the shuffler refuses an unsigned note."""
-    signer = settings.enrollment()  # the secret was checked at start; a few µs an epoch
+    signer = _notes_signer(settings)  # read once per process: the secret was checked at start
     sink.flush()
     ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
     value = encode_json(signer.sign_note(SourceEpoch(
