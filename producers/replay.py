@@ -13,6 +13,7 @@ what was handed to the producer. A broker lost mid-run ends the replay within
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing as mp
 import secrets
@@ -399,17 +400,26 @@ def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: S
                                             partitions=partitions) < len(records):
             return
 
+@functools.cache
+def _notes_signer(settings: ReplaySettings) -> Enrollment:
+    """The enrollment whose notes key signs this replay's source notes."""
+    return settings.enrollment()
+
+
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
                       interrupted: bool, index: int, count: int, opens: bool = False) -> None:
     """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
     topic, once this producer's device reports of the epoch are acknowledged: the device-topic
     offsets they lie below, the stations without a source reading, whether the replay stopped
     in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
-    metadata, nothing per vehicle."""
+    metadata, nothing per vehicle. Signed with the notes key (:meth:`Enrollment.sign_note`,
+    derived from the enrollment secret): the shuffler refuses an unsigned note."""
+    signer = _notes_signer(settings)  # read once per process: the secret was checked at start
     sink.flush()
     ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
-    value = encode_json(SourceEpoch(epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted,
-                                    opens=opens, producer_index=index, producer_count=count, device_offsets=ends))
+    value = encode_json(signer.sign_note(SourceEpoch(
+        epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted, opens=opens,
+        producer_index=index, producer_count=count, device_offsets=ends)))
     sink.send(value, key=b"source-epoch", partition=0, topic=settings.source_topic,
               headers=[(KIND_HEADER, b"source_epoch")])
     sink.flush()

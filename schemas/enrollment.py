@@ -14,6 +14,14 @@ check of it (docs/wire.md, "Device authentication"). Standard library only (``hm
   hash of the device id under the slot's key, derived from the secret (never written
   anywhere) -- is what the shuffler keeps to refuse a second report; without the secret a digest says
   nothing of the device and two slots' digests of one device are unrelated.
+* **Source notes** (:class:`~schemas.SourceEpoch`, the replay's per-epoch notes: the shuffler's
+  clock) carry ``mac``, HMAC-SHA256 under the **notes key** ``HKDF-SHA256(secret, salt=PROTOCOL,
+  info=PROTOCOL + " source notes")`` -- derived like a device's key, under a label no device id
+  can produce -- of :func:`note_message` (the note's other fields as canonical JSON). The shuffler
+  refuses a note without a MAC that verifies (``untrusted_note``) whatever the broker's ACLs.
+* **Revocation**: :class:`Revocation`, a file of revoked device ids (one a line, ``#`` comments),
+  re-read when it changes (:meth:`Enrollment.refresh_revocation`); a revoked device's report
+  whose MAC verifies is refused ``revoked``, at the shuffler and at its front door.
 
 >>> from schemas.device_binary import encode_device, unpack_device
 >>> e = Enrollment(b"s" * 32, devices=10)
@@ -22,27 +30,41 @@ check of it (docs/wire.md, "Device authentication"). Standard library only (``hm
 (7, None)
 >>> e.check(7, sealed[:-MAC_BYTES], bytes(16)).reason, e.check(10, sealed[:-MAC_BYTES], sealed[-16:]).reason
 ('bad_mac', 'unknown_device')
+>>> from schemas import SourceEpoch
+>>> note = e.sign_note(SourceEpoch(epoch=9))
+>>> e.check_note(note), e.check_note(SourceEpoch(epoch=9)).reason
+(None, 'untrusted_note')
+>>> e.check_note(note.model_copy(update={"epoch": 49})).detail
+'a source note whose MAC does not verify under the notes key'
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import logging
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from .device_binary import FLAG_AUTH, MAC_BYTES, auth_message
-from .wire import DeviceReport
+from .wire import DeviceReport, SourceEpoch
 
-__all__ = ["DIGEST_BYTES", "KEY_CACHE", "MIN_SECRET_BYTES", "PROTOCOL", "AuthFailure", "Enrollment",
-           "EnrollmentError", "hkdf_expand", "hkdf_extract", "hkdf_sha256"]
+__all__ = ["DIGEST_BYTES", "KEY_CACHE", "MIN_SECRET_BYTES", "NOTES_LABEL", "PROTOCOL", "AuthFailure", "Enrollment",
+           "EnrollmentError", "Revocation", "hkdf_expand", "hkdf_extract", "hkdf_sha256", "note_message"]
+
+log = logging.getLogger(__name__)
 
 PROTOCOL = b"ptt device-report v1"
 MIN_SECRET_BYTES = 32
 DIGEST_BYTES = 8  # a slot digest: collisions among 136,161 devices in one slot ~ 5e-10
 KEY_CACHE = 262_144  # derived keys kept (the papers' largest fleet is 136,161 devices)
+NOTES_LABEL = PROTOCOL + b" source notes"  # the notes key's HKDF info (a device's is PROTOCOL + b" device " + u32)
+MAX_REVOKED = 1 << 22  # ids in a revocation list, at most
 _U32 = struct.Struct("<I")
 _IPAD = bytes(x ^ 0x36 for x in range(256))  # RFC 2104's pads, as bytes.translate tables
 _OPAD = bytes(x ^ 0x5C for x in range(256))
@@ -64,6 +86,92 @@ _UNAUTHENTICATED = AuthFailure("unauthenticated", "a device report without a dev
                                                   "required)")
 _UNKNOWN = AuthFailure("unknown_device", "a device id that is not enrolled")
 _BAD_MAC = AuthFailure("bad_mac", "the report's MAC does not verify under its device's key")
+_REVOKED = AuthFailure("revoked", "a report of a revoked device (its MAC verifies; the revocation list names it)")
+_UNSIGNED_NOTE = AuthFailure("untrusted_note", "a source note without a MAC (the replay signs its notes)")
+_BAD_NOTE = AuthFailure("untrusted_note", "a source note whose MAC does not verify under the notes key")
+
+
+def note_message(note: SourceEpoch) -> bytes:
+    """The bytes a source note's MAC covers: ``NOTES_LABEL``, a 0x1f byte, then the note's
+    fields but ``mac`` as JSON with sorted keys and no spaces (one definition for the replay
+    and the shuffler, whatever bytes carried the note).
+
+    >>> note_message(SourceEpoch(epoch=3, readings_missing=(7,)))[len(NOTES_LABEL) + 1:].decode()[:60]
+    '{"device_offsets":[],"epoch":3,"interrupted":false,"kind":"s'
+    """
+    fields = note.model_dump(mode="json", exclude={"mac"})
+    return NOTES_LABEL + b"\x1f" + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+
+class Revocation:
+    """The revoked device ids: a file of ids (decimal, one a line; blank lines and ``#``
+    comments ignored), or none. :meth:`refresh` re-reads it when its mtime, size or inode
+    changed (one ``stat``); a file that cannot be read or parsed on a refresh keeps the list
+    in force and is logged (at start, :meth:`load` raises :class:`EnrollmentError`).
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = Path(d) / "revoked"
+    ...     _ = path.write_text("# stolen\\n7\\n\\n12\\n")
+    ...     r = Revocation.load(path)
+    ...     before = sorted(r.ids)
+    ...     _ = path.write_text("7\\n12\\n30  # another\\n")
+    ...     changed = r.refresh()
+    >>> before, changed, sorted(r.ids)
+    ([7, 12], True, [7, 12, 30])
+    """
+
+    def __init__(self, path: Path | None = None, ids: Iterable[int] = ()) -> None:
+        self.path = path
+        self.ids: frozenset[int] = frozenset(ids)
+        self._stamp: tuple[int, int, int] | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> Revocation:
+        r = cls(path)
+        try:
+            r._stamp = r._stat()
+            r.ids = _parse_ids(path.read_text())
+        except OSError as exc:
+            raise EnrollmentError(f"cannot read the revocation list {path}: {exc.strerror or exc}") from exc
+        except ValueError as exc:
+            raise EnrollmentError(f"the revocation list {path}: {exc}") from exc
+        return r
+
+    def _stat(self) -> tuple[int, int, int]:
+        st = os.stat(self.path or "")
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def refresh(self) -> bool:
+        """Re-read the file if it changed; whether the list was replaced."""
+        if self.path is None:
+            return False
+        try:
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return False
+            ids = _parse_ids(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("the revocation list %s cannot be read (%s); the previous list (%d ids) stays in force",
+                        self.path, exc, len(self.ids))
+            return False
+        self._stamp, self.ids = stamp, ids
+        log.warning("revocation list %s re-read: %d device ids revoked", self.path, len(ids))
+        return True
+
+
+def _parse_ids(text: str) -> frozenset[int]:
+    ids = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        word = line.split("#", 1)[0].strip()
+        if not word:
+            continue
+        if not word.isdigit() or int(word) >= 2**32:
+            raise ValueError(f"line {n}: {word[:40]!r} is not a device id (0 .. 2**32 - 1)")
+        ids.add(int(word))
+        if len(ids) > MAX_REVOKED:
+            raise ValueError(f"more than {MAX_REVOKED} ids")
+    return frozenset(ids)
 
 
 def hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
@@ -99,7 +207,7 @@ class Enrollment:
     """The enrolled devices ``0 .. devices - 1`` under one secret: their keys (derived once,
     cached), sealing a report (the device side) and checking one (the shuffler's)."""
 
-    def __init__(self, secret: bytes, devices: int) -> None:
+    def __init__(self, secret: bytes, devices: int, revocation: Revocation | None = None) -> None:
         if len(secret) < MIN_SECRET_BYTES:
             raise EnrollmentError(f"the enrollment secret has {len(secret)} bytes, at least {MIN_SECRET_BYTES} needed")
         if not 1 <= devices <= 2**32:
@@ -107,6 +215,8 @@ class Enrollment:
         self.devices = devices
         self._prk = hkdf_extract(PROTOCOL, secret)  # the extract step is the same for every key: once
         self._slot_key = hkdf_expand(self._prk, PROTOCOL + b" slot digests")
+        self._notes_key = hkdf_expand(self._prk, NOTES_LABEL)
+        self.revocation = revocation or Revocation()
         self.key = lru_cache(maxsize=KEY_CACHE)(self._derive)
         self._states = lru_cache(maxsize=KEY_CACHE)(self._keyed_states)
         self._slot_keys = lru_cache(maxsize=4096)(self._slot_derive)
@@ -131,6 +241,28 @@ class Enrollment:
 
     def enrolled(self, device: int) -> bool:
         return 0 <= device < self.devices
+
+    def refresh_revocation(self) -> bool:
+        """Re-read the revocation list if its file changed (:meth:`Revocation.refresh`: one
+        ``stat`` when it did not); the shuffler calls it before each batch, the front door may
+        before each request."""
+        return self.revocation.refresh()
+
+    def revoked(self, device: int) -> bool:
+        return device in self.revocation.ids
+
+    def sign_note(self, note: SourceEpoch) -> SourceEpoch:
+        """``note`` with its ``mac`` (the replay's side)."""
+        mac = hmac.digest(self._notes_key, note_message(note), "sha256").hex()
+        return note.model_copy(update={"mac": mac})
+
+    def check_note(self, note: SourceEpoch) -> AuthFailure | None:
+        """Whether ``note`` carries the notes key's MAC of :func:`note_message` (None: it does);
+        ``untrusted_note`` otherwise."""
+        if note.mac is None:
+            return _UNSIGNED_NOTE
+        want = hmac.digest(self._notes_key, note_message(note), "sha256")
+        return None if hmac.compare_digest(want, bytes.fromhex(note.mac)) else _BAD_NOTE
 
     def mac(self, device: int, message: bytes | memoryview) -> bytes:
         """HMAC-SHA256 of ``message`` under device ``device``'s key, its first ``MAC_BYTES``.
@@ -169,24 +301,31 @@ class Enrollment:
             return _UNKNOWN
         if not hmac.compare_digest(self.mac(device, message), mac):
             return _BAD_MAC
+        if device in self.revocation.ids:
+            return _REVOKED
         return None
 
     def check_sealed(self, devices: Sequence[int], records: Sequence[bytes]) -> list[tuple[int, AuthFailure]]:
         """:meth:`check` of many sealed binary records, each's message and MAC its own bytes
         (the shuffler's decode step, one call per batch); ``devices``: each's trailer's device
-        id, -1 where it has none (``unauthenticated``). The failures, by position.
+        id, -1 where it has none (``unauthenticated``). The failures, by position (a revoked
+        device's report whose MAC verifies: ``revoked``).
 
-        >>> e = Enrollment(b"an enrollment secret of 32 bytes!", devices=8)
+        >>> e = Enrollment(b"an enrollment secret of 32 bytes!", devices=8, revocation=Revocation(ids=(5,)))
         >>> good = e.seal(b"\\x01\\x00\\x01q" + bytes(13), 3)
         >>> [(j, why.reason) for j, why in e.check_sealed([3, 4, 9, -1], [good] * 4)]
         [(1, 'bad_mac'), (2, 'unknown_device'), (3, 'unauthenticated')]
+        >>> [why.reason for _, why in e.check_sealed([5], [e.seal(b"\\x01\\x00\\x01q" + bytes(13), 5)])]
+        ['revoked']
         """
-        out, mac, n, compare = [], self.mac, self.devices, hmac.compare_digest
+        out, mac, n, compare, revoked = [], self.mac, self.devices, hmac.compare_digest, self.revocation.ids
         for j, (device, raw) in enumerate(zip(devices, records, strict=True)):
             if not 0 <= device < n:
                 out.append((j, _UNAUTHENTICATED if device < 0 else _UNKNOWN))
             elif not compare(mac(device, memoryview(raw)[:-MAC_BYTES]), raw[-MAC_BYTES:]):
                 out.append((j, _BAD_MAC))
+            elif revoked and device in revoked:
+                out.append((j, _REVOKED))
         return out
 
     def check_report(self, report: DeviceReport, raw: bytes | None = None) -> AuthFailure | None:

@@ -88,9 +88,12 @@ Round = Annotated[int, Field(ge=0, le=1)]
 #: what a shuffler releases per (query, version, epoch, round): the reports permuted, or only their counts
 Release = Literal["permuted", "aggregate"]
 RELEASES: tuple[Release, ...] = ("aggregate", "permuted")
-#: why a shuffler withheld a (query, version, epoch) it held: nobody reported, or too small a crowd
-ShufflerWithheld = Literal["no_reports", "below_min_crowd"]
-SHUFFLER_WITHHELD: tuple[ShufflerWithheld, ...] = ("no_reports", "below_min_crowd")
+#: why a shuffler withheld a (query, version, epoch) it held: nobody reported, too small a crowd,
+#: source notes that could have opened its window were refused (so its reports may have been
+#: refused too), or the query fixes another release than the shuffler's
+ShufflerWithheld = Literal["no_reports", "below_min_crowd", "notes_refused", "release_mismatch"]
+SHUFFLER_WITHHELD: tuple[ShufflerWithheld, ...] = ("no_reports", "below_min_crowd", "notes_refused",
+                                                   "release_mismatch")
 
 
 class WireError(ValueError):
@@ -209,7 +212,9 @@ class SourceEpoch(_Frozen):
     (``device_offsets``: (partition, end offset) pairs), the stations (sensor ids) whose source
     reading is missing this epoch (the direct path's markers' ``readings_missing``), and whether
     the replay stopped in the middle of the epoch (the markers' ``interrupted``). The shuffler
-    carries the last two into the markers it writes.
+    carries the last two into the markers it writes. ``mac``: the replay's HMAC of the note
+    under the notes key (:meth:`schemas.enrollment.Enrollment.sign_note`, hex); the shuffler
+    refuses a note without a MAC that verifies (``untrusted_note``), whatever the broker's ACLs.
 
     >>> n = SourceEpoch(epoch=9, readings_missing=(400001,), interrupted=True)
     >>> decode_device_record(encode_json(n)) == n
@@ -226,6 +231,8 @@ class SourceEpoch(_Frozen):
     producer_count: int = Field(default=1, ge=1, le=1024)
     device_offsets: tuple[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]], ...] = Field(
         default=(), max_length=4096, description="(device partition, end offset): the producer's reports lie below")
+    mac: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                            description="HMAC-SHA256 of the note's other fields under the notes key (hex)")
 
     @model_validator(mode="after")
     def _index(self) -> SourceEpoch:
@@ -325,8 +332,10 @@ class EndOfEpoch(_Frozen):
                     "its query's (bad_marker)")
     withheld: ShufflerWithheld | None = Field(
         default=None,
-        description="optional: a shuffler withheld this (query, version, epoch) -- 'no_reports' (nobody reported) or "
-                    "'below_min_crowd' (a round held fewer than its --min-crowd reports) -- and released nothing of "
+        description="optional: a shuffler withheld this (query, version, epoch) -- 'no_reports' (nobody reported), "
+                    "'below_min_crowd' (a round held fewer than its --min-crowd reports), 'notes_refused' (source "
+                    "notes that could have opened its window were refused) or 'release_mismatch' (the query fixes "
+                    "another release than the shuffler's) -- and released nothing of "
                     "it: the marker then attests 0 reports, batches and participants, and the worker withholds the "
                     "epoch with this reason")
 

@@ -207,8 +207,8 @@ class ShuffledEpsilon:
 
 #: bounded codes of why an epoch is withheld (a metric label); the text says more
 WITHHELD_CODES = ("conflicting_markers", "late", "participants_unknown", "missing_markers", "interrupted",
-                  "no_reports", "below_min_crowd", "too_few_participants", "missing_batches", "impossible_counts",
-                  "internal")
+                  "no_reports", "below_min_crowd", "notes_refused", "release_mismatch", "too_few_participants",
+                  "missing_batches", "impossible_counts", "internal")
 IMPOSSIBLE_AT = 1e-9  # false-alarm rate per station of the plausibility check
 
 
@@ -249,6 +249,13 @@ def _withheld(w: WindowState, q: Query, participants: int | None, missing: list[
     by_shuffler = w.withheld_by_producer()
     if by_shuffler == "no_reports":
         return "no_reports", "no_reports: the shuffler held no device report for this epoch"
+    if by_shuffler == "notes_refused":
+        return "notes_refused", ("notes_refused: the shuffler refused source notes that could have opened this "
+                                 "epoch's window (unsigned, badly signed or from the future), so it released none "
+                                 "of it")
+    if by_shuffler == "release_mismatch":
+        return "release_mismatch", ("release_mismatch: the query fixes another release than the shuffler's, which "
+                                    "refused to serve it")
     if by_shuffler is not None:
         return "below_min_crowd", ("below_min_crowd: a round held fewer device reports than the shuffler's minimum "
                                    "crowd, so it released none of the epoch")

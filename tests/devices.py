@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from functools import cache
 
-from schemas import DeviceReport, encode_json
+from schemas import DeviceReport, SourceEpoch, encode_json
 from schemas.enrollment import Enrollment
 from schemas.settings import EnrollmentSettings
 
-__all__ = ["ENROLLMENT_SECRET", "enrollment", "signed", "signed_json"]
+__all__ = ["ENROLLMENT_SECRET", "enrollment", "signed", "signed_json", "signed_note"]
 
 ENROLLMENT_SECRET = "ptt-test-suite-enrollment-secret-0123456789abcdef"  # not a secret: tests only
 
@@ -28,3 +28,8 @@ def signed(report: DeviceReport, device: int) -> DeviceReport:
 
 def signed_json(report: DeviceReport, device: int) -> bytes:
     return encode_json(signed(report, device))
+
+
+def signed_note(note: SourceEpoch) -> bytes:
+    """A replay's source note as the replay sends it: signed with the suite's notes key."""
+    return encode_json(enrollment().sign_note(note))

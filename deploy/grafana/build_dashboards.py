@@ -216,10 +216,12 @@ def overview() -> dashboard_builders.Dashboard:
                          "watermark passed it and its markers never completed it), participants_unknown, "
                          "missing_markers (a producer's marker for some partition never came), interrupted, "
                          "no_reports and below_min_crowd (the shuffler withheld it: nobody reported, or too "
-                         "small a crowd), too_few_participants, impossible_counts (counts no population could "
-                         "produce: forged or corrupt reports), missing_batches, internal. Anything but "
-                         "too_few_participants, no_reports and below_min_crowd deserves a look; impossible_counts "
-                         "or conflicting_markers can mean a writer is forging records.",
+                         "small a crowd), notes_refused (the shuffler refused source notes that could have opened "
+                         "it: unsigned, badly signed or from the future), release_mismatch (the query fixes "
+                         "another release than the shuffler's), too_few_participants, impossible_counts "
+                         "(counts no population could produce: forged or corrupt reports), missing_batches, "
+                         "internal. Anything but too_few_participants, no_reports and below_min_crowd deserves a "
+                         "look; impossible_counts or conflicting_markers can mean a writer is forging records.",
                          targets(("sum by (query, reason) (increase(ptt_withheld_epochs_total[5m]))",
                                   "{{query}} {{reason}}")), unit="none"),
         timeseries_panel(next(ids), "Records/s by kind", "Records read from the reports topic: batches, tallies, "

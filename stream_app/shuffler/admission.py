@@ -33,7 +33,8 @@ from schemas import Query
 from ..decode import Rejected
 from .columns import DeviceBatch
 from .enrolled import Slot, SlotDevices
-from .policy import EpochKey, ShufflePolicy, pairs_fit
+from .payload import pairs_fit
+from .policy import EpochKey, ShufflePolicy
 
 __all__ = ["Admission", "Step"]
 

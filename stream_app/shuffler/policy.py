@@ -21,13 +21,18 @@ When an epoch is due:
 2. *end of input*: the epoch is at most the clock, every input partition has been read to its
    end and nothing arrived for ``idle_release_s`` (the last epochs of a replay, a quiet night).
 
-A due epoch whose every round holds at least ``min_crowd`` device reports is released, as the
-runtime's ``release`` says: ``permuted``, each round's reports sorted (arrival order is gone) and
-then permuted uniformly at random by the generator the runtime passes; or ``aggregate``, only each
-round's counts -- per value (station-valued mechanisms) or per (station, report) with the implied
-default reports filled in (per-sensor), the wire's exact-tally layout. A smaller crowd is withheld
-with the reason ``below_min_crowd``, an epoch nobody reported for as ``no_reports``; neither gets
-an estimate. A report for an epoch already decided is refused as ``late``.
+**How far a note may move the clock**: its MAC is the runtime's check
+(:meth:`schemas.enrollment.Enrollment.check_note`), its lead the policy's
+(:meth:`ShufflePolicy.note_refusal`; the rule is :mod:`.notes`'): beyond it, ``note_from_future``.
+
+A due epoch whose every round holds at least ``min_crowd`` device reports is released as the
+runtime's ``release`` says (a query that fixes another is withheld ``release_mismatch``):
+``permuted``, each round's reports sorted, then permuted uniformly at random by the runtime's
+generator; or ``aggregate``, only each round's counts in the wire's exact-tally layout (per-sensor:
+the implied default reports filled in). A smaller crowd is withheld ``below_min_crowd``, an epoch
+nobody reported for ``no_reports`` -- either ``notes_refused`` when a source note of the epoch or
+of the ``ahead_epochs`` before it was refused (its window may not have opened). A report for an
+epoch already decided is refused as ``late``.
 
 A span query (``Query.span_s``) has one slot per span, at the span's first epoch (a report naming
 any other epoch is refused as ``misaligned_span``); the rules above read the span's *last* epoch
@@ -65,7 +70,6 @@ without a reading in any of them, interrupted if any was).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -76,8 +80,10 @@ import numpy.typing as npt
 from schemas import DeviceReport, Query, SourceEpoch
 
 from ..decode import Rejected
+from .notes import NoteBound
+from .payload import check_payload
 
-__all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld", "pairs_fit"]
+__all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld"]
 
 EpochKey = tuple[str, int, int]  # (query id, version, epoch)
 Active = Callable[[int], Iterable[Query]]  # the queries active in an epoch
@@ -137,16 +143,19 @@ class Released:
 class Withheld:
     query: Query
     epoch: int
-    reason: str
+    reason: str  # schemas.wire.SHUFFLER_WITHHELD
     devices: tuple[int, ...]  # per round
+    detail: str = ""  # for the operator's dead letter and log line
 
 
 class ShufflePolicy:
     """Admit, hold, decide. ``partitions``: the input (device topic) partitions this instance reads."""
 
     def __init__(self, min_crowd: int, lateness_epochs: int, idle_release_s: float,
-                 partitions: Iterable[int], ahead_epochs: int = 2) -> None:
+                 partitions: Iterable[int], ahead_epochs: int = 2, note_lead_epochs: int = 3,
+                 note_pace: float = 0.0) -> None:
         self.min_crowd = min_crowd
+        self.notes = NoteBound(note_lead_epochs, note_pace, lateness_epochs)
         self.lateness_epochs = lateness_epochs
         self.idle_release_s = idle_release_s
         self.ahead_epochs = ahead_epochs
@@ -258,6 +267,7 @@ class ShufflePolicy:
             pairs = np.asarray(report.pairs, dtype=np.int64)
             counts[pairs[:, 0] * query.n_outputs + pairs[:, 1]] += 1
         self.last_arrival = now
+        self.notes.vouch(report.epoch, self.clock, now)
         return None
 
     def refuse(self, report: DeviceReport, query: Query | None, clock: int | None = None) -> Rejected | None:
@@ -284,7 +294,7 @@ class ShufflePolicy:
                             f"{(self.clock if clock is None else clock) + self.ahead_epochs}] of the trusted clock")
         # a device's pairs as two columns, split once (through builtins, no per-pair Python loop)
         stations, outputs = zip(*report.pairs, strict=True) if report.pairs else ((), ())
-        return _check_payload(report, query, stations, outputs)
+        return check_payload(report, query, stations, outputs)
 
     def passing(self, query: Query | None, epoch: IntArray, rnd: IntArray, value: IntArray | None = None,
                 bitmap_stations: IntArray | None = None, clock: IntArray | None = None,
@@ -293,7 +303,7 @@ class ShufflePolicy:
         (its reason, if not, is :meth:`refuse`'s). ``value``: station-valued reports' values;
         ``bitmap_stations``: else, bitmap reports' station counts (every bitmap bit is a pair
         ``(s, 1)``, so only the query's V and report 1 are checked here; padding bits are the
-        decoder's); ``pairs_fit``: else, pair reports' :func:`pairs_fit`; ``clock``: each
+        decoder's); ``pairs_fit``: else, pair reports' :func:`.payload.pairs_fit`; ``clock``: each
         report's :meth:`window_clock` (None: the clock now)."""
         if query is None:
             return np.zeros(epoch.size, bool)
@@ -347,6 +357,7 @@ class ShufflePolicy:
         """Add reserved reports' counts (the :class:`_Round` layout) to round ``rnd`` of ``key``."""
         self._open[key].rounds[rnd].counts += counts
         self.last_arrival = now
+        self.notes.vouch(key[2], self.clock, now)
 
     def held_state(self, key: EpochKey) -> list[dict[str, Any]]:
         """An open epoch's rounds as the state log keeps them: devices and the nonzero counts."""
@@ -362,6 +373,16 @@ class ShufflePolicy:
         for r, got in zip(slot.rounds, rounds, strict=True):
             r.devices = int(got["devices"])
             r.counts[np.asarray(got["index"], np.int64)] = np.asarray(got["count"], np.int64)
+
+    def note_refusal(self, note: SourceEpoch, now: float, wall_epoch: int | None = None) -> Rejected | None:
+        """Why a note (its MAC verified) may not move the clock (:mod:`.notes`:
+        ``note_from_future``); ``wall_epoch``: the host's epoch, with the wall clock."""
+        return self.notes.refusal(note, self.clock, now, wall_epoch)
+
+    def note_refused(self, epoch: int) -> None:
+        """A note of ``epoch`` was refused (untrusted, from the future): an epoch it could
+        have opened that is withheld says ``notes_refused`` (:meth:`close`)."""
+        self.notes.refused(epoch)
 
     def note(self, note: SourceEpoch, active: Active, now: float) -> Rejected | None:
         """Take a replay's source note of an epoch (:class:`~schemas.SourceEpoch`, from the
@@ -388,6 +409,7 @@ class ShufflePolicy:
         self.source_count = note.producer_count
         if all(k in self.sources for k in range(self.source_count)):
             self.advance(min(self.sources[k] for k in range(self.source_count)), active, dict(self.ends))
+            self.notes.vouch(-1, self.clock, now)
         self.last_arrival = now
         if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no report named, long past: dropped
             for e in [e for e in self._notes if e < self.clock - EPOCHS_KEPT and not self._covered(e)]:
@@ -465,20 +487,30 @@ class ShufflePolicy:
 
     def close(self, key: EpochKey, rng: np.random.Generator, release: str = "permuted") -> Released | Withheld:
         """Decide a due epoch: release its rounds -- ``"permuted"`` (the reports, by ``rng``) or
-        ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd)."""
+        ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd, a
+        refused note, a query that fixes another release: module docstring)."""
         span = self._span(key)
         slot = self._open.pop(key)
         self._decide(key)
         devices = tuple(r.devices for r in slot.rounds)
         no_data, interrupted = self._take_notes(span)  # a span's: any epoch of it
+        q = slot.query
+        if q.release is not None and q.release != release:  # never released under another release
+            return Withheld(q, key[2], "release_mismatch", devices,
+                            f"{q.record_key} fixes the {q.release} release; this shuffler releases {release}")
         if interrupted:  # withheld by the worker as interrupted, as without the shuffler: nothing released
             empty = ({"value": np.zeros(0, np.int64)} if slot.query.per_station is None
                      else {"station": np.zeros(0, np.int64), "output": np.zeros(0, np.int64)})
             return Released(slot.query, key[2], tuple(ReleasedRound(empty, 0, d) for d in devices), no_data, True)
-        if max(devices) == 0:
-            return Withheld(slot.query, key[2], "no_reports", devices)
-        if min(devices) < self.min_crowd:
-            return Withheld(slot.query, key[2], "below_min_crowd", devices)
+        if max(devices) == 0 or min(devices) < self.min_crowd:
+            refused = self.notes.refused_near(key[2], self.ahead_epochs)
+            said = (f"device reports per round {list(devices)}, "
+                    + ("none at all" if max(devices) == 0 else f"below min_crowd {self.min_crowd}"))
+            if refused:
+                return Withheld(q, key[2], "notes_refused", devices,
+                                f"{said}, and {refused} source note(s) that could have opened its window were "
+                                "refused (untrusted_note, note_from_future): its reports may have been refused")
+            return Withheld(q, key[2], "no_reports" if max(devices) == 0 else "below_min_crowd", devices, said)
         if release == "aggregate":
             return Released(slot.query, key[2], tuple(ReleasedRound({"counts": _counts(slot.query, r)}, r.devices,
                                                                     r.devices) for r in slot.rounds), no_data)
@@ -521,56 +553,3 @@ def _counts(query: Query, r: _Round) -> IntArray:
         raise ValueError(f"{query.mechanism} has no implied default report")
     table[:, default] += r.devices - table.sum(axis=1)
     return table.ravel()
-
-
-def pairs_fit(query: Query, station: IntArray, output: IntArray, owner: IntArray, n: int) -> npt.NDArray[np.bool_]:
-    """Whether each of ``n`` pair reports' pairs fit ``query`` as :func:`_check_payload` says
-    (pair ``j`` belongs to report ``owner[j]``): stations at most V, each once in a report,
-    reports non-default and below the query's outputs.
-
-    >>> from datetime import datetime, timezone
-    >>> t0 = datetime(2026, 11, 18, tzinfo=timezone.utc)
-    >>> q = Query(query_id="q", analyst_id="a", version=1, mechanism="unary", sensors=(1, 2, 3), population=9,
-    ...           t_start=t0, t_end=t0.replace(day=19))
-    >>> st, out, owner = np.array([1, 3, 4, 2, 2, 1]), np.array([1, 1, 1, 1, 1, 0]), np.array([0, 0, 1, 2, 2, 3])
-    >>> pairs_fit(q, st, out, owner, 5).tolist()  # fits; station 4 > V; station 2 twice; the default; no pairs
-    [True, False, False, False, True]
-    """
-    bad = (station > query.n_stations) | (output >= query.n_outputs)
-    if query.default_report is not None:
-        bad |= output == query.default_report
-    keys = np.sort(owner * (query.n_stations + 2) + np.minimum(station, query.n_stations + 1))
-    twice = keys[1:][keys[1:] == keys[:-1]] // (query.n_stations + 2)
-    out: npt.NDArray[np.bool_] = (np.bincount(owner[bad], minlength=n) == 0) & (np.bincount(twice, minlength=n) == 0)
-    return out
-
-
-def _check_payload(report: DeviceReport, query: Query, stations: tuple[int, ...],
-                   outputs: tuple[int, ...]) -> Rejected | None:
-    """Why a report's payload does not fit its query (None: it fits); ``stations`` and
-    ``outputs``: its pairs' columns."""
-    v = query.n_stations
-    if query.per_station is None:
-        if report.value is None:
-            return Rejected("wrong_layout", f"pairs for a {query.mechanism} query (a device sends one value)")
-        if report.value > v:
-            return Rejected("out_of_range", f"station index {report.value} > {v}")
-        return None
-    if report.pairs is None:
-        return Rejected("wrong_layout", f"a value for a {query.mechanism} query (a device sends its pairs)")
-    if report.bitmap_stations is not None and report.bitmap_stations != v:
-        return Rejected("wrong_layout", f"a bitmap over {report.bitmap_stations} stations for "
-                                        f"{query.record_key}'s {v} stations")
-    if not report.pairs:
-        return None
-    if max(stations) > v:
-        return Rejected("out_of_range", f"station index {max(stations)} > {v}")
-    n_out = query.n_outputs
-    default = query.default_report
-    if max(outputs) >= n_out or default in outputs:
-        bad = next(o for o in outputs if o >= n_out or o == default)
-        return Rejected("out_of_range", f"report {bad}: pairs carry non-default reports below {n_out}")
-    if len(set(stations)) != len(stations):
-        twice = next(s for s, n in Counter(stations).items() if n > 1)
-        return Rejected("bad_pairs", f"station {twice} twice in one device's report")
-    return None

@@ -15,6 +15,7 @@ from kafka.partitioner.default import murmur2
 
 from schemas import EndOfEpoch, EndOfEpochSet, Query, encode_batch, encode_json
 from schemas.epochs import EPOCH_S
+from schemas.wire import SHUFFLER_WITHHELD
 
 from .policy import Released, Withheld
 from .settings import ShufflerSettings
@@ -92,9 +93,10 @@ def release_records(s: ShufflerSettings, out_parts: Sequence[int], salt: str, ou
 
 def withheld_records(s: ShufflerSettings, out_parts: Sequence[int], out: Withheld) -> list[Outgoing]:
     """A withheld epoch: one marker set per reports partition, every round attesting 0 reports,
-    batches and participants, no shuffle size, and the reason (``no_reports`` or
-    ``below_min_crowd``). How many reports the small crowd held is not said (the dead letter,
-    for the operator, says it); nothing else of the epoch leaves the shuffler.
+    batches and participants, no shuffle size, and the reason (``no_reports``,
+    ``below_min_crowd``, ``notes_refused`` or ``release_mismatch``). How many reports the small
+    crowd held is not said (the dead letter, for the operator, says it); nothing else of the epoch
+    leaves the shuffler.
 
     >>> from datetime import datetime, timezone
     >>> t0 = datetime(2026, 11, 18, tzinfo=timezone.utc)
@@ -110,7 +112,7 @@ def withheld_records(s: ShufflerSettings, out_parts: Sequence[int], out: Withhel
     """
     q = out.query
     stamp = (out.epoch + 1) * EPOCH_S * 1000
-    reason = "no_reports" if out.reason == "no_reports" else "below_min_crowd"
+    reason = next(r for r in SHUFFLER_WITHHELD if r == out.reason)  # StopIteration: a reason the wire lacks
     return [_marker_set(s, part, stamp, tuple(EndOfEpoch(
         producer_id=s.transactional_id, producer_index=s.instance_index, producer_count=s.instance_count,
         query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,

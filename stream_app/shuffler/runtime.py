@@ -204,7 +204,8 @@ class Shuffler:
             self._out_parts = parts
             self._tps = self._assign()
             self.policy = ShufflePolicy(s.min_crowd, s.lateness_epochs, s.idle_release_s,
-                                        [tp.partition for tp in self._tps], s.ahead_epochs)
+                                        [tp.partition for tp in self._tps], s.ahead_epochs, s.note_lead_epochs,
+                                        s.note_pace)
             self._admission = Admission(self.policy, self._seen, self._query, self._catch_up_notes,
                                         source_clock=s.clock == "source", source_topic=s.source_topic,
                                         instances=s.instance_count, partitions=self._device_parts)
@@ -353,6 +354,7 @@ class Shuffler:
                 self.policy.advance(epoch_of(datetime.now(UTC)) - 1, self._active_fn())
             got = self._consumer.poll(0.2, s.max_poll_records)
             step = Step()
+            self.enrollment.refresh_revocation()  # a changed list applies from this batch on (one stat)
             for rec in got.get(self._notes_tp, ()):  # the trusted clock first: what the reports behind it need
                 self._take_note(rec, step)
             for tp, records in got.items():
@@ -376,6 +378,15 @@ class Shuffler:
             return
         if not isinstance(note, SourceEpoch):
             step.letters.append((Rejected("unexpected_record", "a device report on the source-notes topic"), rec))
+            return
+        # signed by the replay (whatever the broker's ACLs), and no further ahead than what vouches for it
+        auth = self.enrollment.check_note(note)
+        wall = epoch_of(datetime.now(UTC)) if self.s.clock == "wall" else None
+        why = (Rejected(auth.reason, auth.detail) if auth is not None
+               else self.policy.note_refusal(note, time.monotonic(), wall))
+        if why is not None:
+            self.policy.note_refused(note.epoch)
+            step.letters.append((why, rec))
             return
         why = self.policy.note(note, self._active_fn(), time.monotonic())
         if why is not None:
@@ -526,9 +537,7 @@ class Shuffler:
     def _withhold(self, out: Withheld) -> None:
         s = self.s
         q = out.query
-        detail = (f"{q.record_key} epoch {out.epoch}: device reports per round {list(out.devices)}, "
-                  + ("none at all" if out.reason == "no_reports" else f"below min_crowd {s.min_crowd}")
-                  + "; not released, no estimate")
+        detail = f"{q.record_key} epoch {out.epoch}: {out.detail}; not released, no estimate"
         log.warning("withheld %s", detail)
         letter = Rejected(out.reason, detail).letter(s.device_topic, -1, -1, None)
         self._producer.send(s.dead_letter_topic, key=out.reason.encode(), value=letter.model_dump_json().encode())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from schemas.enrollment import Enrollment, Revocation
 from schemas.settings import EnrollmentSettings, source_topic
 from schemas.wire import Release
 
@@ -34,6 +36,19 @@ class ShufflerSettings(EnrollmentSettings):
     ahead_epochs: int = Field(default=2, ge=0, le=60,
                               description="device reports are taken for epochs up to this many past the clock's "
                                           "newest finished epoch; later ones are dead-lettered outside_open_window")
+    note_lead_epochs: int = Field(
+        default=3, ge=1, le=60,
+        description="a source note may move the clock at most this many epochs past the newest epoch something "
+                    "vouches for (the clock itself, an authenticated device report) -- plus what --note-pace allows; "
+                    "a note beyond is dead-lettered note_from_future (docs/wire.md, \"Source notes\")")
+    note_pace: float = Field(
+        default=0.0, ge=0, le=100_000,
+        description="the pace of the replay whose notes this shuffler takes, data seconds per host second (its "
+                    "--speed; 0: unpaced): a note may also run ahead of the newest vouched epoch by the epochs "
+                    "the host's clock has passed at this pace since that epoch was vouched for")
+    revoked_devices_file: Path | None = Field(
+        default=None, description="a file of revoked device ids (one a line, # comments), re-read when it changes: "
+                                  "their reports are dead-lettered revoked (here and at the front door)")
     idle_release_s: float = Field(default=5.0, gt=0, description="release every open epoch once all input is read "
                                                                 "and nothing arrived for this long")
     release: Release = Field(
@@ -79,6 +94,15 @@ class ShufflerSettings(EnrollmentSettings):
         if self.instance_index >= self.instance_count:
             raise ValueError(f"instance_index {self.instance_index} must be below instance_count {self.instance_count}")
         return self
+
+    def enrollment(self) -> Enrollment:
+        """The enrollment (:meth:`EnrollmentSettings.enrollment`) with the revocation list of
+        ``revoked_devices_file``; :class:`~schemas.enrollment.EnrollmentError` (one line) if
+        either cannot be read. Reads the files: call it before touching the network."""
+        e = super().enrollment()
+        if self.revoked_devices_file is not None:
+            e.revocation = Revocation.load(self.revoked_devices_file)
+        return e
 
     @property
     def transactional_id(self) -> str:

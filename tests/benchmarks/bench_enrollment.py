@@ -10,7 +10,13 @@ One JSON line per step, process CPU microseconds per report (the best of ``--rep
 * ``shuffler_decode`` / ``shuffler_decode_verify`` -- the shuffler's columnar decode step of
   unsigned reports (before) and of sealed ones with every MAC checked (after);
 * ``slot_digest`` -- one report's keyed slot digest, checked and recorded (one per slot);
-* ``hmac_sha256`` -- one HMAC-SHA256 of a report's size, for scale.
+* ``hmac_sha256`` -- one HMAC-SHA256 of a report's size, for scale;
+* ``note_decode`` / ``note_decode_verify`` -- the shuffler's decode of one source note (the
+  replay's per-epoch clock note: 4 device offsets, 100 stations without a reading) without and
+  with its MAC checked under the notes key; ``note_sign`` -- the replay's signing of one;
+* ``revocation_refresh`` -- the shuffler's check, once per polled batch, that the revocation
+  list's file is unchanged (one ``stat``), per batch, not per record;
+* ``shuffler_decode_verify_revoked`` -- ``shuffler_decode_verify`` with 10,000 devices revoked.
 
 Run: ``python tests/benchmarks/bench_enrollment.py [--records 5000] [--repeats 20]``
 """
@@ -20,13 +26,16 @@ import argparse
 import hmac
 import json
 import secrets
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
+from schemas import SourceEpoch, decode_device_record, encode_json
 from schemas.device_binary import encode_device_values
-from schemas.enrollment import Enrollment
+from schemas.enrollment import Enrollment, Revocation
 from stream_app.shuffler.columns import decode_batch
 from stream_app.shuffler.enrolled import SlotDevices
 
@@ -81,6 +90,29 @@ def main() -> None:
     }
     for name, fn in steps.items():
         print(json.dumps({"step": name, "records": n, "cpu_us_per_record": _best_us(fn, n, reps)}), flush=True)
+    note = SourceEpoch(epoch=59_832_000, readings_missing=tuple(range(400_001, 400_101)), producer_index=1,
+                       producer_count=4, device_offsets=tuple((p, 1_000_000 + p) for p in range(4)))
+    plain_note, signed_note = encode_json(note), encode_json(enrollment.sign_note(note))
+
+    def verify() -> bool:
+        got = decode_device_record(signed_note)
+        return isinstance(got, SourceEpoch) and enrollment.check_note(got) is None
+
+    revoked = Enrollment(secrets.token_bytes(32), 262_144, Revocation(ids=range(100_000, 110_000)))
+    sealed_r = revoked.seal_messages(encode_device_values("sp-day", 1, 59_832_000, 0, values, devices), ids)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "revoked"
+        path.write_text("\n".join(str(d) for d in range(100_000, 110_000)))
+        listed = Revocation.load(path)
+        notes = max(n // 10, 1)
+        for name, fn, count in (
+                ("note_decode", lambda: [decode_device_record(plain_note) for _ in range(notes)], notes),
+                ("note_decode_verify", lambda: [verify() for _ in range(notes)], notes),
+                ("note_sign", lambda: [enrollment.sign_note(note) for _ in range(notes)], notes),
+                ("revocation_refresh", lambda: [listed.refresh() for _ in range(notes)], notes),
+                ("shuffler_decode_verify_revoked", lambda: decode_batch(sealed_r, revoked), n)):
+            print(json.dumps({"step": name, "records": count, "cpu_us_per_record": _best_us(fn, count, reps)}),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,8 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
                           http_burst=1_000_000)
     ensure_topics(ss, {ss.source_topic: 1, ss.device_topic: 4})
     opener = KafkaProducer(**ss.client_kwargs(), acks="all")
-    opener.send(ss.source_topic, key=b"source-epoch", value=encode_json(SourceEpoch(epoch=epoch, opens=True)),
+    note = rs.enrollment().sign_note(SourceEpoch(epoch=epoch, opens=True))  # the replay's notes are signed
+    opener.send(ss.source_topic, key=b"source-epoch", value=encode_json(note),
                 partition=0)
     opener.flush()
     opener.close()

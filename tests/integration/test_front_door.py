@@ -31,7 +31,7 @@ from schemas.device_http import FRAMED, NDJSON, frame
 from schemas.estimates import DeadLetter
 from stream_app.cli.local_broker import free_port
 from stream_app.shuffler.settings import ShufflerSettings
-from tests.devices import enrollment
+from tests.devices import enrollment, signed_note
 
 from .kafka_helpers import drain
 from .stream_helpers import wait_for
@@ -205,7 +205,7 @@ def _one_device(q_id: str, epoch: int) -> list[bytes]:
 def _finished(ss: ShufflerSettings, epoch: int) -> None:
     """The replay's source note that ``epoch`` is finished (the shuffler's trusted clock)."""
     producer = KafkaProducer(**ss.client_kwargs(), acks="all")
-    producer.send(ss.source_topic, key=b"source-epoch", value=encode_json(SourceEpoch(epoch=epoch)), partition=0)
+    producer.send(ss.source_topic, key=b"source-epoch", value=signed_note(SourceEpoch(epoch=epoch)), partition=0)
     producer.flush()
     producer.close()
 

@@ -34,7 +34,6 @@ from schemas import (
     SourceEpoch,
     decode_device_record,
     decode_record,
-    encode_json,
 )
 from schemas.estimates import DeadLetter
 from schemas.kafka_io import ensure_topics, publish_query, read_queries
@@ -42,7 +41,7 @@ from stream_app.cli.local_broker import free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 from stream_app.shuffler.state import decided_key, fold, from_kafka
-from tests.devices import signed_json
+from tests.devices import signed_json, signed_note
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, core_estimates, env_for, pipeline_settings, read_estimates, wait_for
@@ -295,7 +294,7 @@ def _send_notes(ss: ShufflerSettings, first: int, last: int) -> None:
     ensure_topics(ss, {ss.source_topic: 1})
     notes = [SourceEpoch(epoch=first, opens=True)] + [SourceEpoch(epoch=e) for e in range(first, last + 1)]
     for note in notes:
-        producer.send(ss.source_topic, key=b"source-epoch", value=encode_json(note), partition=0)
+        producer.send(ss.source_topic, key=b"source-epoch", value=signed_note(note), partition=0)
     producer.flush()
     producer.close()
 
@@ -765,4 +764,43 @@ def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_int
         assert not any(x.interrupted for _, m in markers for x in m.markers if x.epoch != stop)
     finally:
         worker.stop()
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+def test_a_query_fixed_to_another_release_is_never_served(broker: str, tmp_path: Path) -> None:
+    """Issue 33, item 3: a shuffler under ``--release permuted`` holds a crowd for a query fixed
+    to the aggregate release (a device charged it at the aggregate figure) and for one that fixes
+    none: the first is withheld ``release_mismatch`` -- no batch, markers attesting nothing with
+    the reason, a dead letter naming both releases, counted -- the second is released permuted."""
+    rs, ws, ss = _setup(broker, tmp_path, 1, min_crowd=3, device_partitions=1, release="permuted",
+                        lateness_epochs=3)
+    ss = ss.model_copy(update={"device_partitions": 1})
+    free = _hand_fed_query(ss, "q-any", 1)
+    fixed = free.model_copy(update={"query_id": "q-fixed", "release": "aggregate"})
+    publish_query(ss, fixed)
+    e = free.epoch_range()[0] + 1
+    producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+    for q in (free, fixed):
+        for r in (0, 1):
+            for d in range(10):
+                producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=signed_json(DeviceReport(
+                    query_id=q.query_id, query_version=1, epoch=e, round=r, value=d % 3), d))
+    producer.flush()
+    producer.close()
+    _send_notes(ss, e, e)
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    try:
+        def markers() -> set[tuple[str, int, int, str | None, str | None]]:
+            return {(x.query_id, x.round, x.participants, x.release, x.withheld)
+                    for _, m in _drain_decoded(ss)[1] for x in m.markers}
+
+        want = {("q-any", r, 10, "permuted", None) for r in (0, 1)} | {
+            ("q-fixed", r, 0, None, "release_mismatch") for r in (0, 1)}
+        wait_for(lambda: markers() == want, 90, f"markers {want}")
+        assert {b.header.query_id for _, b in _drain_decoded(ss)[0]} == {"q-any"}
+        letters = [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
+        assert [x.reason for x in letters] == ["release_mismatch"]
+        assert "fixes the aggregate release; this shuffler releases permuted" in letters[0].detail
+        assert _scrape(ss)["ptt_shuffler_withheld_epochs_total", (("reason", "release_mismatch"),)] == 1
+    finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]

@@ -6,7 +6,9 @@ query's population + 200 reports per round for the epoch 3 ahead of the one bein
 forged source notes on the device topic. Every epoch's estimates are the statistics core's (what
 a clean run of the same seed gives: tests/integration/test_shuffler.py), no epoch is published
 with another N, every genuine report is released, and every forged record is dead-lettered with
-its reason.
+its reason. Forged source notes on the notes topic itself (unsigned, badly signed, or validly
+signed but 40 epochs ahead) change nothing either, and a device revoked mid-day is refused
+from the next batch on.
 
 With enrollment (schemas/enrollment.py: every report carries its device's id and MAC, a slot
 takes one report per device): re-sent copies of genuine records during a replay are refused
@@ -30,6 +32,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from producers.replay import load_day
 from producers.settings import ReplaySettings
 from schemas import DeviceReport, Query, SourceEpoch, decode_device_record, encode_json
 from schemas.device_binary import encode_device
@@ -37,7 +40,7 @@ from schemas.estimates import DeadLetter
 from schemas.kafka_io import read_queries
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
-from tests.devices import enrollment, signed_json
+from tests.devices import enrollment, signed_json, signed_note
 
 from .kafka_helpers import drain
 from .stream_helpers import ReplayThread, WorkerProcess, read_estimates, start_replay_thread, wait_for
@@ -335,5 +338,149 @@ def test_one_device_floods_and_k_stolen_credentials_add_at_most_k_per_slot(broke
         assert {(x.epoch, x.round, x.participants, x.shuffle_size) for _, m in markers for x in m.markers} == {
             (e, r, n, n) for e, n in ((a, 40), (b, 41), (c, 40 + k)) for r in (0, 1)}
         assert _scrape(ss)["ptt_shuffler_dead_letters_total", (("reason", "duplicate_report"),)] == duplicates
+    finally:
+        assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
+
+
+class NoteForger(_Thread):
+    """Issue 35's forged notes, on the notes topic itself (the embedded broker has no ACLs):
+    once the replay's first finished epoch n is noted, unsigned and badly signed notes -- n + 1
+    ``interrupted``, n + 1 with every station ``readings_missing``, n + 40 -- and one validly
+    signed note 40 epochs ahead (a copy of a genuine note of a later epoch from another run, or a
+    leaked notes key: only the clock rule stops it)."""
+
+    def __init__(self, ss, stations: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ss)
+        self.stations = stations
+        self.sent: Counter[str] = Counter()
+
+    def _run(self) -> None:
+        ss = self.ss
+        consumer = KafkaConsumer(**ss.client_kwargs(), enable_auto_commit=False)
+        tp = TopicPartition(ss.source_topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        try:
+            n = None
+            while n is None and not self.stop.is_set():
+                notes = [decode_device_record(rec.value) for records in consumer.poll(timeout_ms=100).values()
+                         for rec in records]
+                n = max((x.epoch for x in notes if isinstance(x, SourceEpoch) and not x.opens), default=None)
+            if n is None:
+                return
+            bad_mac = "ab" * 32
+            forged = [(SourceEpoch(epoch=n + 1, interrupted=True), "untrusted_note"),
+                      (SourceEpoch(epoch=n + 1, readings_missing=self.stations, mac=bad_mac), "untrusted_note"),
+                      (SourceEpoch(epoch=n + 40), "untrusted_note"),
+                      (SourceEpoch(epoch=n + 40, mac=bad_mac), "untrusted_note"),
+                      (enrollment().sign_note(SourceEpoch(epoch=n + 40)), "note_from_future")]
+            producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+            try:
+                for note, reason in forged:
+                    producer.send(ss.source_topic, key=b"source-epoch", value=encode_json(note), partition=0)
+                    self.sent[reason] += 1
+                producer.flush()
+            finally:
+                producer.close()
+        finally:
+            consumer.close()
+
+
+def test_forged_source_notes_change_no_estimate_and_withhold_no_epoch(broker: str, tmp_path: Path) -> None:
+    """Issue 35, item 4, on the embedded broker (no ACLs: anyone may write the notes topic):
+    during a paced replay through the shuffler, forged notes (:class:`NoteForger`) -- unsigned,
+    badly signed, an ``interrupted`` and a ``readings_missing`` one, 40 epochs ahead, and a
+    validly signed one 40 epochs ahead -- are dead-lettered (``untrusted_note``,
+    ``note_from_future``); every estimate is the statistics core's with the core's N (the clean
+    run's), none withheld, every genuine report released. Unchecked, the note 40 ahead had
+    withheld 114 of 180 query-epochs as no_reports and sent 133,052 genuine reports late."""
+    epochs = 5
+    forger: NoteForger | None = None
+    with _paced(broker, tmp_path, epochs) as run:
+        rs, ws, ss = run.rs, run.ws, run.ss
+        try:
+            forger = NoteForger(ss, read_queries(rs)[0].sensors)
+            forger.start()
+            reports = run.runner.result(240).reports
+            n_rows = _expected_rows(rs, epochs)
+            wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+            forger.join(timeout=30)
+            assert forger.error is None, forger.error
+            wanted = Counter({"untrusted_note": 4, "note_from_future": 1})
+            assert forger.sent == wanted
+
+            def letters() -> Counter[str]:
+                return Counter(DeadLetter.model_validate_json(r.value).reason
+                               for r in drain(ws, ws.dead_letter_topic, quiet_polls=1))
+
+            _assert_cores_estimates(rs, ws, epochs, bounds=False)  # first: what a forged note could change
+            wait_for(lambda: letters() == wanted, 60, f"dead letters {dict(wanted)}")
+            got = read_estimates(ws)
+            assert len(got) == n_rows
+            # the forged readings_missing note flagged nothing: what is flagged is the clean run's (the day's gaps)
+            day = load_day(rs)
+            gaps = {(int(day.epochs[i]), int(s)) for i in range(epochs) for s in day.stations[~day.has_truth[i]]}
+            assert {(e.epoch, e.station) for e in got.values() if e.data_quality == "no_source_data"} <= gaps
+            metrics = _scrape(ss)
+            assert metrics["ptt_shuffler_released_reports_total", ()] == reports
+            assert not any(v for k, v in metrics.items() if k[0] == "ptt_shuffler_withheld_epochs_total")
+        finally:
+            if forger is not None:
+                forger.stop.set()
+
+
+def test_a_device_revoked_mid_day_is_refused_from_the_next_batch_on(broker: str, tmp_path: Path) -> None:
+    """Issue 35, item 5: hand-fed, 30 enrolled devices per round for two epochs. The first epoch
+    is released whole (30 participants); then device 4 is added to the shuffler's revocation
+    list (the file rewritten while it runs; no restart) and the second epoch's reports are
+    written: device 4's two are dead-lettered ``revoked`` (counted), the other 29 devices' are
+    released exactly, and nothing of the first epoch changes."""
+    revoked = tmp_path / "revoked-devices"
+    revoked.write_text("# none yet\n")
+    rs, ws, ss = _setup(broker, tmp_path, 1, device_partitions=1, min_crowd=3, lateness_epochs=3,
+                        revoked_devices_file=revoked)
+    ss = ss.model_copy(update={"device_partitions": 1})
+    q = _hand_fed_query(ss, "q-revoked", 1)
+    a, b = (q.epoch_range()[0] + i for i in (1, 2))
+    genuine = {e: {(r, d): (d + r + e) % 3 for r in (0, 1) for d in range(30)} for e in (a, b)}
+
+    def send(epoch: int) -> None:
+        producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+        for (r, d), v in genuine[epoch].items():
+            producer.send(ss.device_topic, key=uuid.uuid4().bytes, value=signed_json(DeviceReport(
+                query_id=q.query_id, query_version=1, epoch=epoch, round=r, value=v), d))
+        producer.flush()
+        producer.close()
+
+    def letters() -> Counter[str]:
+        return Counter(DeadLetter.model_validate_json(r.value).reason
+                       for r in drain(ss, ss.dead_letter_topic, quiet_polls=1))
+
+    def marked() -> set[int]:
+        return {x.epoch for _, m in _drain_decoded(ss)[1] for x in m.markers}
+
+    send(a)
+    _send_notes(ss, a, a)
+    shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
+    try:
+        wait_for(lambda: a in marked(), 90, "the first epoch's markers")
+        revoked.write_text("# a stolen device\n4\n")
+        send(b)
+        producer = KafkaProducer(**ss.client_kwargs(), acks="all")
+        producer.send(ss.source_topic, key=b"source-epoch", value=signed_note(SourceEpoch(epoch=b)), partition=0)
+        producer.flush()
+        producer.close()
+        wait_for(lambda: b in marked() and letters() == Counter({"revoked": 2}), 90,
+                 "the second epoch's markers and device 4's two reports revoked")
+        batches, markers = _drain_decoded(ss)
+        counts = {(bt.header.epoch, bt.header.round): bt.arrays["counts"].tolist() for _, bt in batches}
+        for e, gone in ((a, set()), (b, {4})):
+            for r in (0, 1):
+                want = Counter(v for (rr, d), v in genuine[e].items() if rr == r and d not in gone)
+                assert counts[e, r] == [want[0], want[1], want[2]], (e, r)
+        assert {(x.epoch, x.round, x.participants) for _, m in markers for x in m.markers} == {
+            (e, r, n) for e, n in ((a, 30), (b, 29)) for r in (0, 1)}
+        assert _scrape(ss)["ptt_shuffler_dead_letters_total", (("reason", "revoked"),)] == 2
+        assert "re-read: 1 device ids revoked" in shuffler.log.read_text()
     finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]

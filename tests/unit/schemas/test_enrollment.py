@@ -1,17 +1,29 @@
 """Device enrollment (schemas/enrollment.py): RFC 5869 HKDF, per-device keys, the MAC of a binary
 and a JSON report (one definition), the check's three reasons, what a dead letter may keep of a
-sealed record (schemas.device_binary.strip_auth), and the settings that name the secret."""
+sealed record (schemas.device_binary.strip_auth), and the settings that name the secret; the
+replay's signed source notes (the notes key) and the revocation list."""
 from __future__ import annotations
 
 import hmac
+import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from schemas import DeviceReport, decode_device_record, encode_json
+from schemas import DeviceReport, SourceEpoch, decode_device_record, encode_json
 from schemas.device_binary import MAC_BYTES, auth_message, encode_device, encode_device_values, strip_auth
-from schemas.enrollment import Enrollment, EnrollmentError, hkdf_sha256
+from schemas.enrollment import (
+    NOTES_LABEL,
+    PROTOCOL,
+    Enrollment,
+    EnrollmentError,
+    Revocation,
+    hkdf_sha256,
+    note_message,
+)
 from schemas.settings import EnrollmentSettings
 
 SECRET = b"an enrollment secret of 32 bytes or more"
@@ -139,3 +151,103 @@ def test_settings_name_the_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     path.write_text("too short")
     with pytest.raises(EnrollmentError, match="at least 32"):
         EnrollmentSettings(enrollment_secret_file=path).enrollment()
+
+
+# -- source notes (issue 35, item 4) and revocation (item 5) ----------------------------------------------------
+
+
+def _note(**kw: object) -> SourceEpoch:
+    base: dict[str, object] = {"epoch": 59_832, "readings_missing": (400001, 400007), "producer_index": 1,
+                               "producer_count": 2, "device_offsets": ((0, 120), (2, 77))}
+    return SourceEpoch(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_signed_note_verifies_and_every_changed_field_or_key_is_untrusted() -> None:
+    """The notes key's MAC covers every field of the note: each field changed (the epoch, the
+    stations without data, interrupted, opens, the producer, the offsets), no MAC, a MAC under
+    another secret, or under a device's key over the same bytes -- all ``untrusted_note``."""
+    note = E.sign_note(_note())
+    assert note.mac is not None and E.check_note(note) is None
+    assert decode_device_record(encode_json(note)) == note  # the wire keeps the MAC
+    for change in ({"epoch": 59_872}, {"readings_missing": (400001,)}, {"interrupted": True}, {"opens": True},
+                   {"producer_index": 0}, {"producer_count": 3}, {"device_offsets": ((0, 121), (2, 77))}):
+        forged = note.model_copy(update=change)
+        why = E.check_note(forged)
+        assert why is not None and why.reason == "untrusted_note", change
+    unsigned = E.check_note(_note())
+    assert unsigned is not None and unsigned.reason == "untrusted_note" and "without a MAC" in unsigned.detail
+    other = Enrollment(SECRET + b"!", devices=1000).sign_note(_note())
+    assert E.check_note(other) is not None
+    device_mac = hmac.digest(E.key(0), note_message(_note()), "sha256").hex()  # a device cannot sign a note
+    assert E.check_note(_note(mac=device_mac)) is not None
+
+
+def test_the_note_message_is_the_fields_not_the_bytes_that_carried_them() -> None:
+    """A signed note re-encoded with its JSON keys in another order (what another JSON writer
+    may send) still verifies: the MAC covers the canonical form (sorted keys, no spaces)."""
+    note = E.sign_note(_note())
+    fields = json.loads(encode_json(note))
+    reordered = json.dumps(dict(reversed(list(fields.items())))).encode()
+    again = decode_device_record(reordered)
+    assert isinstance(again, SourceEpoch) and E.check_note(again) is None
+    assert note_message(_note()) == NOTES_LABEL + b"\x1f" + json.dumps(
+        _note().model_dump(mode="json", exclude={"mac"}), sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_the_notes_key_is_derived_with_its_own_label() -> None:
+    """The notes key is HKDF(secret, PROTOCOL, NOTES_LABEL): a MAC made with it by hand verifies."""
+    key = hkdf_sha256(SECRET, PROTOCOL, NOTES_LABEL)
+    mac = hmac.digest(key, note_message(_note()), "sha256").hex()
+    assert E.check_note(_note(mac=mac)) is None
+    assert key not in {E.key(d) for d in range(1000)}
+
+
+def test_a_revoked_device_is_refused_only_with_a_valid_mac(tmp_path: Path) -> None:
+    """Revoked device 7: its sealed binary and signed JSON reports are ``revoked``; a bad MAC
+    under its id stays ``bad_mac`` (nobody learns the list from forgeries); others pass."""
+    path = tmp_path / "revoked"
+    path.write_text("# stolen phones\n7\n  \n9 # another\n")
+    e = Enrollment(SECRET, devices=1000, revocation=Revocation.load(path))
+    assert e.revocation.ids == {7, 9}
+    raw = encode_device("q", 1, 9, 0, value=3)
+    sealed = {d: e.seal(raw, d) for d in (6, 7)}
+    assert [why.reason for _, why in e.check_sealed([6, 7], [sealed[6], sealed[7]])] == ["revoked"]
+    assert [why.reason for _, why in e.check_sealed([7], [sealed[7][:-1] + b"x"])] == ["bad_mac"]
+    report = DeviceReport(query_id="q", query_version=1, epoch=9, value=3)
+    why = e.check_report(e.sign_report(report, 7))
+    assert why is not None and why.reason == "revoked"
+    assert e.check_report(e.sign_report(report, 8)) is None
+    assert e.check(7, sealed[7][:-MAC_BYTES], sealed[7][-MAC_BYTES:]).reason == "revoked"  # type: ignore[union-attr]
+
+
+def test_the_revocation_list_is_reread_when_it_changes_and_kept_when_unreadable(tmp_path: Path) -> None:
+    """A rewritten file is taken at the next refresh (the same size: the mtime tells); one
+    refresh with nothing changed costs a stat and replaces nothing; a file that becomes
+    unparsable or vanishes keeps the list in force; at start either is an EnrollmentError."""
+    path = tmp_path / "revoked"
+    path.write_text("1\n")
+    e = Enrollment(SECRET, devices=1000, revocation=Revocation.load(path))
+    assert not e.refresh_revocation() and e.revoked(1) and not e.revoked(2)
+    path.write_text("2\n")  # same size
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert e.refresh_revocation() and e.revoked(2) and not e.revoked(1)
+    path.write_text("two\n")
+    assert not e.refresh_revocation() and e.revoked(2)
+    path.unlink()
+    assert not e.refresh_revocation() and e.revoked(2)
+    with pytest.raises(EnrollmentError, match="cannot read the revocation list"):
+        Revocation.load(path)
+    path.write_text("5\n-1\n")
+    with pytest.raises(EnrollmentError, match="line 2"):
+        Revocation.load(path)
+
+
+def test_the_shuffler_settings_name_the_revocation_file(tmp_path: Path) -> None:
+    from stream_app.shuffler.settings import ShufflerSettings
+
+    path = tmp_path / "revoked"
+    path.write_text("3\n")
+    s = ShufflerSettings(enrollment_secret=SECRET.decode(), revoked_devices_file=path)  # type: ignore[arg-type]
+    assert s.enrollment().revoked(3)
+    with pytest.raises(EnrollmentError, match="revocation list"):
+        s.model_copy(update={"revoked_devices_file": tmp_path / "absent"}).enrollment()

@@ -286,7 +286,7 @@ def test_a_marker_with_a_release_round_trips_and_an_unknown_one_is_refused() -> 
     assert isinstance(p, MarkerPartial) and p.release == "aggregate"
 
 
-@pytest.mark.parametrize("reason", ["no_reports", "below_min_crowd"])
+@pytest.mark.parametrize("reason", ["no_reports", "below_min_crowd", "notes_refused", "release_mismatch"])
 def test_a_shuffler_withheld_epoch_is_withheld_with_its_reason(reason: str) -> None:
     """Issue 24, item 4: a shuffler's markers for an epoch it withheld attest nothing and name
     the reason; the marker round trips the wire, stage 1 and the stage record, the window state

@@ -300,3 +300,116 @@ def test_a_bitmap_over_another_number_of_stations_is_the_wrong_layout() -> None:
     out = p.close(("q", 1, e), np.random.default_rng(7))
     assert isinstance(out, Released) and out.rounds[0].devices == 2
     assert sorted(out.rounds[0].arrays["station"].tolist()) == [1, 3]
+
+
+# -- how far a source note may move the clock (issue 35, item 4) ------------------------------------------------
+
+
+def _offer(p: ShufflePolicy, q: Query, note: SourceEpoch, now: float = 0.0, wall: int | None = None) -> str | None:
+    """What the runtime does with a note whose MAC verified: refused (its reason, counted
+    against the epochs it could have opened) or taken."""
+    why = p.note_refusal(note, now, wall)
+    if why is not None:
+        p.note_refused(note.epoch)
+        return why.reason
+    assert p.note(note, lambda e: [q], now) is None
+    return None
+
+
+def test_a_note_far_ahead_of_what_vouches_for_it_is_from_the_future_unpaced() -> None:
+    """Speed 0 (no pace): a replay's notes one epoch at a time all move the clock, however fast
+    they come; a note 40 epochs past the clock is ``note_from_future`` and moves nothing (at any
+    host time); nor does an opening note that far; the bound is the clock or an admitted device
+    report's epoch (``ahead_epochs`` past the clock at most) plus ``note_lead_epochs``."""
+    q = _query()
+    e = q.epoch_range()[0]
+    p = ShufflePolicy(min_crowd=1, lateness_epochs=2, idle_release_s=5.0, partitions=(0,), note_lead_epochs=3)
+    assert _offer(p, q, SourceEpoch(epoch=e, opens=True)) is None  # the anchor
+    for k in range(10):
+        assert _offer(p, q, SourceEpoch(epoch=e + k), now=k * 1e-4) is None
+    assert p.clock == e + 9
+    for now in (0.0, 1e6):
+        assert _offer(p, q, SourceEpoch(epoch=e + 9 + 40), now=now) == "note_from_future"
+        assert _offer(p, q, SourceEpoch(epoch=e + 9 + 40, opens=True), now=now) == "note_from_future"
+    assert p.clock == e + 9 and p.open_epochs[-1][2] == e + 9
+    assert _offer(p, q, SourceEpoch(epoch=e + 13)) == "note_from_future"  # lead 3: e + 12 at most
+    assert p.admit(_rep(e + 11, 1), q, 1.0) is None  # an admitted report of e + 11 vouches for it
+    assert _offer(p, q, SourceEpoch(epoch=e + 14), now=1.0) is None and p.clock == e + 14
+
+
+def test_a_producer_a_lockstep_epoch_ahead_is_not_from_the_future() -> None:
+    """Two producers: the clock is the slower one's; the faster may finish two epochs past it
+    (the replay's lockstep) before the slower's note comes -- within the default lead."""
+    q = _query()
+    e = q.epoch_range()[0]
+    p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=2, idle_release_s=5.0, partitions=(0,)), q, e, 2)
+    for k in range(3):
+        assert _offer(p, q, SourceEpoch(epoch=e + k, producer_index=1, producer_count=2)) is None
+    assert p.clock == e - 1
+    assert _offer(p, q, SourceEpoch(epoch=e, producer_index=0, producer_count=2)) is None and p.clock == e
+
+
+def test_a_paced_note_may_run_ahead_by_the_hosts_time_at_the_pace() -> None:
+    """``note_pace`` 120 (the demo's speed): 40 epochs ahead is from the future until the host's
+    clock has passed 40 - lead epochs at 120x (37 x 30 s / 120 = 9.25 s) since the clock moved;
+    with the wall clock (live), a note more than ``lateness_epochs`` past the host's epoch."""
+    q = _query()
+    e = q.epoch_range()[0]
+    p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=2, idle_release_s=5.0, partitions=(0,),
+                              note_lead_epochs=3, note_pace=120.0), q, e)
+    assert _offer(p, q, SourceEpoch(epoch=e), now=100.0) is None
+    assert _offer(p, q, SourceEpoch(epoch=e + 40), now=109.2) == "note_from_future"
+    assert _offer(p, q, SourceEpoch(epoch=e + 40), now=109.3) is None and p.clock == e + 40
+    live = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=2, idle_release_s=5.0, partitions=(0,)), q, e)
+    assert _offer(live, q, SourceEpoch(epoch=e), wall=e - 2) is None
+    assert _offer(live, q, SourceEpoch(epoch=e + 1), wall=e - 2) == "note_from_future"
+
+
+def test_an_epoch_withheld_where_notes_were_refused_says_so() -> None:
+    """The clock stuck by a refused note (say the replay's from the future at a wrong pace),
+    then moved by a later one: the epochs it passed with their reports refused are withheld
+    ``notes_refused``, not ``no_reports``; an empty epoch far from any refused note stays
+    ``no_reports``; a full one is released whatever notes were refused."""
+    q = _query()
+    e = q.epoch_range()[0]
+    p = _opened(ShufflePolicy(min_crowd=2, lateness_epochs=2, idle_release_s=5.0, partitions=(0,),
+                              note_lead_epochs=1), q, e)
+    _fill(p, q, e, 2)
+    assert _offer(p, q, SourceEpoch(epoch=e)) is None
+    assert _offer(p, q, SourceEpoch(epoch=e + 1)) is None
+    assert _offer(p, q, SourceEpoch(epoch=e + 6)) == "note_from_future"
+    p.note_refused(e + 1)  # and an unsigned note of e + 1 (the runtime's untrusted_note)
+    p.advance(e + 8, lambda x: [q])
+    got = {k[2]: p.close(k, np.random.default_rng(0)) for k in p.open_epochs}
+    assert isinstance(got[e], Released)
+    reasons = {epoch: out.reason for epoch, out in got.items() if isinstance(out, Withheld)}
+    assert reasons == {e + 1: "notes_refused", e + 2: "notes_refused", e + 3: "notes_refused",
+                       e + 4: "no_reports", e + 5: "no_reports", e + 6: "notes_refused", e + 7: "notes_refused",
+                       e + 8: "notes_refused"}
+    assert "source note(s)" in got[e + 6].detail  # type: ignore[union-attr]
+
+
+# -- the release is the query's (issue 33, item 3) --------------------------------------------------------------
+
+
+def _released_under(query_release: str | None, shuffler_release: str) -> Released | Withheld:
+    q = _query().model_copy(update={"release": query_release})
+    e = q.epoch_range()[0]
+    p = _opened(ShufflePolicy(min_crowd=1, lateness_epochs=2, idle_release_s=5.0, partitions=(0,)), q, e)
+    _fill(p, q, e, 5)
+    return p.close(("q", 1, e), np.random.default_rng(0), release=shuffler_release)
+
+
+def test_a_shuffler_never_serves_a_query_under_another_release() -> None:
+    """A shuffler under --release permuted given a query fixed to the aggregate release (what a
+    device charged at the aggregate figure relies on) withholds its epoch ``release_mismatch``
+    -- none of its reports leave -- and the other way round; a query that fixes none (null) or
+    the shuffler's own release is served."""
+    for query_release, shuffler_release in (("aggregate", "permuted"), ("permuted", "aggregate")):
+        out = _released_under(query_release, shuffler_release)
+        assert isinstance(out, Withheld) and out.reason == "release_mismatch", out
+        assert out.devices == (5, 5) and f"fixes the {query_release} release" in out.detail
+    for query_release, shuffler_release in ((None, "permuted"), (None, "aggregate"), ("permuted", "permuted"),
+                                            ("aggregate", "aggregate")):
+        out = _released_under(query_release, shuffler_release)
+        assert isinstance(out, Released) and [r.devices for r in out.rounds] == [5, 5]
