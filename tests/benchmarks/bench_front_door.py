@@ -133,8 +133,8 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
         publish_query(rs, q)
     ss = ShufflerSettings(**rs.model_dump(include=set(ShufflerSettings.model_fields)), shuffler_id=f"s-{tag}",
                           dead_letter_topic=f"d-{tag}", metrics_port=0, http_port=free_port(),
-                          http_max_reports=64, http_max_body_bytes=1024 * 1024, http_rate_per_s=1e6,
-                          http_burst=1_000_000)
+                          http_max_reports=64, http_max_body_bytes=1024 * 1024, http_device_reports_per_s=1e6,
+                          http_device_burst=1_000_000)
     ensure_topics(ss, {ss.source_topic: 1, ss.device_topic: 4})
     opener = KafkaProducer(**ss.client_kwargs(), acks="all")
     opener.send(ss.source_topic, key=b"source-epoch", value=encode_json(SourceEpoch(epoch=epoch, opens=True)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import re
 import socket
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from schemas.device_http import FRAMED, NDJSON, frame
 from schemas.estimates import DeadLetter
 from stream_app.cli.local_broker import free_port
 from stream_app.shuffler.settings import ShufflerSettings
-from tests.devices import enrollment
+from tests.devices import enrollment, signed
 
 from .kafka_helpers import drain
 from .stream_helpers import wait_for
@@ -69,8 +70,8 @@ def door(broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     would be among them)."""
     monkeypatch.setenv("PTT_LOG_LEVEL", "debug")
     ss = _door_settings(broker, tmp_path)
-    ss = ss.model_copy(update={"http_max_reports": 3, "http_max_body_bytes": 2048, "http_rate_per_s": 0.2,
-                               "http_burst": 40})
+    ss = ss.model_copy(update={"http_max_reports": 3, "http_max_body_bytes": 2048, "http_device_reports_per_s": 0.2,
+                               "http_device_burst": 6})
     shuffler = _start(ss, tmp_path / "shuffler.log")
     try:
         yield ss, shuffler
@@ -89,23 +90,34 @@ def _post(conn: http.client.HTTPConnection, body: bytes, content_type: str = FRA
 
 def test_bad_requests_are_refused_with_their_reason_and_nothing_of_them_is_written(
         door: tuple[ShufflerSettings, ShufflerProcess]) -> None:
-    """Every refusal is a 4xx with its JSON reason, on one keep-alive connection; only the good
-    requests' reports reach the device topic, byte for byte; a connection past its burst is
-    answered 429 with Retry-After while a fresh connection is not; the log names no client."""
+    """Every refusal is a 4xx with its JSON reason, on one keep-alive connection -- an unsigned
+    report ``401 unauthenticated``, a forged MAC or an id not enrolled ``403`` (the shuffler's
+    own check, at the door); only the good requests' reports reach the device topic, byte for
+    byte; a device past its rate is answered 429 with Retry-After while another device on the
+    same connection is not; the log names no client and has one line per reason, not one per
+    refusal."""
     ss, shuffler = door
-    e = 9_000_000
-    sp0, sp1 = encode_device("q", 1, e, 0, value=1), encode_device("q", 1, e, 1, value=2)
-    line = encode_json(DeviceReport(query_id="q", query_version=1, epoch=e, round=0, value=2))
+    e, dev = 9_000_000, enrollment()
+    raw0, raw1 = encode_device("q", 1, e, 0, value=1), encode_device("q", 1, e, 1, value=2)
+    sp0, sp1 = dev.seal(raw0, 7), dev.seal(raw1, 7)
+    line = encode_json(signed(DeviceReport(query_id="q", query_version=1, epoch=e, round=0, value=2), 8))
     bad: list[tuple[bytes, str, int, str]] = [
         (frame([sp0]), "text/plain", 415, "unsupported_media_type"),
         (b"", FRAMED, 400, "empty"),
         (frame([sp0])[:-2], FRAMED, 400, "malformed"),
         (frame([sp0, sp1, sp0, sp1]), FRAMED, 400, "too_many_reports"),
-        (frame([sp0, encode_device("q", 1, e + 1, 1, value=2)]), FRAMED, 400, "mixed_epochs"),
-        (frame([sp0, encode_device("q", 1, e, 0, value=2)]), FRAMED, 400, "mixed_devices"),
+        (frame([sp0, dev.seal(encode_device("q", 1, e + 1, 1, value=2), 7)]), FRAMED, 400, "mixed_epochs"),
+        (frame([sp0, dev.seal(encode_device("q", 1, e, 0, value=2), 7)]), FRAMED, 400, "mixed_devices"),
+        (frame([sp0, dev.seal(raw1, 9)]), FRAMED, 400, "mixed_devices"),
         (frame([sp0, sp1[:-1]]), FRAMED, 400, "bad_report"),
         (frame([encode_json(SourceEpoch(epoch=e))]), FRAMED, 400, "bad_report"),
         (b"\x01" * 3000, FRAMED, 413, "too_large"),
+        (frame([raw0, raw1]), FRAMED, 401, "unauthenticated"),
+        (encode_json(DeviceReport(query_id="q", query_version=1, epoch=e, round=0, value=2)), NDJSON, 401,
+         "unauthenticated"),
+        (frame([sp0, sp1[:-1] + bytes([sp1[-1] ^ 1])]), FRAMED, 403, "bad_mac"),
+        (frame([sp0[:-16] + bytes(16)]), FRAMED, 403, "bad_mac"),
+        (frame([dev.seal(raw0, dev.devices)]), FRAMED, 403, "unknown_device"),
     ]
     conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
     conn.connect()
@@ -123,19 +135,26 @@ def test_bad_requests_are_refused_with_their_reason_and_nothing_of_them_is_writt
     assert got == 202 and answer["accepted"] == 1, answer
     values = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
     assert values == Counter([sp0, sp1, line])  # the good requests' reports, unchanged, once each
-    # the rate: burst 40 at 0.2/s on one connection; a fresh connection has its own bucket
-    statuses = [_post(conn, frame([sp0]))[0] for _ in range(41)]
-    assert statuses.count(429) >= 1, statuses
+    # the rate is the device's: burst 6 reports at 0.2/s; device 7 sent 2, so 4 more, then 429;
+    # device 9 on the same connection has its own
+    statuses = [_post(conn, frame([sp0]))[0] for _ in range(5)]
+    assert statuses == [202] * 4 + [429], statuses
     limited = _post(conn, frame([sp0]))
     assert limited[0] == 429 and limited[1]["reason"] == "rate_limited"
     assert int(limited[2].getheader("Retry-After") or "0") >= 1
-    fresh = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
-    assert _post(fresh, frame([sp1]))[0] == 202
-    fresh.close()
+    assert _post(conn, frame([dev.seal(raw1, 9)]))[0] == 202
     conn.close()
     assert shuffler.stop() == 130
     log = shuffler.log.read_text()
     assert "front door: " in log and "rate_limited" in log and "Traceback" not in log, log[-3000:]
+    # a reason's first refusal is a line at once, the rest one line with their count (interval 10 s)
+    counted: Counter[str] = Counter()
+    lines: Counter[str] = Counter()
+    for n, why in re.findall(r"front door: (\d+) refused \((\w+)\)", log):
+        counted[why] += int(n)
+        lines[why] += 1
+    assert counted == Counter(reason for _, _, _, reason in bad) + Counter(rate_limited=2), log[-3000:]
+    assert max(lines.values()) <= 2, lines
     # nothing names a client, at debug level: no access log line, no request line, and the
     # client's port in no line but the Kafka clients' own (about their broker connections)
     assert "aiohttp.access" not in log and '"POST /v1/reports' not in log, log[-3000:]
