@@ -290,8 +290,7 @@ class FrontDoor:
 
     def _say(self, lines: list[tuple[str, int]]) -> None:
         for reason, n in lines:
-            (log.warning if reason.startswith("loop: ") else log.info)(
-                "front door: %d refused (%s) since this reason's last line", n, reason)
+            log.warning("front door: %d refused (%s) since this reason's last line", n, reason)
 
     # -- connections -------------------------------------------------------------------------
 

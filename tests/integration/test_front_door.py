@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -329,3 +330,153 @@ def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path)
         shuffled = ("epsilon_shuffled", "release")
         assert _same({k: v for k, v in via[key].items() if k not in shuffled},
                      {k: v for k, v in e.items() if k not in shuffled}), (key, e, via[key])
+
+
+class _SlowClients(threading.Thread):
+    """``n`` connections that each send a request's first header bytes, then one more byte every
+    ``every_s`` (a slowloris); ``closed``: how many the server has closed (a send or a read
+    fails or sees the end)."""
+
+    def __init__(self, port: int, n: int, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.port, self.n, self.every_s = port, n, every_s
+        self.socks: list[socket.socket] = []
+        self.open_failed = 0
+        self.closed = 0
+        self.stop = threading.Event()
+        self.opened = threading.Event()
+
+    def run(self) -> None:
+        for _ in range(self.n):
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+                s.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Slow: ")
+                s.setblocking(False)
+                self.socks.append(s)
+            except OSError:
+                self.open_failed += 1
+        self.opened.set()
+        live = list(self.socks)
+        while live and not self.stop.wait(self.every_s):
+            still = []
+            for s in live:
+                try:
+                    if s.recv(4096) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    try:
+                        s.send(b"a")
+                        still.append(s)
+                        continue
+                    except OSError:
+                        pass
+                except OSError:
+                    pass
+                self.closed += 1
+                s.close()
+            live = still
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(30)
+        for s in self.socks:
+            s.close()
+
+
+def _flood(port: int, bodies: list[bytes], deadline: float) -> Counter[tuple[int, str]]:
+    """Post ``bodies`` on keep-alive connections (a new one where the server closed it) until
+    done or ``deadline``: (status, reason) of each answer."""
+    got: Counter[tuple[int, str]] = Counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for body in bodies:
+        if time.monotonic() > deadline:
+            break
+        try:
+            status, answer, r = _post(conn, body)
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            continue
+        got[(status, answer.get("reason", ""))] += 1
+        if r.getheader("Connection", "").lower() == "close":
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.close()
+    return got
+
+
+def test_floods_and_slow_connections_write_nothing_and_fresh_devices_are_answered_at_once(
+        broker: str, tmp_path: Path) -> None:
+    """Through the door, at once: 300 requests of unsigned reports, 300 of forged MACs (another
+    secret), 60 bodies of 64 KiB (one past the limit, one at it), and 3,000 slowloris
+    connections against a door capped at 1,500 connections with a 3 s idle timeout -- while 40
+    fresh devices each post their two reports on a new connection. Every fresh request is
+    answered 202 within 5 s; the device topic holds exactly the genuine reports; the shuffler
+    releases all of them (40 per round) and writes no dead letter (0 bytes, against the
+    megabytes sent); every slow connection is closed by the door; the log has no traceback
+    and stays small (one line per reason and interval)."""
+    ss = _door_settings(broker, tmp_path).model_copy(update={
+        "http_idle_timeout_s": 3.0, "http_body_timeout_s": 3.0, "http_max_connections": 1500,
+        "lateness_epochs": 2})
+    q = _hand_fed_query(ss, "q-flood", ss.device_partitions)
+    epoch = q.epoch_range()[0] + 1
+    _send_notes(ss, epoch, epoch - 1)
+    log = tmp_path / "shuffler.log"
+    shuffler = _start(ss, log)
+    e = enrollment()
+    from schemas.enrollment import Enrollment
+
+    thief = Enrollment(b"not the operator's secret, 32 bytes or more", e.devices)
+
+    def reports(d: int) -> list[bytes]:
+        return [encode_device(q.query_id, 1, epoch, r, value=(d + r) % 3) for r in (0, 1)]
+
+    genuine = {d: [e.seal(raw, d) for raw in reports(d)] for d in range(100, 140)}
+    unsigned = [frame(reports(d)) for d in range(300)]
+    forged = [frame([thief.seal(raw, d) for raw in reports(d)]) for d in range(300)]
+    one = thief.seal(reports(1)[0], 1)
+    at_limit = frame([one] * ((ss.http_max_body_bytes - 4) // (len(one) + 4)))
+    at_limit += b"\x00" * (ss.http_max_body_bytes - len(at_limit))
+    big = [at_limit if i % 2 else at_limit + b"\x01" for i in range(60)]
+    sent_bytes = sum(map(len, unsigned + forged + big))
+    slow = _SlowClients(ss.http_port, 3000, every_s=1.0)
+    latencies: list[float] = []
+    try:
+        slow.start()
+        assert slow.opened.wait(120), "the slow connections did not open"
+        deadline = time.monotonic() + 60
+        with ThreadPoolExecutor(3) as pool:
+            floods = [pool.submit(_flood, ss.http_port, bodies, deadline) for bodies in (unsigned, forged, big)]
+            for d, records in genuine.items():
+                t0 = time.monotonic()
+                fresh = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=10)
+                status, answer, _ = _post(fresh, frame(records))
+                fresh.close()
+                latencies.append(time.monotonic() - t0)
+                assert status == 202, (d, status, answer)
+            answers = [f.result() for f in floods]
+        assert max(latencies) < 5.0, sorted(latencies)[-5:]
+        assert set(answers[0]) == {(401, "unauthenticated")} and sum(answers[0].values()) == len(unsigned), answers[0]
+        assert set(answers[1]) == {(403, "bad_mac")} and sum(answers[1].values()) == len(forged), answers[1]
+        assert set(answers[2]) == {(413, "too_large"), (400, "malformed")}, answers[2]  # padded with a 0 length
+        wait_for(lambda: slow.closed + slow.open_failed >= slow.n, 60, "the door to close every slow connection")
+    finally:
+        slow.close()
+        if sys.exc_info()[0] is not None and shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
+    # only the genuine reports were written; the shuffler releases them all and dead-letters nothing
+    written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
+    assert written == Counter(r for records in genuine.values() for r in records), len(written)
+    _finished(ss, epoch)
+    wait_for(lambda: any(b.header.epoch == epoch for _, b in _drain_decoded(ss)[0]), 90, "the epoch's release")
+    tallies = [b for _, b in _drain_decoded(ss)[0] if b.header.epoch == epoch]
+    assert sorted((b.header.round, b.header.reports) for b in tallies) == [(0, 40), (1, 40)]
+    letters = drain(ss, ss.dead_letter_topic, quiet_polls=1)
+    assert sum(len(r.value) for r in letters) == 0 < sent_bytes
+    assert shuffler.stop() == 130
+    text = log.read_text()
+    assert "Traceback" not in text and len(text.encode()) < 1_000_000, text[-3000:]
+    assert "(unauthenticated)" in text and "(bad_mac)" in text and "(evicted_idle_connection)" in text, text[-3000:]
+    print(f"fresh devices' latency: max {max(latencies):.3f} s, median {sorted(latencies)[20]:.3f} s; "
+          f"flood answers {answers}; slow closed {slow.closed} (open failed {slow.open_failed}); "
+          f"log {len(text.encode())} bytes; sent {sent_bytes} bytes")
