@@ -460,12 +460,13 @@ def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int) -> dict
     for w in workers:
         w.start()
     time.sleep(min(20.0, n / 2000))  # the connections opening (the fresh devices come while they do and after)
-    latencies, statuses = [], []
+    latencies, statuses, attempts, slowest = [], [], [], (0.0, 0.0, "")
     for d in range(fresh):
         body = frame([e.seal(encode_device(q.query_id, 1, epoch, r, value=r), 2000 + d) for r in (0, 1)])
         t = time.perf_counter()
-        status = 0
+        status, tries, what = 0, 0, []
         while time.perf_counter() - t < 30:
+            tries += 1
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=10)
                 conn.request("POST", "/v1/reports", body=body, headers={"Content-Type": "application/octet-stream"})
@@ -473,13 +474,18 @@ def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int) -> dict
                 r.read()
                 status = r.status
                 conn.close()
+                what.append(f"{status} at {time.perf_counter() - t:.2f}s")
                 if status == 202:
                     break
-            except OSError:
+            except OSError as exc:
                 status = -1
+                what.append(f"{type(exc).__name__} at {time.perf_counter() - t:.2f}s")
             time.sleep(0.05)
         latencies.append(time.perf_counter() - t)
         statuses.append(status)
+        attempts.append(tries)
+        if latencies[-1] > slowest[0]:
+            slowest = (latencies[-1], t - t0, "; ".join(what))
         time.sleep(0.2)
     got = [results.get(timeout=hold_s + 120) for _ in workers]
     for w in workers:
@@ -495,7 +501,10 @@ def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int) -> dict
             "close_median_s_after_start": [None if g[3] is None else round(g[3], 1) for g in got],
             "close_last_s_after_start": [None if g[4] is None else round(g[4], 1) for g in got],
             "fresh_devices": fresh, "fresh_202": statuses.count(202), "fresh_p50_s": round(lat[len(lat) // 2], 3),
-            "fresh_max_s": round(lat[-1], 3), "door_cpu_s": round(cpu, 1),
+            "fresh_max_s": round(lat[-1], 3), "fresh_attempts_max": max(attempts),
+            "slowest_fresh": {"latency_s": round(slowest[0], 3), "started_s_after_slow_start": round(slowest[1], 1),
+                              "attempts": slowest[2]},
+            "fresh_latencies_s": [round(x, 2) for x in latencies], "door_cpu_s": round(cpu, 1),
             "wall_s": round(time.perf_counter() - t0, 1), "door_rss_peak_mb": rss,
             "log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
             "door_summary": next((ln for ln in text.splitlines() if ln.startswith("front door: ") and "accepted" in ln),
