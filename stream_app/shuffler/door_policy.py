@@ -62,8 +62,8 @@ class DoorLimits:
 
     max_body_bytes: int = 64 * 1024
     max_reports: int = 64
-    device_reports_per_s: float = 8.0
-    device_burst: int = 256
+    device_reports_per_s: float = 32.0
+    device_burst: int = 1024
 
 
 @dataclass(frozen=True)
@@ -214,8 +214,9 @@ class DeviceRate:
     ids whose MACs verified get one, so a forger spends nobody's tokens), ``rate_per_s``
     reports a second up to ``burst``. A device sends one report per slot: the default
     queries' (four report slots an epoch) at one request per 30 s epoch need 0.14 reports a
-    second; the default (8/s, burst 256) leaves room for many queries and the client's retries
-    of whole requests. Buckets that are full again are dropped once there are ``keep`` of
+    second, a replay at 60x real time 8; the default (32/s, burst 1,024: a speed-0 demo of 256
+    epochs) leaves room for more queries and the client's retries of whole requests, and bounds
+    what a stolen credential writes (the shuffler keeps one report per device and slot). Buckets that are full again are dropped once there are ``keep`` of
     them (a full bucket is a new one); if most are not, the next pruning waits until their
     number doubled (amortized O(1) a request).
 

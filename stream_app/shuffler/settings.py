@@ -56,9 +56,11 @@ class ShufflerSettings(EnrollmentSettings):
     http_max_reports: int = Field(default=64, ge=1, le=4096,
                                   description="device reports in one request, at most (400 too_many_reports)")
     http_device_reports_per_s: float = Field(
-        default=8.0, gt=0, description="reports a second per enrolled device, on average (429 rate_limited with "
-                                       "Retry-After); a device sends one report per slot")
-    http_device_burst: int = Field(default=256, ge=1, description="reports per enrolled device at once above the rate")
+        default=32.0, gt=0, description="reports a second per enrolled device, on average (429 rate_limited with "
+                                        "Retry-After); a device sends one report per slot (the default queries: 4 an "
+                                        "epoch; a replay at --speed 60 through the door: 8/s a device)")
+    http_device_burst: int = Field(default=1024, ge=1,
+                                   description="reports per enrolled device at once above the rate")
     http_max_in_flight: int = Field(default=256, ge=1, le=65_536,
                                     description="requests the front door works on at once, at most (503 busy with "
                                                 "Retry-After above)")

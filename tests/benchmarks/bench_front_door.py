@@ -34,7 +34,8 @@ Attack scenarios (each against its own door, its shuffler's clock open for the e
   64 KiB bodies, ``--concurrency`` keep-alive connections each, then genuine requests: answers
   by (status, reason), requests/s, bytes sent, records written to the device topic, dead-letter
   records and bytes, the shuffler process's CPU and its log's size;
-* ``slow``: ``--slow`` slowloris connections (one header byte a second each, from
+* ``slow`` (``slow_nginx``: through deploy/nginx/nginx.conf run by a real nginx in front of
+  the door): ``--slow`` slowloris connections (one header byte a second each, from
   ``--slow-procs`` processes: a process's file-descriptor limit), then fresh devices each on a
   new connection: their latency (p50, max), 202s, how many slow connections the door closed
   and how fast, the door process's CPU and peak RSS, its log's size, and its file-descriptor
@@ -436,15 +437,34 @@ def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> N
              closed_at[-1] if closed_at else None))
 
 
-def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int) -> dict[str, Any]:
-    """``n`` slowloris connections against one door, then ``fresh`` devices on new connections
-    (module docstring, ``slow``)."""
+NGINX_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "nginx.conf"
+
+
+def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int, nginx: bool = False) -> dict[str, Any]:
+    """``n`` slowloris connections against one door (``nginx``: through an nginx in front of
+    it), then ``fresh`` devices on new connections (module docstring, ``slow``)."""
     import http.client
     import multiprocessing as mp
+    import shutil
+    import subprocess
 
     from schemas.device_binary import encode_device
 
     ss, shuffler, q, epoch = _door(broker, tmp, "slow")
+    port, proxy = ss.http_port, None
+    if nginx:
+        prefix = tmp / f"nginx-{uuid.uuid4().hex[:6]}"
+        prefix.mkdir()
+        port = free_port()
+        conf = NGINX_CONF.read_text().replace("listen 8080 ", f"listen 127.0.0.1:{port} ")
+        (prefix / "nginx.conf").write_text(conf.replace("server shuffler:8080;", f"server 127.0.0.1:{ss.http_port};"))
+        with (prefix / "error.log").open("wb") as fh:  # the shipped configuration: deploy/nginx/nginx.conf
+            proxy = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c",  # noqa: S603
+                                      str(prefix / "nginx.conf"), "-p", str(prefix), "-g",
+                                      f"daemon off; pid {prefix / 'nginx.pid'};"], stdout=fh, stderr=subprocess.STDOUT)
+        time.sleep(1.0)
+        if proxy.poll() is not None:
+            raise RuntimeError((prefix / "error.log").read_text()[-2000:])
     e = ss.enrollment()
     pid = shuffler.proc.pid if shuffler.proc else None
     limit = Path(f"/proc/{pid}/limits").read_text() if pid else ""
@@ -454,13 +474,13 @@ def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int) -> dict
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     hold_s = ss.http_idle_timeout_s + 30
-    workers = [ctx.Process(target=_slowloris, args=(ss.http_port, n // procs, 1.0, hold_s, results), daemon=True)
+    workers = [ctx.Process(target=_slowloris, args=(port, n // procs, 1.0, hold_s, results), daemon=True)
                for _ in range(procs)]
     t0 = time.perf_counter()
     for w in workers:
         w.start()
     time.sleep(min(20.0, n / 2000))  # the connections opening (the fresh devices come while they do and after)
-    latencies, statuses, attempts, slowest = [], [], [], (0.0, 0.0, "")
+    latencies, statuses, attempts, slowest, connects = [], [], [], (0.0, 0.0, ""), []
     for d in range(fresh):
         body = frame([e.seal(encode_device(q.query_id, 1, epoch, r, value=r), 2000 + d) for r in (0, 1)])
         t = time.perf_counter()
@@ -468,7 +488,10 @@ def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int) -> dict
         while time.perf_counter() - t < 30:
             tries += 1
             try:
-                conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=10)
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                c0 = time.perf_counter()
+                conn.connect()
+                connects.append(time.perf_counter() - c0)
                 conn.request("POST", "/v1/reports", body=body, headers={"Content-Type": "application/octet-stream"})
                 r = conn.getresponse()
                 r.read()
@@ -492,10 +515,19 @@ def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int) -> dict
         w.join(30)
     cpu = _cpu_s(pid) - cpu0
     rss = _rss_peak_mb(pid)
+    nginx_cpu = nginx_log = None
+    if proxy is not None:
+        kids = Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split()
+        nginx_cpu = round(sum(_cpu_s(int(k)) for k in kids), 1)
+        proxy.terminate()
+        proxy.wait(30)
+        nginx_log = (prefix / "error.log").stat().st_size
     shuffler.stop()
     lat = sorted(latencies)
     text = shuffler.log.read_text()
-    return {"scenario": "slow", "slow_connections": n, "processes": procs, "door_nofile_limit": nofile,
+    return {"scenario": "slow_nginx" if nginx else "slow", "nginx_workers_cpu_s": nginx_cpu,
+            "nginx_error_log_bytes": nginx_log, "fresh_connect_max_s": round(max(connects), 3),
+            "slow_connections": n, "processes": procs, "door_nofile_limit": nofile,
             "opened": sum(g[0] for g in got), "open_failed": sum(g[1] for g in got),
             "closed_by_door": sum(g[2] for g in got),
             "close_median_s_after_start": [None if g[3] is None else round(g[3], 1) for g in got],
@@ -540,6 +572,9 @@ def main() -> None:
                 print(json.dumps(flood(broker, Path(tmp_name), args.flood_s, args.concurrency)), flush=True)
             if "slow" in wanted:
                 print(json.dumps(slow(broker, Path(tmp_name), args.slow, args.slow_procs, args.fresh)), flush=True)
+            if "slow_nginx" in wanted:
+                print(json.dumps(slow(broker, Path(tmp_name), args.slow, args.slow_procs, args.fresh, nginx=True)),
+                      flush=True)
         finally:
             for s in _STARTED:
                 s.stop()

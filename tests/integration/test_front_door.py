@@ -19,6 +19,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ from schemas.estimates import DeadLetter
 from stream_app.cli.local_broker import free_port
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed
+from tests.paths import ROOT
+from tests.system_tools import require_tool
 
 from .kafka_helpers import drain
 from .stream_helpers import wait_for
@@ -480,3 +483,79 @@ def test_floods_and_slow_connections_write_nothing_and_fresh_devices_are_answere
     print(f"fresh devices' latency: max {max(latencies):.3f} s, median {sorted(latencies)[20]:.3f} s; "
           f"flood answers {answers}; slow closed {slow.closed} (open failed {slow.open_failed}); "
           f"log {len(text.encode())} bytes; sent {sent_bytes} bytes")
+
+
+NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
+
+
+@contextmanager
+def _nginx(door_port: int, tmp: Path) -> Iterator[tuple[int, Path]]:
+    """deploy/nginx/nginx.conf run by a real nginx in front of a door on ``door_port``: only its
+    listening address and its upstream are replaced (by loopback ports). Yields (its port, its
+    error log)."""
+    nginx = require_tool("nginx")
+    text = NGINX_CONF.read_text()
+    assert text.count("listen 8080 ") == 1 and text.count("server shuffler:8080;") == 1
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    conf.write_text(text.replace("listen 8080 ", f"listen 127.0.0.1:{port} ")
+                    .replace("server shuffler:8080;", f"server 127.0.0.1:{door_port};"))
+    errors = tmp / "nginx.stderr"
+    with errors.open("wb") as fh:
+        proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp), "-g",  # noqa: S603
+                                 f"daemon off; pid {tmp / 'nginx.pid'};"], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _healthy(port) or proc.poll() is not None, 30, "nginx to answer")
+        assert proc.poll() is None, errors.read_text()
+        yield port, errors
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_nginx_in_front_passes_the_doors_answers_and_times_out_slow_clients_itself(
+        broker: str, tmp_path: Path) -> None:
+    """The shipped nginx configuration as a real process in front of a door: a genuine
+    request is 202 through it, an unsigned one the door's 401, a body past 64 KiB nginx's own
+    413 in the door's JSON form; 2,000 slowloris connections are closed by nginx within its 5 s
+    header timeout (the door never sees them) while 20 fresh devices are answered 202 within
+    5 s; only the genuine reports reach the device topic; nginx's log names no client."""
+    ss = _door_settings(broker, tmp_path)
+    shuffler = _start(ss, tmp_path / "shuffler.log")
+    e = enrollment()
+    q_epoch = 9_000_000
+    genuine = [[e.seal(encode_device("q", 1, q_epoch, r, value=r), d) for r in (0, 1)] for d in range(300, 320)]
+    try:
+        with _nginx(ss.http_port, tmp_path) as (port, errors):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            status, answer, _ = _post(conn, frame([encode_device("q", 1, q_epoch, 0, value=1)]))
+            assert (status, answer.get("reason")) == (401, "unauthenticated"), answer
+            status, answer, _ = _post(conn, b"\x01" * (65 * 1024))
+            assert (status, answer.get("reason")) == (413, "too_large"), answer
+            conn.close()
+            slow = _SlowClients(port, 2000, every_s=1.0)
+            latencies = []
+            try:
+                slow.start()
+                assert slow.opened.wait(60), "the slow connections did not open"
+                t_open = time.monotonic()
+                for records in genuine:
+                    t0 = time.monotonic()
+                    fresh = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    status, answer, _ = _post(fresh, frame(records))
+                    fresh.close()
+                    latencies.append(time.monotonic() - t0)
+                    assert status == 202, answer
+                wait_for(lambda: slow.closed + slow.open_failed >= slow.n, 60, "nginx to close the slow connections")
+                closed_after = time.monotonic() - t_open
+            finally:
+                slow.close()
+            assert max(latencies) < 5.0 and closed_after < 30, (sorted(latencies)[-3:], closed_after)
+            log = errors.read_text()
+            assert "client:" not in log and "127.0.0.1" not in log and len(log) < 10_000, log[-2000:]
+        written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
+        assert written == Counter(r for records in genuine for r in records)
+    finally:
+        if shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
+    print(f"through nginx: fresh max {max(latencies):.3f} s; 2,000 slow closed {closed_after:.1f} s after opening")

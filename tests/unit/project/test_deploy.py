@@ -355,26 +355,46 @@ def test_the_shuffler_runs_one_instance_with_its_metrics_served(services: dict[s
     assert (ss.instance_index, ss.instance_count) == (0, 1)
     assert ss.transactional_id == "ptt-shuffler-0" and ss.state_topic == "ptt-shuffler-state-0"
     assert ss.fault_hold_s == 0  # the fault injection of the crash tests stays off
-    assert ss.metrics_port and [str(ss.metrics_port)] == [str(p) for p in shuffler["expose"]]
+    assert ss.metrics_port and [str(ss.metrics_port), str(ss.http_port)] == [str(p) for p in shuffler["expose"]]
     assert f"127.0.0.1:{ss.metrics_port}/metrics" in " ".join(shuffler["healthcheck"]["test"])
     assert ss.metrics_port != _worker_settings(services, monkeypatch).web_port
 
 
-def test_the_shuffler_serves_its_front_door_on_the_hosts_loopback(services: dict[str, dict[str, Any]],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compose file starts the door (PTT_HTTP_PORT = SHUFFLER_HTTP_PORT, 8080 by default),
-    listening on every interface of the container and published on the host's loopback only;
-    its file-descriptor limit leaves the connection cap its default; SHUFFLER_HTTP_PORT=0 turns
-    the door off."""
+def test_the_shuffler_serves_its_front_door_behind_nginx(services: dict[str, dict[str, Any]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compose file starts the door (PTT_HTTP_PORT = SHUFFLER_HTTP_PORT, 8080 by default)
+    on the compose network only, with nginx (``door-proxy``, nginx/nginx.conf) in front of it
+    published on the host's loopback; the door's file-descriptor limit leaves its connection cap
+    its default; nginx's limits are no looser than the door's and it logs and forwards nothing
+    that names a client; SHUFFLER_HTTP_PORT=0 turns the door off."""
     from stream_app.shuffler.front_door import FD_RESERVE
 
-    shuffler = services["shuffler"]
+    shuffler, proxy = services["shuffler"], services["door-proxy"]
     ss = _shuffler_settings(services, monkeypatch)
     assert ss.http_port == 8080 and ss.http_host == "0.0.0.0"  # noqa: S104 - in the container
-    assert ss.http_port != ss.metrics_port
-    assert [interpolate(p) for p in shuffler["ports"]] == [f"127.0.0.1:{ss.http_port}:{ss.http_port}"]
+    assert ss.http_port != ss.metrics_port and "ports" not in shuffler
+    assert str(ss.http_port) in [str(p) for p in shuffler["expose"]]
     assert int(shuffler["ulimits"]["nofile"]) - FD_RESERVE >= ss.http_max_connections
     assert ss.http_idle_timeout_s <= 30 and ss.http_body_timeout_s <= 30  # slow clients are timed out
+    # nginx: the shipped configuration, mounted whole; its upstream is the door
+    assert proxy["image"].startswith("nginx:") and proxy["ports"] == ["127.0.0.1:8080:8080"]
+    assert ("./nginx/nginx.conf", "/etc/nginx/nginx.conf") in _mounts(proxy)
+    assert proxy["depends_on"]["shuffler"]["condition"] == "service_healthy"
+    conf = (DEPLOY / "nginx" / "nginx.conf").read_text()
+    code = "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+
+    def directive(name: str) -> list[str]:
+        return re.findall(rf"^[ \t]*{name}[ \t]+([^;{{}}\n]+);", code, re.M)
+
+    assert directive("server") == [f"shuffler:{ss.http_port}"] and directive("listen") == ["8080 backlog=4096"]
+    assert directive("client_max_body_size") == [f"{ss.http_max_body_bytes // 1024}k"]
+    for name in ("client_header_timeout", "client_body_timeout", "keepalive_timeout"):
+        (value,) = directive(name)
+        assert float(value.removesuffix("s")) <= ss.http_idle_timeout_s, name
+    assert directive("access_log") == ["off"] and directive("error_log") == ["stderr crit"]
+    assert "remote_addr" not in code and "X-Forwarded" not in code and "X-Real-IP" not in code
+    assert not directive("daemon") and not directive("pid")  # the image's command gives them
+    assert int(proxy["ulimits"]["nofile"]) >= int(directive("worker_connections")[0])
     _settings_in_env(monkeypatch, _env(shuffler, {"SHUFFLER_HTTP_PORT": "0"}))
     off = settings_from_args(ShufflerSettings, build_parser().parse_args(shuffler["command"][1:]))
     assert off.http_port == 0
