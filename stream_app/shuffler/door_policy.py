@@ -216,8 +216,9 @@ class DeviceRate:
     queries' (four report slots an epoch) at one request per 30 s epoch need 0.14 reports a
     second, a replay at 60x real time 8; the default (32/s, burst 1,024: a speed-0 demo of 256
     epochs) leaves room for more queries and the client's retries of whole requests, and bounds
-    what a stolen credential writes (the shuffler keeps one report per device and slot). Buckets that are full again are dropped once there are ``keep`` of
-    them (a full bucket is a new one); if most are not, the next pruning waits until their
+    what a stolen credential writes (the shuffler keeps one report per device and slot).
+    Buckets that are full again are dropped once there are ``keep`` of them (a full bucket is a
+    new one); if most are not, the next pruning waits until their
     number doubled (amortized O(1) a request).
 
     >>> r = DeviceRate(rate_per_s=1.0, burst=4, keep=2)

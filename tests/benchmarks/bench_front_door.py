@@ -28,7 +28,7 @@ Attack scenarios (each against its own door, its shuffler's clock open for the e
 
 * ``verify``: what checking every report's device id and MAC (the shuffler's own check,
   ``parse_request(..., enrollment)``) costs the door, against the same parse without it, over
-  the ``h2`` requests, in one process: ``us_per_report`` each and ``ratio``; and the extra
+  the ``h1`` requests (``--verify-stations``), in one process (CPU time, the best of 7 each): ``us_per_report`` each and ``ratio``; and the extra
   against the door's whole CPU per accepted report (``h1``'s ``cpu_s.shuffler`` / reports).
 * ``flood``: ``--flood-s`` seconds each of unsigned reports, forged MACs (another secret) and
   64 KiB bodies, ``--concurrency`` keep-alive connections each, then genuine requests: answers
@@ -212,14 +212,14 @@ def verify_cost(broker: LocalBroker, stations: int, limit: int, data_dir: Path, 
     for body in bodies[:2000]:  # keys and keyed states derived once per device, as in a running door
         parse_request(FRAMED, body, limits, enrollment)
     best: dict[str, float] = {}
-    for _ in range(3):
+    for _ in range(7):  # alternating, the best of each: CPU time of this process (a shared machine)
         for name, e in (("unverified", None), ("verified", enrollment)):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for body in bodies:
                 got = parse_request(FRAMED, body, limits, e)
                 if not isinstance(got, Accepted):
                     raise RuntimeError(f"a genuine request refused: {got}")
-            best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
+            best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
     us = {k: 1e6 * v / reports for k, v in best.items()}
     extra = us["verified"] - us["unverified"]
     door_us = None if h1 is None else 1e6 * h1["cpu_s"]["shuffler"] / h1["reports"]
@@ -550,6 +550,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=20_000, help="requests (devices) per scenario, at most")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--flood-s", type=float, default=10.0, help="seconds of each flood")
+    parser.add_argument("--verify-stations", type=int, default=500, help="the verify scenario's day (h1's: 500)")
     parser.add_argument("--slow", type=int, default=20_000, help="slowloris connections")
     parser.add_argument("--slow-procs", type=int, default=4, help="processes holding them (a process's fd limit)")
     parser.add_argument("--fresh", type=int, default=40, help="fresh devices under the slow connections")
@@ -567,7 +568,8 @@ def main() -> None:
                     h1 = line if name == "h1" else h1
                     print(json.dumps(line), flush=True)
             if "verify" in wanted:
-                print(json.dumps(verify_cost(broker, 3220, args.devices, args.data_dir, h1)), flush=True)
+                print(json.dumps(verify_cost(broker, args.verify_stations, args.devices, args.data_dir, h1)),
+                      flush=True)
             if "flood" in wanted:
                 print(json.dumps(flood(broker, Path(tmp_name), args.flood_s, args.concurrency)), flush=True)
             if "slow" in wanted:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -559,3 +561,54 @@ def test_nginx_in_front_passes_the_doors_answers_and_times_out_slow_clients_itse
         if shuffler.proc is not None and shuffler.proc.poll() is None:
             shuffler.kill()
     print(f"through nginx: fresh max {max(latencies):.3f} s; 2,000 slow closed {closed_after:.1f} s after opening")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_cap(
+        broker: str, tmp_path: Path) -> None:
+    """The door's file-descriptor limit lowered under it (``prlimit``) to 200 more than it has
+    open, then 500 slowloris connections: the door's cap follows the limit (less its reserve of
+    512: 16 connections here), closing the longest-open idle ones, so the process never runs
+    out of descriptors -- at filing, accept() failed with EMFILE and the log took 139,530
+    tracebacks in 40 s; here the shuffler keeps running, the log has no traceback and no
+    "Too many open files", its CPU stays well under a core, and a fresh device is answered 202."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    ss = _door_settings(broker, tmp_path).model_copy(update={"http_idle_timeout_s": 4.0})
+    log = tmp_path / "shuffler.log"
+    shuffler = _start(ss, log)
+    assert shuffler.proc is not None
+    pid = shuffler.proc.pid
+    try:
+        limit = len(os.listdir(f"/proc/{pid}/fd")) + 200
+        subprocess.run([prlimit, f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True, timeout=30)  # noqa: S603
+        slow = _SlowClients(ss.http_port, 500, every_s=1.0)
+        cpu0, t0 = _cpu_s(pid), time.monotonic()
+        try:
+            slow.start()
+            assert slow.opened.wait(60), "the slow connections did not open"
+            wait_for(lambda: slow.closed + slow.open_failed >= slow.n, 90, "the door to close the slow connections")
+        finally:
+            slow.close()
+        busy = (_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+        e = enrollment()
+        records = [e.seal(encode_device("q", 1, 9_000_000, r, value=r), 11) for r in (0, 1)]
+        fresh = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
+        assert _post(fresh, frame(records))[0] == 202
+        fresh.close()
+        assert shuffler.proc.poll() is None
+        assert shuffler.stop() == 130
+    finally:
+        if shuffler.proc.poll() is None:
+            shuffler.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and "Too many open files" not in text and "unexpected failure" not in text, \
+        text[-3000:]
+    assert "(evicted_idle_connection)" in text and len(text.encode()) < 50_000, text[-3000:]
+    assert busy < 0.5, f"the door used {busy:.2f} of a core"
+    print(f"fd limit {limit}: door CPU {busy:.2f} of a core; {text.count('refused (')} log lines")
