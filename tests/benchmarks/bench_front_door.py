@@ -28,8 +28,9 @@ Attack scenarios (each against its own door, its shuffler's clock open for the e
 
 * ``verify``: what checking every report's device id and MAC (the shuffler's own check,
   ``parse_request(..., enrollment)``) costs the door, against the same parse without it, over
-  the ``h1`` requests (``--verify-stations``), in one process (CPU time, the best of 7 each): ``us_per_report`` each and ``ratio``; and the extra
-  against the door's whole CPU per accepted report (``h1``'s ``cpu_s.shuffler`` / reports).
+  the ``h1`` requests (``--verify-stations``), in one process (CPU time, the best of 7 each):
+  ``us_per_report`` each and ``ratio``; and the extra against the door's whole CPU per
+  accepted report (``h1``'s ``cpu_s.shuffler`` / reports).
 * ``flood``: ``--flood-s`` seconds each of unsigned reports, forged MACs (another secret) and
   64 KiB bodies, ``--concurrency`` keep-alive connections each, then genuine requests: answers
   by (status, reason), requests/s, bytes sent, records written to the device topic, dead-letter
