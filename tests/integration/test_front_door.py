@@ -612,3 +612,33 @@ def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_ca
     assert "(evicted_idle_connection)" in text and len(text.encode()) < 50_000, text[-3000:]
     assert busy < 0.5, f"the door used {busy:.2f} of a core"
     print(f"fd limit {limit}: door CPU {busy:.2f} of a core; {text.count('refused (')} log lines")
+
+
+def test_the_doors_device_check_refuses_a_device_from_its_next_request(broker: str, tmp_path: Path) -> None:
+    """``FrontDoor(settings, device_check=...)``: the one check of a verified device id (the
+    hook a revocation list plugs into). A device the check refuses is answered 403 with the
+    check's reason from its next request on, nothing of it written; the others pass."""
+    from stream_app.shuffler.front_door import FrontDoor
+
+    ss = _door_settings(broker, tmp_path)
+    revoked: set[int] = set()
+    door = FrontDoor(ss, device_check=lambda device: "revoked" if device in revoked else None)
+    door.start()
+    e = enrollment()
+
+    def records(d: int, epoch: int) -> list[bytes]:
+        return [e.seal(encode_device("q", 1, epoch, r, value=r), d) for r in (0, 1)]
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
+        assert _post(conn, frame(records(5, 9_000_000)))[0] == 202
+        revoked.add(5)
+        status, answer, _ = _post(conn, frame(records(5, 9_000_001)))
+        assert (status, answer["reason"]) == (403, "revoked"), answer
+        assert _post(conn, frame(records(6, 9_000_001)))[0] == 202
+        conn.close()
+    finally:
+        door.stop()
+    written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
+    assert written == Counter(records(5, 9_000_000) + records(6, 9_000_001))
+    assert door.refused == {"revoked": 1}
