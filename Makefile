@@ -9,21 +9,25 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP) sysdeps
 
-# Prometheus (server + promtool) from the system's package manager: the tests run a real one
-# and check the metrics with promtool; the demo scrapes with it. Installed only when missing.
-# Under CI (CI set, as .ci/run does) both must be there: the tests fail instead of skipping
-# without them (tests/system_tools.py), and this guard says so first.
+# Prometheus (server + promtool) and nginx from the system's package manager: the tests run a
+# real Prometheus and check the metrics with promtool (the demo scrapes with it), and run
+# deploy/nginx/nginx.conf with a real nginx in front of the shuffler's front door. Installed
+# only when missing. Under CI (CI set, as .ci/run does) all three must be there: the tests fail
+# instead of skipping without them (tests/system_tools.py), and this guard says so first.
 sysdeps:
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	@missing=""; \
+	if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then missing="prometheus"; fi; \
+	if ! command -v nginx >/dev/null 2>&1 && ! [ -x /usr/sbin/nginx ]; then missing="$$missing nginx"; fi; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing prometheus (apt)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
+	    echo "installing$$missing (apt)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "warning: prometheus/promtool not installed (apt-get install prometheus); tests needing them skip (fail under CI)"; \
+	    echo "warning: not installed:$$missing (apt-get install$$missing); tests needing them skip (fail under CI)"; \
 	  fi; \
 	fi
-	@if [ -n "$$CI" ]; then for tool in prometheus promtool; do \
-	  if ! command -v $$tool >/dev/null 2>&1; then \
+	@if [ -n "$$CI" ]; then for tool in prometheus promtool nginx; do \
+	  if ! command -v $$tool >/dev/null 2>&1 && ! [ -x /usr/sbin/$$tool ]; then \
 	    echo "CI: $$tool could not be installed; the tests that need it must not be skipped"; exit 1; \
 	  fi; \
 	done; fi

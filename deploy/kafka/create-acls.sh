@@ -54,6 +54,13 @@ subscriber    Read                topic     ptt.estimate-frames literal  # ptt s
 subscriber    Read                topic     ptt.queries        literal   # the ptt subscribe table: how many estimates an epoch has
 '
 
+# The shuffler's HTTP front door (the compose file's SHUFFLER_HTTP_PORT, the shuffler's
+# PTT_HTTP_PORT; 0: no door) writes the reports it has verified to the device topic itself.
+if [ "${SHUFFLER_HTTP_PORT:-0}" != 0 ]; then
+  ACLS+='shuffler      Write               topic     ptt.device-reports literal   # its front door: verified device reports
+'
+fi
+
 props="$(mktemp)"
 trap 'rm -f "$props"' EXIT
 write_client_properties "$props"

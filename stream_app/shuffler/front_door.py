@@ -1,14 +1,31 @@
 """The shuffler's front door: devices upload over HTTP (``ptt shuffler --http-port P``).
 
 ``POST /v1/reports`` takes one device's reports of one epoch (bodies:
-:mod:`~stream_app.shuffler.door_policy`), forwards each report's bytes unchanged as its own
-record to the device topic -- a fresh random key, header ``ptt-kind: device_report`` only, as
-``ptt replay --via-shuffler`` writes them -- and answers ``202`` only once the broker
-acknowledged every record of the request (acks=all), with the (partition, offset) of each;
-``4xx`` with a JSON reason when the request is refused (nothing of it is written), ``503`` when
-the broker does not acknowledge in time (the client retries the whole request; a record
-written before the failure is then written again, and the shuffler keeps one report per
-enrolled device and slot). ``GET /v1/health`` answers ``200`` once the door is up.
+:mod:`~stream_app.shuffler.door_policy`), checks every report's device id and MAC with the
+shuffler's own enrollment check, forwards each report's bytes unchanged as its own record to
+the device topic -- a fresh random key, header ``ptt-kind: device_report`` only, as ``ptt
+replay --via-shuffler`` writes them -- and answers ``202`` only once the broker acknowledged
+every record of the request (acks=all), with the (partition, offset) of each. A refused
+request writes nothing and costs no dead letter: its answer is a JSON reason (``401
+unauthenticated``; ``403 unknown_device``, ``bad_mac`` or what :meth:`FrontDoor.device_allowed`
+says, e.g. ``revoked``; ``429 rate_limited`` past the device's rate; ``4xx`` for a malformed
+request; ``503 busy`` past ``--http-max-in-flight``, ``503 broker_unavailable`` when the broker
+does not acknowledge in time -- the client retries the whole request; a record written before
+the failure is then written again, and the shuffler keeps one report per enrolled device and
+slot). ``GET /v1/health`` answers ``200`` once the door is up.
+
+What a client that does not finish costs is bounded: a connection whose request headers have
+not arrived within ``--http-idle-timeout-s`` of its opening or its last answer is closed
+(aiohttp's keep-alive timer, which runs from the connection's start), a body that has not
+arrived within ``--http-body-timeout-s`` is ``408 slow_body``, header lines are at most
+``--http-max-header-bytes``, and at most ``--http-max-connections`` connections (never more
+than the file-descriptor limit less a reserve) are open: at the cap, the longest-open
+connection without a request in progress is closed to make room (as nginx reuses its idle
+keep-alive connections), or, with none, the new one is answered ``503 too_many_connections``.
+An ``accept()`` that fails anyway (``EMFILE``: the limit lowered under it, or descriptors
+used elsewhere) is counted and retried after 0.1 s by the door's own accept loop, never a
+traceback per attempt nor a spin.
+The log has at most one line per refusal reason every ``--http-log-interval-s``, with its count.
 
 It runs in the shuffler's process, on its own thread and event loop (aiohttp, aiokafka): the
 shuffler's loop is untouched, and :meth:`FrontDoor.stop` (the shuffler's SIGTERM/SIGINT) stops
@@ -27,10 +44,12 @@ import contextlib
 import errno
 import json
 import logging
+import math
+import resource
 import secrets
+import socket
 import threading
 import time
-import weakref
 from typing import Any
 
 from aiohttp import web
@@ -38,17 +57,20 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from schemas.connection import aiokafka_options, producer_options
-from schemas.device_binary import device_of
+from schemas.enrollment import Enrollment
 from schemas.kafka_io import BrokerUnavailable, ensure_topics
 
-from .door_policy import Accepted, DoorLimits, Refusal, TokenBucket, parse_request, refusal
+from .door_policy import Accepted, DeviceCheck, DeviceRate, DoorLimits, Refusal, RefusalLog, parse_request, refusal
 from .release import KIND_HEADER
 from .settings import ShufflerSettings
 
-__all__ = ["FrontDoor", "door_limits"]
+__all__ = ["FD_RESERVE", "FrontDoor", "connection_cap", "door_limits"]
 
 log = logging.getLogger(__name__)
 _HEADERS = [(KIND_HEADER, b"device_report")]
+FD_RESERVE = 512  # file descriptors kept for the broker connections, the state, the metrics server, logs
+_BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
 
 
 class _NoAddresses(logging.Filter):
@@ -66,7 +88,20 @@ _server_log.addFilter(_NoAddresses())
 
 def door_limits(s: ShufflerSettings) -> DoorLimits:
     return DoorLimits(max_body_bytes=s.http_max_body_bytes, max_reports=s.http_max_reports,
-                      rate_per_s=s.http_rate_per_s, burst=s.http_burst)
+                      device_reports_per_s=s.http_device_reports_per_s, device_burst=s.http_device_burst)
+
+
+def connection_cap(wanted: int, reserve: int = FD_RESERVE) -> int:
+    """The open connections the door allows: ``wanted``, at most this process's file-descriptor
+    limit less ``reserve`` (the soft limit is first raised to the hard one), at least 16."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(16, min(wanted, soft - reserve))
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -74,20 +109,76 @@ def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
                         headers=headers)
 
 
-def _refused(r: Refusal, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=r.status, body=r.body(), content_type="application/json", headers=headers)
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted connection: aiohttp's request handler behind it, and what the door's
+    connection cap needs -- when it opened and whether a request is in progress."""
+
+    __slots__ = ("door", "inner", "transport", "busy", "live")
+
+    def __init__(self, door: FrontDoor, inner: Any) -> None:
+        self.door, self.inner = door, inner
+        self.transport: Any = None
+        self.busy = 0
+        self.live = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        if not self.door._admit(self):  # noqa: SLF001 - the door's own bookkeeping
+            transport.write(_BUSY_ANSWER % (len(_TOO_MANY), _TOO_MANY))
+            transport.close()
+            return
+        self.live = True
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.live:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.live else None
+
+    def pause_writing(self) -> None:
+        if self.live:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.live:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.door._conns.pop(self.transport, None)  # noqa: SLF001
+        if self.live:
+            self.live = False
+            self.inner.connection_lost(exc)
+
+
+_TOO_MANY = refusal("too_many_connections", "the front door holds its most connections, every one with a request "
+                                            "in progress; retry after Retry-After").body()
 
 
 class FrontDoor:
-    """The HTTP front door of one shuffler instance; :meth:`start` returns once it listens."""
+    """The HTTP front door of one shuffler instance; :meth:`start` returns once it listens.
+    ``device_check``: the extra check of an authenticated device id (a revocation list, say),
+    :data:`~stream_app.shuffler.door_policy.DeviceCheck`."""
 
-    def __init__(self, settings: ShufflerSettings) -> None:
+    def __init__(self, settings: ShufflerSettings, device_check: DeviceCheck | None = None) -> None:
         self.s = settings
         self.limits = door_limits(settings)
+        self.enrollment: Enrollment = settings.enrollment()
+        self.device_check = device_check
         self.accepted_requests = 0
         self.accepted_reports = 0
-        self.refused: dict[str, int] = {}
-        self._buckets: weakref.WeakKeyDictionary[Any, TokenBucket] = weakref.WeakKeyDictionary()
+        self._log = RefusalLog(settings.http_log_interval_s)
+        self.refused = self._log.total  # reason -> requests refused (connections, for too_many_connections)
+        self._rate = DeviceRate(settings.http_device_reports_per_s, settings.http_device_burst)
+        self._conns: dict[Any, _Connection] = {}  # open connections, oldest first
+        self.max_connections = settings.http_max_connections
+        self.evicted = 0
+        self.in_flight = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -102,6 +193,7 @@ class FrontDoor:
         """Ensure the device topic, connect the producer, listen; raises what stopped it
         (:class:`~stream_app.cli.local_broker.PortInUse`, :class:`BrokerUnavailable`)."""
         s = self.s
+        self.max_connections = connection_cap(s.http_max_connections)
         ensure_topics(s, {s.device_topic: s.device_partitions}, compacted=set())
         self._thread = threading.Thread(target=self._run, name="front-door", daemon=True)
         self._thread.start()
@@ -134,7 +226,8 @@ class FrontDoor:
         from stream_app.cli.local_broker import PortInUse  # the command line's (its exit code)
 
         s = self.s
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_error)
         self._stopping = asyncio.Event()
         self._producer = AIOKafkaProducer(**aiokafka_options(s), **producer_options(s, s.device_topic), acks="all",
                                           enable_idempotence=False, linger_ms=s.http_linger_ms,
@@ -146,67 +239,185 @@ class FrontDoor:
                 await self._producer.stop()
             raise BrokerUnavailable(f"the front door's producer cannot reach the broker at "
                                     f"{s.bootstrap_servers} ({exc})") from None
-        # a record's partition is drawn here, uniformly (aiokafka's partitioner hashes each key in
-        # pure Python: a third of the door's time per report, measured)
+        # a record's partition is its device's (device id mod partitions: where a shuffler with
+        # several instances looks for all of a device's reports)
         self._partitions = sorted(await self._producer.partitions_for(s.device_topic))
         app = web.Application(client_max_size=self.limits.max_body_bytes)
         app.router.add_post("/v1/reports", self._reports)
         app.router.add_get("/v1/health", self._health)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=_server_log,
-                               shutdown_timeout=s.http_stop_grace_s)
+                               shutdown_timeout=s.http_stop_grace_s, keepalive_timeout=s.http_idle_timeout_s,
+                               max_line_size=s.http_max_header_bytes, max_field_size=s.http_max_header_bytes,
+                               max_headers=32, lingering_time=1.0)
         await runner.setup()
+        listener: socket.socket | None = None
+        ticker = asyncio.create_task(self._tick())
+        accepting: asyncio.Task[None] | None = None
         try:
-            site = web.TCPSite(runner, s.http_host, s.http_port, backlog=1024)
+            handlers = runner.server
+            if handlers is None:
+                raise RuntimeError("aiohttp's runner has no server after setup")
             try:
-                await site.start()
+                listener = socket.create_server((s.http_host, s.http_port), backlog=1024)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     raise PortInUse(f"the HTTP port {s.http_host}:{s.http_port} is already in use; give another "
                                     "--http-port") from None
                 raise
+            listener.setblocking(False)
+            accepting = asyncio.create_task(self._accept(listener, lambda: _Connection(self, handlers())))
             self._ready.set()
             await self._stopping.wait()
         finally:
+            if accepting is not None:
+                accepting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await accepting
+            if listener is not None:
+                listener.close()
+            ticker.cancel()
             await runner.cleanup()
             await self._producer.stop()
+            self._say(self._log.flush())
+
+    async def _accept(self, listener: socket.socket, factory: Any) -> None:
+        """The door's own accept loop (not asyncio's server: on EMFILE that retries its whole
+        backlog at once and reports every failure -- 6,000 a second measured): a connection
+        at a time, handed to aiohttp; out of file descriptors, one failure counted and a pause
+        of 0.1 s (never a spin), the connections waiting in the kernel's backlog meanwhile."""
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Task[Any]] = set()
+        taken = 0
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._log.add("accept_failed_out_of_file_descriptors", time.monotonic())
+                    await asyncio.sleep(0.1)
+                    continue
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue  # the client gave up before it was taken
+                raise
+            conn.setblocking(False)
+            task = asyncio.create_task(self._connect(loop, conn, factory))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            taken += 1
+            if taken % 64 == 0:
+                await asyncio.sleep(0)  # a burst of connections does not hold the loop
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, factory: Any) -> None:
+        try:
+            await loop.connect_accepted_socket(factory, conn)
+        except OSError:
+            conn.close()
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The door loop's errors counted per message, logged as the refusals are (one line with
+        its count an interval, no traceback)."""
+        exc = context.get("exception")
+        what = str(context.get("message") or "error")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            what = "accept_failed_out_of_file_descriptors"
+        elif exc is not None:
+            what = f"{what} ({type(exc).__name__})"
+        self._log.add(f"loop: {what}", time.monotonic())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.s.http_log_interval_s))
+            self._say(self._log.due(time.monotonic()))
+
+    def _say(self, lines: list[tuple[str, int]]) -> None:
+        for reason, n in lines:
+            log.warning("front door: %d refused (%s) since this reason's last line", n, reason)
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _admit(self, conn: _Connection) -> bool:
+        """A new connection: taken (at the cap, the longest-open connections without a request
+        in progress are closed for it), or refused (every one is busy). The cap follows the
+        file-descriptor limit as it is now (``prlimit`` may lower it under a running process)."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        cap = self.max_connections if soft == resource.RLIM_INFINITY else min(self.max_connections,
+                                                                              max(16, soft - FD_RESERVE))
+        while len(self._conns) >= cap:
+            victim = next((c for c in self._conns.values() if not c.busy), None)
+            if victim is None:
+                self._refuse_reason("too_many_connections")
+                return False
+            del self._conns[victim.transport]
+            victim.transport.abort()
+            self.evicted += 1
+            self._refuse_reason("evicted_idle_connection")
+        self._conns[conn.transport] = conn
+        return True
+
+    def _refuse_reason(self, reason: str) -> None:
+        self._log.add(reason, time.monotonic())
+
+    # -- requests ----------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
         return _json(200, {"ok": True})
 
-    def _bucket(self, request: web.Request) -> TokenBucket:
-        conn = request.transport if request.transport is not None else request.protocol
-        bucket = self._buckets.get(conn)
-        if bucket is None:
-            bucket = self._buckets[conn] = TokenBucket(self.limits.rate_per_s, self.limits.burst, time.monotonic())
-        return bucket
-
     def _refuse(self, r: Refusal, headers: dict[str, str] | None = None) -> web.Response:
-        self.refused[r.reason] = self.refused.get(r.reason, 0) + 1
-        return _refused(r, headers)
+        self._refuse_reason(r.reason)
+        return web.Response(status=r.status, body=r.body(), content_type="application/json", headers=headers)
+
+    def device_allowed(self, device: int) -> str | None:
+        """The door's one check of an authenticated device id, once per request after its MACs
+        verified: None if it may send, else the reason it is refused (403). Enrolled is
+        allowed; ``device_check`` (a revocation list, say) may refuse more."""
+        return None if self.device_check is None else self.device_check(device)
 
     async def _reports(self, request: web.Request) -> web.Response:
-        bucket = self._bucket(request)
-        now = time.monotonic()
-        if not bucket.take(now):
-            wait = bucket.retry_after(now)
-            return self._refuse(refusal("rate_limited", f"at most {self.limits.rate_per_s:g} requests/s per "
-                                                        f"connection (burst {self.limits.burst})"),
-                                {"Retry-After": str(max(1, round(wait + 0.5)))})
+        if self.in_flight >= self.s.http_max_in_flight:
+            return self._refuse(refusal("busy", f"{self.in_flight} requests in progress, at most "
+                                                f"{self.s.http_max_in_flight}"), _retry_after(1))
+        conn = self._conns.get(request.transport)
+        self.in_flight += 1
+        if conn is not None:
+            conn.busy += 1
+        try:
+            return await self._report(request)
+        finally:
+            self.in_flight -= 1
+            if conn is not None:
+                conn.busy -= 1
+
+    async def _report(self, request: web.Request) -> web.Response:
         length = request.content_length
         if length is not None and length > self.limits.max_body_bytes:
             return self._refuse(refusal("too_large", f"{length} bytes, at most {self.limits.max_body_bytes}"),
                                 {"Connection": "close"})
         try:
-            body = await request.read()
+            async with asyncio.timeout(self.s.http_body_timeout_s):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(refusal("too_large", f"more than {self.limits.max_body_bytes} bytes"),
                                 {"Connection": "close"})
-        got = parse_request(request.headers.get("Content-Type", ""), body, self.limits)
+        except TimeoutError:
+            return self._refuse(refusal("slow_body", f"the body did not arrive within {self.s.http_body_timeout_s:g}s"),
+                                {"Connection": "close"})
+        self.enrollment.refresh_revocation()  # one stat; the list re-read when its file changed
+        got = parse_request(request.headers.get("Content-Type", ""), body, self.limits, self.enrollment)
         if isinstance(got, Refusal):
             return self._refuse(got)
-        return await self._forward(got)
+        if got.device is None:  # cannot be: verified records name their (one) enrolled device
+            return self._refuse(refusal("unauthenticated", "a report without a device id and MAC"))
+        why = self.device_allowed(got.device)
+        if why is not None:
+            return self._refuse(refusal(why, "this device may not send reports"))
+        wait = self._rate.take(got.device, len(got.records), time.monotonic())
+        if wait is not None:
+            return self._refuse(refusal("rate_limited", f"at most {self.limits.device_reports_per_s:g} reports/s per "
+                                                        f"device (burst {self.limits.device_burst})"),
+                                _retry_after(wait))
+        return await self._forward(got, got.device)
 
-    async def _forward(self, got: Accepted) -> web.Response:
+    async def _forward(self, got: Accepted, device: int) -> web.Response:
         s = self.s
         if s.http_fault_hold_s and s.http_fault_point == "before_send":
             log.warning("fault injection: holding a request before its reports are sent")
@@ -214,12 +425,13 @@ class FrontDoor:
         keys = secrets.token_bytes(16 * len(got.records))
         try:
             parts = self._partitions
+            partition = parts[device % len(parts)]
             futures = [await self._producer.send(s.device_topic, value=raw, key=keys[16 * i:16 * i + 16],
-                                                 partition=_partition(raw, parts), headers=_HEADERS)
+                                                 partition=partition, headers=_HEADERS)
                        for i, raw in enumerate(got.records)]
             metas = await asyncio.wait_for(asyncio.gather(*futures), timeout=s.http_ack_timeout_s)
         except (KafkaError, TimeoutError, OSError) as exc:
-            self.refused["broker_unavailable"] = self.refused.get("broker_unavailable", 0) + 1
+            self._refuse_reason("broker_unavailable")
             return _json(503, {"reason": "broker_unavailable",
                                "detail": f"the broker did not acknowledge every report ({type(exc).__name__}); "
                                          "send the whole request again"}, {"Retry-After": "1"})
@@ -233,12 +445,4 @@ class FrontDoor:
     def line(self) -> str:
         refused = ", ".join(f"{k}: {v}" for k, v in sorted(self.refused.items())) or "none"
         return (f"front door: {self.accepted_reports:,} reports accepted in {self.accepted_requests:,} requests; "
-                f"refused requests: {refused}")
-
-
-def _partition(raw: bytes, parts: list[int]) -> int:
-    """A report's device partition: its device's (id mod partitions: where a shuffler with
-    several instances looks for all of a device's reports), or, naming no device (refused by
-    the shuffler as unauthenticated), one drawn uniformly."""
-    device = device_of(raw)
-    return parts[device % len(parts)] if device is not None else parts[secrets.randbelow(len(parts))]
+                f"refused: {refused}")

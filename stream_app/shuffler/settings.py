@@ -70,9 +70,31 @@ class ShufflerSettings(EnrollmentSettings):
                                      description="a request's body, at most (413 too_large above)")
     http_max_reports: int = Field(default=64, ge=1, le=4096,
                                   description="device reports in one request, at most (400 too_many_reports)")
-    http_rate_per_s: float = Field(default=50.0, gt=0,
-                                   description="requests a second per connection, on average (429 rate_limited)")
-    http_burst: int = Field(default=100, ge=1, description="requests per connection at once above the rate")
+    http_device_reports_per_s: float = Field(
+        default=32.0, gt=0, description="reports a second per enrolled device, on average (429 rate_limited with "
+                                        "Retry-After); a device sends one report per slot (the default queries: 4 an "
+                                        "epoch; a replay at --speed 60 through the door: 8/s a device)")
+    http_device_burst: int = Field(default=1024, ge=1,
+                                   description="reports per enrolled device at once above the rate")
+    http_max_in_flight: int = Field(default=256, ge=1, le=65_536,
+                                    description="requests the front door works on at once, at most (503 busy with "
+                                                "Retry-After above)")
+    http_max_connections: int = Field(
+        default=16_384, ge=16, le=1_000_000,
+        description="open connections at most (and at most the file-descriptor limit less 512): at the cap the "
+                    "longest-open connection without a request in progress is closed for a new one, or the new one "
+                    "is answered 503 too_many_connections")
+    http_idle_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="a connection is closed when no request's headers have arrived within this since it opened or "
+                    "since its last answer (the keep-alive idle timeout and the deadline for a request's headers)")
+    http_body_timeout_s: float = Field(default=10.0, gt=0, le=600,
+                                       description="a request's body must arrive within this (408 slow_body)")
+    http_max_header_bytes: int = Field(default=4096, ge=256, le=65_536,
+                                       description="the request line and each header line, at most (400 above)")
+    http_log_interval_s: float = Field(default=10.0, gt=0, le=3600,
+                                       description="the front door logs each refusal reason at most once this "
+                                                   "often, with its count")
     http_ack_timeout_s: float = Field(default=10.0, gt=0, le=300,
                                       description="answer 503 when the broker has not acknowledged a request's "
                                                   "reports within this")
@@ -93,6 +115,9 @@ class ShufflerSettings(EnrollmentSettings):
     def _index(self) -> ShufflerSettings:
         if self.instance_index >= self.instance_count:
             raise ValueError(f"instance_index {self.instance_index} must be below instance_count {self.instance_count}")
+        if self.http_device_burst < self.http_max_reports:
+            raise ValueError(f"http_device_burst {self.http_device_burst} is below http_max_reports "
+                             f"{self.http_max_reports}: a full request could never be taken")
         return self
 
     def enrollment(self) -> Enrollment:

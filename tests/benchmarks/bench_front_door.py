@@ -24,15 +24,35 @@ process). Each line has:
   queries' report records per device and epoch (``reports_per_request``) / 30 s -- and
   ``fits_real_time`` (``reports_per_s`` >= that).
 
+Attack scenarios (each against its own door, its shuffler's clock open for the epoch):
+
+* ``verify``: what checking every report's device id and MAC (the shuffler's own check,
+  ``parse_request(..., enrollment)``) costs the door, against the same parse without it, over
+  the ``h1`` requests (``--verify-stations``), in one process (CPU time, the best of 7 each):
+  ``us_per_report`` each and ``ratio``; and the extra against the door's whole CPU per
+  accepted report (``h1``'s ``cpu_s.shuffler`` / reports).
+* ``flood``: ``--flood-s`` seconds each of unsigned reports, forged MACs (another secret) and
+  64 KiB bodies, ``--concurrency`` keep-alive connections each, then genuine requests: answers
+  by (status, reason), requests/s, bytes sent, records written to the device topic, dead-letter
+  records and bytes, the shuffler process's CPU and its log's size;
+* ``slow`` (``slow_nginx``: through deploy/nginx/nginx.conf run by a real nginx in front of
+  the door): ``--slow`` slowloris connections (one header byte a second each, from
+  ``--slow-procs`` processes: a process's file-descriptor limit), then fresh devices each on a
+  new connection: their latency (p50, max), 202s, how many slow connections the door closed
+  and how fast, the door process's CPU and peak RSS, its log's size, and its file-descriptor
+  limit (the connection cap is that less 512).
+
 Measured on 2 cores shared with other sessions (docs/operations.md, "Benchmarks", has the
 numbers and the load).
 
-Run: ``python tests/benchmarks/bench_front_door.py [--only h1,h2] [--devices 20000] [--concurrency 64]``
+Run: ``python tests/benchmarks/bench_front_door.py [--only h1,h2,verify,flood,slow] [--devices 20000]
+[--concurrency 64] [--flood-s 10] [--slow 20000] [--slow-procs 4]``
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import secrets
@@ -40,6 +60,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +73,10 @@ from producers.http_client import DeviceClient
 from producers.replay import device_records
 from producers.settings import ReplaySettings
 from schemas import SourceEpoch, encode_json
-from schemas.device_http import frame
+from schemas.device_http import FRAMED, frame
 from schemas.kafka_io import ensure_topics, publish_query
 from stream_app.cli.local_broker import LocalBroker, free_port
+from stream_app.shuffler.door_policy import Accepted
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.benchmarks.bench_shuffler import _cpu_s, _Shuffler
 from tests.benchmarks.common import load_scenario, stop_children_on_signals
@@ -133,8 +155,8 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
         publish_query(rs, q)
     ss = ShufflerSettings(**rs.model_dump(include=set(ShufflerSettings.model_fields)), shuffler_id=f"s-{tag}",
                           dead_letter_topic=f"d-{tag}", metrics_port=0, http_port=free_port(),
-                          http_max_reports=64, http_max_body_bytes=1024 * 1024, http_rate_per_s=1e6,
-                          http_burst=1_000_000)
+                          http_max_reports=64, http_max_body_bytes=1024 * 1024, http_device_reports_per_s=1e6,
+                          http_device_burst=1_000_000)
     ensure_topics(ss, {ss.source_topic: 1, ss.device_topic: 4})
     opener = KafkaProducer(**ss.client_kwargs(), acks="all")
     note = rs.enrollment().sign_note(SourceEpoch(epoch=epoch, opens=True))  # the replay's notes are signed
@@ -175,11 +197,365 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
             "fits_real_time": reports / wall >= need, "shuffler_summary": shuffler.summary()}
 
 
+def verify_cost(broker: LocalBroker, stations: int, limit: int, data_dir: Path, h1: dict[str, Any] | None
+                ) -> dict[str, Any]:
+    """What the MAC check costs the door per report (module docstring, ``verify``)."""
+    from stream_app.shuffler.door_policy import DoorLimits, parse_request
+
+    tag = uuid.uuid4().hex[:8]
+    rs = ReplaySettings(bootstrap_servers=broker.bootstrap, data_dir=data_dir, truth=False, default_queries=False,
+                        reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}",
+                        synthetic_stations=stations, via_shuffler=True, device_topic=f"dev-{tag}",
+                        enrollment_secret=SecretStr(secrets.token_hex(32)))
+    _, requests, _, _ = _requests(rs, limit)
+    bodies = [frame(r) for r in requests]
+    reports = sum(len(r) for r in requests)
+    limits, enrollment = DoorLimits(max_body_bytes=1 << 20), rs.enrollment()
+    for body in bodies[:2000]:  # keys and keyed states derived once per device, as in a running door
+        parse_request(FRAMED, body, limits, enrollment)
+    best: dict[str, float] = {}
+    for _ in range(7):  # alternating, the best of each: CPU time of this process (a shared machine)
+        for name, e in (("unverified", None), ("verified", enrollment)):
+            t0 = time.process_time()
+            for body in bodies:
+                got = parse_request(FRAMED, body, limits, e)
+                if not isinstance(got, Accepted):
+                    raise RuntimeError(f"a genuine request refused: {got}")
+            best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
+    us = {k: 1e6 * v / reports for k, v in best.items()}
+    extra = us["verified"] - us["unverified"]
+    door_us = None if h1 is None else 1e6 * h1["cpu_s"]["shuffler"] / h1["reports"]
+    return {"scenario": "verify", "stations": stations, "requests": len(bodies), "reports": reports,
+            "us_per_report": {k: round(v, 2) for k, v in us.items()}, "ratio": round(us["verified"] /
+                                                                                 us["unverified"], 2),
+            "mac_us_per_report": round(extra, 2),
+            "door_and_shuffler_cpu_us_per_accepted_report_h1": None if door_us is None else round(door_us, 1),
+            "mac_share_of_that": None if door_us is None else round(extra / door_us, 3),
+            "load_average": round(os.getloadavg()[0], 1)}
+
+
+def _door(broker: LocalBroker, tmp: Path, name: str, **kw: Any) -> tuple[ShufflerSettings, _Shuffler, Any, int]:
+    """A door (its shuffler) whose clock opened one epoch of a hand-made query; (settings, the
+    process, the query, the epoch)."""
+    from schemas import Query
+
+    tag = f"{name}-{uuid.uuid4().hex[:8]}"
+    ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, reports_topic=f"r-{tag}", queries_topic=f"q-{tag}",
+                          device_topic=f"dev-{tag}", device_partitions=4, shuffler_id=f"s-{tag}",
+                          dead_letter_topic=f"d-{tag}", metrics_port=0, http_port=free_port(), min_crowd=1,
+                          enrollment_secret=SecretStr(secrets.token_hex(32)), **kw)
+    ensure_topics(ss, {ss.source_topic: 1, ss.device_topic: 4, ss.reports_topic: 4, ss.queries_topic: 1,
+                       ss.dead_letter_topic: 1})
+    t0 = datetime(2026, 11, 18, tzinfo=UTC)
+    q = Query(query_id=f"q{name}", analyst_id="a", version=1, mechanism="sp", sensors=(400001, 400002),
+              population=60, t_start=t0, t_end=t0 + timedelta(days=1))
+    publish_query(ss, q)
+    epoch = q.epoch_range()[0] + 1
+    opener = KafkaProducer(**ss.client_kwargs(), acks="all")
+    note = ss.enrollment().sign_note(SourceEpoch(epoch=epoch, opens=True))  # the shuffler trusts signed notes only
+    opener.send(ss.source_topic, key=b"source-epoch", value=encode_json(note), partition=0)
+    opener.flush()
+    opener.close()
+    shuffler = _Shuffler(ss, tmp / f"shuffler-{tag}.log", None)
+    _STARTED.append(shuffler)
+    shuffler.start()
+    deadline = time.time() + 60
+    while not _healthy(ss.http_port):
+        if time.time() > deadline:
+            raise RuntimeError("the door did not answer")
+        time.sleep(0.2)
+    return ss, shuffler, q, epoch
+
+
+def _healthy(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2) as r:  # noqa: S310 - loopback
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _records(ss: ShufflerSettings, topic: str) -> tuple[int, int]:
+    """(records, value bytes) on ``topic`` now."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(**ss.client_kwargs(), enable_auto_commit=False, consumer_timeout_ms=3000)
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        c.assign(parts)
+        ends = c.end_offsets(parts)
+        c.seek_to_beginning(*parts)
+        n = size = 0
+        while any(c.position(tp) < ends[tp] for tp in parts):
+            for recs in c.poll(timeout_ms=1000).values():
+                n += len(recs)
+                size += sum(len(r.value or b"") for r in recs)
+        return n, size
+    finally:
+        c.close()
+
+
+def _rss_peak_mb(pid: int | None) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return float("nan")
+
+
+async def _hammer(port: int, bodies: list[bytes], seconds: float, concurrency: int) -> tuple[dict[str, int], int, int]:
+    """Post ``bodies`` round-robin for ``seconds`` on ``concurrency`` keep-alive connections:
+    answers by "status reason", requests, bytes sent."""
+    import aiohttp
+
+    answers: dict[str, int] = {}
+    sent = [0, 0]
+    end = time.monotonic() + seconds
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        async def worker(k: int) -> None:
+            i = k
+            while time.monotonic() < end:
+                body = bodies[i % len(bodies)]
+                i += concurrency
+                try:
+                    async with session.post(f"http://127.0.0.1:{port}/v1/reports", data=body,
+                                            headers={"Content-Type": "application/octet-stream"}) as r:
+                        text = await r.read()
+                        reason = json.loads(text).get("reason", "") if text[:1] == b"{" else ""
+                        key = f"{r.status} {reason}".strip()
+                except (aiohttp.ClientError, OSError) as exc:
+                    key = type(exc).__name__
+                answers[key] = answers.get(key, 0) + 1
+                sent[0] += 1
+                sent[1] += len(body)
+
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    return answers, sent[0], sent[1]
+
+
+def flood(broker: LocalBroker, tmp: Path, seconds: float, concurrency: int) -> dict[str, Any]:
+    """Unsigned, forged-MAC and 64 KiB floods through one door (module docstring, ``flood``)."""
+    from schemas.device_binary import encode_device
+    from schemas.enrollment import Enrollment
+
+    ss, shuffler, q, epoch = _door(broker, tmp, "flood")
+    e = ss.enrollment()
+    thief = Enrollment(b"not the operator's secret, 32 bytes or more", e.devices)
+
+    def reports(d: int) -> list[bytes]:
+        return [encode_device(q.query_id, 1, epoch, r, value=(d + r) % 3) for r in (0, 1)]
+
+    one = thief.seal(reports(1)[0], 1)
+    big = frame([one] * ((ss.http_max_body_bytes - 4) // (len(one) + 4)))  # 64 KiB of forged reports
+    floods = {"unsigned": [frame(reports(d)) for d in range(5000)],
+              "forged_mac": [frame([thief.seal(raw, d) for raw in reports(d)]) for d in range(5000)],
+              "64KiB_bodies": [big.ljust(ss.http_max_body_bytes, b"\0"), big]}
+    genuine = [frame([e.seal(raw, d) for raw in reports(d)]) for d in range(1000, 1050)]  # the population: 60
+    load = os.getloadavg()[0]
+    pid = shuffler.proc.pid if shuffler.proc else None
+    out: dict[str, Any] = {"scenario": "flood", "flood_s": seconds, "concurrency": concurrency,
+                           "load_average": round(load, 1)}
+    total_sent = 0
+    try:
+        for name, bodies in floods.items():
+            cpu0, t0 = _cpu_s(pid), time.perf_counter()
+            answers, n, size = asyncio.run(_hammer(ss.http_port, bodies, seconds, concurrency))
+            wall = time.perf_counter() - t0
+            total_sent += size
+            out[name] = {"requests": n, "requests_per_s": round(n / wall), "bytes_sent": size, "answers": answers,
+                         "door_cpu_s": round(_cpu_s(pid) - cpu0, 1)}
+        client = DeviceClient(f"http://127.0.0.1:{ss.http_port}", concurrency=16, attempts=3)
+        try:
+            wall, _ = _post_timed(client, [list(_split(b)) for b in genuine])
+        finally:
+            client.close()
+        written, _ = _records(ss, ss.device_topic)
+        letters, letter_bytes = _records(ss, ss.dead_letter_topic)
+    finally:
+        shuffler.stop()
+    out.update({"genuine_requests": len(genuine), "device_topic_records": written,
+                "device_topic_records_not_genuine": written - 2 * len(genuine),
+                "dead_letters": letters, "dead_letter_bytes": letter_bytes, "bytes_sent_by_floods": total_sent,
+                "log_bytes": shuffler.log.stat().st_size, "tracebacks": shuffler.log.read_text().count("Traceback"),
+                "door_summary": next((ln for ln in shuffler.log.read_text().splitlines()
+                                      if ln.startswith("front door: ") and "accepted" in ln), "")})
+    return out
+
+
+def _split(body: bytes) -> list[bytes]:
+    from schemas.device_http import FRAMED as _F
+    from schemas.device_http import split_body
+
+    got = split_body(_F, body)
+    if isinstance(got, tuple):
+        raise ValueError(got)
+    return got
+
+
+def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> None:
+    """A process holding ``n`` slow connections for ``seconds``: puts (opened, open_failed,
+    closed_by_server, seconds from the first open to each close's median)."""
+    import socket
+
+    socks, failed, t0 = [], 0, time.monotonic()
+    for _ in range(n):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Slow: ")
+            s.setblocking(False)
+            socks.append(s)
+        except OSError:
+            failed += 1
+    closed_at: list[float] = []
+    live, end = list(socks), time.monotonic() + seconds
+    while live and time.monotonic() < end:
+        time.sleep(every_s)
+        still = []
+        for s in live:
+            try:
+                if s.recv(4096) == b"":
+                    raise ConnectionResetError
+            except BlockingIOError:
+                try:
+                    s.send(b"a")
+                    still.append(s)
+                    continue
+                except OSError:
+                    pass
+            except OSError:
+                pass
+            closed_at.append(time.monotonic() - t0)
+            s.close()
+        live = still
+    for s in live:
+        s.close()
+    closed_at.sort()
+    out.put((len(socks), failed, len(closed_at), closed_at[len(closed_at) // 2] if closed_at else None,
+             closed_at[-1] if closed_at else None))
+
+
+NGINX_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "nginx.conf"
+
+
+def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int, nginx: bool = False) -> dict[str, Any]:
+    """``n`` slowloris connections against one door (``nginx``: through an nginx in front of
+    it), then ``fresh`` devices on new connections (module docstring, ``slow``)."""
+    import http.client
+    import multiprocessing as mp
+    import shutil
+    import subprocess
+
+    from schemas.device_binary import encode_device
+
+    ss, shuffler, q, epoch = _door(broker, tmp, "slow")
+    port, proxy = ss.http_port, None
+    if nginx:
+        prefix = tmp / f"nginx-{uuid.uuid4().hex[:6]}"
+        prefix.mkdir()
+        port = free_port()
+        conf = NGINX_CONF.read_text().replace("listen 8080 ", f"listen 127.0.0.1:{port} ")
+        (prefix / "nginx.conf").write_text(conf.replace("server shuffler:8080;", f"server 127.0.0.1:{ss.http_port};"))
+        with (prefix / "error.log").open("wb") as fh:  # the shipped configuration: deploy/nginx/nginx.conf
+            proxy = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c",  # noqa: S603
+                                      str(prefix / "nginx.conf"), "-p", str(prefix), "-g",
+                                      f"daemon off; pid {prefix / 'nginx.pid'};"], stdout=fh, stderr=subprocess.STDOUT)
+        time.sleep(1.0)
+        if proxy.poll() is not None:
+            raise RuntimeError((prefix / "error.log").read_text()[-2000:])
+    e = ss.enrollment()
+    pid = shuffler.proc.pid if shuffler.proc else None
+    limit = Path(f"/proc/{pid}/limits").read_text() if pid else ""
+    nofile = next((ln.split()[3] for ln in limit.splitlines() if ln.startswith("Max open files")), "?")
+    load = os.getloadavg()[0]
+    cpu0 = _cpu_s(pid)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    hold_s = ss.http_idle_timeout_s + 30
+    workers = [ctx.Process(target=_slowloris, args=(port, n // procs, 1.0, hold_s, results), daemon=True)
+               for _ in range(procs)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    time.sleep(min(20.0, n / 2000))  # the connections opening (the fresh devices come while they do and after)
+    latencies, statuses, attempts, slowest, connects = [], [], [], (0.0, 0.0, ""), []
+    for d in range(fresh):
+        body = frame([e.seal(encode_device(q.query_id, 1, epoch, r, value=r), 2000 + d) for r in (0, 1)])
+        t = time.perf_counter()
+        status, tries, what = 0, 0, []
+        while time.perf_counter() - t < 30:
+            tries += 1
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                c0 = time.perf_counter()
+                conn.connect()
+                connects.append(time.perf_counter() - c0)
+                conn.request("POST", "/v1/reports", body=body, headers={"Content-Type": "application/octet-stream"})
+                r = conn.getresponse()
+                r.read()
+                status = r.status
+                conn.close()
+                what.append(f"{status} at {time.perf_counter() - t:.2f}s")
+                if status == 202:
+                    break
+            except OSError as exc:
+                status = -1
+                what.append(f"{type(exc).__name__} at {time.perf_counter() - t:.2f}s")
+            time.sleep(0.05)
+        latencies.append(time.perf_counter() - t)
+        statuses.append(status)
+        attempts.append(tries)
+        if latencies[-1] > slowest[0]:
+            slowest = (latencies[-1], t - t0, "; ".join(what))
+        time.sleep(0.2)
+    got = [results.get(timeout=hold_s + 120) for _ in workers]
+    for w in workers:
+        w.join(30)
+    cpu = _cpu_s(pid) - cpu0
+    rss = _rss_peak_mb(pid)
+    nginx_cpu = nginx_log = None
+    if proxy is not None:
+        kids = Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split()
+        nginx_cpu = round(sum(_cpu_s(int(k)) for k in kids), 1)
+        proxy.terminate()
+        proxy.wait(30)
+        nginx_log = (prefix / "error.log").stat().st_size
+    shuffler.stop()
+    lat = sorted(latencies)
+    text = shuffler.log.read_text()
+    return {"scenario": "slow_nginx" if nginx else "slow", "nginx_workers_cpu_s": nginx_cpu,
+            "nginx_error_log_bytes": nginx_log, "fresh_connect_max_s": round(max(connects), 3),
+            "slow_connections": n, "processes": procs, "door_nofile_limit": nofile,
+            "opened": sum(g[0] for g in got), "open_failed": sum(g[1] for g in got),
+            "closed_by_door": sum(g[2] for g in got),
+            "close_median_s_after_start": [None if g[3] is None else round(g[3], 1) for g in got],
+            "close_last_s_after_start": [None if g[4] is None else round(g[4], 1) for g in got],
+            "fresh_devices": fresh, "fresh_202": statuses.count(202), "fresh_p50_s": round(lat[len(lat) // 2], 3),
+            "fresh_max_s": round(lat[-1], 3), "fresh_attempts_max": max(attempts),
+            "slowest_fresh": {"latency_s": round(slowest[0], 3), "started_s_after_slow_start": round(slowest[1], 1),
+                              "attempts": slowest[2]},
+            "fresh_latencies_s": [round(x, 2) for x in latencies], "door_cpu_s": round(cpu, 1),
+            "wall_s": round(time.perf_counter() - t0, 1), "door_rss_peak_mb": rss,
+            "log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
+            "door_summary": next((ln for ln in text.splitlines() if ln.startswith("front door: ") and "accepted" in ln),
+                                 ""),
+            "load_average": round(load, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="h1,h2")
     parser.add_argument("--devices", type=int, default=20_000, help="requests (devices) per scenario, at most")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--flood-s", type=float, default=10.0, help="seconds of each flood")
+    parser.add_argument("--verify-stations", type=int, default=500, help="the verify scenario's day (h1's: 500)")
+    parser.add_argument("--slow", type=int, default=20_000, help="slowloris connections")
+    parser.add_argument("--slow-procs", type=int, default=4, help="processes holding them (a process's fd limit)")
+    parser.add_argument("--fresh", type=int, default=40, help="fresh devices under the slow connections")
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
@@ -187,10 +563,22 @@ def main() -> None:
     wanted = set(args.only.split(","))
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         try:
+            h1 = None
             for name, stations in (("h1", 500), ("h2", 3220)):
                 if name in wanted:
                     line = run(name, broker, Path(tmp_name), stations, args.devices, args.concurrency, args.data_dir)
+                    h1 = line if name == "h1" else h1
                     print(json.dumps(line), flush=True)
+            if "verify" in wanted:
+                print(json.dumps(verify_cost(broker, args.verify_stations, args.devices, args.data_dir, h1)),
+                      flush=True)
+            if "flood" in wanted:
+                print(json.dumps(flood(broker, Path(tmp_name), args.flood_s, args.concurrency)), flush=True)
+            if "slow" in wanted:
+                print(json.dumps(slow(broker, Path(tmp_name), args.slow, args.slow_procs, args.fresh)), flush=True)
+            if "slow_nginx" in wanted:
+                print(json.dumps(slow(broker, Path(tmp_name), args.slow, args.slow_procs, args.fresh, nginx=True)),
+                      flush=True)
         finally:
             for s in _STARTED:
                 s.stop()

@@ -9,14 +9,19 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,9 @@ from schemas.device_http import FRAMED, NDJSON, frame
 from schemas.estimates import DeadLetter
 from stream_app.cli.local_broker import free_port
 from stream_app.shuffler.settings import ShufflerSettings
-from tests.devices import enrollment, signed_note
+from tests.devices import enrollment, signed, signed_note
+from tests.paths import ROOT
+from tests.system_tools import require_tool
 
 from .kafka_helpers import drain
 from .stream_helpers import wait_for
@@ -69,8 +76,8 @@ def door(broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     would be among them)."""
     monkeypatch.setenv("PTT_LOG_LEVEL", "debug")
     ss = _door_settings(broker, tmp_path)
-    ss = ss.model_copy(update={"http_max_reports": 3, "http_max_body_bytes": 2048, "http_rate_per_s": 0.2,
-                               "http_burst": 40})
+    ss = ss.model_copy(update={"http_max_reports": 3, "http_max_body_bytes": 2048, "http_device_reports_per_s": 0.2,
+                               "http_device_burst": 6})
     shuffler = _start(ss, tmp_path / "shuffler.log")
     try:
         yield ss, shuffler
@@ -89,23 +96,34 @@ def _post(conn: http.client.HTTPConnection, body: bytes, content_type: str = FRA
 
 def test_bad_requests_are_refused_with_their_reason_and_nothing_of_them_is_written(
         door: tuple[ShufflerSettings, ShufflerProcess]) -> None:
-    """Every refusal is a 4xx with its JSON reason, on one keep-alive connection; only the good
-    requests' reports reach the device topic, byte for byte; a connection past its burst is
-    answered 429 with Retry-After while a fresh connection is not; the log names no client."""
+    """Every refusal is a 4xx with its JSON reason, on one keep-alive connection -- an unsigned
+    report ``401 unauthenticated``, a forged MAC or an id not enrolled ``403`` (the shuffler's
+    own check, at the door); only the good requests' reports reach the device topic, byte for
+    byte; a device past its rate is answered 429 with Retry-After while another device on the
+    same connection is not; the log names no client and has one line per reason, not one per
+    refusal."""
     ss, shuffler = door
-    e = 9_000_000
-    sp0, sp1 = encode_device("q", 1, e, 0, value=1), encode_device("q", 1, e, 1, value=2)
-    line = encode_json(DeviceReport(query_id="q", query_version=1, epoch=e, round=0, value=2))
+    e, dev = 9_000_000, enrollment()
+    raw0, raw1 = encode_device("q", 1, e, 0, value=1), encode_device("q", 1, e, 1, value=2)
+    sp0, sp1 = dev.seal(raw0, 7), dev.seal(raw1, 7)
+    line = encode_json(signed(DeviceReport(query_id="q", query_version=1, epoch=e, round=0, value=2), 8))
     bad: list[tuple[bytes, str, int, str]] = [
         (frame([sp0]), "text/plain", 415, "unsupported_media_type"),
         (b"", FRAMED, 400, "empty"),
         (frame([sp0])[:-2], FRAMED, 400, "malformed"),
         (frame([sp0, sp1, sp0, sp1]), FRAMED, 400, "too_many_reports"),
-        (frame([sp0, encode_device("q", 1, e + 1, 1, value=2)]), FRAMED, 400, "mixed_epochs"),
-        (frame([sp0, encode_device("q", 1, e, 0, value=2)]), FRAMED, 400, "mixed_devices"),
+        (frame([sp0, dev.seal(encode_device("q", 1, e + 1, 1, value=2), 7)]), FRAMED, 400, "mixed_epochs"),
+        (frame([sp0, dev.seal(encode_device("q", 1, e, 0, value=2), 7)]), FRAMED, 400, "mixed_devices"),
+        (frame([sp0, dev.seal(raw1, 9)]), FRAMED, 400, "mixed_devices"),
         (frame([sp0, sp1[:-1]]), FRAMED, 400, "bad_report"),
         (frame([encode_json(SourceEpoch(epoch=e))]), FRAMED, 400, "bad_report"),
         (b"\x01" * 3000, FRAMED, 413, "too_large"),
+        (frame([raw0, raw1]), FRAMED, 401, "unauthenticated"),
+        (encode_json(DeviceReport(query_id="q", query_version=1, epoch=e, round=0, value=2)), NDJSON, 401,
+         "unauthenticated"),
+        (frame([sp0, sp1[:-1] + bytes([sp1[-1] ^ 1])]), FRAMED, 403, "bad_mac"),
+        (frame([sp0[:-16] + bytes(16)]), FRAMED, 403, "bad_mac"),
+        (frame([dev.seal(raw0, dev.devices)]), FRAMED, 403, "unknown_device"),
     ]
     conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
     conn.connect()
@@ -123,19 +141,26 @@ def test_bad_requests_are_refused_with_their_reason_and_nothing_of_them_is_writt
     assert got == 202 and answer["accepted"] == 1, answer
     values = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
     assert values == Counter([sp0, sp1, line])  # the good requests' reports, unchanged, once each
-    # the rate: burst 40 at 0.2/s on one connection; a fresh connection has its own bucket
-    statuses = [_post(conn, frame([sp0]))[0] for _ in range(41)]
-    assert statuses.count(429) >= 1, statuses
+    # the rate is the device's: burst 6 reports at 0.2/s; device 7 sent 2, so 4 more, then 429;
+    # device 9 on the same connection has its own
+    statuses = [_post(conn, frame([sp0]))[0] for _ in range(5)]
+    assert statuses == [202] * 4 + [429], statuses
     limited = _post(conn, frame([sp0]))
     assert limited[0] == 429 and limited[1]["reason"] == "rate_limited"
     assert int(limited[2].getheader("Retry-After") or "0") >= 1
-    fresh = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
-    assert _post(fresh, frame([sp1]))[0] == 202
-    fresh.close()
+    assert _post(conn, frame([dev.seal(raw1, 9)]))[0] == 202
     conn.close()
     assert shuffler.stop() == 130
     log = shuffler.log.read_text()
     assert "front door: " in log and "rate_limited" in log and "Traceback" not in log, log[-3000:]
+    # a reason's first refusal is a line at once, the rest one line with their count (interval 10 s)
+    counted: Counter[str] = Counter()
+    lines: Counter[str] = Counter()
+    for n, why in re.findall(r"front door: (\d+) refused \((\w+)\)", log):
+        counted[why] += int(n)
+        lines[why] += 1
+    assert counted == Counter(reason for _, _, _, reason in bad) + Counter(rate_limited=2), log[-3000:]
+    assert max(lines.values()) <= 2, lines
     # nothing names a client, at debug level: no access log line, no request line, and the
     # client's port in no line but the Kafka clients' own (about their broker connections)
     assert "aiohttp.access" not in log and '"POST /v1/reports' not in log, log[-3000:]
@@ -310,3 +335,341 @@ def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path)
         shuffled = ("epsilon_shuffled", "release")
         assert _same({k: v for k, v in via[key].items() if k not in shuffled},
                      {k: v for k, v in e.items() if k not in shuffled}), (key, e, via[key])
+
+
+class _SlowClients(threading.Thread):
+    """``n`` connections that each send a request's first header bytes, then one more byte every
+    ``every_s`` (a slowloris); ``closed``: how many the server has closed (a send or a read
+    fails or sees the end)."""
+
+    def __init__(self, port: int, n: int, every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.port, self.n, self.every_s = port, n, every_s
+        self.socks: list[socket.socket] = []
+        self.open_failed = 0
+        self.closed = 0
+        self.stop = threading.Event()
+        self.opened = threading.Event()
+
+    def run(self) -> None:
+        for _ in range(self.n):
+            try:
+                s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+                s.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Slow: ")
+                s.setblocking(False)
+                self.socks.append(s)
+            except OSError:
+                self.open_failed += 1
+        self.opened.set()
+        live = list(self.socks)
+        while live and not self.stop.wait(self.every_s):
+            still = []
+            for s in live:
+                try:
+                    if s.recv(4096) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    try:
+                        s.send(b"a")
+                        still.append(s)
+                        continue
+                    except OSError:
+                        pass
+                except OSError:
+                    pass
+                self.closed += 1
+                s.close()
+            live = still
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(30)
+        for s in self.socks:
+            s.close()
+
+
+def _flood(port: int, bodies: list[bytes], deadline: float) -> Counter[tuple[int, str]]:
+    """Post ``bodies`` on keep-alive connections (a new one where the server closed it) until
+    done or ``deadline``: (status, reason) of each answer."""
+    got: Counter[tuple[int, str]] = Counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for body in bodies:
+        if time.monotonic() > deadline:
+            break
+        try:
+            status, answer, r = _post(conn, body)
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            continue
+        got[(status, answer.get("reason", ""))] += 1
+        if r.getheader("Connection", "").lower() == "close":
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.close()
+    return got
+
+
+def test_floods_and_slow_connections_write_nothing_and_fresh_devices_are_answered_at_once(
+        broker: str, tmp_path: Path) -> None:
+    """Through the door, at once: 300 requests of unsigned reports, 300 of forged MACs (another
+    secret), 60 bodies of 64 KiB (one past the limit, one at it), and 3,000 slowloris
+    connections against a door capped at 1,500 connections with a 3 s idle timeout -- while 40
+    fresh devices each post their two reports on a new connection. Every fresh request is
+    answered 202 within 5 s; the device topic holds exactly the genuine reports; the shuffler
+    releases all of them (40 per round) and writes no dead letter (0 bytes, against the
+    megabytes sent); every slow connection is closed by the door; the log has no traceback
+    and stays small (one line per reason and interval)."""
+    ss = _door_settings(broker, tmp_path).model_copy(update={
+        "http_idle_timeout_s": 3.0, "http_body_timeout_s": 3.0, "http_max_connections": 1500,
+        "lateness_epochs": 2})
+    q = _hand_fed_query(ss, "q-flood", ss.device_partitions)
+    epoch = q.epoch_range()[0] + 1
+    _send_notes(ss, epoch, epoch - 1)
+    log = tmp_path / "shuffler.log"
+    shuffler = _start(ss, log)
+    e = enrollment()
+    from schemas.enrollment import Enrollment
+
+    thief = Enrollment(b"not the operator's secret, 32 bytes or more", e.devices)
+
+    def reports(d: int) -> list[bytes]:
+        return [encode_device(q.query_id, 1, epoch, r, value=(d + r) % 3) for r in (0, 1)]
+
+    genuine = {d: [e.seal(raw, d) for raw in reports(d)] for d in range(100, 140)}
+    unsigned = [frame(reports(d)) for d in range(300)]
+    forged = [frame([thief.seal(raw, d) for raw in reports(d)]) for d in range(300)]
+    one = thief.seal(reports(1)[0], 1)
+    at_limit = frame([one] * ((ss.http_max_body_bytes - 4) // (len(one) + 4)))
+    at_limit += b"\x00" * (ss.http_max_body_bytes - len(at_limit))
+    big = [at_limit if i % 2 else at_limit + b"\x01" for i in range(60)]
+    sent_bytes = sum(map(len, unsigned + forged + big))
+    slow = _SlowClients(ss.http_port, 3000, every_s=1.0)
+    latencies: list[float] = []
+    try:
+        slow.start()
+        assert slow.opened.wait(120), "the slow connections did not open"
+        deadline = time.monotonic() + 60
+        with ThreadPoolExecutor(3) as pool:
+            floods = [pool.submit(_flood, ss.http_port, bodies, deadline) for bodies in (unsigned, forged, big)]
+            for d, records in genuine.items():
+                t0 = time.monotonic()
+                fresh = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=10)
+                status, answer, _ = _post(fresh, frame(records))
+                fresh.close()
+                latencies.append(time.monotonic() - t0)
+                assert status == 202, (d, status, answer)
+            answers = [f.result() for f in floods]
+        assert max(latencies) < 5.0, sorted(latencies)[-5:]
+        assert set(answers[0]) == {(401, "unauthenticated")} and sum(answers[0].values()) == len(unsigned), answers[0]
+        assert set(answers[1]) == {(403, "bad_mac")} and sum(answers[1].values()) == len(forged), answers[1]
+        assert set(answers[2]) == {(413, "too_large"), (400, "malformed")}, answers[2]  # padded with a 0 length
+        wait_for(lambda: slow.closed + slow.open_failed >= slow.n, 60, "the door to close every slow connection")
+    finally:
+        slow.close()
+        if sys.exc_info()[0] is not None and shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
+    # only the genuine reports were written; the shuffler releases them all and dead-letters nothing
+    written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
+    assert written == Counter(r for records in genuine.values() for r in records), len(written)
+    _finished(ss, epoch)
+    wait_for(lambda: any(b.header.epoch == epoch for _, b in _drain_decoded(ss)[0]), 90, "the epoch's release")
+    tallies = [b for _, b in _drain_decoded(ss)[0] if b.header.epoch == epoch]
+    assert sorted((b.header.round, b.header.reports) for b in tallies) == [(0, 40), (1, 40)]
+    letters = drain(ss, ss.dead_letter_topic, quiet_polls=1)
+    assert sum(len(r.value) for r in letters) == 0 < sent_bytes
+    assert shuffler.stop() == 130
+    text = log.read_text()
+    assert "Traceback" not in text and len(text.encode()) < 1_000_000, text[-3000:]
+    assert "(unauthenticated)" in text and "(bad_mac)" in text and "(evicted_idle_connection)" in text, text[-3000:]
+    print(f"fresh devices' latency: max {max(latencies):.3f} s, median {sorted(latencies)[20]:.3f} s; "
+          f"flood answers {answers}; slow closed {slow.closed} (open failed {slow.open_failed}); "
+          f"log {len(text.encode())} bytes; sent {sent_bytes} bytes")
+
+
+NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
+
+
+@contextmanager
+def _nginx(door_port: int, tmp: Path) -> Iterator[tuple[int, Path]]:
+    """deploy/nginx/nginx.conf run by a real nginx in front of a door on ``door_port``: only its
+    listening address and its upstream are replaced (by loopback ports). Yields (its port, its
+    error log)."""
+    nginx = require_tool("nginx")
+    text = NGINX_CONF.read_text()
+    assert text.count("listen 8080 ") == 1 and text.count("server shuffler:8080;") == 1
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    conf.write_text(text.replace("listen 8080 ", f"listen 127.0.0.1:{port} ")
+                    .replace("server shuffler:8080;", f"server 127.0.0.1:{door_port};"))
+    errors = tmp / "nginx.stderr"
+    with errors.open("wb") as fh:
+        proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp), "-g",  # noqa: S603
+                                 f"daemon off; pid {tmp / 'nginx.pid'};"], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _healthy(port) or proc.poll() is not None, 30, "nginx to answer")
+        assert proc.poll() is None, errors.read_text()
+        yield port, errors
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_nginx_in_front_passes_the_doors_answers_and_times_out_slow_clients_itself(
+        broker: str, tmp_path: Path) -> None:
+    """The shipped nginx configuration as a real process in front of a door: a genuine
+    request is 202 through it, an unsigned one the door's 401, a body past 64 KiB nginx's own
+    413 in the door's JSON form; 2,000 slowloris connections are closed by nginx within its 5 s
+    header timeout (the door never sees them) while 20 fresh devices are answered 202 within
+    5 s; only the genuine reports reach the device topic; nginx's log names no client."""
+    ss = _door_settings(broker, tmp_path)
+    shuffler = _start(ss, tmp_path / "shuffler.log")
+    e = enrollment()
+    q_epoch = 9_000_000
+    genuine = [[e.seal(encode_device("q", 1, q_epoch, r, value=r), d) for r in (0, 1)] for d in range(300, 320)]
+    try:
+        with _nginx(ss.http_port, tmp_path) as (port, errors):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            status, answer, _ = _post(conn, frame([encode_device("q", 1, q_epoch, 0, value=1)]))
+            assert (status, answer.get("reason")) == (401, "unauthenticated"), answer
+            status, answer, _ = _post(conn, b"\x01" * (65 * 1024))
+            assert (status, answer.get("reason")) == (413, "too_large"), answer
+            conn.close()
+            slow = _SlowClients(port, 2000, every_s=1.0)
+            latencies = []
+            try:
+                slow.start()
+                assert slow.opened.wait(60), "the slow connections did not open"
+                t_open = time.monotonic()
+                for records in genuine:
+                    t0 = time.monotonic()
+                    fresh = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    status, answer, _ = _post(fresh, frame(records))
+                    fresh.close()
+                    latencies.append(time.monotonic() - t0)
+                    assert status == 202, answer
+                wait_for(lambda: slow.closed + slow.open_failed >= slow.n, 60, "nginx to close the slow connections")
+                closed_after = time.monotonic() - t_open
+            finally:
+                slow.close()
+            assert max(latencies) < 5.0 and closed_after < 30, (sorted(latencies)[-3:], closed_after)
+            log = errors.read_text()
+            assert "client:" not in log and "127.0.0.1" not in log and len(log) < 10_000, log[-2000:]
+        written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
+        assert written == Counter(r for records in genuine for r in records)
+    finally:
+        if shuffler.proc is not None and shuffler.proc.poll() is None:
+            shuffler.kill()
+    print(f"through nginx: fresh max {max(latencies):.3f} s; 2,000 slow closed {closed_after:.1f} s after opening")
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_cap(
+        broker: str, tmp_path: Path) -> None:
+    """The door's file-descriptor limit lowered under it (``prlimit``) to 200 more than it has
+    open, then 500 slowloris connections: the door's cap follows the limit (less its reserve of
+    512: 16 connections here), closing the longest-open idle ones, so the process never runs
+    out of descriptors -- at filing, accept() failed with EMFILE and the log took 139,530
+    tracebacks in 40 s; here the shuffler keeps running, the log has no traceback and no
+    "Too many open files", its CPU stays well under a core, and a fresh device is answered 202."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    ss = _door_settings(broker, tmp_path).model_copy(update={"http_idle_timeout_s": 4.0})
+    log = tmp_path / "shuffler.log"
+    shuffler = _start(ss, log)
+    assert shuffler.proc is not None
+    pid = shuffler.proc.pid
+    try:
+        limit = len(os.listdir(f"/proc/{pid}/fd")) + 200
+        subprocess.run([prlimit, f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True, timeout=30)  # noqa: S603
+        slow = _SlowClients(ss.http_port, 500, every_s=1.0)
+        cpu0, t0 = _cpu_s(pid), time.monotonic()
+        try:
+            slow.start()
+            assert slow.opened.wait(60), "the slow connections did not open"
+            wait_for(lambda: slow.closed + slow.open_failed >= slow.n, 90, "the door to close the slow connections")
+        finally:
+            slow.close()
+        busy = (_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+        e = enrollment()
+        records = [e.seal(encode_device("q", 1, 9_000_000, r, value=r), 11) for r in (0, 1)]
+        fresh = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
+        assert _post(fresh, frame(records))[0] == 202
+        fresh.close()
+        assert shuffler.proc.poll() is None
+        assert shuffler.stop() == 130
+    finally:
+        if shuffler.proc.poll() is None:
+            shuffler.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and "Too many open files" not in text and "unexpected failure" not in text, \
+        text[-3000:]
+    assert "(evicted_idle_connection)" in text and len(text.encode()) < 50_000, text[-3000:]
+    assert busy < 0.5, f"the door used {busy:.2f} of a core"
+    print(f"fd limit {limit}: door CPU {busy:.2f} of a core; {text.count('refused (')} log lines")
+
+
+def test_the_doors_device_check_refuses_a_device_from_its_next_request(broker: str, tmp_path: Path) -> None:
+    """``FrontDoor(settings, device_check=...)``: the one check of a verified device id (the
+    hook a revocation list plugs into). A device the check refuses is answered 403 with the
+    check's reason from its next request on, nothing of it written; the others pass."""
+    from stream_app.shuffler.front_door import FrontDoor
+
+    ss = _door_settings(broker, tmp_path)
+    revoked: set[int] = set()
+    door = FrontDoor(ss, device_check=lambda device: "revoked" if device in revoked else None)
+    door.start()
+    e = enrollment()
+
+    def records(d: int, epoch: int) -> list[bytes]:
+        return [e.seal(encode_device("q", 1, epoch, r, value=r), d) for r in (0, 1)]
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
+        assert _post(conn, frame(records(5, 9_000_000)))[0] == 202
+        revoked.add(5)
+        status, answer, _ = _post(conn, frame(records(5, 9_000_001)))
+        assert (status, answer["reason"]) == (403, "revoked"), answer
+        assert _post(conn, frame(records(6, 9_000_001)))[0] == 202
+        conn.close()
+    finally:
+        door.stop()
+    written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
+    assert written == Counter(records(5, 9_000_000) + records(6, 9_000_001))
+    assert door.refused == {"revoked": 1}
+
+
+def test_a_device_revoked_in_the_list_mid_run_is_refused_at_the_door_from_its_next_request(
+        broker: str, tmp_path: Path) -> None:
+    """``--revoked-devices-file`` at the door: the list is re-read when its file changes, and a
+    revoked device's next request is answered 403 ``revoked`` with nothing of it written; the
+    others pass (fails without the door's refresh of the list)."""
+    from stream_app.shuffler.front_door import FrontDoor
+
+    listed = tmp_path / "revoked"
+    listed.write_text("# none yet\n")
+    ss = _door_settings(broker, tmp_path).model_copy(update={"revoked_devices_file": listed})
+    door = FrontDoor(ss)
+    door.start()
+    e = enrollment()
+
+    def records(d: int, epoch: int) -> list[bytes]:
+        return [e.seal(encode_device("q", 1, epoch, r, value=r), d) for r in (0, 1)]
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
+        assert _post(conn, frame(records(7, 9_000_000)))[0] == 202
+        listed.write_text("# stolen\n7\n")
+        status, answer, _ = _post(conn, frame(records(7, 9_000_001)))
+        assert (status, answer["reason"]) == (403, "revoked"), answer
+        assert _post(conn, frame(records(8, 9_000_001)))[0] == 202
+        conn.close()
+    finally:
+        door.stop()
+    written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
+    assert written == Counter(records(7, 9_000_000) + records(8, 9_000_001))

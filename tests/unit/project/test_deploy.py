@@ -349,15 +349,75 @@ def test_the_shuffler_runs_one_instance_with_its_metrics_served(services: dict[s
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     shuffler = services["shuffler"]
     assert shuffler["command"][:2] == ["ptt", "shuffler"]
-    assert "ports" not in shuffler and "deploy" not in shuffler  # one instance: its index is in its settings
+    assert "deploy" not in shuffler  # one instance: its index is in its settings
     ss = _shuffler_settings(services, monkeypatch)
     assert ss.bootstrap_servers == "kafka:9092" and ss.metrics_host == "0.0.0.0"  # noqa: S104 - in the container
     assert (ss.instance_index, ss.instance_count) == (0, 1)
     assert ss.transactional_id == "ptt-shuffler-0" and ss.state_topic == "ptt-shuffler-state-0"
     assert ss.fault_hold_s == 0  # the fault injection of the crash tests stays off
-    assert ss.metrics_port and [str(ss.metrics_port)] == [str(p) for p in shuffler["expose"]]
+    assert ss.metrics_port and [str(ss.metrics_port), str(ss.http_port)] == [str(p) for p in shuffler["expose"]]
     assert f"127.0.0.1:{ss.metrics_port}/metrics" in " ".join(shuffler["healthcheck"]["test"])
     assert ss.metrics_port != _worker_settings(services, monkeypatch).web_port
+
+
+def test_the_shuffler_serves_its_front_door_behind_nginx(services: dict[str, dict[str, Any]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compose file starts the door (PTT_HTTP_PORT = SHUFFLER_HTTP_PORT, 8080 by default)
+    on the compose network only, with nginx (``door-proxy``, nginx/nginx.conf) in front of it
+    published on the host's loopback; the door's file-descriptor limit leaves its connection cap
+    its default; nginx's limits are no looser than the door's and it logs and forwards nothing
+    that names a client; SHUFFLER_HTTP_PORT=0 turns the door off."""
+    from stream_app.shuffler.front_door import FD_RESERVE
+
+    shuffler, proxy = services["shuffler"], services["door-proxy"]
+    ss = _shuffler_settings(services, monkeypatch)
+    assert ss.http_port == 8080 and ss.http_host == "0.0.0.0"  # noqa: S104 - in the container
+    assert ss.http_port != ss.metrics_port and "ports" not in shuffler
+    assert str(ss.http_port) in [str(p) for p in shuffler["expose"]]
+    assert int(shuffler["ulimits"]["nofile"]) - FD_RESERVE >= ss.http_max_connections
+    assert ss.http_idle_timeout_s <= 30 and ss.http_body_timeout_s <= 30  # slow clients are timed out
+    # nginx: the shipped configuration, mounted whole; its upstream is the door
+    assert proxy["image"].startswith("nginx:") and proxy["ports"] == ["127.0.0.1:8080:8080"]
+    assert ("./nginx/nginx.conf", "/etc/nginx/nginx.conf") in _mounts(proxy)
+    assert proxy["depends_on"]["shuffler"]["condition"] == "service_healthy"
+    conf = (DEPLOY / "nginx" / "nginx.conf").read_text()
+    code = "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+
+    def directive(name: str) -> list[str]:
+        return re.findall(rf"^[ \t]*{name}[ \t]+([^;{{}}\n]+);", code, re.M)
+
+    assert directive("server") == [f"shuffler:{ss.http_port}"] and directive("listen") == ["8080 backlog=4096"]
+    assert directive("client_max_body_size") == [f"{ss.http_max_body_bytes // 1024}k"]
+    for name in ("client_header_timeout", "client_body_timeout", "keepalive_timeout"):
+        (value,) = directive(name)
+        assert float(value.removesuffix("s")) <= ss.http_idle_timeout_s, name
+    assert directive("access_log") == ["off"] and directive("error_log") == ["stderr crit"]
+    assert "remote_addr" not in code and "X-Forwarded" not in code and "X-Real-IP" not in code
+    assert not directive("daemon") and not directive("pid")  # the image's command gives them
+    assert int(proxy["ulimits"]["nofile"]) >= int(directive("worker_connections")[0])
+    _settings_in_env(monkeypatch, _env(shuffler, {"SHUFFLER_HTTP_PORT": "0"}))
+    off = settings_from_args(ShufflerSettings, build_parser().parse_args(shuffler["command"][1:]))
+    assert off.http_port == 0
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_shuffler_may_write_the_device_topic_only_with_its_door(services: dict[str, dict[str, Any]],
+                                                                    tmp_path: Path) -> None:
+    """create-acls.sh grants the shuffler WRITE on the device topic exactly when the compose
+    file starts its front door (the acls job's SHUFFLER_HTTP_PORT is the shuffler's
+    PTT_HTTP_PORT), and nothing else changes with it."""
+    assert _raw_env(services["kafka-acls"])["SHUFFLER_HTTP_PORT"] == _raw_env(services["shuffler"])["PTT_HTTP_PORT"]
+    device_topic = ShufflerSettings().device_topic
+    grants = {}
+    for port in ("8080", "0"):
+        (tmp_path / port).mkdir()
+        env = {**_job_env(services, "kafka-acls"), **_env(services["kafka-acls"], {"SHUFFLER_HTTP_PORT": port})}
+        done, calls, _ = _run_recorded(tmp_path / port, ACLS_SCRIPT, "KAFKA_ACLS", env)
+        assert done.returncode == 0, done.stderr
+        grants[port] = set(_granted(calls))
+    door = ("shuffler", "WRITE", "TOPIC", device_topic, "LITERAL")
+    assert door in grants["8080"] and door not in grants["0"]
+    assert grants["8080"] - grants["0"] == {door}
 
 
 def test_replay_command_and_environment_are_valid(services: dict[str, dict[str, Any]],
@@ -962,6 +1022,14 @@ def _shuffler_uses(cluster: _Cluster, ss: ShufflerSettings) -> None:
     assert sent == {"reports_topic", "dead_letter_topic", "state_topic"}, sent  # a new output needs an ACL
     for name in sent:
         cluster.use(ss, "WRITE", "TOPIC", field(name))
+    if ss.http_port:  # its front door (stream_app/shuffler/front_door.py) writes the verified reports
+        import stream_app.shuffler.front_door as front_door
+
+        door = inspect.getsource(front_door.FrontDoor)
+        door_sent = set(re.findall(r"\.send\(s\.(\w+)", door))
+        assert door_sent == {"device_topic"}, door_sent
+        cluster.use(ss, "WRITE", "TOPIC", field("device_topic"))
+        assert "ensure_topics(s, {s.device_topic:" in door
     read = set(re.findall(r"TopicPartition\((?:settings|self\.s|s)\.(\w+)", source))
     assert read == {"device_topic", "source_topic", "state_topic"}, read
     for name in read:
@@ -1119,7 +1187,8 @@ def test_acls_grant_what_the_code_uses_and_nothing_more(services: dict[str, dict
     ss = ShufflerSettings()
     assert {(p, k, n) for p, _, k, n, _ in granted if k == "TXN"} == {("shuffler", "TXN", f"{ss.shuffler_id}-")}
     # through the shuffler a device needs the device topic only; nobody but the shuffler reads it
-    assert {p for p, op, _, n, _ in granted if op == "WRITE" and n == ss.device_topic} == {"device"}
+    # and the shuffler's front door (the compose file starts it) writes what it verified
+    assert {p for p, op, _, n, _ in granted if op == "WRITE" and n == ss.device_topic} == {"device", "shuffler"}
     assert {p for p, op, _, n, _ in granted if op == "READ" and n == ss.device_topic} == {"shuffler"}
 
 

@@ -1,5 +1,6 @@
-"""The front door's request policy: every refusal reason, the bytes forwarded unchanged, and
-the per-connection token bucket (no network)."""
+"""The front door's request policy: every refusal reason, the bytes forwarded unchanged, each
+report's authentication with the shuffler's check, the per-device rate and the log's one line
+per reason (no network)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import pytest
 from schemas import DeviceReport, SourceEpoch, encode_json
 from schemas.device_binary import encode_device
 from schemas.device_http import FRAMED, NDJSON, frame
-from stream_app.shuffler.door_policy import Accepted, DoorLimits, Refusal, TokenBucket, parse_request
+from stream_app.shuffler.door_policy import (
+    Accepted,
+    DeviceRate,
+    DoorLimits,
+    Refusal,
+    RefusalLog,
+    TokenBucket,
+    parse_request,
+)
+from tests.devices import enrollment, signed_json
 
 LIMITS = DoorLimits(max_body_bytes=4096, max_reports=4)
 SP0, SP1 = encode_device("sp", 1, 9, 0, value=3), encode_device("sp", 1, 9, 1, value=0)
@@ -87,8 +97,72 @@ def test_sealed_reports_of_two_devices_are_one_request_too_many() -> None:
 
     e = enrollment()
     a0, a1 = e.seal(SP0, 7), e.seal(SP1, 7)
-    assert parse_request(FRAMED, frame([a0, a1]), LIMITS) == Accepted((a0, a1), 9)
+    assert parse_request(FRAMED, frame([a0, a1]), LIMITS) == Accepted((a0, a1), 9, 7)
+    assert parse_request(FRAMED, frame([a0, a1]), LIMITS, e) == Accepted((a0, a1), 9, 7)
     assert _refused(FRAMED, frame([a0, e.seal(SP1, 8)])).reason == "mixed_devices"
     json_rr = DeviceReport(query_id="rr", query_version=2, epoch=9, round=0, pairs=())
     assert _refused(FRAMED, frame([a0, signed_json(json_rr, 8)])).reason == "mixed_devices"
     assert isinstance(parse_request(FRAMED, frame([a0, signed_json(json_rr, 7)]), LIMITS), Accepted)
+
+
+E = enrollment()
+_AUTH_CASES = {
+    "unsigned binary": ([SP0, SP1], 401, "unauthenticated"),
+    "unsigned JSON": ([JSON_RR], 401, "unauthenticated"),
+    "one of two unsigned": ([E.seal(SP0, 7), SP1], 400, "mixed_devices"),  # None and 7: two devices
+    "a flipped MAC bit": ([E.seal(SP0, 7), E.seal(SP1, 7)[:-1] + bytes([E.seal(SP1, 7)[-1] ^ 1])], 403, "bad_mac"),
+    "a zero MAC": ([E.seal(SP0, 7)[:-16] + bytes(16)], 403, "bad_mac"),
+    "a payload changed after sealing": ([E.seal(SP0, 7)[:-24] + b"\x09" + E.seal(SP0, 7)[-23:]], 403, "bad_mac"),
+    "another device's MAC": ([E.seal(SP0, 7)[:-20] + (8).to_bytes(4, "little") + E.seal(SP0, 7)[-16:]], 403,
+                             "bad_mac"),
+    "not enrolled": ([E.seal(SP0, E.devices)], 403, "unknown_device"),
+    "a JSON MAC of another device": ([signed_json(DeviceReport(query_id="rr", query_version=2, epoch=9, round=0,
+                                                               pairs=()), 8).replace(b'"device":8', b'"device":7')],
+                                     403, "bad_mac"),
+}
+
+
+@pytest.mark.parametrize("case", list(_AUTH_CASES))
+def test_with_the_enrollment_every_report_must_verify(case: str) -> None:
+    """The door's check is the shuffler's: unsigned is 401, a MAC that does not verify or an id
+    not enrolled 403; the same requests pass the framing alone (no enrollment) but for the
+    mixed one."""
+    records, status, reason = _AUTH_CASES[case]
+    got = parse_request(FRAMED, frame(records), LIMITS, E)
+    assert isinstance(got, Refusal) and (got.status, got.reason) == (status, reason), got
+    if reason != "mixed_devices":
+        assert isinstance(parse_request(FRAMED, frame(records), LIMITS), Accepted)
+
+
+def test_genuine_reports_of_every_form_verify_and_pass_byte_for_byte() -> None:
+    sealed = [E.seal(SP0, 5), E.seal(SP1, 5), E.seal(ALP, 5),
+              signed_json(DeviceReport(query_id="rr", query_version=2, epoch=9, round=0, pairs=()), 5)]
+    assert parse_request(FRAMED, frame(sealed), LIMITS, E) == Accepted(tuple(sealed), 9, 5)
+    assert parse_request(NDJSON, sealed[3], LIMITS, E) == Accepted((sealed[3],), 9, 5)
+
+
+def test_the_device_rate_is_per_device_and_refills() -> None:
+    r = DeviceRate(rate_per_s=2.0, burst=8, keep=3)
+    assert r.take(1, 8, now=0.0) is None
+    assert r.take(1, 1, now=0.0) == pytest.approx(0.5)  # empty: one report in half a second
+    assert r.take(2, 8, now=0.0) is None  # another device's own bucket
+    assert r.take(1, 4, now=2.0) is None and r.take(1, 1, now=2.0) == pytest.approx(0.5)
+    assert r.take(3, 9, now=2.0) == float("inf")  # more than the burst: never
+    for d in range(10, 20):  # full buckets are dropped past ``keep``; the others stay
+        assert r.take(d, 1, now=100.0 + 10 * d) is None  # each full again 0.5 s later
+    assert len(r.buckets) <= 4 and r.take(1, 8, now=300.0) is None
+    busy = DeviceRate(rate_per_s=2.0, burst=8, keep=3)
+    for d in range(1000):  # none full again: kept, and pruned only when their number doubled
+        assert busy.take(d, 8, now=0.0) is None
+    assert len(busy.buckets) == 1000 and busy.take(5, 1, now=0.0) == pytest.approx(0.5)
+
+
+def test_the_refusal_log_is_one_line_per_reason_an_interval() -> None:
+    log = RefusalLog(interval_s=10.0)
+    lines = []
+    for i in range(100_000):  # a flood of one reason over 50 s: a line at once, then one each 10 s
+        log.add("bad_mac", now=i / 2000)
+        lines += log.due(now=i / 2000)
+    lines += log.flush()
+    assert [n for _, n in lines][:1] == [1] and len(lines) <= 7 and sum(n for _, n in lines) == 100_000
+    assert log.total == {"bad_mac": 100_000}
