@@ -84,10 +84,11 @@ class Rejected:
     reason: str
     detail: str
 
-    def letter(self, topic: str, partition: int, offset: int, value: bytes | None) -> DeadLetter:
+    def letter(self, topic: str, partition: int, offset: int, value: bytes | None, prefix: int = 4096) -> DeadLetter:
+        """The dead letter: the reason, the input's size and at most ``prefix`` bytes of it."""
         raw = value or b""
         return DeadLetter(reason=self.reason, detail=self.detail[:2000], topic=topic, partition=partition,
-                          offset=offset, value_b64=base64.b64encode(raw[:4096]).decode(), value_bytes=len(raw))
+                          offset=offset, value_b64=base64.b64encode(raw[:prefix]).decode(), value_bytes=len(raw))
 
 
 def _check_query(lookup: QueryLookup, query_id: str, version: int, epoch: int, rnd: int) -> Query | Rejected:

@@ -76,6 +76,11 @@ from .state import StateRecord, decided_key, fold, from_kafka, headers, held_key
 
 __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 
+#: refusals of a record no enrolled device vouches for: its dead letter keeps 64 bytes of it, so a
+#: flood of them costs the dead-letter topic a bounded letter each, not a copy
+UNVOUCHED = frozenset({"unauthenticated", "bad_mac", "unknown_device", "revoked", "untrusted_note"})
+UNVOUCHED_PREFIX = 64
+
 log = logging.getLogger(__name__)
 
 
@@ -468,8 +473,10 @@ class Shuffler:
         s = self.s
         p = self._producer
         for why, rec in letters:
-            # never a device id or MAC: the record without its authentication trailer
-            letter = why.letter(rec.topic, rec.partition, rec.offset, strip_auth(rec.value))
+            # never a device id or MAC: the record without its authentication trailer; of a record
+            # nobody vouches for (a flood's), its reason, size and a short prefix only
+            letter = why.letter(rec.topic, rec.partition, rec.offset, strip_auth(rec.value),
+                                UNVOUCHED_PREFIX if why.reason in UNVOUCHED else 4096)
             p.send(s.dead_letter_topic, key=why.reason.encode(), value=letter.model_dump_json().encode())
         decided = []
         outcomes: list[Released | Withheld] = []

@@ -21,6 +21,7 @@ worst case: they are refused for their epoch alone).
 
 from __future__ import annotations
 
+import base64
 import threading
 import uuid
 from collections import Counter
@@ -415,6 +416,10 @@ def test_forged_source_notes_change_no_estimate_and_withhold_no_epoch(broker: st
 
             _assert_cores_estimates(rs, ws, epochs, bounds=False)  # first: what a forged note could change
             wait_for(lambda: letters() == wanted, 60, f"dead letters {dict(wanted)}")
+            # a record no enrolled party vouches for costs a bounded letter: its size and 64 bytes of it
+            untrusted = [d for r in drain(ws, ws.dead_letter_topic, quiet_polls=1)
+                         if (d := DeadLetter.model_validate_json(r.value)).reason == "untrusted_note"]
+            assert all(len(base64.b64decode(d.value_b64)) == 64 < d.value_bytes for d in untrusted), untrusted
             got = read_estimates(ws)
             assert len(got) == n_rows
             # the forged readings_missing note flagged nothing: what is flagged is the clean run's (the day's gaps)

@@ -493,6 +493,8 @@ def test_dead_letter_of_a_short_or_missing_value() -> None:
     assert none.value_b64 == "" and none.value_bytes == 0
     exact = bytes(4096)
     assert base64.b64decode(Rejected("r", "d").letter("t", 0, 0, exact).value_b64) == exact
+    short = Rejected("r", "d").letter("t", 0, 0, exact, prefix=64)  # the shuffler's letter of an unvouched record
+    assert base64.b64decode(short.value_b64) == exact[:64] and short.value_bytes == len(exact)
 
 
 def test_dead_letter_detail_is_bounded() -> None:
