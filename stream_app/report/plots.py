@@ -276,12 +276,17 @@ def _legend(fig: Any, ax: Any, series: Series) -> None:
                frameon=False, fontsize=10)
 
 
-def _facts(series: Series) -> str:
-    """The subtitle: coverage over every point (not only those drawn), error, what is missing."""
+def _facts(series: Series, compact: bool = False) -> str:
+    """The subtitle: coverage over every point (not only those drawn), error, what is missing
+    (``compact``: shorter words, for a flows panel's one line)."""
     unit = "epoch" if series.epoch_s == EPOCH_S else "span"
     facts = [] if series.noise is None else [series.noise.upper()]
-    shown = [(lvl, *series.covered[lvl]) for lvl in sorted(series.covered, reverse=True) if series.covered[lvl][1]]
-    if shown:
+    shown = [(lvl, *series.covered[lvl]) for lvl in sorted(series.covered, reverse=not compact)
+             if series.covered[lvl][1]]
+    if shown and compact:
+        cov = ", ".join(f"{_level(lvl)} {hits / n:.1%}" for lvl, hits, n in shown)
+        facts.append(f"truth covered by the bounds of {cov} of {shown[0][2]:,} {unit}s")
+    elif shown:
         cov = ", ".join(f"{_level(lvl)} bounds {hits / n:.1%}" for lvl, hits, n in shown)
         facts.append(f"truth covered by {cov} of {shown[0][2]:,} {unit}s")
     if series.mae is not None:
@@ -291,7 +296,7 @@ def _facts(series: Series) -> str:
     if series.no_source:
         facts.append(f"{series.no_source:,} without source data")
     if series.no_truth and series.epoch_s != EPOCH_S:
-        facts.append(f"{series.no_truth:,} without truth (an epoch of the span has none)")
+        facts.append(f"{series.no_truth:,} without truth" + ("" if compact else " (an epoch of the span has none)"))
     if series.every > 1:
         facts.append(f"one {unit} in {series.every} drawn")
     return " \u00b7 ".join(facts) if facts else "no ground truth"
@@ -415,7 +420,7 @@ def plot_flows(series: Sequence[Series], path: Path, kind: str) -> Path:
     axes = fig.subplots(len(series), 1, squeeze=False)[:, 0]
     for ax, s in zip(axes, series, strict=True):
         _draw(ax, s)
-        ax.set_title(f"Station {s.station} \u2014 {_facts(s)}", fontsize=10, loc="left",
+        ax.set_title(f"Station {s.station} \u2014 {_facts(s, compact=True)}", fontsize=9, loc="left",
                      color="#444444" if s.noise is None else "#b00020")
     _legend(fig, axes[0], first)
     fig.suptitle(f"Flows over {span_words(first.epoch_s)} \u2014 query {first.query_id} ({first.mechanism}), "
