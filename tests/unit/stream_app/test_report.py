@@ -596,3 +596,28 @@ def test_cli_reports_flows_by_span_and_filters_by_span(tmp_path: Path, capsys: p
     with pytest.raises(SystemExit) as exc:
         main(["report", "--estimates", str(est), "--no-truth", "--span", "45"])
     assert exc.value.code == 2 and "multiple of 30" in capsys.readouterr().err
+
+
+def test_withheld_codes_of_the_workers_own_rollup_reasons() -> None:
+    """A rollup's reason as the worker writes it (``RollupState.reason``) gives the code of its
+    first withheld epoch, with one or several epochs withheld (the epochs' own texts are checked
+    against their codes in tests/unit/stream_app/test_estimate.py)."""
+    import numpy as np
+
+    from stream_app.records import EpochSummary
+    from stream_app.rollups import RollupPolicy
+
+    def summary(epoch: int, code: str | None, why: str | None) -> EpochSummary:
+        a = np.array([[1.0, 2.0]])
+        return EpochSummary("q", 1, epoch, "markers", code, why, False, 40, 40, (40,), 0, 0, 0, None, (), ("rr",),
+                            a, a * 0 + 4.0)
+
+    for second, code in (((None, None), "missing_batches"), (("interrupted", "epoch interrupted: x"),
+                                                             "missing_batches")):
+        policy = RollupPolicy(spans=(2,))
+        out = policy.apply(lambda rid: None, [summary(10, "missing_batches", "2 batch(es) the markers announce never "
+                                                                                "arrived (reports [3] of [5])")])
+        out = policy.apply(dict(out.touched).get, [summary(11, *second)])
+        (st,) = out.decided
+        reason = st.reason()
+        assert reason is not None and reason.startswith("epoch ") and R.withheld_code(reason) == code, reason
