@@ -15,6 +15,7 @@ without a broker.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from schemas.epochs import EPOCH_S
 from schemas.wire import json_safe
@@ -125,7 +128,8 @@ def join(rows: Iterable[Row], truth: Truth | None, truth_epochs: Collection[int]
     rows = list(rows)
     if truth is None:
         return [Cell(r, None, NO_TRUTH_GIVEN) for r in rows]
-    records = None if truth_epochs is None else frozenset(truth_epochs)
+    # an epoch with a truth cell has a record, whatever ``truth_epochs`` says
+    records = None if truth_epochs is None else frozenset(truth_epochs) | {e for e, _ in truth}
     spans = _span_truths({(r.epoch, r.station, r.span_s // EPOCH_S) for r in rows if r.span_s != EPOCH_S},
                          truth, records)
     out = []
@@ -146,38 +150,32 @@ def _span_truths(keys: set[tuple[int, int, int]], truth: Truth, records: frozens
     sums over a dense (epoch, station) table of the keys' stations and epochs."""
     if not keys:
         return {}
-    import numpy as np
-
-    first = min(e for e, _, _ in keys)
-    end = max(e + n for e, _, n in keys)
-    stations = sorted({s for _, s, _ in keys})
-    col = {s: j for j, s in enumerate(stations)}
-    values = np.zeros((end - first, len(stations)), dtype=np.int64)
-    has = np.zeros((end - first, len(stations)), dtype=bool)
-    for (e, s), y in truth.items():
-        j = col.get(s)
-        if j is not None and first <= e < end:
-            values[e - first, j] = y
-            has[e - first, j] = True
+    listed = list(keys)
+    k = np.fromiter(itertools.chain.from_iterable(listed), dtype=np.int64, count=3 * len(listed)).reshape(-1, 3)
+    first, end = int(k[:, 0].min()), int((k[:, 0] + k[:, 2]).max())
+    stations = np.unique(k[:, 1])
+    values = np.zeros((end - first, stations.size), dtype=np.int64)
+    has = np.zeros((end - first, stations.size), dtype=bool)
+    cell = np.fromiter(itertools.chain.from_iterable(truth), dtype=np.int64, count=2 * len(truth)).reshape(-1, 2)
+    flow = np.fromiter(truth.values(), dtype=np.int64, count=len(truth))
+    at = np.minimum(np.searchsorted(stations, cell[:, 1]), stations.size - 1)
+    keep = (stations[at] == cell[:, 1]) & (cell[:, 0] >= first) & (cell[:, 0] < end)
+    values[cell[keep, 0] - first, at[keep]] = flow[keep]
+    has[cell[keep, 0] - first, at[keep]] = True
     if records is None:
         recorded = np.ones(end - first, dtype=bool)
     else:
         recorded = np.isin(np.arange(first, end), np.fromiter(records, dtype=np.int64, count=len(records)))
-    zero = np.zeros((1, len(stations)), dtype=np.int64)
+    zero = np.zeros((1, stations.size), dtype=np.int64)
     sums = np.concatenate([zero, np.cumsum(values, axis=0)])
     holes = np.concatenate([zero, np.cumsum(~has, axis=0)])
     unread = np.concatenate([[0], np.cumsum(~recorded)])
-    out: dict[tuple[int, int, int], tuple[int | None, str | None]] = {}
-    for key in keys:
-        e, s, n = key
-        i, j = e - first, col[s]
-        if unread[i + n] - unread[i]:
-            out[key] = (None, NO_TRUTH_RECORD)
-        elif holes[i + n, j] - holes[i, j]:
-            out[key] = (None, NO_READING)
-        else:
-            out[key] = (int(sums[i + n, j] - sums[i, j]), None)
-    return out
+    i, n, c = k[:, 0] - first, k[:, 2], np.searchsorted(stations, k[:, 1])
+    unread_n = (unread[i + n] - unread[i]).tolist()
+    holes_n = (holes[i + n, c] - holes[i, c]).tolist()
+    totals = (sums[i + n, c] - sums[i, c]).tolist()
+    return {key: ((None, NO_TRUTH_RECORD) if u else (None, NO_READING) if h else (t, None))
+            for key, u, h, t in zip(listed, unread_n, holes_n, totals, strict=True)}
 
 
 def _mean(values: Sequence[float]) -> float | None:
