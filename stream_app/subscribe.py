@@ -37,8 +37,16 @@ IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it 
 HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of its query to show up
 
 
-def format_row(e: Estimate) -> str:
-    span = "" if e.span_s == EPOCH_S else f"  sum over {e.span_s // 60} min"  # a rollup (stream_app.rollups)
+def _span_mark(e: Estimate, rollup: bool) -> str:
+    """How a longer span is marked: ``sum over N min`` (a rollup, stream_app.rollups), or
+    ``span of N min`` (a span query's own report, not a sum); nothing for an epoch."""
+    if e.span_s == EPOCH_S:
+        return ""
+    return f"  {'sum over' if rollup else 'span of'} {e.span_s // 60} min"
+
+
+def format_row(e: Estimate, rollup: bool = True) -> str:
+    span = _span_mark(e, rollup)
     if e.withheld:
         head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
         return f"{head} withheld: {e.withheld}{span}"
@@ -100,10 +108,11 @@ def _eps(e: Estimate) -> str:
             f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}")  # '-': not attested
 
 
-def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str:
+def format_summary(rows: Sequence[Estimate], expected: int | None = None, rollup: bool = True) -> str:
     """One line for the estimates of one closed (query, epoch): per estimator the sum of its
     station estimates (an unbiased estimate of the vehicles at all of them), how many are below
-    0, the stations without source data, and ``partial`` when fewer than ``expected`` rows came."""
+    0, the stations without source data, and ``partial`` when fewer than ``expected`` rows came;
+    a longer span marked as a rollup's sum or (``rollup`` false) a span query's span."""
     e = rows[0]
     stations = len({r.station for r in rows})
     head = f"{e.epoch_start.isoformat():<25} {e.query_id + ' v' + str(e.query_version):<12} {stations:>8} " \
@@ -122,9 +131,7 @@ def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str
             body += f"; {gaps} station{'s' if gaps > 1 else ''} without source data"
     if expected is not None and len(rows) < expected:
         body += f" (partial: {len(rows)} of {expected} estimates)"
-    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups): its own line, after the epochs it sums
-        body += f"  sum over {e.span_s // 60} min"
-    return head + body
+    return head + body + _span_mark(e, rollup)  # a rollup: its own line, after the epochs it sums
 
 
 @dataclass
@@ -326,7 +333,9 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
             if flows:
                 lines = [format_flow(e, flow_kind(e, shortest.get(e.query_id))) for e in g]
             else:
-                lines = [format_row(e) for e in g] if rows else [format_summary(g, groups.expected(g[0]))]
+                rollup = flow_kind(g[0], shortest.get(g[0].query_id)) == "rollup"
+                lines = [format_row(e, rollup) for e in g] if rows else [
+                    format_summary(g, groups.expected(g[0]), rollup)]
             print("\n".join(lines), file=out, flush=True)
 
     def shown(e: Estimate) -> bool:

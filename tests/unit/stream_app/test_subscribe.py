@@ -111,6 +111,22 @@ def test_a_rollup_is_its_own_marked_line_after_the_epochs_it_sums() -> None:
     line = sub.format_summary([rollup], 1)
     assert line.endswith("sp_difference 417.0  sum over 5 min") and "08:00:00" in line
     assert "sum over" not in sub.format_summary([_q(1, 0)], 1)
+    # a span query's row is its own span's report, not a sum
+    assert sub.format_summary([rollup], 1, rollup=False).endswith("sp_difference 417.0  span of 5 min")
+    assert sub.format_row(rollup, rollup=False).endswith("  span of 5 min")
+
+
+def test_the_default_table_tells_a_span_query_from_a_rollup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query seen with 30-s rows has rollups ('sum over'); one whose shortest span is an hour is a
+    span query ('span of')."""
+    arriving = [_q(1, 0), _q(1, 0, estimate=417.0, span_s=300), _q(1, 0, "unary-hour", 900.0, span_s=3600)]
+    monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter([e.model_dump_json().encode() for e in arriving]))
+    monkeypatch.setattr(sub, "_query_sizes", lambda *_: ((lambda e: 1), lambda: None))
+    out = io.StringIO()
+    assert sub.subscribe(KafkaSettings(), "t", out=out) == 3
+    lines = out.getvalue().splitlines()[2:]
+    assert [x.rsplit("  ", 1)[-1] for x in lines if "  sum over" in x or "  span of" in x] == [
+        "sum over 5 min", "span of 60 min"], lines
 
 
 def test_the_flows_view_is_one_line_per_flow_within_120_columns(monkeypatch: pytest.MonkeyPatch) -> None:
