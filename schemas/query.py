@@ -82,7 +82,7 @@ class Query(BaseModel):
                                                  "default one per epoch of the span (span_s / 30, at most the "
                                                  "number of sensors); a vehicle that passed more reports a "
                                                  "uniformly random P of them")
-    release: Literal["aggregate", "permuted"] | None = Field(
+    release: Literal["permuted", "aggregate"] | None = Field(
         default=None, description="the shuffler release this query is served under: a shuffler started with "
                                   "another --release refuses to serve it, and a device charges its ledger for this "
                                   "release; null: any release, so a device charges the weaker one (permuted)")

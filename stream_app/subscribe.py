@@ -15,11 +15,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 from schemas.epochs import EPOCH_S
-from schemas.estimates import Estimate
+from schemas.estimates import Estimate, EstimateBound  # noqa: F401 - EstimateBound: the doctest's
 from schemas.settings import KafkaSettings
 
-__all__ = ["HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "EpochGroups", "FrameCounts", "LongWriter", "format_row",
-           "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
+__all__ = ["FLOWS_HEADER", "FLOWS_NOTE", "HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "WIDTH", "EpochGroups",
+           "FrameCounts", "LongWriter", "flow_kind", "format_flow", "format_row", "format_summary", "keep_frames",
+           "latest_frames", "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6} {'eps shuf':>8}"
@@ -27,12 +28,25 @@ SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stations':>8} {'N':>8} {'
                  "sum of the station estimates, per estimator"
 NEGATIVE_NOTE = ("estimates are unbiased, so a quiet station's can fall below 0; its bounds are clipped at 0 (no count "
                  "is negative), so such an estimate lies below its own bound")
+WIDTH = 120  # the flows view's lines fit a terminal this wide
+FLOWS_HEADER = (f"{'span start':<25} {'query':<14} {'kind':<6} {'span':>6} {'station':>7} {'estimator':<13} "
+                f"{'flow':>9} {'95% bounds':>21} {'sd':>7}")
+FLOWS_NOTE = ("(vehicles per span; rollup: a 30-s query's estimates summed over it; span: a span query's own "
+              "reports)")
 IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it is (marked partial)
 HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of its query to show up
 
 
-def format_row(e: Estimate) -> str:
-    span = "" if e.span_s == EPOCH_S else f"  sum over {e.span_s // 60} min"  # a rollup (stream_app.rollups)
+def _span_mark(e: Estimate, rollup: bool) -> str:
+    """How a longer span is marked: ``sum over N min`` (a rollup, stream_app.rollups), or
+    ``span of N min`` (a span query's own report, not a sum); nothing for an epoch."""
+    if e.span_s == EPOCH_S:
+        return ""
+    return f"  {'sum over' if rollup else 'span of'} {e.span_s // 60} min"
+
+
+def format_row(e: Estimate, rollup: bool = True) -> str:
+    span = _span_mark(e, rollup)
     if e.withheld:
         head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
         return f"{head} withheld: {e.withheld}{span}"
@@ -45,15 +59,60 @@ def format_row(e: Estimate) -> str:
             f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}{flag}")  # '-': not attested
 
 
+def _fit(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters (its last one an ellipsis when cut)."""
+    return text if len(text) <= n else text[:n - 1] + "\u2026"
+
+
+def _span_text(span_s: int) -> str:
+    return f"{span_s // 3600} h" if span_s % 3600 == 0 else f"{span_s // 60} min" if span_s % 60 == 0 else f"{span_s} s"
+
+
+def flow_kind(e: Estimate, shortest: int | None) -> str:
+    """``rollup`` when the query publishes a shorter span (``shortest``: the shortest span seen
+    of its query; a rollup's epochs come before it), else ``span`` (a span query's own span)."""
+    return "rollup" if shortest is not None and shortest < e.span_s else "span"
+
+
+def format_flow(e: Estimate, kind: str) -> str:
+    """One line of the flows view (at most :data:`WIDTH` characters): the span's start, query,
+    ``kind`` (:func:`flow_kind`), span, station, estimator, then the flow, its 95% bounds and
+    sd -- or why there is none: withheld (its code) or no source data (an epoch of the span had
+    no reading: the sum is not a flow).
+
+    >>> from datetime import UTC, datetime
+    >>> e = Estimate(query_id="unary-day", query_version=1, mechanism="unary", estimator="unary", epoch=59832960,
+    ...              epoch_start=datetime(2026, 11, 18, 8, tzinfo=UTC), span_s=3600, station=400001,
+    ...              estimate=1234.5, sd=141.2, bounds=(EstimateBound(confidence=0.95, lower=960.0, upper=1510.3),),
+    ...              reports=9, participants=9, epsilon=1.0, closed_by="markers", round_count_mismatch=0, late=0,
+    ...              refused=0, missing_batches=0)
+    >>> format_flow(e, "rollup")[26:]
+    'unary-day      rollup    1 h  400001 unary            1234.5       [960.0, 1510.3]   141.2'
+    """
+    head = (f"{e.epoch_start.isoformat():<25} {_fit(e.query_id, 14):<14} {kind:<6} {_span_text(e.span_s):>6} "
+            f"{e.station:>7} {_fit(e.estimator, 13):<13}")
+    if e.withheld:
+        from .report.summary import withheld_code
+
+        return _fit(f"{head} withheld: {withheld_code(e.withheld)}", WIDTH)
+    if e.data_quality != "ok":
+        return f"{head} no source data: not a flow"
+    b95 = next((b for b in e.bounds if abs(b.confidence - 0.95) < 1e-9), None)
+    bound = f"[{b95.lower:.1f}, {b95.upper:.1f}]" if b95 else "-"
+    sd = "-" if e.sd is None else f"{e.sd:.1f}"
+    return _fit(f"{head} {e.estimate or 0.0:>9.1f} {bound:>21} {sd:>7}", WIDTH)
+
+
 def _eps(e: Estimate) -> str:
     return (f"{'inf' if e.epsilon is None else f'{e.epsilon:.2f}':>6} "
             f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}")  # '-': not attested
 
 
-def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str:
+def format_summary(rows: Sequence[Estimate], expected: int | None = None, rollup: bool = True) -> str:
     """One line for the estimates of one closed (query, epoch): per estimator the sum of its
     station estimates (an unbiased estimate of the vehicles at all of them), how many are below
-    0, the stations without source data, and ``partial`` when fewer than ``expected`` rows came."""
+    0, the stations without source data, and ``partial`` when fewer than ``expected`` rows came;
+    a longer span marked as a rollup's sum or (``rollup`` false) a span query's span."""
     e = rows[0]
     stations = len({r.station for r in rows})
     head = f"{e.epoch_start.isoformat():<25} {e.query_id + ' v' + str(e.query_version):<12} {stations:>8} " \
@@ -72,9 +131,7 @@ def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str
             body += f"; {gaps} station{'s' if gaps > 1 else ''} without source data"
     if expected is not None and len(rows) < expected:
         body += f" (partial: {len(rows)} of {expected} estimates)"
-    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups): its own line, after the epochs it sums
-        body += f"  sum over {e.span_s // 60} min"
-    return head + body
+    return head + body + _span_mark(e, rollup)  # a rollup: its own line, after the epochs it sums
 
 
 @dataclass
@@ -158,10 +215,11 @@ class EpochGroups:
         return [rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))]  # by estimator, then station
 
 
-def _query_sizes(settings: KafkaSettings, station: int | None, estimator: str | None
+def _query_sizes(settings: KafkaSettings, station: int | None, estimator: str | None, headline: bool = False
                  ) -> tuple[Callable[[Estimate], int | None], Callable[[], None]]:
-    """How many estimates one (query, epoch) publishes that pass the filters, from the queries
-    topic (read again when a query version it has not seen appears); and a close function."""
+    """How many estimates one (query, epoch) publishes that pass the filters (``headline``
+    without ``estimator``: only the query's headline estimator's), from the queries topic (read
+    again when a query version it has not seen appears); and a close function."""
     from schemas.kafka_io import QueryReader
 
     reader = QueryReader(settings)
@@ -176,7 +234,8 @@ def _query_sizes(settings: KafkaSettings, station: int | None, estimator: str | 
         if q is None:
             return None
         stations = 1 if station is not None else q.n_stations
-        names = [n for n in q.spec.estimator_names if estimator is None or n == estimator]
+        names = [n for n in q.spec.estimator_names if n == estimator or (
+            estimator is None and (not headline or n == q.spec.headline))]
         return stations * len(names)
 
     return expected, reader.close
@@ -241,30 +300,52 @@ def _polled(settings: KafkaSettings, topic: str, from_beginning: bool, idle_time
 
 
 def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, rows: bool = False,
-              from_beginning: bool = False, query: str | None = None, station: int | None = None,
-              estimator: str | None = None, idle_timeout_s: float | None = None, out: TextIO | None = None) -> int:
+              flows: bool = False, from_beginning: bool = False, query: str | None = None,
+              station: int | None = None, estimator: str | None = None, idle_timeout_s: float | None = None,
+              out: TextIO | None = None) -> int:
     """Print estimates as they arrive (to ``out``, standard output by default, read when called:
     not the one that was current at import): by default one line per closed (query, epoch)
     (:func:`format_summary`), with ``rows`` every estimate (:func:`format_row`, grouped per
-    (query, epoch) and ordered), with ``json_lines`` one JSON estimate per line as it comes.
-    Returns how many estimates were printed or summarized."""
+    (query, epoch) and ordered), with ``flows`` one line per flow -- a rollup's or a span
+    query's row, the headline estimator's unless ``estimator`` -- (:func:`format_flow`, grouped
+    per (query, span, epoch) and ordered), with ``json_lines`` one JSON estimate per line as it
+    comes. Returns how many estimates were printed or summarized."""
+    from estimators.registry import REGISTRY
+
     out = out or sys.stdout
     n = 0
     records = _polled(settings, topic, from_beginning, idle_timeout_s)
     close: Callable[[], None] = lambda: None  # noqa: E731
+    shortest: dict[str, int] = {}  # query -> the shortest span seen (flows: a longer one is a rollup)
     if json_lines:
         groups = None
     else:
-        expected, close = _query_sizes(settings, station, estimator)
+        expected, close = _query_sizes(settings, station, estimator, True) if flows else \
+            _query_sizes(settings, station, estimator)
         groups = EpochGroups(expected)
-        print(HEADER if rows else SUMMARY_HEADER, file=out)
-        print(f"({NEGATIVE_NOTE}{'' if rows else '; --rows: every estimate'})", file=out, flush=True)
+        print(FLOWS_HEADER if flows else HEADER if rows else SUMMARY_HEADER, file=out)
+        print(FLOWS_NOTE if flows else f"({NEGATIVE_NOTE}{'' if rows else '; --rows: every estimate'})", file=out,
+              flush=True)
 
     def emit(done: list[list[Estimate]]) -> None:
         assert groups is not None  # noqa: S101 - only in the table modes
         for g in done:
-            lines = [format_row(e) for e in g] if rows else [format_summary(g, groups.expected(g[0]))]
+            if flows:
+                lines = [format_flow(e, flow_kind(e, shortest.get(e.query_id))) for e in g]
+            else:
+                rollup = flow_kind(g[0], shortest.get(g[0].query_id)) == "rollup"
+                lines = [format_row(e, rollup) for e in g] if rows else [
+                    format_summary(g, groups.expected(g[0]), rollup)]
             print("\n".join(lines), file=out, flush=True)
+
+    def shown(e: Estimate) -> bool:
+        if (query and e.query_id != query) or (station is not None and e.station != station) or \
+                (estimator and e.estimator != estimator):
+            return False
+        if not flows:
+            return True
+        spec = REGISTRY.get(e.mechanism)
+        return e.span_s != EPOCH_S and (estimator is not None or spec is None or e.estimator == spec.headline)
 
     try:
         for value in records:
@@ -276,8 +357,8 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
                 e = Estimate.model_validate_json(value)
             except ValueError:
                 continue
-            if (query and e.query_id != query) or (station is not None and e.station != station) or \
-                    (estimator and e.estimator != estimator):
+            shortest[e.query_id] = min(e.span_s, shortest.get(e.query_id, e.span_s))
+            if not shown(e):
                 continue
             n += 1
             if groups is None:

@@ -286,10 +286,11 @@ def newest_rollup(selector: str) -> str:
             f"group_left max by (query, span_s) (ptt_last_rollup_epoch))")
 
 
-def rollup_panel(panel_id: int) -> timeseries.Panel:
-    """The station's latest rollups (span ``$span``) by each query's headline estimator, with
-    the 95% bounds as thin lines."""
-    base = (STATION, QUERY, 'span_s="$span"')
+def flows_panel(panel_id: int) -> timeseries.Panel:
+    """The station's latest flows over ``$span`` seconds by each query's headline estimator,
+    with the 95% bounds as thin lines: repeated once per span the workers publish (the
+    ``span`` variable, every value selected by default), so each span has its own panel."""
+    base = (STATION, QUERY, 'span_s=~"$span"')  # one value in a repeated panel
 
     def latest(metric: str, *more: str) -> str:
         return f"max by (query) ({newest_rollup(sel(metric, *base, *more))})"
@@ -300,12 +301,15 @@ def rollup_panel(panel_id: int) -> timeseries.Panel:
              (latest("ptt_rollup_lower_vehicles", eq("confidence", level)), "{{query}} " + pct + " lower"),
              (latest("ptt_rollup_upper_vehicles", eq("confidence", level)), "{{query}} " + pct + " upper")]
     return (timeseries_panel(
-        panel_id, "Rollups over $span s - station $station",
-        "The latest published rollup of the station's count: the sum of the per-epoch estimates over 5 minutes "
-        "(span 300 s) or an hour (3600 s), by each query's headline estimator, with its 95% score bounds (thin "
-        "lines). Sums of independent unbiased estimates: the noise grows as the square root of the span while the "
-        "count grows with it, so a rollup shows traffic where single epochs show noise.",
+        panel_id, "Flows over $span s - station $station",
+        "The station's latest published flow over the span (300 s: 5 minutes, 3600 s: an hour, or a span query's "
+        "span), by each query's headline estimator, with its 95% score bounds (thin dashed lines); one panel per "
+        "span. A 30-s query's flow is its rollup, the sum of its per-epoch estimates over the span: the noise grows "
+        "as the square root of the span while the flow grows with it. A span query's flow comes from one report "
+        "per device per span, so its noise is added once per span. The ground truth of a flow (the sum of its "
+        "epochs' truth) is in ptt report's flows plots and summary.",
         targets(*pairs), unit="none", w=24, h=8, min_zero=False)
+        .repeat("span").repeat_direction("v")
         .override_by_regexp(f".* {pct} (lower|upper)", [
             prop("custom.lineWidth", 1), prop("custom.lineStyle", common.LineStyle(fill="dash", dash=[4, 4]))]))
 
@@ -351,7 +355,7 @@ def station() -> dashboard_builders.Dashboard:
                    "epochs wait to close.")
     for name in default_query_mechanisms():  # a panel for a mechanism no query runs would stay empty
         board.with_panel(mechanism_panel(next(ids), name, get_spec(name), common_text))
-    board.with_panel(rollup_panel(next(ids)))
+    board.with_panel(flows_panel(next(ids)))
     board.with_variable(
         dashboard_builders.QueryVariable("station").label("Station").datasource(DATASOURCE)
         .query("label_values(ptt_estimate_vehicles, station)").refresh(models.VariableRefresh.ON_DASHBOARD_LOAD)
@@ -364,10 +368,11 @@ def station() -> dashboard_builders.Dashboard:
         .refresh(models.VariableRefresh.ON_DASHBOARD_LOAD).sort(models.VariableSort.ALPHABETICAL_ASC)
         .include_all(True).multi(True).regex("").hide(models.VariableHide.DONT_HIDE))
     board.with_variable(
-        dashboard_builders.QueryVariable("span").label("Rollup span (s)").datasource(DATASOURCE)
-        .query("label_values(ptt_rollup_vehicles, span_s)").refresh(models.VariableRefresh.ON_DASHBOARD_LOAD)
-        .sort(models.VariableSort.NUMERICAL_ASC).include_all(False).multi(False).regex("")
-        .hide(models.VariableHide.DONT_HIDE))
+        dashboard_builders.QueryVariable("span").label("Flow span (s)").datasource(DATASOURCE)
+        .query("label_values(ptt_rollup_vehicles, span_s)")
+        .current(models.VariableOption(selected=True, text=["All"], value=["$__all"]))
+        .refresh(models.VariableRefresh.ON_DASHBOARD_LOAD).sort(models.VariableSort.NUMERICAL_ASC)
+        .include_all(True).multi(True).regex("").hide(models.VariableHide.DONT_HIDE))
     return board
 
 

@@ -30,8 +30,10 @@ __all__ = ["add_arguments", "add_parser", "read_file", "read_topic", "run"]
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("report", help="plots (truth vs estimate with bands) and a text summary of a replay",
                        description="Read estimates and ground truth (from the topics or saved JSON lines) and write "
-                                   "PNG plots (truth, estimate and its 95%% and 99%% bands over the day) plus a "
-                                   "summary.")
+                                   "PNG plots (truth, estimate and its 95% and 99% bands over the day: per station "
+                                   "for the 30-s epochs, and per query and span for the flows -- the 5-minute and "
+                                   "hourly rollups and span queries) plus a summary that scores each query at each "
+                                   "span and names every row it leaves out and why.")
     add_arguments(p)
     p.set_defaults(func=run)
 
@@ -106,6 +108,18 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected station ids (integers, comma-separated), got {text!r}") from exc
 
 
+def _spans(text: str) -> list[int]:
+    try:
+        spans = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected spans in seconds (integers, comma-separated), got {text!r}") \
+            from exc
+    bad = [s for s in spans if s <= 0 or s % 30]
+    if bad:
+        raise argparse.ArgumentTypeError(f"a span is a positive multiple of 30 seconds, got {bad[0]}")
+    return spans
+
+
 def _names(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -149,6 +163,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="only these stations (repeatable or comma-separated); all of them are plotted")
     sel.add_argument("--estimator", type=_names, action="append", default=[], metavar="NAME",
                      help="only these estimators (repeatable or comma-separated); they are the ones plotted")
+    sel.add_argument("--span", type=_spans, action="append", default=[], metavar="SECONDS",
+                     help="only rows of these spans (repeatable or comma-separated): 30 for the epochs, 300 and "
+                          "3600 for the 5-minute and hourly rollups, a span query's span")
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, default=Path("report"), metavar="DIR",
                      help="output directory (default ./report)")
@@ -188,7 +205,7 @@ def _truth_source(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     selection = report.Selection(frozenset(_flatten(args.query)), frozenset(_flatten(args.station)),
-                                 frozenset(_flatten(args.estimator)))
+                                 frozenset(_flatten(args.estimator)), frozenset(_flatten(args.span)))
     truth_source = _truth_source(args)
     settings = _settings(args) if args.from_topic or args.from_frames or truth_source == "topic" else None
     truth: Iterable[bytes] | None = None

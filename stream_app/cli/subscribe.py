@@ -24,12 +24,18 @@ def add_parser(sub: Any) -> None:
                        description="Tail the estimates: one line per closed (query, epoch) with the sum of its "
                                    "station estimates per estimator, a rollup on its own line marked 'sum over 5 min' "
                                    "or 'sum over 60 min' (--rows: every estimate, grouped per query and "
-                                   f"epoch; --json: one JSON estimate per line as it comes). Note: {NEGATIVE_NOTE}.")
+                                   "epoch; --flows: one line per flow, a 5-minute or hourly rollup or a span query's "
+                                   "report, with its 95% bounds; --json: one JSON estimate per line as it comes). "
+                                   f"Note: {NEGATIVE_NOTE}.")
     p.add_argument("--topic", default="ptt.estimates", help="estimates topic (default ptt.estimates)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="one JSON estimate per line")
     out.add_argument("--rows", action="store_true",
                      help="every estimate as a table row, printed per closed (query, epoch), by estimator and station")
+    out.add_argument("--flows", action="store_true",
+                     help="one line per flow (a 5-minute or hourly rollup, or a span query's row) with its 95%% "
+                          "bounds and sd, per (query, span, epoch) by station; the headline estimator's unless "
+                          "--estimator")
     out.add_argument("--arrow", type=Path, default=None, metavar="FILE",
                      help="keep the estimate frames (--frames-topic) in an Arrow IPC file, one row per query, "
                           "epoch, station and estimator")
@@ -59,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.arrow is not None or args.parquet is not None:
         return _keep(settings, args)
     try:
-        subscribe(settings, args.topic, json_lines=args.json, rows=args.rows, from_beginning=args.from_beginning,
+        subscribe(settings, args.topic, json_lines=args.json, rows=args.rows, flows=args.flows,
+                  from_beginning=args.from_beginning,
                   query=args.query, station=args.station, estimator=args.estimator,
                   idle_timeout_s=args.idle_timeout)
     except KeyboardInterrupt:

@@ -4,13 +4,21 @@ Inputs are the stream app's estimates (``schemas.estimates.Estimate``) and the r
 truth (``schemas.wire.GroundTruth``), read from their topics or from saved JSON lines (as
 written by ``ptt subscribe --json``). Outputs, in ``--out``:
 
-* one PNG per (query, station, estimator) in the style of Anonymized Local Privacy Figure 1: the ground
-  truth and the privatized estimate over the time of day, the 99% and 95% bounds as bands;
-  only the busiest stations (by total truth) unless ``--station`` names them;
-* ``summary.txt`` (also printed) and ``summary.json``: per (query, estimator) the number of
-  (station, epoch) cells, how often each confidence level's bounds cover the truth, the mean
-  absolute error, the mean band width per level, epsilon, the shuffled epsilon (the largest over
-  the epochs that carry one), and what was withheld or had no ground truth.
+* one PNG per (query, station, estimator) of the 30-s epochs in the style of Anonymized Local
+  Privacy Figure 1: the ground truth and the privatized estimate over the time of day, the 99%
+  and 95% bounds as bands; only the busiest stations (by total truth) unless ``--station``
+  names them;
+* one PNG per (query, span, estimator) of the flows -- the 5-minute and hourly rollups of a
+  30-s query and a span query's rows -- with a panel per station (the same stations): the
+  estimate, its bands and the span's truth, the sum of its epochs' truth (none, not 0, when
+  an epoch of the span has none);
+* ``summary.txt`` (also printed) and ``summary.json``: per (query, span, estimator) the number
+  of (station, epoch or span) cells, how often each confidence level's bounds cover the truth
+  (overall and by truth bin), the mean absolute error and bias, the mean band width per
+  level, epsilon, the shuffled epsilon (the largest over the epochs that carry one), and every
+  cell not scored with why (withheld and its code, no source data, no truth and why), then a
+  table of the flows by span; every record read and not kept is named too (unreadable,
+  duplicate, or the filter that left it out).
 
 Loading (from any iterable of JSON lines), joining with the truth and the summary
 (:mod:`.summary`) and the plots (:mod:`.plots`, which write the files they are given) are
@@ -32,15 +40,24 @@ from .plots import (
     DEFAULT_ESTIMATORS,
     FIG_HEIGHT_PX,
     FIG_WIDTH_PX,
+    FLOW_HEAD_PX,
+    FLOW_PANEL_PX,
     MAX_POINTS,
     Series,
     busiest_stations,
+    plot_flows,
     plot_series,
     plot_stations,
     series_for,
+    write_flow_plots,
     write_plots,
 )
 from .summary import (
+    NO_READING,
+    NO_TRUTH_GIVEN,
+    NO_TRUTH_RECORD,
+    TRUTH_BINS,
+    BinScore,
     Cell,
     GroupSummary,
     LoadedEstimates,
@@ -54,14 +71,24 @@ from .summary import (
     join,
     load_estimates,
     load_truth,
+    span_words,
     summarize,
     summary_json,
+    truth_bin,
+    withheld_code,
 )
 
 __all__ = [
     "DEFAULT_ESTIMATORS",
+    "NO_READING",
+    "NO_TRUTH_GIVEN",
+    "NO_TRUTH_RECORD",
+    "TRUTH_BINS",
+    "BinScore",
     "FIG_HEIGHT_PX",
     "FIG_WIDTH_PX",
+    "FLOW_HEAD_PX",
+    "FLOW_PANEL_PX",
     "MAX_POINTS",
     "Cell",
     "GroupSummary",
@@ -78,11 +105,16 @@ __all__ = [
     "join",
     "load_estimates",
     "load_truth",
+    "plot_flows",
     "plot_series",
     "plot_stations",
     "series_for",
+    "span_words",
     "summarize",
     "summary_json",
+    "truth_bin",
+    "withheld_code",
+    "write_flow_plots",
     "write_plots",
     "write_report",
 ]
@@ -95,7 +127,8 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
     """Read the estimates (JSON lines; ``where`` names them in errors), then the ground truth
     of their stations (``None``: none), and write ``summary.txt`` and ``summary.json``, then
     the plots of the ``stations`` busiest stations (all of ``selection.stations`` if it names
-    some) into ``out``, then the summary again with the plots named. ``before_plots(summary
+    some) into ``out`` -- the epochs' per station, the flows' per query and span --, then the
+    summary again with the plots named. ``before_plots(summary
     path)`` is called between the two (the plots take about a second each): whatever stops
     the plots (a KeyboardInterrupt it raises, or one from the plotting) leaves the summary
     written. Returns the summary text and the plots written. :class:`ReportError` when no
@@ -108,8 +141,9 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
         raise ReportError(f"no matching estimates in {where} ({why})")
     needed = {r.station for r in loaded.rows}
     loaded_truth = load_truth(truth, needed) if truth is not None else None
-    cells = join(loaded.rows, loaded_truth.truth if loaded_truth else {})
-    groups = summarize(cells)
+    cells = (join(loaded.rows, loaded_truth.truth, loaded_truth.epoch_ids) if loaded_truth is not None
+             else join(loaded.rows, None))
+    groups = summarize(cells, loaded.own_span)
 
     def write_summary(plots: list[Path]) -> str:
         text = format_summary(groups, loaded, loaded_truth, plots)
@@ -125,6 +159,9 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
             before_plots(out / "summary.txt")
         chosen = plot_stations(cells, selection.stations, stations)
         plots = write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every)
+        if stations or selection.stations:  # --stations 0: no plots
+            plots += write_flow_plots(cells, out, chosen, own_span=loaded.own_span, estimators=selection.estimators,
+                                      every=every, busiest=stations)
         if plots:
             text = write_summary(plots)
     except OSError as exc:

@@ -19,19 +19,24 @@ from pathlib import Path
 from typing import Any
 
 from estimators.registry import REGISTRY
+from schemas.epochs import EPOCH_S
 
-from .summary import Cell, Row, _level, _mean, noise_note
+from .summary import Cell, Row, _level, _mean, noise_note, span_words
 
 __all__ = [
     "DEFAULT_ESTIMATORS",
     "FIG_HEIGHT_PX",
     "FIG_WIDTH_PX",
+    "FLOW_HEAD_PX",
+    "FLOW_PANEL_PX",
     "MAX_POINTS",
     "Series",
     "busiest_stations",
+    "plot_flows",
     "plot_series",
     "plot_stations",
     "series_for",
+    "write_flow_plots",
     "write_plots",
 ]
 
@@ -48,7 +53,11 @@ PLOT_LEVELS = (0.99, 0.95)  # bands drawn, widest first
 
 def busiest_stations(cells: Sequence[Cell], n: int) -> list[int]:
     """The ``n`` stations with the most vehicles over the cells' epochs: by total truth, or by
-    total (non-negative) estimate where there is no truth at all; ties by station id."""
+    total (non-negative) estimate where there is no truth at all; ties by station id. Only the
+    cells of the shortest span there is count (a flow's truth is the sum of its epochs')."""
+    if cells:
+        shortest = min(c.row.span_s for c in cells)
+        cells = [c for c in cells if c.row.span_s == shortest]
     truth_seen: dict[tuple[int, int], int] = {}
     est_total: dict[int, float] = defaultdict(float)
     for c in cells:
@@ -82,13 +91,15 @@ class Series:
     bands: dict[float, tuple[list[float], list[float]]]
     epsilons: tuple[float, ...]
     utc_offsets: tuple[str, ...]
-    epoch_s: int
+    epoch_s: int  # seconds per point: 30, or the span of a flow
     every: int
     cells: int
     withheld: int
     covered: dict[float, tuple[int, int]]  # level -> (hits, cells with truth), over all epochs
     mae: float | None
     noise: str | None = None  # noise_note of the series (the plot says so)
+    no_truth: int = 0  # published points without truth (a flow: some epoch of its span has none)
+    no_source: int = 0  # published points flagged no_source_data (not compared with the truth)
 
 
 def _offset(dt: datetime) -> str:
@@ -106,14 +117,18 @@ def _epoch_seconds(rows: Sequence[Row]) -> int:
 
 
 def series_for(cells: Iterable[Cell], query_id: str, station: int, estimator: str, every: int | None = None,
-               levels: Sequence[float] = PLOT_LEVELS) -> Series | None:
-    """The series of one (query, station, estimator); ``None`` if there are no cells.
-    ``every``: draw every k-th epoch (``None``: thin automatically to at most ``MAX_POINTS``);
-    the coverage and error printed on the plot are over every epoch."""
+               levels: Sequence[float] = PLOT_LEVELS, span_s: int = EPOCH_S) -> Series | None:
+    """The series of one (query, station, estimator) at one span (30 s: its epochs; longer: its
+    flows); ``None`` if there are no cells. ``every``: draw every k-th point (``None``: thin
+    automatically to at most ``MAX_POINTS``); the coverage and error printed on the plot are over
+    every point. A flow without truth (an epoch of its span has none) is a gap in the truth line,
+    never a 0."""
+    unit = max(1, span_s // EPOCH_S)  # epochs per point
+    mid = timedelta(0) if span_s == EPOCH_S else timedelta(seconds=span_s / 2)  # a flow: drawn mid-span
     by_epoch: dict[int, Cell] = {}
     for c in cells:
         r = c.row
-        if r.query_id == query_id and r.station == station and r.estimator == estimator:
+        if r.query_id == query_id and r.station == station and r.estimator == estimator and r.span_s == span_s:
             old = by_epoch.get(r.epoch)
             if old is None or old.row.query_version < r.query_version:  # overlapping versions: the newest
                 by_epoch[r.epoch] = c
@@ -121,7 +136,7 @@ def series_for(cells: Iterable[Cell], query_id: str, station: int, estimator: st
         return None
     ordered = [by_epoch[e] for e in sorted(by_epoch)]
     rows = [c.row for c in ordered]
-    span = rows[-1].epoch - rows[0].epoch + 1
+    span = (rows[-1].epoch - rows[0].epoch) // unit + 1
     step = every if every and every > 0 else max(1, math.ceil(span / MAX_POINTS))
     nan = float("nan")
     times: list[datetime] = []
@@ -131,39 +146,43 @@ def series_for(cells: Iterable[Cell], query_id: str, station: int, estimator: st
     prev: int | None = None
     for c in ordered:
         r = c.row
-        if (r.epoch - rows[0].epoch) % step:
+        index = (r.epoch - rows[0].epoch) // unit
+        if index % step:
             continue
-        if prev is not None and r.epoch - prev > step:  # a gap: break the lines
+        if prev is not None and index - prev > step:  # a gap: break the lines
             times.append(times[-1])
             truth.append(nan)
             est.append(nan)
             for lo, hi in bands.values():
                 lo.append(nan)
                 hi.append(nan)
-        prev = r.epoch
-        times.append(r.epoch_start.replace(tzinfo=None))
+        prev = index
+        times.append((r.epoch_start + mid).replace(tzinfo=None))
         truth.append(nan if c.truth is None else float(c.truth))
         est.append(float(r.estimate) if r.published and r.estimate is not None else nan)
         for lvl, (lo, hi) in bands.items():
             b = r.bound(lvl) if r.published else None
             lo.append(nan if b is None else b[0])
             hi.append(nan if b is None else b[1])
+    scored = [c for c in ordered if c.row.published and c.truth is not None and not c.row.no_source_data]
     covered: dict[float, tuple[int, int]] = {}
     for lvl in sorted({lvl for r in rows for lvl, _, _ in r.bounds}):
-        pairs = [(b, c.truth) for c in ordered if c.row.published and c.truth is not None
-                 and (b := c.row.bound(lvl)) is not None]
+        pairs = [(b, c.truth) for c in scored if (b := c.row.bound(lvl)) is not None and c.truth is not None]
         covered[lvl] = (sum(1 for b, y in pairs if b[0] <= y <= b[1]), len(pairs))
-    errors = [abs(float(c.row.estimate) - c.truth) for c in ordered
-              if c.row.published and c.row.estimate is not None and c.truth is not None]
+    errors = [abs(float(c.row.estimate) - c.truth) for c in scored
+              if c.row.estimate is not None and c.truth is not None]
     return Series(
         query_id=query_id, mechanism=rows[0].mechanism, estimator=estimator, station=station, times=times,
         truth=truth, estimate=est, bands={k: v for k, v in bands.items() if any(not math.isnan(x) for x in v[0])},
         epsilons=tuple(sorted({r.epsilon for r in rows})), utc_offsets=tuple(sorted({_offset(r.epoch_start)
                                                                                    for r in rows})),
-        epoch_s=_epoch_seconds(rows), every=step, cells=len(rows), withheld=sum(1 for r in rows if not r.published),
-        covered=covered, mae=_mean(errors),
+        epoch_s=_epoch_seconds(rows) if span_s == EPOCH_S else span_s, every=step, cells=len(rows),
+        withheld=sum(1 for r in rows if not r.published), covered=covered, mae=_mean(errors),
         noise=noise_note([c.row.sd for c in ordered if c.row.published and c.row.sd is not None],
-                         [float(c.truth) for c in ordered if c.truth is not None]),
+                         [float(c.truth) for c in ordered if c.truth is not None],
+                         "counts" if span_s == EPOCH_S else "flows"),
+        no_truth=sum(1 for c in ordered if c.row.published and not c.row.no_source_data and c.truth is None),
+        no_source=sum(1 for c in ordered if c.row.published and c.row.no_source_data),
     )
 
 
@@ -173,15 +192,37 @@ def _eps_text(eps: Sequence[float]) -> str:
 
 def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Path:
     """Draw one Figure-1 style plot (1,200 x 500 px PNG) and return its path."""
-    from matplotlib import dates
+    fig = _figure(FIG_HEIGHT_PX)
+    ax = fig.add_subplot()
+    _draw(ax, series, overlay)
+    _legend(fig, ax, series)
+    fig.suptitle(f"Station {series.station} \u2014 query {series.query_id} ({series.mechanism}), "
+                 f"estimator {series.estimator}, \u03b5 = {_eps_text(series.epsilons)} per epoch",
+                 fontsize=13, fontweight="bold")
+    ax.set_title(_facts(series), fontsize=10, color="#444444" if series.noise is None else "#b00020")
+    return _save(fig, path)
+
+
+def _figure(height_px: int) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    mdates: Any = dates  # matplotlib.dates has no annotations
-
-    fig = Figure(figsize=(FIG_WIDTH_PX / FIG_DPI, FIG_HEIGHT_PX / FIG_DPI), dpi=FIG_DPI, layout="constrained")
+    fig = Figure(figsize=(FIG_WIDTH_PX / FIG_DPI, height_px / FIG_DPI), dpi=FIG_DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    return fig
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=FIG_DPI, format="png")
+    return path
+
+
+def _draw(ax: Any, series: Series, overlay: Series | None = None) -> None:
+    """The bands, the estimate (and ``overlay``), the truth and the axes of one series."""
+    from matplotlib import dates
+
+    mdates: Any = dates  # matplotlib.dates has no annotations
     x = mdates.date2num(series.times)
     color = "#1f5fa8"
     alpha = {0.99: 0.18, 0.95: 0.30}  # the 95% band is drawn over the 99% one: darker where both
@@ -212,16 +253,21 @@ def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Pa
     if len(days) == 1:
         short = (series.times[-1] - series.times[0]).total_seconds() < 1200  # ticks may fall within a minute
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if short else "%H:%M"))
-        ax.set_xlabel(f"time of day, {days[0].isoformat()} ({zone})")
+        ax.set_xlabel(f"time of day{'' if series.epoch_s == EPOCH_S else ' (each flow at the middle of its span)'}, "
+                      f"{days[0].isoformat()} ({zone})")
     else:
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=False))
         ax.set_xlabel(f"time ({days[0].isoformat()} .. {days[-1].isoformat()}, {zone})")
     half_days = series.epoch_s * series.every / 2 / 86_400
     ax.set_xlim(float(x[0]) - half_days, float(x[-1]) + half_days)
-    ax.set_ylabel(f"vehicles per {series.epoch_s} s epoch")
+    ax.set_ylabel(f"vehicles per {series.epoch_s} s epoch" if series.epoch_s == EPOCH_S
+                  else f"vehicles per {span_words(series.epoch_s)}")
     ax.grid(True, color="#e3e3e3", linewidth=0.6, zorder=0)
     ax.spines[["top", "right"]].set_visible(False)
     ax.margins(y=0.04)
+
+
+def _legend(fig: Any, ax: Any, series: Series) -> None:
     handles, labels = ax.get_legend_handles_labels()
     rank = {"ground truth": 0, f"estimate ({series.estimator})": 1}  # then the overlay, then the bounds
     order = sorted(range(len(labels)), key=lambda i: (rank.get(labels[i], 2 if labels[i].startswith("est") else 3),
@@ -229,28 +275,30 @@ def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Pa
     fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncols=5,
                frameon=False, fontsize=10)
 
-    fig.suptitle(f"Station {series.station} \u2014 query {series.query_id} ({series.mechanism}), "
-                 f"estimator {series.estimator}, \u03b5 = {_eps_text(series.epsilons)} per epoch",
-                 fontsize=13, fontweight="bold")
-    ax.set_title(_facts(series), fontsize=10, color="#444444" if series.noise is None else "#b00020")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=FIG_DPI, format="png")
-    return path
 
-
-def _facts(series: Series) -> str:
-    """The subtitle: coverage over every epoch (not only those drawn), error, what is missing."""
+def _facts(series: Series, compact: bool = False) -> str:
+    """The subtitle: coverage over every point (not only those drawn), error, what is missing
+    (``compact``: shorter words, for a flows panel's one line)."""
+    unit = "epoch" if series.epoch_s == EPOCH_S else "span"
     facts = [] if series.noise is None else [series.noise.upper()]
-    shown = [(lvl, *series.covered[lvl]) for lvl in sorted(series.covered, reverse=True) if series.covered[lvl][1]]
-    if shown:
+    shown = [(lvl, *series.covered[lvl]) for lvl in sorted(series.covered, reverse=not compact)
+             if series.covered[lvl][1]]
+    if shown and compact:
+        cov = ", ".join(f"{_level(lvl)} {hits / n:.1%}" for lvl, hits, n in shown)
+        facts.append(f"truth covered by the bounds of {cov} of {shown[0][2]:,} {unit}s")
+    elif shown:
         cov = ", ".join(f"{_level(lvl)} bounds {hits / n:.1%}" for lvl, hits, n in shown)
-        facts.append(f"truth covered by {cov} of {shown[0][2]:,} epochs")
+        facts.append(f"truth covered by {cov} of {shown[0][2]:,} {unit}s")
     if series.mae is not None:
         facts.append(f"MAE {series.mae:.1f}")
     if series.withheld:
         facts.append(f"{series.withheld:,} withheld")
+    if series.no_source:
+        facts.append(f"{series.no_source:,} without source data")
+    if series.no_truth and series.epoch_s != EPOCH_S:
+        facts.append(f"{series.no_truth:,} without truth" + ("" if compact else " (an epoch of the span has none)"))
     if series.every > 1:
-        facts.append(f"one epoch in {series.every} drawn")
+        facts.append(f"one {unit} in {series.every} drawn")
     return " \u00b7 ".join(facts) if facts else "no ground truth"
 
 
@@ -268,15 +316,12 @@ def plot_stations(cells: Sequence[Cell], chosen: Iterable[int] | None, n: int) -
 
 def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *,
                 estimators: Iterable[str] = (), with_gls: bool = False, every: int | None = None) -> list[Path]:
-    """One PNG per (query, station, estimator drawn): ``estimators`` if given, else the
-    mechanism's headline estimator (:data:`DEFAULT_ESTIMATORS`, or every estimator of a query
-    that has none of those). ``with_gls`` overlays ``alp_gls`` (dashed) on ALP plots."""
-    chosen = set(estimators)
-    present: dict[str, set[str]] = defaultdict(set)
-    mechanism: dict[str, str] = {}
-    for c in cells:
-        present[c.row.query_id].add(c.row.estimator)
-        mechanism[c.row.query_id] = c.row.mechanism
+    """One PNG per (query, station, estimator drawn) of the epochs (30 s; flows:
+    :func:`write_flow_plots`): ``estimators`` if given, else the mechanism's headline estimator
+    (:data:`DEFAULT_ESTIMATORS`, or every estimator of a query that has none of those).
+    ``with_gls`` overlays ``alp_gls`` (dashed) on ALP plots."""
+    cells = [c for c in cells if c.row.span_s == EPOCH_S]  # flows: write_flow_plots
+    present, names_of = _estimators_drawn(cells, estimators)
     wanted = set(stations)
     by_station: dict[tuple[str, int], list[Cell]] = defaultdict(list)
     for c in cells:
@@ -284,11 +329,7 @@ def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *
             by_station[(c.row.query_id, c.row.station)].append(c)
     written: list[Path] = []
     for qid in sorted(present):
-        if chosen:
-            names = sorted(present[qid] & chosen)
-        else:
-            default = DEFAULT_ESTIMATORS.get(mechanism[qid])
-            names = [default] if default in present[qid] else sorted(present[qid])
+        names = names_of[qid]
         for station in stations:
             group = by_station.get((qid, station), [])
             for name in names:
@@ -302,3 +343,87 @@ def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *
                 written.append(plot_series(s, path, overlay))
     return written
 
+
+
+def _estimators_drawn(cells: Sequence[Cell], estimators: Iterable[str]
+                      ) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """(query -> its estimators, query -> those drawn): ``estimators`` if given, else the headline."""
+    chosen = set(estimators)
+    present: dict[str, set[str]] = defaultdict(set)
+    mechanism: dict[str, str] = {}
+    for c in cells:
+        present[c.row.query_id].add(c.row.estimator)
+        mechanism[c.row.query_id] = c.row.mechanism
+    names: dict[str, list[str]] = {}
+    for qid, have in present.items():
+        if chosen:
+            names[qid] = sorted(have & chosen)
+        else:
+            default = DEFAULT_ESTIMATORS.get(mechanism[qid])
+            names[qid] = [default] if default in have else sorted(have)
+    return present, names
+
+
+FLOW_PANEL_PX = 260  # height of one station's axes in a flows figure
+FLOW_HEAD_PX = 150  # title and legend
+
+
+def _flow_kind(span_s: int, own: int, eps: str) -> str:
+    if span_s > own:
+        n = span_s // own
+        return (f"rollup: each flow the sum of the query's {n} estimates of {span_words(own)}, "
+                f"\u03b5 = {eps} per {span_words(own)}")
+    return f"span query: one report per device per span, \u03b5 = {eps} per span report"
+
+
+def write_flow_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *,
+                     own_span: Mapping[str, int] | None = None, estimators: Iterable[str] = (),
+                     every: int | None = None, busiest: int = 6) -> list[Path]:
+    """One PNG per (query, span, estimator drawn) of the flows (spans longer than an epoch: the
+    5-minute and hourly rollups, a span query's rows): the ground truth (the sum of the span's
+    epochs' truth; a gap where an epoch has none) and the estimate with its 99% and 95% bands,
+    one panel per station -- ``stations`` that the query has at that span, else (none of them
+    named) its ``busiest``. Each panel's subtitle gives the coverage and MAE over every span, and
+    says NOISE-DOMINATED in red when the sd dwarfs the flows. ``own_span``: each query's own
+    span (default: its shortest among the cells); a longer one is its rollup."""
+    flows = [c for c in cells if c.row.span_s != EPOCH_S]
+    if not flows:
+        return []
+    shortest: dict[str, int] = {}
+    for c in cells:
+        shortest[c.row.query_id] = min(c.row.span_s, shortest.get(c.row.query_id, c.row.span_s))
+    own = {**shortest, **(own_span or {})}
+    _, names_of = _estimators_drawn(flows, estimators)
+    groups: dict[tuple[str, int], list[Cell]] = defaultdict(list)
+    for c in flows:
+        groups[(c.row.query_id, c.row.span_s)].append(c)
+    written: list[Path] = []
+    for (qid, span_s), group in sorted(groups.items()):
+        have = {c.row.station for c in group}
+        chosen = [s for s in stations if s in have] or busiest_stations(group, busiest)
+        for name in names_of[qid]:
+            series = [s for st in chosen if (s := series_for(group, qid, st, name, every, span_s=span_s)) is not None
+                      and not all(math.isnan(x) for x in s.truth + s.estimate)]
+            if not series:
+                continue
+            path = out_dir / f"{_safe(qid)}_flows_{span_s}s_{name}.png"
+            kind = _flow_kind(span_s, own.get(qid, EPOCH_S), _eps_text(series[0].epsilons))
+            written.append(plot_flows(series, path, kind))
+    return written
+
+
+def plot_flows(series: Sequence[Series], path: Path, kind: str) -> Path:
+    """One figure of the flows of one (query, span, estimator): a panel per station (1,200 px
+    wide, ``FLOW_PANEL_PX`` high each); ``kind`` says what the flows are. Returns its path."""
+    first = series[0]
+    fig = _figure(FLOW_HEAD_PX + FLOW_PANEL_PX * len(series))
+    axes = fig.subplots(len(series), 1, squeeze=False)[:, 0]
+    for ax, s in zip(axes, series, strict=True):
+        _draw(ax, s)
+        ax.set_title(f"Station {s.station} \u2014 {_facts(s, compact=True)}", fontsize=9, loc="left",
+                     color="#444444" if s.noise is None else "#b00020")
+    _legend(fig, axes[0], first)
+    fig.suptitle(f"Flows over {span_words(first.epoch_s)} \u2014 query {first.query_id} ({first.mechanism}), "
+                 f"estimator {first.estimator}\n{kind}",
+                 fontsize=13, fontweight="bold")
+    return _save(fig, path)

@@ -1,32 +1,54 @@
-"""Loading, joining and summarizing for ``ptt report``: how good were the published estimates?
+"""Joining and summarizing for ``ptt report``: how good were the published estimates?
 
 Inputs are the stream app's estimates (:class:`schemas.estimates.Estimate`) and the replay's
 ground truth (:class:`schemas.wire.GroundTruth`) as any iterable of JSON lines. Outputs are
-per (query, estimator) the number of (station, epoch) cells, how often each confidence
-level's bounds cover the truth, the mean absolute error, the mean band width per level,
-epsilon, and what was withheld or had no ground truth (:func:`summarize`), as text
-(:func:`format_summary`, ``summary.txt``) and JSON (:func:`summary_json`, ``summary.json``).
-Every function here is a function of its arguments, testable without a broker.
+per (query, span, estimator) the number of (station, epoch) cells, how often each confidence
+level's bounds cover the truth (overall and by truth bin), the mean absolute error and bias,
+the mean band width per level, epsilon, and every cell not scored and why
+(:func:`summarize`), as text (:func:`format_summary`, ``summary.txt``) and JSON
+(:func:`summary_json`, ``summary.json``). A flow (a row of a span longer than an epoch: a
+rollup, or a span query's) is held against the sum of its epochs' truth, and has none when
+any of them has none for its station (:func:`join`: missing is not zero).
+Loading is :mod:`.loading`. Every function here is a function of its arguments, testable
+without a broker.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+import numpy as np
 
 from schemas.epochs import EPOCH_S
-from schemas.estimates import Estimate
-from schemas.wire import GroundTruth, json_safe
+from schemas.wire import json_safe
+
+from .loading import (
+    LoadedEstimates,
+    LoadedTruth,
+    ReportError,
+    Row,
+    Selection,
+    Truth,
+    estimates_of_frames,
+    estimates_of_long_table,
+    load_estimates,
+    load_truth,
+    withheld_code,
+)
 
 __all__ = [
+    "NO_READING",
+    "NO_TRUTH_GIVEN",
+    "NO_TRUTH_RECORD",
+    "TRUTH_BINS",
+    "BinScore",
     "Cell",
     "GroupSummary",
     "LoadedEstimates",
@@ -41,219 +63,44 @@ __all__ = [
     "load_estimates",
     "load_truth",
     "summarize",
+    "span_words",
     "summary_json",
+    "truth_bin",
+    "withheld_code",
 ]
 
-Truth = Mapping[tuple[int, int], int]  # (epoch, station) -> vehicles
+# why a published row has no truth to be scored against (missing is not zero: never summed as 0)
+NO_TRUTH_GIVEN = "no truth: no ground truth given"
+NO_TRUTH_RECORD = "no truth: the ground truth of its epoch (or of one of its span's epochs) was not read"
+NO_READING = "no truth: no reading from the station in its epoch (or in one of its span's epochs)"
+
+#: truth bins of the coverage by truth (as tests/benchmarks/bench_rollups.py): [0,1), [1,10), ... , >=1000
+TRUTH_BINS = (0, 1, 10, 50, 200, 1000)
 
 
-class ReportError(Exception):
-    """An input or output problem of a report (nothing matching, an unwritable directory): one line."""
+def truth_bin(y: float) -> str:
+    """The label of the truth bin of ``y``.
+
+    >>> truth_bin(0), truth_bin(9), truth_bin(200), truth_bin(4321)
+    ('[0,1)', '[1,10)', '[200,1000)', '>=1000')
+    """
+    for lo, hi in zip(TRUTH_BINS, TRUTH_BINS[1:], strict=False):
+        if lo <= y < hi:
+            return f"[{lo},{hi})"
+    return f">={TRUTH_BINS[-1]}"
 
 
-# --------------------------------------------------------------------------- loading
+def span_words(span_s: int) -> str:
+    """A span for a reader: ``30 s``, ``5 min``, ``1 h``.
 
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """What the report needs of one :class:`Estimate` (far smaller than the model)."""
-
-    query_id: str
-    query_version: int
-    mechanism: str
-    estimator: str
-    epoch: int
-    epoch_start: datetime
-    station: int
-    estimate: float | None
-    bounds: tuple[tuple[float, float, float], ...]  # (confidence, lower, upper)
-    epsilon: float
-    participants: int
-    withheld: str | None
-    epsilon_shuffled: float | None = None  # null on the wire: not attested (or infinite)
-    sd: float | None = None
-    no_source_data: bool = False  # data_quality "no_source_data": the source had no reading, nothing to score
-
-    @classmethod
-    def of(cls, e: Estimate, starts: dict[tuple[datetime, timedelta | None], datetime] | None = None) -> Row:
-        """``starts``: a cache shared by the rows of a load, so that the many rows of an epoch
-        share one datetime (and the repeated names are interned): a day is ~300k rows."""
-        start = e.epoch_start
-        if starts is not None:
-            start = starts.setdefault((start, start.utcoffset()), start)
-        return cls(sys.intern(e.query_id), e.query_version, sys.intern(e.mechanism), sys.intern(e.estimator),
-                   e.epoch, start, e.station, e.estimate, tuple((b.confidence, b.lower, b.upper) for b in e.bounds),
-                   math.inf if e.epsilon is None else e.epsilon,  # null on the wire = infinite
-                   e.participants, None if e.withheld is None else sys.intern(e.withheld), e.epsilon_shuffled, e.sd,
-                   e.data_quality == "no_source_data")
-
-    @property
-    def key(self) -> tuple[str, int, int, int, str]:
-        return (self.query_id, self.query_version, self.epoch, self.station, self.estimator)
-
-    @property
-    def published(self) -> bool:
-        return self.withheld is None and self.estimate is not None
-
-    def bound(self, confidence: float) -> tuple[float, float] | None:
-        for c, lo, hi in self.bounds:
-            if _same_level(c, confidence):
-                return lo, hi
-        return None
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The ``--query``, ``--station`` and ``--estimator`` filters (empty: everything)."""
-
-    queries: frozenset[str] = frozenset()
-    stations: frozenset[int] = frozenset()
-    estimators: frozenset[str] = frozenset()
-
-    def __contains__(self, e: object) -> bool:
-        if not isinstance(e, Estimate | Row):
-            return False
-        return ((not self.queries or e.query_id in self.queries)
-                and (not self.stations or e.station in self.stations)
-                and (not self.estimators or e.estimator in self.estimators))
-
-    def describe(self) -> str:
-        parts = [f"--query {','.join(sorted(self.queries))}" if self.queries else "",
-                 f"--station {','.join(str(s) for s in sorted(self.stations))}" if self.stations else "",
-                 f"--estimator {','.join(sorted(self.estimators))}" if self.estimators else ""]
-        return " ".join(p for p in parts if p) or "none"
-
-
-@dataclass(frozen=True)
-class LoadedEstimates:
-    rows: list[Row]  # deduplicated, sorted by key
-    read: int  # records (non-empty lines) read
-    invalid: int  # not an Estimate
-    duplicates: int  # dropped: an earlier record of the same key
-    filtered_out: int  # valid but not selected
-
-
-@dataclass(frozen=True)
-class LoadedTruth:
-    truth: dict[tuple[int, int], int]
-    epochs: int  # distinct epochs with a ground-truth record
-    read: int
-    invalid: int
-    epoch_ids: frozenset[int] = frozenset()  # those epochs
-
-
-def _lines(values: Iterable[bytes | str]) -> Iterator[bytes]:
-    for v in values:
-        b = v.encode() if isinstance(v, str) else v
-        b = b.strip()
-        if b:
-            yield b
-
-
-def _estimates(values: Iterable[bytes | str | Estimate]) -> Iterator[Estimate | None]:
-    """Each item as an :class:`Estimate` (already one, or parsed from its JSON), ``None`` for one
-    that is not an estimate; blank lines are skipped."""
-    for v in values:
-        if isinstance(v, Estimate):
-            yield v
-            continue
-        b = (v.encode() if isinstance(v, str) else v).strip()
-        if not b:
-            continue
-        try:
-            yield Estimate.model_validate_json(b)
-        except ValidationError:
-            yield None
-
-
-def estimates_of_frames(values: Iterable[bytes]) -> Iterator[Estimate | bytes]:
-    """The estimates of estimate frames (record values of the frames topic,
-    :func:`stream_app.frames.frame_estimates`), in the rows' order, for :func:`load_estimates`;
-    a value that is not a frame (or whose values the rows would refuse) is passed on as it is,
-    to be counted as unreadable."""
-    from ..frames import decode_frame, frame_estimates
-
-    for v in values:
-        try:
-            got = frame_estimates(decode_frame(v))
-        except ValueError:
-            yield v or b"?"
-            continue
-        yield from got
-
-
-def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
-    """The estimates of a long-form file (:data:`stream_app.frames.LONG_SCHEMA`) that ``ptt demo``
-    (``estimates.parquet``) or ``ptt subscribe --parquet/--arrow`` wrote. A ValueError (one line)
-    if it is not such a file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from ..frames import LONG_SCHEMA
-
-    try:
-        with path.open("rb") as fh:
-            magic = fh.read(6)
-        if magic[:4] == b"PAR1":
-            table = pq.read_table(path)
-        else:
-            with pa.ipc.open_file(path) as reader:
-                table = reader.read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ValueError(f"{path} is not a Parquet or Arrow file: {exc}") from None
-    optional = ("epsilon_shuffled", "span_s", "release")  # added later: absent from older files (null, 30, null)
-    missing = [f for f in LONG_SCHEMA.names if f not in table.column_names and f not in optional]
-    if missing:
-        raise ValueError(f"{path} is not a long-form estimates file (no column {', '.join(missing)})")
-    extra = ("withheld_code", "retracted")
-    keep = [f for f in LONG_SCHEMA.names if f not in extra and f in table.column_names]
-    for batch in table.select(keep).to_batches():
-        for row in batch.to_pylist():
-            yield Estimate.model_validate({"kind": "estimate", **row})
-
-
-def load_estimates(values: Iterable[bytes | str | Estimate], selection: Selection | None = None) -> LoadedEstimates:
-    """Parse estimate records (JSON, one per item, or :class:`Estimate` objects, e.g. of
-    :func:`estimates_of_frames`), keep the selected ones, and deduplicate by (query, version,
-    epoch, station, estimator), the last record winning (a worker that restarts may publish an
-    epoch again). Items that are not estimates are counted, not fatal."""
-    sel = selection or Selection()
-    latest: dict[tuple[str, int, int, int, str], Row] = {}
-    starts: dict[tuple[datetime, timedelta | None], datetime] = {}
-    read = invalid = duplicates = filtered = 0
-    for e in _estimates(values):
-        read += 1
-        if e is None:
-            invalid += 1
-            continue
-        if e not in sel or e.span_s != EPOCH_S:  # rollups are not scored here (one span: the epoch's)
-            filtered += 1
-            continue
-        row = Row.of(e, starts)
-        if row.key in latest:
-            duplicates += 1
-        latest[row.key] = row
-    return LoadedEstimates([latest[k] for k in sorted(latest)], read, invalid, duplicates, filtered)
-
-
-def load_truth(values: Iterable[bytes | str], stations: Iterable[int] | None = None) -> LoadedTruth:
-    """Parse :class:`GroundTruth` records into ``{(epoch, station): vehicles}`` -- only cells that
-    have a truth (a missing reading or a dead detector is no truth, never 0) and only for
-    ``stations`` if given (a 3,220-station day is 9 million cells); a later record of the same
-    epoch replaces an earlier one."""
-    keep = None if stations is None else frozenset(stations)
-    by_epoch: dict[int, dict[int, int]] = {}
-    read = invalid = 0
-    for line in _lines(values):
-        read += 1
-        try:
-            t = GroundTruth.model_validate_json(line)
-        except ValidationError:
-            invalid += 1
-            continue
-        by_epoch[t.epoch] = {s: f for s, f in t.truth().items() if keep is None or s in keep}
-    truth = {(epoch, s): f for epoch, flows in by_epoch.items() for s, f in flows.items()}
-    return LoadedTruth(truth, len(by_epoch), read, invalid, frozenset(by_epoch))
+    >>> span_words(30), span_words(300), span_words(3600), span_words(5400), span_words(90)
+    ('30 s', '5 min', '1 h', '90 min', '90 s')
+    """
+    if span_s % 3600 == 0:
+        return f"{span_s // 3600} h"
+    if span_s % 60 == 0:
+        return f"{span_s // 60} min"
+    return f"{span_s} s"
 
 
 # --------------------------------------------------------------------------- joining and summary
@@ -261,18 +108,74 @@ def load_truth(values: Iterable[bytes | str], stations: Iterable[int] | None = N
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    """One (query, version, station, epoch, estimator) estimate and the truth it estimates."""
+    """One (query, version, span, station, epoch, estimator) estimate and the truth it estimates:
+    the epoch's, or for a longer span the sum of its epochs' -- None (``missing`` says why) when
+    any of them has none for the station: missing is not zero."""
 
     row: Row
     truth: int | None
+    missing: str | None = None  # why truth is None (NO_TRUTH_GIVEN, NO_TRUTH_RECORD, NO_READING)
 
 
-def join(rows: Iterable[Row], truth: Truth) -> list[Cell]:
-    return [Cell(r, truth.get((r.epoch, r.station))) for r in rows]
+def join(rows: Iterable[Row], truth: Truth | None, truth_epochs: Collection[int] | None = None) -> list[Cell]:
+    """Each row with its truth: ``truth[(epoch, station)]`` for an epoch's row; for a row of a
+    longer span (a rollup, a span query) the sum over the span's ``span_s / 30`` epochs from its
+    first, and no truth at all if any of them lacks the station's -- a station without a reading
+    in one epoch of an hour has no hourly truth, not the sum of the others. ``truth`` None: no
+    ground truth was given. ``truth_epochs`` (the epochs that have a truth record) tells a
+    record that was not read (``NO_TRUTH_RECORD``) from a station without a reading
+    (``NO_READING``); without it every missing truth is ``NO_READING``."""
+    rows = list(rows)
+    if truth is None:
+        return [Cell(r, None, NO_TRUTH_GIVEN) for r in rows]
+    # an epoch with a truth cell has a record, whatever ``truth_epochs`` says
+    records = None if truth_epochs is None else frozenset(truth_epochs) | {e for e, _ in truth}
+    spans = _span_truths({(r.epoch, r.station, r.span_s // EPOCH_S) for r in rows if r.span_s != EPOCH_S},
+                         truth, records)
+    out = []
+    for r in rows:
+        if r.span_s == EPOCH_S:
+            y = truth.get((r.epoch, r.station))
+            why = None if y is not None else (NO_TRUTH_RECORD if records is not None and r.epoch not in records
+                                              else NO_READING)
+        else:
+            y, why = spans[(r.epoch, r.station, r.span_s // EPOCH_S)]
+        out.append(Cell(r, y, why))
+    return out
 
 
-def _same_level(a: float, b: float) -> bool:
-    return abs(a - b) < 1e-9
+def _span_truths(keys: set[tuple[int, int, int]], truth: Truth, records: frozenset[int] | None
+                 ) -> dict[tuple[int, int, int], tuple[int | None, str | None]]:
+    """(sum of the truth, None) or (None, why) per (first epoch, station, epochs), by prefix
+    sums over a dense (epoch, station) table of the keys' stations and epochs."""
+    if not keys:
+        return {}
+    listed = list(keys)
+    k = np.fromiter(itertools.chain.from_iterable(listed), dtype=np.int64, count=3 * len(listed)).reshape(-1, 3)
+    first, end = int(k[:, 0].min()), int((k[:, 0] + k[:, 2]).max())
+    stations = np.unique(k[:, 1])
+    values = np.zeros((end - first, stations.size), dtype=np.int64)
+    has = np.zeros((end - first, stations.size), dtype=bool)
+    cell = np.fromiter(itertools.chain.from_iterable(truth), dtype=np.int64, count=2 * len(truth)).reshape(-1, 2)
+    flow = np.fromiter(truth.values(), dtype=np.int64, count=len(truth))
+    at = np.minimum(np.searchsorted(stations, cell[:, 1]), stations.size - 1)
+    keep = (stations[at] == cell[:, 1]) & (cell[:, 0] >= first) & (cell[:, 0] < end)
+    values[cell[keep, 0] - first, at[keep]] = flow[keep]
+    has[cell[keep, 0] - first, at[keep]] = True
+    if records is None:
+        recorded = np.ones(end - first, dtype=bool)
+    else:
+        recorded = np.isin(np.arange(first, end), np.fromiter(records, dtype=np.int64, count=len(records)))
+    zero = np.zeros((1, stations.size), dtype=np.int64)
+    sums = np.concatenate([zero, np.cumsum(values, axis=0)])
+    holes = np.concatenate([zero, np.cumsum(~has, axis=0)])
+    unread = np.concatenate([[0], np.cumsum(~recorded)])
+    i, n, c = k[:, 0] - first, k[:, 2], np.searchsorted(stations, k[:, 1])
+    unread_n = (unread[i + n] - unread[i]).tolist()
+    holes_n = (holes[i + n, c] - holes[i, c]).tolist()
+    totals = (sums[i + n, c] - sums[i, c]).tolist()
+    return {key: ((None, NO_TRUTH_RECORD) if u else (None, NO_READING) if h else (t, None))
+            for key, u, h, t in zip(listed, unread_n, holes_n, totals, strict=True)}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -280,15 +183,40 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 @dataclass(frozen=True)
+class BinScore:
+    """The scored cells of one truth bin (:func:`truth_bin`): how many, the coverage of each
+    level's bounds, the mean absolute error and the bias."""
+
+    bin: str
+    cells: int
+    coverage: dict[float, float | None]
+    mae: float | None
+    bias: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bin": self.bin, "cells": self.cells, "coverage": {f"{c:g}": v for c, v in self.coverage.items()},
+                "mae": self.mae, "bias": self.bias}
+
+
+#: what a group is: the epochs of a 30-s query, a rollup (sums of a query's own-span estimates), or
+#: the rows of a span query (one report per device per span)
+KINDS = ("epoch", "rollup", "span")
+
+
+@dataclass(frozen=True)
 class GroupSummary:
-    """How one estimator of one query did over all its (station, epoch) cells.
+    """How one estimator of one query did at one span over all its (station, epoch) cells.
 
     ``coverage[c]``: fraction of the published cells with truth whose level-``c`` bounds hold
     the truth (``lower <= truth <= upper``); ``mean_width[c]``: mean ``upper - lower`` over the
     published cells; ``mae``/``bias``/``rmse``: of ``estimate - truth`` over the published
-    cells with truth. ``None`` where there is nothing to average. A cell flagged
-    ``no_source_data`` (a dead or silent detector) is never compared with a truth, whatever
-    the truth file says of it (a placeholder 0 is not a quiet road): it is counted apart.
+    cells with truth; ``by_bin``: the same by truth bin. ``None`` where there is nothing to
+    average. A cell flagged ``no_source_data`` (a dead or silent detector) is never compared
+    with a truth, whatever the truth file says of it (a placeholder 0 is not a quiet road): it
+    is counted apart. ``left_out`` names every cell not scored and why, with counts (withheld:
+    its code; no_source_data; no truth: why); with the scored ones they are all the cells.
+    ``span_s`` 30 is the epochs'; a longer span is a flow: ``kind`` ``rollup`` (the sum of the
+    query's estimates over the span) or ``span`` (a span query's own reports).
     """
 
     query_id: str
@@ -301,7 +229,7 @@ class GroupSummary:
     without_truth: int  # published cells with no ground truth (no_source_data cells not included)
     with_truth: int  # published cells with ground truth: what coverage and error are over
     stations: int
-    epochs: int
+    epochs: int  # distinct epochs (or spans) of the cells
     first_epoch_start: datetime
     last_epoch_start: datetime
     coverage: dict[float, float | None]
@@ -309,21 +237,31 @@ class GroupSummary:
     mae: float | None
     bias: float | None
     rmse: float | None
-    withheld_reasons: dict[str, int] = field(default_factory=dict)
+    withheld_reasons: dict[str, int] = field(default_factory=dict)  # withheld code -> cells
     # the largest shuffled epsilon over the epochs that have one, and how many epochs have one
     epsilon_shuffled: float | None = None
     shuffled_epochs: int = 0
     noise: str | None = None  # noise_note of its published cells
     no_source_data: int = 0  # published cells flagged no_source_data: neither scored nor "without truth"
+    span_s: int = EPOCH_S
+    kind: str = "epoch"
+    left_out: dict[str, int] = field(default_factory=dict)  # why -> cells not scored
+    by_bin: tuple[BinScore, ...] = ()
+    withheld_examples: dict[str, str] = field(default_factory=dict)  # withheld code -> one reason text
 
     @property
     def epsilon(self) -> float:
-        """The largest per-epoch epsilon over the query's versions."""
+        """The largest epsilon (per epoch, or per span report of a span query) over the query's versions."""
         return max(self.epsilon_by_version.values())
+
+    @property
+    def is_flow(self) -> bool:
+        return self.span_s != EPOCH_S
 
     def to_json(self) -> dict[str, Any]:
         return {
             "query_id": self.query_id, "estimator": self.estimator, "mechanism": self.mechanism,
+            "span_s": self.span_s, "kind": self.kind,
             "versions": list(self.versions), "epsilon": self.epsilon,
             "epsilon_by_version": {str(v): e for v, e in self.epsilon_by_version.items()},
             "cells": self.cells, "withheld": self.withheld, "without_truth": self.without_truth,
@@ -333,28 +271,36 @@ class GroupSummary:
             "coverage": {f"{c:g}": v for c, v in self.coverage.items()},
             "mean_width": {f"{c:g}": v for c, v in self.mean_width.items()},
             "mae": self.mae, "bias": self.bias, "rmse": self.rmse,
+            "coverage_by_truth_bin": [b.to_json() for b in self.by_bin],
             "withheld_reasons": dict(self.withheld_reasons),
+            "left_out": dict(self.left_out),
             "epsilon_shuffled": self.epsilon_shuffled, "shuffled_epochs": self.shuffled_epochs,
             "noise": self.noise,
             "no_source_data": self.no_source_data,
         }
 
 
-def summarize(cells: Iterable[Cell]) -> list[GroupSummary]:
-    """One :class:`GroupSummary` per (query, estimator), sorted by both."""
-    groups: dict[tuple[str, str], list[Cell]] = defaultdict(list)
+def summarize(cells: Iterable[Cell], own_span: Mapping[str, int] | None = None) -> list[GroupSummary]:
+    """One :class:`GroupSummary` per (query, span, estimator), sorted by them. ``own_span``: each
+    query's own span (:attr:`LoadedEstimates.own_span`; default: its shortest among the cells):
+    a longer span of the query is its rollup."""
+    groups: dict[tuple[str, int, str], list[Cell]] = defaultdict(list)
     for c in cells:
-        groups[(c.row.query_id, c.row.estimator)].append(c)
-    return [_summarize_group(qid, name, group) for (qid, name), group in sorted(groups.items())]
+        groups[(c.row.query_id, c.row.span_s, c.row.estimator)].append(c)
+    shortest: dict[str, int] = {}
+    for qid, span, _ in groups:
+        shortest[qid] = min(span, shortest.get(qid, span))
+    own = {**shortest, **(own_span or {})}
+    out = []
+    for (qid, span, name), group in sorted(groups.items()):
+        kind = "rollup" if span > own[qid] else ("epoch" if span == EPOCH_S else "span")
+        out.append(_summarize_group(qid, name, group, span, kind))
+    return out
 
 
-def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupSummary:
-    published = [c for c in cells if c.row.published]
-    no_source = [c for c in published if c.row.no_source_data]
-    scored = [c for c in published if c.truth is not None and not c.row.no_source_data]
-    levels = sorted({lvl for c in published for lvl, _, _ in c.row.bounds})
+def _scores(scored: Sequence[Cell], levels: Sequence[float]) -> tuple[dict[float, float | None], list[float]]:
+    """(coverage per level, errors) of cells with truth."""
     coverage: dict[float, float | None] = {}
-    width: dict[float, float | None] = {}
     for lvl in levels:
         hits = []
         for c in scored:
@@ -362,14 +308,43 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupS
             if b is not None and c.truth is not None:
                 hits.append(1.0 if b[0] <= c.truth <= b[1] else 0.0)
         coverage[lvl] = _mean(hits)
-        width[lvl] = _mean([b[1] - b[0] for c in published if (b := c.row.bound(lvl)) is not None])
     errors = [float(c.row.estimate) - float(c.truth) for c in scored
               if c.row.estimate is not None and c.truth is not None]
+    return coverage, errors
+
+
+def _summarize_group(query_id: str, estimator: str, cells: list[Cell], span_s: int = EPOCH_S,
+                     kind: str = "epoch") -> GroupSummary:
+    published = [c for c in cells if c.row.published]
+    no_source = [c for c in published if c.row.no_source_data]
+    scored = [c for c in published if c.truth is not None and not c.row.no_source_data]
+    levels = sorted({lvl for c in published for lvl, _, _ in c.row.bounds})
+    coverage, errors = _scores(scored, levels)
+    width: dict[float, float | None] = {
+        lvl: _mean([b[1] - b[0] for c in published if (b := c.row.bound(lvl)) is not None]) for lvl in levels}
     mse = _mean([e * e for e in errors])
     reasons: dict[str, int] = defaultdict(int)
+    examples: dict[str, str] = {}
+    left_out: dict[str, int] = defaultdict(int)
     for c in cells:
         if not c.row.published:
-            reasons[c.row.withheld or "no estimate"] += 1
+            code = c.row.withheld_code or "no estimate"
+            reasons[code] += 1
+            examples.setdefault(code, c.row.withheld or "no estimate")
+            left_out[f"withheld: {code}" if c.row.withheld is not None else "no estimate"] += 1
+        elif c.row.no_source_data:
+            left_out["no_source_data"] += 1
+        elif c.truth is None:
+            left_out[c.missing or NO_READING] += 1
+    by_bin: dict[str, list[Cell]] = defaultdict(list)
+    for c in scored:
+        if c.truth is not None:
+            by_bin[truth_bin(c.truth)].append(c)
+    bins = []
+    for label in [truth_bin(lo) for lo in TRUTH_BINS]:
+        if label in by_bin:
+            cov, errs = _scores(by_bin[label], levels)
+            bins.append(BinScore(label, len(by_bin[label]), cov, _mean([abs(e) for e in errs]), _mean(errs)))
     starts = [c.row.epoch_start for c in cells]
     shuffled = {c.row.epoch: c.row.epsilon_shuffled for c in cells if c.row.epsilon_shuffled is not None}
     return GroupSummary(
@@ -383,30 +358,34 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell]) -> GroupS
         mae=_mean([abs(e) for e in errors]), bias=_mean(errors), rmse=None if mse is None else math.sqrt(mse),
         withheld_reasons=dict(sorted(reasons.items())),
         epsilon_shuffled=max(shuffled.values()) if shuffled else None, shuffled_epochs=len(shuffled),
-        noise=noise_note([c.row.sd for c in published if c.row.sd is not None], [float(c.truth) for c in scored
-                                                                                  if c.truth is not None]),
-        no_source_data=len(no_source),
+        noise=noise_note([c.row.sd for c in published if c.row.sd is not None],
+                         [float(c.truth) for c in scored if c.truth is not None],
+                         "counts" if span_s == EPOCH_S else "flows"),
+        no_source_data=len(no_source), span_s=span_s, kind=kind, left_out=dict(sorted(left_out.items())),
+        by_bin=tuple(bins), withheld_examples=dict(sorted(examples.items())),
     )
 
 
 NOISE_RATIO = 0.5  # noise-dominated: the median sd is at least this fraction of the largest true count
 
 
-def noise_note(sds: Sequence[float], truths: Sequence[float]) -> str | None:
-    """``"noise-dominated: sd X against counts up to Y"`` when the median per-epoch sd of the
-    published estimates is at least half the largest true count -- a band of one sd either side
-    of the truth then spans its whole range, and single epochs show noise, not traffic -- else
-    None (also without an sd or a truth).
+def noise_note(sds: Sequence[float], truths: Sequence[float], what: str = "counts") -> str | None:
+    """``"noise-dominated: sd X against counts up to Y"`` when the median sd of the published
+    estimates is at least half the largest true count (``what``: ``flows`` for a span's) -- a
+    band of one sd either side of the truth then spans its whole range, and the estimates show
+    noise, not traffic -- else None (also without an sd or a truth).
 
     >>> noise_note([130.0, 140.0, 150.0], [0, 10, 80])
     'noise-dominated: sd 140 against counts up to 80'
     >>> noise_note([7.0, 8.0], [0, 80]) is None
     True
+    >>> noise_note([1500.0], [700, 2000], "flows")
+    'noise-dominated: sd 1.5e+03 against flows up to 2e+03'
     """
     if not sds or not truths:
         return None
     sd, top = float(sorted(sds)[len(sds) // 2]), max(truths)
-    return f"noise-dominated: sd {sd:.3g} against counts up to {top:.3g}" if sd >= NOISE_RATIO * top else None
+    return f"noise-dominated: sd {sd:.3g} against {what} up to {top:.3g}" if sd >= NOISE_RATIO * top else None
 
 
 def _f(v: float | None, spec: str = ".2f") -> str:
@@ -429,12 +408,15 @@ def _span(epochs: Sequence[int], tz: Any) -> str:
 
 
 def _unestimated(truth_epochs: frozenset[int], rows: Sequence[Row]) -> list[str]:
-    """Lines on the ground truth's epochs that no estimate has (none: no line), and why.
+    """Lines on the ground truth's epochs that no estimate covers (none: no line), and why (a
+    row of a longer span covers each of its epochs).
 
     A replay sends an epoch's ground truth when it begins the epoch; the worker publishes the
     epoch's estimates when it closes it, a little later. So the last epochs of a run stopped
     (e.g. by Ctrl-C) while the worker was behind the replay have a truth and no estimate."""
-    estimated = {r.epoch for r in rows}
+    estimated: set[int] = set()
+    for epoch, span_s in {(r.epoch, r.span_s) for r in rows}:
+        estimated.update(range(epoch, epoch + max(1, span_s // EPOCH_S)))
     missing = sorted(truth_epochs - estimated)
     if not missing:
         return []
@@ -453,14 +435,49 @@ def _unestimated(truth_epochs: frozenset[int], rows: Sequence[Row]) -> list[str]
     return lines
 
 
+def _kind_words(g: GroupSummary) -> str:
+    n = g.span_s // EPOCH_S
+    if g.kind == "rollup":
+        return f"rollup: the sum of the query's estimates over the span ({n} epochs); epsilon per epoch"
+    if g.kind == "span":
+        return "span query: one report per device per span; epsilon per span report"
+    return "epsilon per epoch"
+
+
+def _estimates_lines(estimates: LoadedEstimates) -> list[str]:
+    chosen = "; ".join(f"{n:,} by {why}" for why, n in estimates.not_selected.items())
+    spans = ", ".join(f"{span_words(s)} {n:,}" for s, n in estimates.by_span().items())
+    return [f"estimates: {estimates.read:,} records read, {len(estimates.rows):,} kept; "
+            f"{estimates.duplicates:,} duplicates dropped (a later record of the same row replaced them), "
+            f"{estimates.filtered_out:,} not selected{f' ({chosen})' if chosen else ''}, "
+            f"{estimates.invalid:,} unreadable (not an estimate)",
+            f"  kept by span: {spans or 'none'}"]
+
+
+def _flows_table(groups: Sequence[GroupSummary]) -> list[str]:
+    """One line per flow group (span > 30 s): scored cells, MAE, bias, coverage per level."""
+    flows = [g for g in groups if g.is_flow]
+    if not flows:
+        return []
+    levels = sorted({lvl for g in flows for lvl in g.coverage})
+    head = (f"{'query':<16} {'span':>6} {'kind':<6} {'estimator':<14} {'scored':>13} {'MAE':>9} {'bias':>9}  "
+            + "  ".join(f"{_level(lvl) + ' cov':>8}" for lvl in levels))
+    lines = ["", "flows by span (each against the sum of its epochs' ground truth; none where an epoch has none)",
+             "  " + head]
+    for g in flows:
+        lines.append("  " + f"{g.query_id:<16} {span_words(g.span_s):>6} {g.kind:<6} {g.estimator:<14} "
+                     f"{f'{g.with_truth:,}/{g.cells:,}':>13} {_f(g.mae, '.1f'):>9} {_f(g.bias, '+.1f'):>9}  "
+                     + "  ".join(f"{_pct(g.coverage.get(lvl)):>8}" for lvl in levels))
+    return lines
+
+
 def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
                    truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> str:
-    """The plain-text summary: what was read, then one block per (query, estimator)."""
+    """The plain-text summary: what was read, then one block per (query, span, estimator), then
+    the flows (spans longer than an epoch) in a table."""
     lines = []
     if estimates is not None:
-        lines.append(f"estimates: {estimates.read:,} records read, {len(estimates.rows):,} kept; "
-                     f"{estimates.duplicates:,} duplicates dropped, {estimates.filtered_out:,} filtered out, "
-                     f"{estimates.invalid:,} unreadable")
+        lines += _estimates_lines(estimates)
     if truth is not None:
         lines.append(f"ground truth: {truth.epochs:,} epochs ({truth.read:,} records, {truth.invalid:,} unreadable)")
         if estimates is not None and estimates.rows:
@@ -469,23 +486,30 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
         lines.append("ground truth: none given (coverage and error not computed)")
     for g in groups:
         eps = ", ".join(f"v{v}: {e:.4g}" for v, e in g.epsilon_by_version.items())
+        unit = "epoch" if not g.is_flow else "span"
+        title = (f"{g.query_id} / {g.estimator} ({g.mechanism}; {_kind_words(g)} {eps})" if not g.is_flow else
+                 f"{g.query_id} / {g.estimator}, flows over {span_words(g.span_s)} ({g.mechanism}; {_kind_words(g)} "
+                 f"{eps})")
         lines += [
             "",
-            f"{g.query_id} / {g.estimator} ({g.mechanism}; epsilon per epoch {eps})",
-            f"  cells (station x epoch)  {g.cells:,}  ({g.stations:,} stations x {g.epochs:,} epochs, "
-            f"{g.first_epoch_start.isoformat()} .. {g.last_epoch_start.isoformat()})",
+            title,
+            f"  cells (station x {unit})  {' ' if g.is_flow else ''}{g.cells:,}  ({g.stations:,} stations x "
+            f"{g.epochs:,} {unit}s, {g.first_epoch_start.isoformat()} .. {g.last_epoch_start.isoformat()})",
             f"  withheld                 {g.withheld:,}",
         ]
-        lines += [f"    {n:,}  {reason}" for reason, n in g.withheld_reasons.items()]
+        lines += [f"    {n:,}  {code}" + ("" if g.withheld_examples.get(code, code) == code else
+                                         f" (e.g. {g.withheld_examples[code]})")
+                  for code, n in g.withheld_reasons.items()]
         lines.append("  shuffled epsilon         " + (
-            "not attested (no epoch came through a shuffler that attests its shuffle size)"
+            f"not attested (no {unit} came through a shuffler that attests its shuffle size)"
             if g.epsilon_shuffled is None else
-            f"at most {g.epsilon_shuffled:.4g} per epoch, in {g.shuffled_epochs:,} of {g.epochs:,} epochs "
+            f"at most {g.epsilon_shuffled:.4g} per {unit}, in {g.shuffled_epochs:,} of {g.epochs:,} {unit}s "
             f"(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
             f"of its epoch and round)"))
         if g.noise is not None:
-            lines.append(f"  noise                    {g.noise} (single epochs show noise, not traffic; the "
-                         f"5-minute and hourly rollups sum them)")
+            lines.append(f"  noise                    {g.noise} " + (
+                "(single epochs show noise, not traffic; the 5-minute and hourly rollups sum them)" if not g.is_flow
+                else "(these flows show noise, not traffic)"))
         if g.no_source_data:
             lines.append(f"  no source data           {g.no_source_data:,}  (no reading from the station: not compared "
                          "with the truth)")
@@ -495,6 +519,14 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             lines.append(f"  {_level(lvl) + ' bounds':<23}  coverage {_pct(g.coverage[lvl]):>6}   "
                          f"mean width {_f(g.mean_width[lvl])}")
         lines.append(f"  error                    MAE {_f(g.mae)}   bias {_f(g.bias, '+.2f')}   RMSE {_f(g.rmse)}")
+        if g.by_bin:
+            lines.append("  by truth bin")
+            lines += [f"    {b.bin:<12} cells {b.cells:>7,}   " + "   ".join(
+                f"{_level(lvl)} {_pct(b.coverage.get(lvl)):>6}" for lvl in sorted(g.coverage))
+                + f"   MAE {_f(b.mae, '.1f')}   bias {_f(b.bias, '+.1f')}" for b in g.by_bin]
+        if g.left_out:
+            lines.append("  not scored               " + "; ".join(f"{n:,} {why}" for why, n in g.left_out.items()))
+    lines += _flows_table(groups)
     if plots:
         lines += ["", f"plots: {len(plots)} PNG files"]
     return "\n".join(lines) + "\n"
@@ -503,13 +535,15 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
 def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
                  truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> dict[str, Any]:
     """The summary as a JSON-ready object (``summary.json``): ``groups`` (as
-    :meth:`GroupSummary.to_json`; levels are keys like ``"0.95"``), ``plots`` (file names),
-    ``estimates`` and ``truth`` (what was read; ``truth`` is null without ground truth)."""
+    :meth:`GroupSummary.to_json`; levels are keys like ``"0.95"``; one per query, span and
+    estimator), ``plots`` (file names), ``estimates`` and ``truth`` (what was read; ``truth`` is
+    null without ground truth); ``estimates.not_selected`` names the filter that left rows out."""
     out: dict[str, Any] = {"groups": [g.to_json() for g in groups], "plots": [p.name for p in plots]}
     if estimates is not None:
         out["estimates"] = {"read": estimates.read, "kept": len(estimates.rows), "duplicates": estimates.duplicates,
-                            "filtered_out": estimates.filtered_out, "invalid": estimates.invalid}
+                            "filtered_out": estimates.filtered_out, "not_selected": dict(estimates.not_selected),
+                            "kept_by_span": {str(s): n for s, n in estimates.by_span().items()},
+                            "invalid": estimates.invalid}
     out["truth"] = None if truth is None else {"epochs": truth.epochs, "read": truth.read, "invalid": truth.invalid}
     result: dict[str, Any] = json_safe(out)
     return result
-

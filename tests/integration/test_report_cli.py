@@ -126,3 +126,94 @@ def test_report_from_the_topics_and_from_saved_lines(broker: str, tmp_path: Path
                 ws.estimates_topic, "--truth-topic", f"missing-{uuid.uuid4().hex[:8]}", "--out", str(tmp_path / "none"))
     assert done.returncode == 2 and "--no-truth" in done.stderr and done.stderr.count("\n") == 1
     assert not (tmp_path / "none").exists()
+
+
+FLOW_EPOCHS = 130  # an hour (the day starts on a UTC hour) and a bit: 13 five-minute rollups, one hourly
+FLOW_QUERIES = {"rr-day": "rr", "unary-day": "unary"}  # query -> its headline estimator
+
+
+def test_report_of_saved_files_plots_and_scores_flows_by_span(broker: str, tmp_path: Path) -> None:
+    """A real worker's 5-minute and hourly rollups, saved by ``ptt subscribe --json`` with the
+    truth topic, reported by ``ptt report --estimates --truth``: a flows plot per (query, span),
+    the summary scores each query at each span (every cell scored or named as left out), and
+    every scored hourly cell's truth is the replayed day's sum of its 120 epochs -- a station
+    with an epoch without a reading has none."""
+    import numpy as np
+
+    from producers.replay import load_day
+    from stream_app import report as R
+
+    rs, ws = pipeline_settings(broker, tmp_path, synthetic_stations=STATIONS, max_epochs=FLOW_EPOCHS,
+                               query_mechanisms=",".join(q.split("-")[0] for q in FLOW_QUERIES))
+    replay(rs, progress=False)
+    worker = WorkerProcess(ws, tmp_path / "worker.log").start()
+    hourly = STATIONS * sum(len(_estimators(q)) for q in FLOW_QUERIES)
+    try:
+        worker.wait_ready()
+        wait_for(lambda: len(read_estimates(ws, span_s=3600)) >= hourly, 240, f"{hourly} hourly rollups")
+    finally:
+        worker.stop()
+    saved = tmp_path / "estimates.jsonl"
+    with saved.open("w") as fh:
+        sub = _ptt(ws, "subscribe", "--json", "--from-beginning", "--idle-timeout", "3", "--topic",
+                   ws.estimates_topic, "--bootstrap-servers", broker, stdout=fh)
+    assert sub.returncode == 0, sub.stderr
+    # the flows view: one line per flow of each query's headline estimator, within 120 columns
+    flows = _ptt(ws, "subscribe", "--flows", "--from-beginning", "--idle-timeout", "3", "--topic",
+                 ws.estimates_topic, "--bootstrap-servers", broker)
+    assert flows.returncode == 0, flows.stderr
+    header, _, *lines = flows.stdout.splitlines()
+    assert header.startswith("span start") and all(len(x) <= 120 for x in flows.stdout.splitlines())
+    headline = [json.loads(x) for x in saved.read_text().splitlines()]
+    headline = [e for e in headline if e["span_s"] != 30 and e["estimator"] == FLOW_QUERIES[e["query_id"]]]
+    assert len(lines) == len(headline) == 2 * STATIONS * (FLOW_EPOCHS // 10 + 1), len(lines)
+    assert {(x[26:].split()[0], x[26:].split()[1]) for x in lines} == {(q, "rollup") for q in FLOW_QUERIES}
+    truth = tmp_path / "truth.jsonl"
+    truth.write_bytes(b"\n".join(rec.value for rec in drain(rs, rs.truth_topic)) + b"\n")
+    out = tmp_path / "report"
+    done = _ptt(ws, "report", "--estimates", str(saved), "--truth", str(truth), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "filtered out" not in done.stdout and "flows by span" in done.stdout
+
+    rows: dict[tuple[str, int, str], int] = {}
+    for line in saved.read_text().splitlines():
+        e = json.loads(line)
+        key = (e["query_id"], e["span_s"], e["estimator"])
+        rows[key] = rows.get(key, 0) + 1
+    doc = json.loads((out / "summary.json").read_text())
+    groups = {(g["query_id"], g["span_s"], g["estimator"]): g for g in doc["groups"]}
+    assert {k[:2] for k in groups} == {(q, s) for q in FLOW_QUERIES for s in (30, 300, 3600)}
+    for key, g in groups.items():
+        assert g["cells"] == rows[key], key  # every saved row is in its group (the file has each once)
+        assert g["with_truth"] + sum(g["left_out"].values()) == g["cells"], (key, g["left_out"])
+        assert g["kind"] == {30: "epoch", 300: "rollup", 3600: "rollup"}[key[1]]
+        if key[1] == 300:
+            assert g["with_truth"] > 0 and set(g["coverage"]) == {"0.95", "0.99"} and g["mae"] is not None
+            assert sum(b["cells"] for b in g["coverage_by_truth_bin"]) == g["with_truth"]
+    assert sum(groups[(q, 3600, e)]["cells"] for q, e in FLOW_QUERIES.items()) == 2 * STATIONS
+    for qid, name in FLOW_QUERIES.items():
+        for span in (300, 3600):
+            png = out / f"{qid}_flows_{span}s_{name}.png"
+            assert png.name in doc["plots"], (png.name, doc["plots"])
+            h, w = mpimg.imread(png).shape[:2]
+            assert w == 1200 and (h - R.FLOW_HEAD_PX) % R.FLOW_PANEL_PX == 0 and h > R.FLOW_HEAD_PX
+
+    # the hourly truth the report holds the flows against is the replayed day's sum over the hour
+    day = load_day(rs)
+    loaded, t = R.load_estimates(saved.read_text().splitlines()), R.load_truth(truth.read_text().splitlines())
+    cells = [c for c in R.join(loaded.rows, t.truth, t.epoch_ids) if c.row.span_s == 3600]
+    col = {int(s): j for j, s in enumerate(day.stations)}
+    first = int(np.searchsorted(day.epochs, cells[0].row.epoch))
+    for c in cells:
+        j = col[c.row.station]
+        hour = slice(first, first + 120)
+        if day.has_truth[hour, j].all():
+            assert c.truth == int(day.flows[hour, j].sum()), c
+        else:
+            assert c.truth is None and c.missing == R.NO_READING, c
+
+
+def _estimators(query_id: str) -> list[str]:
+    from estimators.registry import get_spec
+
+    return list(get_spec(query_id.split("-")[0]).estimator_names)

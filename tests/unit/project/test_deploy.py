@@ -1527,3 +1527,8 @@ def test_template_variables_are_defined(dashboards: dict[str, dict[str, Any]]) -
     assert station["station"]["query"] == "label_values(ptt_estimate_vehicles, station)"
     assert set(station) == {"station", "query", "span"}
     assert station["span"]["query"] == "label_values(ptt_rollup_vehicles, span_s)"
+    # a flows panel per span: repeated over every span the workers publish (all selected by default)
+    assert station["span"]["multi"] and station["span"]["includeAll"]
+    (flows,) = [p for p in _panels(dashboards["station.json"]) if p.get("repeat") == "span"]
+    assert flows["title"].startswith("Flows over $span s") and all(
+        'span_s=~"$span"' in t["expr"] for t in flows["targets"])

@@ -56,7 +56,8 @@ WITH_EXAMPLES = {
     "stream_app.guard": 2,
     "stream_app.introspect": 5,
     "stream_app.records": 9,
-    "stream_app.report.summary": 2,
+    "stream_app.report.loading": 4,
+    "stream_app.report.summary": 5,
     "stream_app.rollups": 9,
     "stream_app.shuffler.columns": 5,
     "stream_app.shuffler.door_policy": 11,
@@ -68,7 +69,7 @@ WITH_EXAMPLES = {
     "stream_app.shuffler.release": 8,
     "stream_app.shuffler.state": 4,
     "stream_app.stage2": 1,
-    "stream_app.subscribe": 5,
+    "stream_app.subscribe": 8,
     "stream_app.windows": 9,
 }
 

@@ -60,6 +60,7 @@ from stream_app.decode import to_partials
 from stream_app.estimate import WITHHELD_CODES, EpochResult, QueryEstimators, epoch_result
 from stream_app.metrics import StreamMonitor
 from stream_app.records import BatchPartial, MarkerPartial, WindowId, decode_partial, encode_partial
+from stream_app.report import withheld_code
 from stream_app.windows import CloseReason, Watermarks, WindowPolicy, WindowState
 from tests.station_counts import pair_counts
 
@@ -550,6 +551,7 @@ def test_rendered_json_has_the_contract_fields_and_validates(mechanism: str) -> 
 def assert_withheld(res: EpochResult, q: Query, code: str, reason: str) -> list[Estimate]:
     assert res.withheld_code == code and res.withheld is not None and reason in res.withheld, res.withheld
     assert code in WITHHELD_CODES
+    assert withheld_code(res.withheld) == code  # what ptt report reads back from the text on the wire
     assert res.values == {}
     records = rendered(res)
     assert len(records) == len(ESTIMATOR_NAMES[q.mechanism]) * V

@@ -92,7 +92,7 @@ def test_loading_counts_and_dedupe_keeps_the_last() -> None:
     loaded = R.load_estimates(ESTIMATES)
     assert (loaded.read, loaded.invalid, loaded.duplicates, loaded.filtered_out) == (11, 2, 1, 0)
     assert len(loaded.rows) == 8
-    a0 = next(r for r in loaded.rows if r.key == ("q", 1, E0, A, "sp_difference"))
+    a0 = next(r for r in loaded.rows if r.key == ("q", 1, 30, E0, A, "sp_difference"))
     assert a0.estimate == 10.0 and a0.bound(0.95) == (8, 12) and a0.bound(0.99) == (6, 14)
     assert a0.epoch_start == T0 and a0.epoch_start.utcoffset() == timedelta(hours=-8)
     # a new version of the same epoch is a different estimate, not a duplicate
@@ -111,7 +111,8 @@ def test_summary_numbers_on_the_hand_made_case() -> None:
     g = _groups()
     q = g[("q", "sp_difference")]
     assert (q.cells, q.withheld, q.without_truth, q.with_truth, q.stations, q.epochs) == (6, 1, 1, 4, 2, 3)
-    assert q.withheld_reasons == {WITHHELD: 1}
+    assert q.withheld_reasons == {"too_few_participants": 1}
+    assert q.left_out == {"withheld: too_few_participants": 1, R.NO_READING: 1}  # A at epoch 2: no reading
     assert q.coverage == {0.95: 2 / 4, 0.99: 3 / 4}
     assert q.mae == 15 / 4 and q.bias == -15 / 4
     assert q.rmse == pytest.approx(math.sqrt((1 + 9 + 100 + 1) / 4), rel=1e-15)
@@ -133,7 +134,8 @@ def test_summary_json_and_text_say_the_same() -> None:
     assert q["coverage"] == {"0.95": 0.5, "0.99": 0.75} and q["cells"] == 6 and q["withheld"] == 1
     assert q["without_truth"] == 1 and q["mae"] == 3.75 and q["epsilon"] == 2.0
     assert q["first_epoch_start"] == "2026-11-18T08:00:00-08:00"
-    assert doc["estimates"] == {"read": 11, "kept": 8, "duplicates": 1, "filtered_out": 0, "invalid": 2}
+    assert doc["estimates"] == {"read": 11, "kept": 8, "duplicates": 1, "filtered_out": 0, "not_selected": {},
+                                "kept_by_span": {"30": 8}, "invalid": 2}
     assert doc["truth"] == {"epochs": 3, "read": 4, "invalid": 1}
     text = R.format_summary(groups, loaded, truth)
     assert "q / sp_difference (sp; epsilon per epoch v1: 2)" in text
@@ -417,11 +419,123 @@ def test_noise_dominated_estimators_say_so_in_the_summary_and_on_their_plots(tmp
     assert R.plot_series(s, tmp_path / "n.png").is_file()
 
 
-def test_rollups_are_not_scored_as_epochs() -> None:
-    """A rollup row (span_s 300) has the epoch of its first epoch: the report leaves it out
-    instead of letting it replace that epoch's row."""
+def test_a_rollup_is_its_own_row_and_group_never_the_epochs() -> None:
+    """A rollup row (span_s 300) has the epoch of its first epoch: it is kept as its own row (the
+    span is in the key) and summarized in its own group, never replacing that epoch's row."""
     loaded = R.load_estimates(_lines([_est(0, A, 10.0, (8, 12)), _est(0, A, 300.0, (250, 350), span_s=300)]))
-    assert [r.estimate for r in loaded.rows] == [10.0] and loaded.filtered_out == 1
+    assert sorted((r.span_s, r.estimate) for r in loaded.rows) == [(30, 10.0), (300, 300.0)]
+    assert loaded.filtered_out == 0 and loaded.duplicates == 0 and loaded.by_span() == {30: 1, 300: 1}
+    groups = R.summarize(R.join(loaded.rows, None), loaded.own_span)
+    assert [(g.span_s, g.kind, g.cells) for g in groups] == [(30, "epoch", 1), (300, "rollup", 1)]
+    assert all(g.left_out == {R.NO_TRUTH_GIVEN: 1} for g in groups)
+
+
+# Flows scored by hand. Query u (rr, 30-s epochs) has 5-minute rollups (10 epochs); query h is a span
+# query of 10 minutes (20 epochs; no 30-s rows). Truth: A has 3 vehicles in each of epochs 0-9 and 5 in
+# each of 10-19; B has 1 in each epoch except epoch 13, where its detector gave no reading (no_truth).
+def _flow_truth() -> list[bytes]:
+    recs = []
+    for e in range(20):
+        t = _truth(e, {A: 3 if e < 10 else 5, B: 1})
+        recs.append(t.model_copy(update={"no_truth": (B,)}) if e == 13 else t)
+    return _lines(recs)
+
+
+FLOWS = _lines([
+    _est(0, A, 28.0, (20, 36), (15, 40), query="u", mechanism="rr", estimator="rr", span_s=300),  # 30: both, -2
+    _est(10, A, 70.0, (55, 65), (45, 75), query="u", mechanism="rr", estimator="rr", span_s=300),  # 50: 99 only, +20
+    _est(0, B, 9.0, (5, 15), (2, 20), query="u", mechanism="rr", estimator="rr", span_s=300),  # 10: both, -1
+    _est(10, B, 12.0, (0, 30), (0, 40), query="u", mechanism="rr", estimator="rr", span_s=300),  # no truth (13)
+    _est(0, A, 7.0, (2, 9), (1, 12), query="u", mechanism="rr", estimator="rr"),  # an epoch: truth 3
+    _est(0, A, 100.0, (85, 115), (80, 120), query="h", mechanism="rr", estimator="rr", span_s=600),  # 80: 99, +20
+    _est(0, B, None, query="h", mechanism="rr", estimator="rr", span_s=600, withheld=WITHHELD),
+])
+
+
+def _flow_groups(truth: list[bytes] | None = None) -> dict[tuple[str, int], R.GroupSummary]:
+    loaded = R.load_estimates(FLOWS)
+    t = R.load_truth(_flow_truth() if truth is None else truth)
+    return {(g.query_id, g.span_s): g for g in R.summarize(R.join(loaded.rows, t.truth, t.epoch_ids),
+                                                            loaded.own_span)}
+
+
+def test_flows_are_scored_by_span_against_the_sum_of_their_epochs_truth() -> None:
+    g = _flow_groups()
+    assert sorted(g) == [("h", 600), ("u", 30), ("u", 300)]
+    u = g[("u", 300)]
+    assert (u.kind, u.cells, u.with_truth, u.without_truth, u.withheld) == ("rollup", 4, 3, 1, 0)
+    assert u.coverage == {0.95: pytest.approx(2 / 3), 0.99: 1.0}
+    assert u.mae == pytest.approx(23 / 3) and u.bias == pytest.approx(17 / 3)
+    assert u.left_out == {R.NO_READING: 1}  # B's second span: epoch 13 has no reading, so no truth
+    bins = {b.bin: b for b in u.by_bin}
+    assert list(bins) == ["[10,50)", "[50,200)"]  # truths 30 and 10, then 50
+    assert (bins["[10,50)"].cells, bins["[10,50)"].coverage, bins["[10,50)"].mae, bins["[10,50)"].bias) == \
+        (2, {0.95: 1.0, 0.99: 1.0}, 1.5, -1.5)
+    assert (bins["[50,200)"].cells, bins["[50,200)"].coverage, bins["[50,200)"].mae) == (1, {0.95: 0.0, 0.99: 1.0}, 20)
+    h = g[("h", 600)]
+    assert (h.kind, h.cells, h.with_truth, h.withheld, h.mae) == ("span", 2, 1, 1, 20.0)
+    assert h.coverage == {0.95: 0.0, 0.99: 1.0}  # truth 30 + 50 = 80: below 85, on the 99% bound's edge
+    assert h.left_out == {"withheld: too_few_participants": 1} and h.withheld_reasons == {"too_few_participants": 1}
+    e = g[("u", 30)]
+    assert (e.kind, e.with_truth, e.mae) == ("epoch", 1, 4.0)
+
+
+def test_a_span_whose_epoch_lacks_truth_is_not_scored_against_zero() -> None:
+    """Missing is not zero: B has no reading in epoch 13, so its span 10-19 has no truth. Summed
+    as 0 its truth would be 9, inside the row's bounds [0, 30], and it would be scored."""
+    loaded = R.load_estimates(FLOWS, R.Selection(stations=frozenset({B}), queries=frozenset({"u"}),
+                                                 spans=frozenset({300})))
+    t = R.load_truth(_flow_truth())
+    cells = {c.row.epoch - E0: c for c in R.join(loaded.rows, t.truth, t.epoch_ids)}
+    assert (cells[0].truth, cells[0].missing) == (10, None)
+    assert (cells[10].truth, cells[10].missing) == (None, R.NO_READING)
+    (g,) = R.summarize(cells.values())
+    assert (g.with_truth, g.mae, g.coverage[0.95]) == (1, 1.0, 1.0)
+    # the truth of epochs 15-19 not read (a run stopped): no truth either, and it says which
+    cut = R.load_truth(_flow_truth()[:15])
+    (c10,) = [c for c in R.join(loaded.rows, cut.truth, cut.epoch_ids) if c.row.epoch == E0 + 10]
+    assert (c10.truth, c10.missing) == (None, R.NO_TRUTH_RECORD)
+    # the series drawn has a gap there, not a 0
+    s = R.series_for(list(cells.values()), "u", B, "rr", span_s=300)
+    assert s is not None and s.truth[0] == 10.0 and math.isnan(s.truth[1]) and s.no_truth == 1
+
+
+def test_every_row_left_out_is_named_with_its_reason() -> None:
+    loaded = R.load_estimates([*FLOWS, b"garbage", FLOWS[0]], R.Selection(queries=frozenset({"u"})))
+    assert loaded.not_selected == {"--query u": 2} and loaded.duplicates == 1 and loaded.invalid == 1
+    t = R.load_truth(_flow_truth())
+    groups = R.summarize(R.join(loaded.rows, t.truth, t.epoch_ids), loaded.own_span)
+    text = R.format_summary(groups, loaded, t)
+    assert "2 not selected (2 by --query u)" in text and "filtered out" not in text
+    assert "kept by span: 30 s 1, 5 min 4" in text
+    assert f"not scored               1 {R.NO_READING}" in text
+    doc = R.summary_json(groups, loaded, t)
+    assert doc["estimates"]["not_selected"] == {"--query u": 2}
+    flow = next(x for x in doc["groups"] if x["span_s"] == 300)
+    assert flow["left_out"] == {R.NO_READING: 1} and flow["kind"] == "rollup"
+    assert flow["cells"] == flow["with_truth"] + sum(flow["left_out"].values())
+    assert flow["coverage_by_truth_bin"][0] == {"bin": "[10,50)", "cells": 2, "coverage": {"0.95": 1.0, "0.99": 1.0},
+                                                "mae": 1.5, "bias": -1.5}
+    # the flows table: one line per (query, span, estimator)
+    (line,) = [x.split() for x in text.splitlines()[text.splitlines().index(next(
+        x for x in text.splitlines() if x.startswith("flows by span"))) + 2:]]
+    assert line == ["u", "5", "min", "rollup", "rr", "3/4", "7.7", "+5.7", "66.7%", "100.0%"]
+    assert "    [50,200)     cells       1   95%   0.0%   99% 100.0%   MAE 20.0   bias +20.0" in text
+    all_groups = _flow_groups()
+    assert "withheld: too_few_participants" in R.format_summary(list(all_groups.values()))
+
+
+def test_flow_plots_one_per_query_and_span_with_a_panel_per_station(tmp_path: Path) -> None:
+    loaded = R.load_estimates(FLOWS)
+    t = R.load_truth(_flow_truth())
+    cells = R.join(loaded.rows, t.truth, t.epoch_ids)
+    written = R.write_flow_plots(cells, tmp_path, [A, B], own_span=loaded.own_span)
+    assert [p.name for p in written] == ["h_flows_600s_rr.png", "u_flows_300s_rr.png"]
+    heights = {p.name: mpimg.imread(p).shape[:2] for p in written}
+    assert heights["u_flows_300s_rr.png"] == (R.FLOW_HEAD_PX + 2 * R.FLOW_PANEL_PX, R.FIG_WIDTH_PX)
+    assert heights["h_flows_600s_rr.png"] == (R.FLOW_HEAD_PX + R.FLOW_PANEL_PX, R.FIG_WIDTH_PX)  # B withheld only
+    assert [p.name for p in R.write_plots(cells, tmp_path / "epochs", [A, B])] == [f"u_{A}_rr.png"]  # no flow there
+    assert R.write_flow_plots([c for c in cells if c.row.span_s == 30], tmp_path / "none", [A]) == []
 
 
 def test_no_source_data_cells_are_counted_apart_never_scored_against_a_placeholder_truth() -> None:
@@ -454,3 +568,56 @@ def test_the_summary_says_which_truth_epochs_have_no_estimate_and_why() -> None:
     assert "1 earlier ones (2026-11-18T08:00:00-08:00) have no estimate: no query was active" in text
     complete = R.load_truth(_lines([_truth(e, {A: 10}) for e in (1, 2)]))
     assert "have no estimate" not in R.format_summary([], loaded, complete)
+
+
+def test_help_says_95_and_99_percent_once_each(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse does not %-format a description: a doubled %% was printed as it is."""
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "95% and 99% bands" in out and "%%" not in out
+
+
+def test_cli_reports_flows_by_span_and_filters_by_span(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    est = _write(tmp_path / "est.jsonl", FLOWS)
+    truth = _write(tmp_path / "truth.jsonl", _flow_truth())
+    out = tmp_path / "report"
+    assert main(["report", "--estimates", str(est), "--truth", str(truth), "--out", str(out)]) == 0
+    doc = json.loads((out / "summary.json").read_text())
+    assert [(g["query_id"], g["span_s"], g["kind"]) for g in doc["groups"]] == [
+        ("h", 600, "span"), ("u", 30, "epoch"), ("u", 300, "rollup")]
+    assert sorted(doc["plots"]) == ["h_flows_600s_rr.png", f"u_{A}_rr.png", "u_flows_300s_rr.png"]
+    assert "flows by span" in capsys.readouterr().out
+    only = tmp_path / "hourly"
+    assert main(["report", "--estimates", str(est), "--truth", str(truth), "--span", "300", "--out", str(only)]) == 0
+    doc = json.loads((only / "summary.json").read_text())
+    assert [g["span_s"] for g in doc["groups"]] == [300]
+    assert doc["estimates"]["not_selected"] == {"--span 300": 3}
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--estimates", str(est), "--no-truth", "--span", "45"])
+    assert exc.value.code == 2 and "multiple of 30" in capsys.readouterr().err
+
+
+def test_withheld_codes_of_the_workers_own_rollup_reasons() -> None:
+    """A rollup's reason as the worker writes it (``RollupState.reason``) gives the code of its
+    first withheld epoch, with one or several epochs withheld (the epochs' own texts are checked
+    against their codes in tests/unit/stream_app/test_estimate.py)."""
+    import numpy as np
+
+    from stream_app.records import EpochSummary
+    from stream_app.rollups import RollupPolicy
+
+    def summary(epoch: int, code: str | None, why: str | None) -> EpochSummary:
+        a = np.array([[1.0, 2.0]])
+        return EpochSummary("q", 1, epoch, "markers", code, why, False, 40, 40, (40,), 0, 0, 0, None, (), ("rr",),
+                            a, a * 0 + 4.0)
+
+    for second, code in (((None, None), "missing_batches"), (("interrupted", "epoch interrupted: x"),
+                                                             "missing_batches")):
+        policy = RollupPolicy(spans=(2,))
+        out = policy.apply(lambda rid: None, [summary(10, "missing_batches", "2 batch(es) the markers announce never "
+                                                                                "arrived (reports [3] of [5])")])
+        out = policy.apply(dict(out.touched).get, [summary(11, *second)])
+        (st,) = out.decided
+        reason = st.reason()
+        assert reason is not None and reason.startswith("epoch ") and R.withheld_code(reason) == code, reason

@@ -111,6 +111,71 @@ def test_a_rollup_is_its_own_marked_line_after_the_epochs_it_sums() -> None:
     line = sub.format_summary([rollup], 1)
     assert line.endswith("sp_difference 417.0  sum over 5 min") and "08:00:00" in line
     assert "sum over" not in sub.format_summary([_q(1, 0)], 1)
+    # a span query's row is its own span's report, not a sum
+    assert sub.format_summary([rollup], 1, rollup=False).endswith("sp_difference 417.0  span of 5 min")
+    assert sub.format_row(rollup, rollup=False).endswith("  span of 5 min")
+
+
+def test_the_default_table_tells_a_span_query_from_a_rollup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query seen with 30-s rows has rollups ('sum over'); one whose shortest span is an hour is a
+    span query ('span of')."""
+    arriving = [_q(1, 0), _q(1, 0, estimate=417.0, span_s=300), _q(1, 0, "unary-hour", 900.0, span_s=3600)]
+    monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter([e.model_dump_json().encode() for e in arriving]))
+    monkeypatch.setattr(sub, "_query_sizes", lambda *_: ((lambda e: 1), lambda: None))
+    out = io.StringIO()
+    assert sub.subscribe(KafkaSettings(), "t", out=out) == 3
+    lines = out.getvalue().splitlines()[2:]
+    assert [x.rsplit("  ", 1)[-1] for x in lines if "  sum over" in x or "  span of" in x] == [
+        "sum over 5 min", "span of 60 min"], lines
+
+
+def test_the_flows_view_is_one_line_per_flow_within_120_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--flows``: the rollups and span-query rows only (no 30-s epoch), the headline estimator's
+    unless one is named, one line per (query, span, epoch) row ordered by station, each at most
+    120 characters whatever the query id, estimator, figures or withheld reason; a rollup (its
+    query has 30-s rows) is told from a span query's row; no flow printed for a sum with no source."""
+    long_q = "a-very-long-query-name-for-hourly-flows"
+    arriving = [
+        _q(2, 0, "sp-day"), _q(1, 0, "sp-day"),  # epochs: not flows
+        _q(2, 0, "sp-day", 417.25, span_s=300), _q(1, 0, "sp-day", -12345678.9, span_s=300),
+        _q(1, 0, "sp-day", 9.0, span_s=300).model_copy(update={"station": 3, "data_quality": "no_source_data"}),
+        _q(1, 0, "alp-day", 700.0, "alp_average", mechanism="alp", span_s=3600),
+        _q(1, 0, "alp-day", 650.0, "alp_gls", mechanism="alp", span_s=3600),  # not the headline
+        _q(1, 0, long_q, 1234.5, "unary", mechanism="unary", span_s=3600),  # a span query: no 30-s rows
+        _q(2, 0, long_q, None, "unary", mechanism="unary", span_s=3600, sd=None, bounds=(),
+           withheld="epoch 59832960 withheld (and 119 more of its epochs): conflicting_markers: " + "x" * 200),
+    ]
+    records = [e.model_dump_json().encode() for e in arriving]
+    monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter(records))
+    sizes: list[tuple[object, ...]] = []
+
+    def query_sizes(*args: object) -> tuple[object, object]:
+        sizes.append(args)
+        return (lambda e: {"sp-day": 3, "alp-day": 1}.get(e.query_id, 2)), (lambda: None)
+
+    monkeypatch.setattr(sub, "_query_sizes", query_sizes)
+    out = io.StringIO()
+    assert sub.subscribe(KafkaSettings(), "t", flows=True, out=out) == 6
+    assert sizes[0][1:] == (None, None, True)  # expected rows: the headline estimator's only
+    header, note, *lines = out.getvalue().splitlines()
+    assert header == sub.FLOWS_HEADER and note == sub.FLOWS_NOTE
+    assert all(len(x) <= sub.WIDTH for x in [header, note, *lines]), [len(x) for x in [header, note, *lines]]
+    assert len(lines) == 6 and not any("alp_gls" in x for x in lines)
+    cols = [x[26:].split() for x in lines]
+    sp = [c for c in cols if c[0] == "sp-day"]
+    assert [c[1:5] for c in sp] == [["rollup", "5", "min", "1"], ["rollup", "5", "min", "2"],
+                                    ["rollup", "5", "min", "3"]]  # by station
+    assert sp[0][6:] == ["-12345678.9", "[30.1,", "55.2]", "6.9"] and sp[1][6] == "417.2"
+    assert lines[[c[0] for c in cols].index("sp-day") + 2].endswith("no source data: not a flow")
+    (alp,) = [c for c in cols if c[0] == "alp-day"]
+    assert alp[1:4] == ["span", "1", "h"]  # no 30-s row of alp-day came: its own span
+    spans = [x for x in lines if "a-very-long-q\u2026" in x]
+    assert [x[26:].split()[1] for x in spans] == ["span", "span"] and "\u2026" in spans[0]
+    assert spans[1].endswith("withheld: conflicting_markers")
+    gls = io.StringIO()
+    monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter(records))
+    assert sub.subscribe(KafkaSettings(), "t", flows=True, estimator="alp_gls", out=gls) == 1
+    assert "alp_gls" in gls.getvalue().splitlines()[2]
 
 
 def _frames() -> list[bytes]:
