@@ -55,10 +55,10 @@ from ._types import FloatArray
 from .mechanisms import Mechanism
 from .registry import MechanismSpec, PlanError
 
-__all__ = ["DAY_S", "EPOCH_S", "FAMILIES", "RELEASES", "EpochAccount", "Family", "central_limit_sd",
-           "check_span", "day_epsilon_of", "dominating_envelope", "pld_day_epsilon", "epoch_account", "can_fit",
-           "fit_budget", "gaussian_delta", "headline_sd", "release_figures", "releases_in", "span_passages",
-           "span_ratios"]
+__all__ = ["CLONE_MAX", "DAY_S", "EPOCH_S", "FAMILIES", "RELEASES", "EpochAccount", "Family", "can_fit",
+           "central_limit_sd", "check_span", "day_epsilon_of", "dominating_envelope", "epoch_account", "fit_budget",
+           "gaussian_delta", "headline_sd", "local_day", "pld_day_epsilon", "pure_pld", "release_figures",
+           "releases_in", "span_passages", "span_ratios", "span_round_epsilons"]
 
 RELEASES = ("aggregate", "permuted")
 NO_BOUND_NOTE = ("no shuffled bound: a report, or the rounds together, can be possible under one truth and "
@@ -170,24 +170,84 @@ class EpochAccount:
         return aggregate.EXACT_NOTE if self.exact else aggregate.FALLBACK_NOTE
 
 
-def span_ratios(spec: MechanismSpec, mech: Mechanism, n_stations: int,
-                passages: int = 1) -> tuple[shuffle.VariationRatio, ...]:
-    """Per round, the variation-ratio parameters of a span report of up to ``passages`` stations
-    (``passages = 1``: :meth:`MechanismSpec.shuffle_ratios`). ``p``: the round's span-report
-    epsilon (:func:`privacy.per_sensor_report_epsilon`), all the clone bound uses; ``beta``: an
-    upper bound of the total variation (``passages`` two-answer moves, at most ``(p-1)/(p+1)``)."""
-    if passages == 1:
-        return spec.shuffle_ratios(mech, n_stations)
+# a span report's epsilon above this is charged its pure-DP PLD, not the clone bound: at 47,719 devices the
+# clone bound of one report is the local epsilon from 10 on (a day of 288: 1,402 against 2,880 at 10, 4,032
+# against 4,032 at 14), and composing it on a grid takes 2 s at 10, 30 s at 14 and > 3 GB at 28
+CLONE_MAX = 10.0
+_BASIC_ABOVE = 500.0  # optimal composition of a larger epsilon is basic composition (and would overflow)
+
+
+def local_day(epsilon: float, releases: int, delta: float) -> float:
+    """The local figure of ``releases`` reports of ``epsilon`` each: optimal composition (basic
+    above an epsilon of 500, where the two agree and the optimal one's arithmetic overflows).
+
+    >>> round(local_day(0.5, 100, 1e-6), 2), local_day(1000.0, 24, 1e-6)  # optimal: below 100 x 0.5
+    (33.32, 24000.0)
+    """
+    if releases < 1:
+        return 0.0
+    if epsilon > _BASIC_ABOVE:
+        return privacy.basic_composition(epsilon, releases)
+    return privacy.optimal_composition(epsilon, releases, delta)
+
+
+def span_round_epsilons(spec: MechanismSpec, mech: Mechanism, n_stations: int, passages: int) -> list[float]:
+    """Per round whose answer depends on the truth, the epsilon of a span report of up to
+    ``passages`` stations (:func:`privacy.per_sensor_report_epsilon`)."""
     if not spec.per_sensor:
         raise PlanError(f"{spec.name} reports one station per epoch: it has no span report of {passages} passages")
     out = []
     for m in spec.round_mechanisms(mech):
         table = m.output_table(0)
-        base = shuffle.per_sensor_variation_ratio(table, n_stations)
-        p = math.exp(privacy.per_sensor_report_epsilon(table, n_stations, passages))
-        beta = min(passages * base.beta, (p - 1) / (p + 1)) if math.isfinite(p) else base.beta
-        out.append(shuffle.VariationRatio(p, beta, p))
+        if np.allclose(table[0], table[1], rtol=0.0, atol=1e-12):
+            continue  # the answer does not depend on the truth: it leaks nothing
+        out.append(privacy.per_sensor_report_epsilon(table, n_stations, passages))
+    return out
+
+
+def span_ratios(spec: MechanismSpec, mech: Mechanism, n_stations: int,
+                passages: int = 1) -> tuple[shuffle.VariationRatio, ...]:
+    """Per round, the variation-ratio parameters of a span report of up to ``passages`` stations
+    (``passages = 1``: :meth:`MechanismSpec.shuffle_ratios`). ``p``: the round's span-report
+    epsilon (:func:`span_round_epsilons`), all the clone bound uses; ``beta``: an upper bound of
+    the total variation (``passages`` two-answer moves, at most ``(p-1)/(p+1)``).
+    :class:`PlanError` for a report epsilon above 700 (``e^eps`` overflows; no amplification)."""
+    if passages == 1:
+        return spec.shuffle_ratios(mech, n_stations)
+    out = []
+    for m, eps in zip([m for m in spec.round_mechanisms(mech)
+                       if not np.allclose(m.output_table(0)[0], m.output_table(0)[1], rtol=0.0, atol=1e-12)],
+                      span_round_epsilons(spec, mech, n_stations, passages), strict=True):
+        if eps > 700:
+            raise PlanError(f"a span report's epsilon of {eps:.4g} has no variation ratio (e^eps overflows)")
+        base = shuffle.per_sensor_variation_ratio(m.output_table(0), n_stations)
+        p = math.exp(eps)
+        out.append(shuffle.VariationRatio(p, min(passages * base.beta, (p - 1) / (p + 1)), p))
     return tuple(out)
+
+
+def pure_pld(epsilon: float) -> shuffle.Pld:
+    """A PLD dominating every epsilon-DP release: all its mass at loss ``epsilon`` (``delta(e) = (1 -
+    e^(e - epsilon))_+``, at least randomized response's at every e of both signs, and RR dominates
+    every epsilon-DP mechanism: Kairouz, Oh and Viswanath). Composed, it is basic composition.
+
+    >>> pld = pure_pld(2.0)
+    >>> round(pld.epsilon(1e-6), 4), round(shuffle.compose([pld], 3).epsilon(1e-6), 4)
+    (2.0, 6.0)
+    """
+    return shuffle.Pld(np.array([float(epsilon)]), np.array([1.0]), 0.0)
+
+
+def _permuted_plds(round_eps: list[float], n: int) -> list[shuffle.Pld]:
+    """The clone bound of each round's span report (its pure-DP PLD above :data:`CLONE_MAX`)."""
+    out = []
+    for eps in round_eps:
+        if eps > CLONE_MAX:
+            out.append(pure_pld(eps))
+        else:
+            p = math.exp(eps)
+            out.extend(shuffle.clone_plds((shuffle.VariationRatio(p, (p - 1) / (p + 1), p),), n))
+    return out
 
 
 def _curve(pld: shuffle.Pld, eps: FloatArray) -> FloatArray:
@@ -280,9 +340,13 @@ def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int,
         raise PlanError(f"{spec.name} reports one station per epoch: a span longer than {EPOCH_S} s needs a "
                         f"per-sensor mechanism")
     passages = min(passages, n_stations)
-    if passages > 1 or ratios is None:
-        ratios = span_ratios(spec, mech, n_stations, passages)
-    local = sum(v.epsilon0 for v in ratios if v.beta > 0)
+    if passages > 1:
+        round_eps = span_round_epsilons(spec, mech, n_stations, passages)
+        local = sum(round_eps)
+    else:
+        if ratios is None:
+            ratios = spec.shuffle_ratios(mech, n_stations)
+        local = sum(v.epsilon0 for v in ratios if v.beta > 0)
     if math.isinf(local):
         return EpochAccount(release, (), False, local, (), span_s, passages)
     if release == "aggregate":
@@ -293,7 +357,8 @@ def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int,
             else:
                 plds, counts = tuple(flat), ()
             return EpochAccount(release, plds, True, local, counts, span_s, passages)
-    return EpochAccount(release, tuple(shuffle.clone_plds(ratios, n)), False, local, (), span_s, passages)
+    permuted = _permuted_plds(round_eps, n) if passages > 1 else shuffle.clone_plds(ratios or (), n)
+    return EpochAccount(release, tuple(permuted), False, local, (), span_s, passages)
 
 
 def day_epsilon_of(accounts: list[tuple[EpochAccount, int]], delta: float, coarse: float = 1.0) -> float:
@@ -335,7 +400,7 @@ def release_figures(acc: EpochAccount, epochs: int, delta: float) -> dict[str, A
     releases = acc.releases(epochs)
     day = day_epsilon_of([(acc, releases)], delta)
     return {"release": acc.release, "epsilon_shuffled": min(acc.local, epoch),
-            "epsilon_day_shuffled": min(privacy.optimal_composition(acc.local, releases, delta), day),
+            "epsilon_day_shuffled": min(local_day(acc.local, releases, delta), day),
             "accounting": acc.note}
 
 
@@ -426,7 +491,7 @@ def _day_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, pop
     if value not in seen:
         mech = spec.build(_params(spec, fam, value), n_stations)
         acc = epoch_account(spec, mech, n_stations, population, release, span_s=span_s, passages=passages)
-        local = privacy.optimal_composition(acc.local, acc.releases(epochs), delta)
+        local = local_day(acc.local, acc.releases(epochs), delta)
         seen[value] = min(local, day_epsilon_of([(acc, acc.releases(epochs))], delta, coarse=_COARSE))
     return seen[value]
 
