@@ -1,9 +1,15 @@
 """A vehicle's day across every query it answers (``ptt plan fleet``).
 
-A vehicle answers every active query in every epoch, so its day is the composition of every
-query's epochs: locally, the sum of the queries' per-epoch epsilons composed optimally over
-the day; through the shuffler, the queries' epoch PLDs (:func:`budget.epoch_account`: exact
-for the aggregate release where it exists, else the clone bound) composed over the day.
+A vehicle answers every active query once per release (a 30-s epoch, or a span: one report
+naming up to P stations), so its day is the composition of every query's releases: locally, the
+queries' report epsilons (every round) composed over the day; through the shuffler, the
+queries' release PLDs (:func:`budget.epoch_account`: exact for the aggregate release where it
+exists, else the clone bound) each composed over its releases (:func:`budget.day_epsilon_of`).
+Queries of different spans mix: a 30-s live query composes 2,880 times, an hourly one 24.
+
+Queries are named ``MECH[@SPAN[/P]]`` (:func:`parse_fleet_queries`): ``alp,unary,unary@3600``
+plans ALP and unary RR every 30 s and unary RR hourly (P = 120 passages an hour by default;
+``unary@3600/20``: at most 20).
 
 With a day budget ``B`` the budget is split in the Gaussian sense: mu^2 adds under
 composition, so each of the ``Q`` queries gets the epsilon of ``mu_B / sqrt(Q)``-GDP at the
@@ -13,23 +19,90 @@ check the whole day; if it exceeds ``B`` the shares shrink by the ratio of mu^2 
 composed day (a little more) and the search repeats from the brackets it has already evaluated. A
 query that cannot fit even alone is reported (``fits: false``, the reason) and left out of
 the vehicle's day; the others share the budget.
+
+Each query's ``central_limit_sd`` is a trusted curator's at exactly the budget that query got
+(its share, ``budget_share``; without a day budget, its own day alone), at its span, P and
+stations (:func:`budget.central_limit_sd`), so a query's sd is compared like with like.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import estimators.budget as budget
 import estimators.privacy as privacy
+from estimators.ledger import report_charge
 
 from .mechanisms import Mechanism
-from .registry import MechanismSpec, PlanError, default_query_mechanisms, get_spec
+from .registry import MechanismSpec, PlanError, default_query_mechanisms, get_spec, mechanism_names
 
-__all__ = ["fleet_plan", "share_epsilon", "vehicle_day"]
+__all__ = ["FleetQuery", "fleet_plan", "parse_fleet_queries", "share_epsilon", "vehicle_day"]
 
 _FLEET_TOL = 1e-2  # parameter precision of each query's fit (relative): ~1% of sd, a third of the time
+_QUERY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:@\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?$")
+
+
+@dataclass(frozen=True)
+class FleetQuery:
+    """One query of a fleet plan: its mechanism, span (seconds) and passage cap (None: span / 30)."""
+
+    mechanism: str
+    span_s: int = budget.EPOCH_S
+    max_passages: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How the plan names it: ``unary``, ``unary@3600``, ``unary@3600/20``."""
+        if self.span_s == budget.EPOCH_S and self.max_passages is None:
+            return self.mechanism
+        cap = "" if self.max_passages is None else f"/{self.max_passages}"
+        return f"{self.mechanism}@{self.span_s}{cap}"
+
+    def passages(self, n_stations: int) -> int:
+        return budget.span_passages(self.span_s, self.max_passages, n_stations)
+
+
+def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S,
+                        max_passages: int | None = None) -> tuple[FleetQuery, ...]:
+    """``MECH[@SPAN[/P]]``, comma-separated (a query without ``@SPAN`` takes ``span_s`` and
+    ``max_passages``), checked: registry names, spans a query can have, no query twice.
+
+    >>> [q.label for q in parse_fleet_queries("alp, unary, unary@3600, unary@3600/20")]
+    ['alp', 'unary', 'unary@3600', 'unary@3600/20']
+    >>> parse_fleet_queries("krr@300")
+    Traceback (most recent call last):
+    ...
+    estimators.registry.PlanError: krr@300: krr reports one station per 30-s epoch; a span needs a per-sensor mechanism
+    """
+    known = mechanism_names(queryable_only=True)
+    out: list[FleetQuery] = []
+    for part in (p for p in text.split(",") if p.strip()):
+        m = _QUERY.match(part)
+        if m is None:
+            raise PlanError(f"{part.strip()!r}: name a query as MECH, MECH@SPAN or MECH@SPAN/P (e.g. unary@3600/20)")
+        name = m.group(1)
+        if name not in known:
+            raise PlanError(f"unknown query mechanism {name!r}; choose from {', '.join(known)}")
+        q = (FleetQuery(name, span_s, max_passages) if m.group(2) is None else
+             FleetQuery(name, int(m.group(2)), None if m.group(3) is None else int(m.group(3))))
+        try:
+            budget.check_span(q.span_s, q.max_passages)
+        except PlanError as exc:
+            raise PlanError(f"{part.strip()}: {exc}") from exc
+        if q.span_s != budget.EPOCH_S and not get_spec(name).per_sensor:
+            raise PlanError(f"{part.strip()}: {name} reports one station per 30-s epoch; a span needs a per-sensor "
+                            f"mechanism")
+        out.append(q)
+    if not out:
+        raise PlanError(f"name at least one query ({', '.join(known)})")
+    labels = [q.label for q in out]
+    if len(set(labels)) < len(labels):
+        raise PlanError("a query is named twice")
+    return tuple(out)
 
 
 def share_epsilon(total: float, share: float, delta: float) -> float:
@@ -49,67 +122,101 @@ def _mu(epsilon: float, delta: float) -> float:
     return float(brentq(lambda m: budget.gaussian_delta(epsilon, m) - delta, 1e-6, 100.0, xtol=1e-12))
 
 
-def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float) -> tuple[float, float]:
-    """(local, through the release) day epsilon of a vehicle answering every account's query."""
-    local_epoch = sum(a.local for a in accounts)
-    local = privacy.optimal_composition(local_epoch, epochs, delta) if accounts else 0.0
+def _local_day(locals_: list[tuple[float, int]], delta: float) -> float:
+    """The local day of reports ``(epsilon, releases)`` per query: queries of one span are one
+    mechanism per release (their epsilons add; optimal composition), different spans compose as
+    a heterogeneous sequence (:func:`privacy.day_epsilon`: basic or advanced)."""
+    if not locals_:
+        return 0.0
+    if len({r for _, r in locals_}) == 1:
+        return budget.local_day(sum(e for e, _ in locals_), locals_[0][1], delta)
+    if any(math.isinf(e) or e > 500 for e, _ in locals_):
+        return sum(e * r for e, r in locals_)
+    return privacy.day_epsilon([e for e, r in locals_ for _ in range(r)], delta)
+
+
+def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float,
+                 charges: list[float] | None = None) -> tuple[float, float]:
+    """(local, through the release) day epsilon of a vehicle answering every account's query
+    (``charges``: each query's local charge per report, default the account's own)."""
+    local = _local_day([(c, a.releases(epochs)) for a, c in
+                        zip(accounts, charges or [a.local for a in accounts], strict=True)], delta)
     if any(math.isinf(a.local) for a in accounts):  # a query with no shuffled bound: the day has none either
         return local, math.inf
-    plds = [p for a in accounts for p in a.plds]
-    shuffled = min(local, budget.pld_day_epsilon(plds, epochs, delta)) if plds else 0.0
+    parts = [(a, a.releases(epochs)) for a in accounts if a.plds]
+    shuffled = min(local, budget.day_epsilon_of(parts, delta)) if parts else 0.0
     return local, shuffled
 
 
-def vehicle_day(queries: Sequence[tuple[MechanismSpec, Mechanism, int]], n: int, release: str = "aggregate",
-                epochs: int = 2880, delta: float = 1e-6) -> dict[str, float]:
-    """A vehicle's whole day answering every query of ``queries`` (spec, built mechanism, stations)
-    in every epoch: ``local`` (what it sends, no shuffler) and ``shuffled`` (through the
-    shuffler's ``release`` among ``n`` reports, never above ``local``; ``release = "local"``:
-    the local figure only). Infinite where some query has no shuffled bound (Sampling Privacy)."""
+QueryTuple = tuple[MechanismSpec, Mechanism, int] | tuple[MechanismSpec, Mechanism, int, int, int]
+
+
+def vehicle_day(queries: Sequence[QueryTuple], n: int, release: str = "aggregate", epochs: int = 2880,
+                delta: float = 1e-6) -> dict[str, float]:
+    """A vehicle's whole day answering every query of ``queries`` -- ``(spec, built mechanism,
+    stations)``, or ``(spec, mechanism, stations, span_s, passages)`` for a span query -- once per
+    release: ``local`` (what it sends, no shuffler: every round of every report) and ``shuffled``
+    (through the shuffler's ``release`` among ``n`` reports, never above ``local``; ``release =
+    "local"``: the local figure only). Infinite where some query has no shuffled bound (Sampling
+    Privacy)."""
+    full = [(q[0], q[1], q[2], q[3] if len(q) == 5 else budget.EPOCH_S, q[4] if len(q) == 5 else 1)
+            for q in queries]
+    charges = [report_charge(s, m, v, min(p, v)) for s, m, v, _, p in full]
     if release == "local":
-        epoch = sum(s.report_epsilon(m, v) for s, m, v in queries)  # each query's published epsilon
-        local = privacy.optimal_composition(epoch, epochs, delta) if queries else 0.0
+        local = _local_day([(c, budget.releases_in(epochs, span)) for c, (_, _, _, span, _) in
+                            zip(charges, full, strict=True)], delta)
         return {"local": local, "shuffled": local}
-    accs = [budget.epoch_account(s, m, v, n, release) for s, m, v in queries]
-    local, shuffled = _vehicle_day(accs, epochs, delta)
+    accs = [budget.epoch_account(s, m, v, n, release, span_s=span, passages=p) for s, m, v, span, p in full]
+    local, shuffled = _vehicle_day(accs, epochs, delta, charges)
     return {"local": local, "shuffled": shuffled}
 
 
 def fleet_plan(population: int, expected_yes: float, stations: int, release: str = "aggregate",
                epochs: int = 2880, delta: float = 1e-6, day_budget: float | None = None,
-               mechanisms: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """The per-query figures and the vehicle's day; the keys are the ``plan fleet --json`` contract."""
+               mechanisms: tuple[str, ...] | None = None,
+               queries: Sequence[FleetQuery] | None = None) -> dict[str, Any]:
+    """The per-query figures and the vehicle's day; the keys are the ``plan fleet --json`` contract.
+    ``queries`` (each a mechanism at a span, :class:`FleetQuery`) or ``mechanisms`` (each at 30 s);
+    default: the registry's default queries at 30 s. ``queries`` is keyed by each query's label."""
     if population < 1 or not 0 <= expected_yes <= population or stations < 1:
         raise PlanError("need --population >= 1, 0 <= --expected-yes <= population and --stations >= 1")
-    names = mechanisms or default_query_mechanisms()
-    queries: dict[str, dict[str, Any]] = {}
+    if queries is None:
+        queries = tuple(FleetQuery(n) for n in (mechanisms or default_query_mechanisms()))
+    by = {q.label: q for q in queries}
+    if len(by) < len(queries):
+        raise PlanError("a query is named twice")
+    names = list(by)
+    span = {k: (q.span_s, q.passages(stations)) for k, q in by.items()}
+    out: dict[str, dict[str, Any]] = {}
     params: dict[str, dict[str, float]] = {n: {} for n in names}
     fitting = list(names)
     factor = 1.0
     if day_budget is not None:
         for name in names:  # a query that cannot fit even the whole budget alone is left out, and said so
-            ok, why = budget.can_fit(get_spec(name), stations, population, day_budget, release, epochs, delta)
+            spec = get_spec(by[name].mechanism)
+            ok, why = budget.can_fit(spec, stations, population, day_budget, release, epochs, delta, *span[name])
             if not ok:
-                queries[name] = {"fits": False, "budget_share": day_budget, "why": why,
-                                 "search": budget.FAMILIES[name].why if name in budget.FAMILIES else ""}
-        fitting = [n for n in names if n not in queries]
+                out[name] = {"fits": False, "budget_share": day_budget, "why": why,
+                             "search": budget.FAMILIES[spec.name].why if spec.name in budget.FAMILIES else ""}
+        fitting = [n for n in names if n not in out]
         for _ in range(8):
             share = factor / max(len(fitting), 1)
             target = share_epsilon(day_budget, share, delta)
             still: list[str] = []
             for name in fitting:
-                fit = budget.fit_budget(get_spec(name), stations, population, expected_yes, target, release,
-                                        epochs, delta, tol=_FLEET_TOL)
-                queries[name] = {"fits": fit["fits"], "budget_share": target, "search": fit["search"]}
+                fit = budget.fit_budget(get_spec(by[name].mechanism), stations, population, expected_yes, target,
+                                        release, epochs, delta, tol=_FLEET_TOL, span_s=span[name][0],
+                                        passages=span[name][1])
+                out[name] = {"fits": fit["fits"], "budget_share": target, "search": fit["search"]}
                 if fit["fits"]:
                     params[name] = fit["params"]
                     still.append(name)
                 else:
-                    queries[name]["why"] = fit["why"] + f" (its share: {target:.4g})"
+                    out[name]["why"] = fit["why"] + f" (its share: {target:.4g})"
             if len(still) < len(fitting):  # re-split among those that fit
                 fitting = still
                 continue
-            accs = [_account(n, params[n], stations, population, release) for n in fitting]
+            accs = [_account(by[n], params[n], stations, population, release) for n in fitting]
             day = _vehicle_day(accs, epochs, delta)[1]
             if day <= day_budget:
                 break
@@ -119,38 +226,46 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
                 else 0.5
         else:
             raise PlanError("could not split the day budget so that the composed day fits; give a larger one")
-    accounts = {}
+    accounts: dict[str, budget.EpochAccount] = {}
+    charges: dict[str, float] = {}
     for name in fitting:
-        spec = get_spec(name)
+        q = by[name]
+        spec = get_spec(q.mechanism)
         mech = spec.build(params[name], stations)
-        acc = _account(name, params[name], stations, population, release)
+        acc = _account(q, params[name], stations, population, release)
         accounts[name] = acc
+        charges[name] = report_charge(spec, mech, stations, span[name][1])
         fig = budget.release_figures(acc, epochs, delta)
         sd = budget.headline_sd(spec, mech, expected_yes, population)
-        share = 1.0 / len(fitting)
-        reference = day_budget if day_budget is not None else fig["epsilon_day_shuffled"]
-        queries.setdefault(name, {}).update({
-            "fits": True, "params": dict(mech.params), "estimator": spec.headline, "sd": sd,
-            "central_limit_sd": (budget.central_limit_sd(reference, delta, epochs, share=share)
+        # the curator at exactly the budget this query got: its share of the day budget, or its own day
+        reference = out[name]["budget_share"] if day_budget is not None else fig["epsilon_day_shuffled"]
+        out.setdefault(name, {}).update({
+            "fits": True, "mechanism": q.mechanism, "span_s": q.span_s, "max_passages": span[name][1],
+            "releases": acc.releases(epochs), "params": dict(mech.params), "estimator": spec.headline, "sd": sd,
+            "curator_budget": reference,
+            "central_limit_sd": (budget.central_limit_sd(reference, delta, epochs, span_s=q.span_s,
+                                                         passages=span[name][1], n_stations=stations)
                                  if 0 < reference < math.inf else math.nan),
-            "epsilon": acc.local, **fig})
-    local, shuffled = _vehicle_day(list(accounts.values()), epochs, delta)
+            "epsilon": charges[name], **fig})
+    local, shuffled = _vehicle_day(list(accounts.values()), epochs, delta, list(charges.values()))
     left_out = [n for n in names if n not in accounts]
     return {
-        "mechanisms": list(names), "release": release, "population": population, "expected_yes": expected_yes,
+        "mechanisms": names, "release": release, "population": population, "expected_yes": expected_yes,
         "stations": stations, "epochs": epochs, "delta": delta, "day_budget": day_budget,
         "epsilon_day_vehicle": shuffled, "epsilon_day_vehicle_local": local,
         "headline_epsilon": "epsilon_day_vehicle",
         "split": ("none: every query at its default parameters" if day_budget is None else
                   "mu^2 split equally across the queries that fit (Gaussian-DP shares), each query's parameters "
                   "chosen for its share, the composed day checked against the budget"),
-        "left_out": left_out, "queries": queries,
-        "central_limit_sd_note": "per query: a trusted curator answering the same queries with Gaussian noise, "
-                                 "the day's mu^2 split equally between them",
+        "left_out": left_out, "queries": {n: out[n] for n in names if n in out},
+        "central_limit_sd_note": "per query: a trusted curator answering that query alone with Gaussian noise at "
+                                 "the same span and passages, at exactly the budget the query got (curator_budget: "
+                                 "its share of the day budget, or without one its own day)",
     }
 
 
-def _account(name: str, params: dict[str, float], stations: int, population: int,
+def _account(q: FleetQuery, params: dict[str, float], stations: int, population: int,
              release: str) -> budget.EpochAccount:
-    spec = get_spec(name)
-    return budget.epoch_account(spec, spec.build(params, stations), stations, population, release)
+    spec = get_spec(q.mechanism)
+    return budget.epoch_account(spec, spec.build(params, stations), stations, population, release,
+                                span_s=q.span_s, passages=q.passages(stations))

@@ -15,13 +15,15 @@ from typing import Any
 import numpy as np
 
 import estimators.budget as budget
+import estimators.ledger as ledger
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
 import estimators.shuffle as shuffle
 
 from .mechanisms import Mechanism
 from .registry import REGISTRY, PlanError, get_spec, mechanism_names
 
-__all__ = ["DEFAULTS", "EPOCHS_PER_DAY", "MECHANISMS", "PlanError", "build_mechanism", "plan", "shuffled_figures"]
+__all__ = ["DEFAULTS", "EPOCHS_PER_DAY", "MECHANISMS", "PlanError", "build_mechanism", "check_span_request", "plan",
+           "shuffled_figures"]
 
 EPOCHS_PER_DAY = 2880  # 30-second epochs
 
@@ -37,11 +39,36 @@ def build_mechanism(name: str, params: Mapping[str, float], stations: int = 1) -
     return get_spec(name).build(params, stations)
 
 
+def check_span_request(name: str, span_s: int, max_passages: int | None) -> None:
+    """:class:`PlanError` (one line saying why) for a span a query of ``name`` cannot have: not a
+    multiple of 30 s dividing a day, a passage cap outside 1..span/30, or a station-valued
+    mechanism (one station per report) over a span longer than 30 s. Nothing is computed.
+
+    >>> check_span_request("krr", 3600, None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    estimators.registry.PlanError: krr reports one station per 30-s epoch: a span longer than 30 s needs a per-sensor...
+    """
+    budget.check_span(span_s, max_passages)
+    spec = get_spec(name)
+    if span_s != budget.EPOCH_S and not spec.per_sensor:
+        per_sensor = ", ".join(n for n in MECHANISMS if REGISTRY[n].per_sensor and REGISTRY[n].queryable)
+        raise PlanError(f"{name} reports one station per 30-s epoch: a span longer than 30 s needs a per-sensor "
+                        f"mechanism ({per_sensor})")
+
+
 def plan(name: str, population: int, expected_yes: float, stations: int = 1,
          params: Mapping[str, float] | None = None, epochs: int = EPOCHS_PER_DAY,
          delta: float = 1e-6, daily_budget: float | None = None, shuffle_size: int | None = None,
-         release: str = "permuted", day_budget: float | None = None) -> dict[str, Any]:
+         release: str = "permuted", day_budget: float | None = None, span_s: int = budget.EPOCH_S,
+         max_passages: int | None = None) -> dict[str, Any]:
     """Cost and accuracy of a query; the keys are the ``plan --json`` contract.
+
+    ``span_s``: one report per span (a multiple of 30 s dividing a day) naming up to ``P``
+    stations (``max_passages``, default span / 30, at most ``stations``): ``expected_yes`` is then
+    the span's expected flow, ``sd`` the span flow's, ``epochs`` still the day's 30-s epochs (its
+    ``releases`` = epochs / (span / 30) reports are composed), and ``central_limit_sd`` the
+    curator's at the same span, P and budget (:func:`budget.central_limit_sd`).
 
     Sampling Privacy at the papers' defaults, 100 of 10,000 vehicles at the station: the
     difference estimator's sd is ``sqrt(Yes (1 - pis) / pis)`` = ``sqrt(100 * 0.55 / 0.45)``:
@@ -51,6 +78,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     (11.055, 21.67)
     """
     from scipy.stats import norm
+    check_span_request(name, span_s, max_passages)
     if population < 1:
         raise PlanError("--population must be >= 1")
     if day_budget is not None and not 0 < day_budget < math.inf:
@@ -62,19 +90,23 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     spec = get_spec(name)
     if release not in budget.RELEASES:
         raise PlanError(f"unknown release {release!r}; choose {' or '.join(budget.RELEASES)}")
+    if stations < 1:
+        raise PlanError("--stations must be >= 1")
+    passages = budget.span_passages(span_s, max_passages, stations)
+    releases = budget.releases_in(epochs, span_s)
     fit: dict[str, Any] | None = None
     if day_budget is not None:
         if params:
             raise PlanError("--day-budget chooses the parameters: give no --param with it")
         fit = budget.fit_budget(spec, stations, shuffle_size or population, expected_yes, day_budget, release,
-                                epochs, delta)
+                                epochs, delta, span_s=span_s, passages=passages)
         if not fit["fits"]:
             raise PlanError(f"{name} cannot meet a day budget of {day_budget:g} through the {release} release: "
                             f"{fit['why']} ({fit['search']})")
         params = fit["params"]
     mech = spec.build(params or {}, stations)
     eps = privacy.mechanism_epsilon(mech)
-    epsilon = spec.report_epsilon(mech, stations)
+    epsilon = spec.report_epsilon(mech, stations, passages)
     # one station is enough for a plan; combination weights at the plan's design point
     ests = spec.estimators(mech, stations=np.array([1]), design=(float(expected_yes), float(population)))
     sds = {k: float(np.sqrt(e.variance(expected_yes, population))[0]) for k, e in ests.items()}
@@ -95,9 +127,13 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         "epsilon_linked_rounds": eps.epsilon_linked,
         "epsilon_closed_form": spec.closed_form_epsilon(mech),
         "epochs": epochs,
+        "span_s": span_s,
+        "max_passages": passages,
+        "releases": releases,
         "delta": delta,
-        "epsilon_day_basic": privacy.basic_composition(epsilon, epochs),
-        "epsilon_day_advanced": privacy.advanced_composition(epsilon, epochs, delta),
+        "epsilon_day_basic": privacy.basic_composition(epsilon, releases),
+        "epsilon_day_advanced": (privacy.advanced_composition(epsilon, releases, delta) if epsilon < 500
+                                 else math.inf),  # e^eps overflows; basic composition is the figure there
         "sd": sd,
         "sd_by_estimator": sds,
         "halfwidth_95": z95 * sd,
@@ -105,17 +141,25 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         "lattice_step": float(ests[head].lattice_step[0]),
         "score_interval_95_at_expected": [float(lo[0]), float(hi[0])],
     }
-    out["epsilon_day_optimal"] = privacy.optimal_composition(epsilon, epochs, delta)
+    out["epsilon_day_optimal"] = budget.local_day(epsilon, releases, delta)
     # the guarantee is the smallest valid bound, never a larger one
     out["epsilon_day"] = min(out["epsilon_day_basic"], out["epsilon_day_advanced"], out["epsilon_day_optimal"])
     n = shuffle_size or population
-    ratios = spec.shuffle_ratios(mech, stations)
-    out.update(shuffled_figures(ratios, n, epochs, delta))
+    round_eps = budget.span_round_epsilons(spec, mech, stations, passages) if passages > 1 else [0.0]
+    ratios = (budget.span_ratios(spec, mech, stations, passages) if max(round_eps, default=0.0) <= budget.CLONE_MAX
+              else None)
+    if ratios is not None:
+        out.update(shuffled_figures(ratios, n, releases, delta))
+    else:  # a span report too revealing to amplify (a round's epsilon above CLONE_MAX): the local figures
+        out.update({"shuffle_size": n, "epsilon_shuffled": sum(round_eps),
+                    "epsilon_day_shuffled": budget.local_day(sum(round_eps), releases, delta),
+                    "shuffle_trust": shuffle.TRUST_ASSUMPTION})
     out["epsilon_day_shuffled_permuted"] = out["epsilon_day_shuffled"]
     out["release"] = release
     if release == "aggregate":
         permuted_epoch = out["epsilon_shuffled"]
-        acc = budget.epoch_account(spec, mech, stations, n, release, ratios)
+        acc = budget.epoch_account(spec, mech, stations, n, release, ratios if passages == 1 else None,
+                                   span_s=span_s, passages=passages)
         out.update(budget.release_figures(acc, epochs, delta))
         out["epsilon_shuffled"] = min(out["epsilon_shuffled"], permuted_epoch)
         # both are valid bounds for the counts (the permuted one by post-processing)
@@ -128,13 +172,16 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["headline_epsilon"] = "epsilon_day_vehicle"
     out["day_budget"] = day_budget
     reference = day_budget if day_budget is not None else out["epsilon_day_vehicle"]
-    out["central_limit_sd"] = (budget.central_limit_sd(reference, delta, epochs)
+    out["central_limit_sd"] = (budget.central_limit_sd(reference, delta, epochs, span_s=span_s, passages=passages,
+                                                       n_stations=stations)
                                if 0 < reference < math.inf else math.nan)
     if fit is not None:
         out["budget_search"] = {k: v for k, v in fit.items() if k not in ("params", "fits")}
     if daily_budget is not None:
         out["daily_budget"] = daily_budget
-        out["epochs_within_budget"] = privacy.epochs_within_budget(epsilon, daily_budget, delta, EPOCHS_PER_DAY)
+        # what a device's local ledger charges per report (every round; a span's whole report)
+        out["epochs_within_budget"] = privacy.epochs_within_budget(
+            ledger.report_charge(spec, mech, stations, passages), daily_budget, delta, releases)
     for stat, value in spec.extra_statistics(mech, int(population - expected_yes)).items():
         out[f"crowd_size_{stat}"] = value
     out["warnings"] = _warnings(out)
@@ -143,9 +190,10 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
 
 def shuffled_figures(ratios: tuple[shuffle.VariationRatio, ...], n: int, epochs: int = EPOCHS_PER_DAY,
                      delta: float = 1e-6) -> dict[str, Any]:
-    """The shuffled release's figures beside the local ones (the ``plan --json`` keys): per epoch
-    and per day at ``n`` reports per shuffle, the trust assumption they rest on, and the
-    variation-ratio figure, which is shown but not published (estimators/shuffle.py)."""
+    """The shuffled release's figures beside the local ones (the ``plan --json`` keys): per report
+    (an epoch's or a span's, ``ratios``) and over ``epochs`` reports at ``n`` reports per shuffle,
+    the trust assumption they rest on, and the variation-ratio figure, which is shown but not
+    published (estimators/shuffle.py)."""
     day = shuffle.shuffled_day(ratios, n, epochs, delta)
     return {
         "shuffle_size": n,

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from estimators import DayLedger, audit_query
-from estimators.ledger import ShuffledDayLedger
+from estimators.ledger import ShuffledDayLedger, report_charge
 from estimators.registry import Layout
 from schemas import Query
 
@@ -114,11 +114,15 @@ class EpochReports:
 
 
 def charge(ledger: DayLedger | ShuffledDayLedger, day: str, query: Query) -> bool:
-    """Charge one epoch of ``query`` to a device's ledger: its local epsilon, or (through the
-    shuffler) its release's PLD at the shuffler's min_crowd. False: it would exceed the budget."""
+    """Charge one report of ``query`` to a device's ledger (call it once per report: per epoch for a
+    30-s query, per span for a span query): every round composed, the whole span report of up to
+    ``query.passages`` stations (:func:`estimators.ledger.report_charge`); through the shuffler,
+    the PLD of the release the query fixes, or of the permuted release when it fixes none, at the
+    shuffler's min_crowd. False: it would exceed the budget."""
     if isinstance(ledger, ShuffledDayLedger):
-        return ledger.spend(day, query.record_key, query.spec, query.build(), query.n_stations)
-    return ledger.spend(day, query.epsilon)
+        return ledger.spend(day, query.record_key, query.spec, query.build(), query.n_stations,
+                            passages=query.passages, span_s=query.span_s, release=query.release)
+    return ledger.spend(day, report_charge(query.spec, query.build(), query.n_stations, query.passages))
 
 
 def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,

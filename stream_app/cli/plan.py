@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from estimators import planning
+from estimators.budget import check_span
 from schemas.wire import json_safe
 
 from .base import param
@@ -44,9 +45,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--day-budget", type=float, default=None, metavar="B",
                    help="a vehicle's whole-day epsilon through the release: choose the parameters with the "
                         "smallest headline sd within it (fleet: B is split across the queries)")
-    p.add_argument("--query-mechanisms", default=None, metavar="M1,M2",
-                   help="fleet only: the queries a vehicle answers, comma-separated registry names (default: the "
-                        "registry's default queries, as the demo runs them)")
+    p.add_argument("--query-mechanisms", default=None, metavar="M1,M2@SPAN[/P]",
+                   help="fleet only: the queries a vehicle answers, comma-separated registry names, each optionally "
+                        "at a span in seconds and a passage cap (alp,unary,unary@3600 or unary@3600/20; default: "
+                        "the registry's default queries, as the demo runs them, at --span)")
     p.add_argument("--epsilon", type=float, default=None, help="compare only: the per-device epsilon per epoch")
     p.add_argument("--daily-budget", type=float, default=None,
                    help="a device's daily budget: print how many epochs of the query it allows")
@@ -62,15 +64,34 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shuffle-size", type=int, default=None, metavar="N",
                    help="reports mixed per shuffle for epsilon_shuffled (default: --population); the shuffled "
                         "figures assume the shuffler does not collude with the analyst")
+    p.add_argument("--span", type=int, default=30, metavar="S",
+                   help="seconds one report covers: 30 (one epoch, the default) or a longer span (a multiple of "
+                        "30 that divides a day, e.g. 300 or 3600; per-sensor mechanisms only): one report per span "
+                        "naming the stations a vehicle passed; --expected-yes is then the span's flow and sd the "
+                        "span flow's (fleet: the span of every query that names none)")
+    p.add_argument("--max-passages", type=int, default=None, metavar="P",
+                   help="the most stations one span report names (default: one per epoch of the span, at most "
+                        "--stations); a vehicle that passed more reports a uniformly random P of them")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.mechanism == COMPARE:
+        if args.span != 30 or args.max_passages is not None:
+            print("ptt plan compare: error: --span and --max-passages are for a query's plan", file=sys.stderr)
+            return EXIT_USAGE
         return _run_compare(args)
     if args.day_budget is not None and not (math.isfinite(args.day_budget) and args.day_budget > 0):
         print("ptt plan: error: --day-budget must be a positive number", file=sys.stderr)
+        return EXIT_USAGE
+    try:  # the span first: nothing is computed for one a query cannot have
+        if args.mechanism == FLEET:
+            check_span(args.span, args.max_passages)
+        else:
+            planning.check_span_request(args.mechanism, args.span, args.max_passages)
+    except planning.PlanError as exc:
+        print(f"ptt plan: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.mechanism == FLEET:
         from .plan_fleet import run_fleet
@@ -87,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
                                dict(args.param), epochs=args.epochs, delta=args.delta,
                                daily_budget=args.daily_budget, shuffle_size=args.shuffle_size,
-                               release=args.release, day_budget=args.day_budget)
+                               release=args.release, day_budget=args.day_budget, span_s=args.span,
+                               max_passages=args.max_passages)
     except planning.PlanError as exc:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -106,11 +128,18 @@ def run(args: argparse.Namespace) -> int:
 
 def headline(r: dict[str, Any]) -> str:
     """The one line that says which epsilon is the guarantee (the other keys are context)."""
+    span = int(r.get("span_s", 30))
+    if span == 30:
+        day, unit = f"{r['epochs']} epochs", "per epoch"
+    else:
+        day = f"{r['releases']} reports of {span} s, each naming up to {r['max_passages']} stations"
+        unit = f"per {span}-s flow"
     return (f"HEADLINE: epsilon_day_vehicle = {_fmt(r['epsilon_day_vehicle'])} at delta {r['delta']:g}: a vehicle's "
-            f"whole day ({r['epochs']} epochs) of this query through the shuffler's {r['release']} release "
-            f"({r['accounting']}); {r['estimator']} sd {_fmt(r['sd'])} per epoch, a trusted curator's at the same "
-            f"day budget {_fmt(r['central_limit_sd'])} (central_limit_sd). Local, without the shuffler: epsilon "
-            f"{_fmt(r['epsilon'])} per epoch, epsilon_day {_fmt(r['epsilon_day'])}.")
+            f"whole day ({day}) of this query through the shuffler's {r['release']} release "
+            f"({r['accounting']}); {r['estimator']} sd {_fmt(r['sd'])} {unit}, a trusted curator's at the same "
+            f"span and day budget {_fmt(r['central_limit_sd'])} (central_limit_sd). Local, without the shuffler: "
+            f"epsilon {_fmt(r['epsilon'])} {'per epoch' if span == 30 else 'per report'}, epsilon_day "
+            f"{_fmt(r['epsilon_day'])}.")
 
 
 def _run_compare(args: argparse.Namespace) -> int:

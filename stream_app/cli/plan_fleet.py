@@ -1,6 +1,7 @@
-"""``ptt plan fleet``: a vehicle's whole day across every default query (or ``--query-mechanisms``),
-locally and through the shuffler's release; with ``--day-budget`` each query's parameters chosen
-for its share."""
+"""``ptt plan fleet``: a vehicle's whole day across every default query (or ``--query-mechanisms``,
+each ``MECH[@SPAN[/P]]``: ``alp,unary,unary@3600`` is ALP and unary RR every 30 s and unary RR
+hourly), locally and through the shuffler's release; with ``--day-budget`` each query's
+parameters chosen for its share, and each query's curator at exactly that share."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import argparse
 import json
 import sys
 
-from estimators.fleet import fleet_plan
-from estimators.registry import PlanError
-from producers.settings import parse_mechanisms
+from estimators.fleet import fleet_plan, parse_fleet_queries
+from estimators.registry import PlanError, default_query_mechanisms
 from schemas.wire import json_safe
 
 from .errors import EXIT_USAGE
@@ -28,9 +28,10 @@ def run_fleet(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     try:
-        names = None if args.query_mechanisms is None else parse_mechanisms(args.query_mechanisms)
+        text = args.query_mechanisms if args.query_mechanisms is not None else ",".join(default_query_mechanisms())
+        queries = parse_fleet_queries(text, args.span, args.max_passages)
         r = fleet_plan(args.population, args.expected_yes, args.stations, release=args.release,
-                       epochs=args.epochs, delta=args.delta, day_budget=args.day_budget, mechanisms=names)
+                       epochs=args.epochs, delta=args.delta, day_budget=args.day_budget, queries=queries)
     except (PlanError, ValueError) as exc:
         print(f"ptt plan fleet: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -42,13 +43,16 @@ def run_fleet(args: argparse.Namespace) -> int:
           f"shuffler's {r['release']} release (locally, without the shuffler: {_f(r['epsilon_day_vehicle_local'])})")
     if r["day_budget"] is not None:
         print(f"day budget {r['day_budget']:g}: {r['split']}")
-    print(f"{'query':<8} {'sd':>9} {'curator sd':>11} {'eps/epoch':>10} {'day alone':>10}  parameters / accounting")
+    width = max(8, *(len(n) for n in r["queries"]))
+    print(f"{'query':<{width}} {'span':>6} {'P':>4} {'sd':>9} {'curator sd':>11} {'at budget':>10} {'eps/report':>10} "
+          f"{'day alone':>10}  parameters / accounting")
     for name, q in r["queries"].items():
         if not q["fits"]:
-            print(f"{name:<8} CANNOT FIT its share ({_f(q['budget_share'])}): {q['why']}; left out of the day")
+            print(f"{name:<{width}} CANNOT FIT its share ({_f(q['budget_share'])}): {q['why']}; left out of the day")
             continue
         params = ", ".join(f"{k}={_f(v)}" for k, v in q["params"].items())
-        print(f"{name:<8} {_f(q['sd']):>9} {_f(q['central_limit_sd']):>11} {_f(q['epsilon_shuffled']):>10} "
+        print(f"{name:<{width}} {q['span_s']:>6} {q['max_passages']:>4} {_f(q['sd']):>9} "
+              f"{_f(q['central_limit_sd']):>11} {_f(q['curator_budget']):>10} {_f(q['epsilon_shuffled']):>10} "
               f"{_f(q['epsilon_day_shuffled']):>10}  {params}; {q['accounting']}")
     print(r["central_limit_sd_note"])
     return 0
