@@ -8,6 +8,7 @@ load it (~0.8 s of every ``ptt`` start).
 from .aggregate import (
     StationCurves,
     binary_rates,
+    compose_epoch,
     connect_the_dots,
     count_window,
     covering_ks,
@@ -43,6 +44,7 @@ from .budget import (
 )
 from .compare import COMPARED, compare, kary_variances, oracle_variance, support_probabilities
 from .consistency import project_capped_simplex
+from .figures import FIGURE_RELEASES, SP_CAVEAT, Accountable, epoch_epsilon, label, plain_words, scale_word
 from .fleet import fleet_plan, share_epsilon, vehicle_day
 from .ledger import ShuffledDayLedger
 from .linear import (
@@ -137,11 +139,13 @@ from .shuffle import (
 
 __all__ = [
     "ALP_BOTTOM",
+    "Accountable",
     "ALP_NO",
     "ALP_YES",
     "AuditResult",
     "Bound",
     "COMPARED",
+    "FIGURE_RELEASES",
     "CrowdSize",
     "DayLedger",
     "EpochAccount",
@@ -157,6 +161,7 @@ __all__ = [
     "PlanError",
     "Pld",
     "REGISTRY",
+    "SP_CAVEAT",
     "ShuffledDay",
     "ShuffledDayLedger",
     "SparseReports",
@@ -187,6 +192,7 @@ __all__ = [
     "closed_form_clone_epsilon",
     "compare",
     "compose",
+    "compose_epoch",
     "connect_the_dots",
     "count_estimator",
     "count_window",
@@ -197,6 +203,7 @@ __all__ = [
     "default_stride",
     "dominating_pld",
     "epoch_account",
+    "epoch_epsilon",
     "epoch_plds",
     "epochs_within_budget",
     "epsilon_of",
@@ -215,6 +222,7 @@ __all__ = [
     "kary_rates",
     "kary_rr",
     "kary_variances",
+    "label",
     "linked_epsilon",
     "local_epsilon",
     "loss_grid",
@@ -227,6 +235,7 @@ __all__ = [
     "per_sensor_joint_table",
     "per_sensor_report_epsilon",
     "per_sensor_variation_ratio",
+    "plain_words",
     "plan",
     "pld_day_epsilon",
     "project_capped_simplex",
@@ -236,6 +245,7 @@ __all__ = [
     "rr_epsilon_closed_form",
     "rr_estimator",
     "sampling_privacy",
+    "scale_word",
     "share_epsilon",
     "shuffled_day",
     "shuffled_epsilon",

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import estimators.budget as budget
+import estimators.figures as figures
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
 import estimators.shuffle as shuffle
 
@@ -114,14 +115,14 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["epsilon_day_shuffled_permuted"] = out["epsilon_day_shuffled"]
     out["release"] = release
     if release == "aggregate":
-        permuted_epoch = out["epsilon_shuffled"]
         acc = budget.epoch_account(spec, mech, stations, n, release, ratios)
         out.update(budget.release_figures(acc, epochs, delta))
-        out["epsilon_shuffled"] = min(out["epsilon_shuffled"], permuted_epoch)
         # both are valid bounds for the counts (the permuted one by post-processing)
         out["epsilon_day_shuffled"] = min(out["epsilon_day_shuffled"], out["epsilon_day_shuffled_permuted"])
     else:
         out["accounting"] = "the clone bound of the permuted release"
+    # the one per-epoch figure every other place states too (estimators/figures.py), at this n
+    out["epsilon_shuffled"] = figures.epoch_epsilon(spec, mech, stations, n, release, delta)
     if math.isinf(out["epsilon_day_shuffled"]):
         out["accounting"] = budget.NO_BOUND_NOTE
     out["epsilon_day_vehicle"] = out["epsilon_day_shuffled"]

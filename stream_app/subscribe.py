@@ -18,6 +18,8 @@ from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 
+from .report.summary import sp_caveat
+
 __all__ = ["HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "EpochGroups", "FrameCounts", "LongWriter", "format_row",
            "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
 
@@ -260,10 +262,16 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
         print(HEADER if rows else SUMMARY_HEADER, file=out)
         print(f"({NEGATIVE_NOTE}{'' if rows else '; --rows: every estimate'})", file=out, flush=True)
 
+    cautioned: set[str] = set()  # Sampling Privacy's caveat: once, before its first estimate
+
     def emit(done: list[list[Estimate]]) -> None:
         assert groups is not None  # noqa: S101 - only in the table modes
         for g in done:
             lines = [format_row(e) for e in g] if rows else [format_summary(g, groups.expected(g[0]))]
+            if g[0].mechanism not in cautioned:
+                cautioned.add(g[0].mechanism)
+                if (caveat := sp_caveat(g[0].mechanism)) is not None:
+                    lines.insert(0, f"({caveat})")
             print("\n".join(lines), file=out, flush=True)
 
     try:

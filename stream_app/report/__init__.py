@@ -54,6 +54,7 @@ from .summary import (
     join,
     load_estimates,
     load_truth,
+    sp_caveat,
     summarize,
     summary_json,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "join",
     "load_estimates",
     "load_truth",
+    "sp_caveat",
     "plot_series",
     "plot_stations",
     "series_for",

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from estimators import plain_words
 from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
 from schemas.wire import GroundTruth, json_safe
@@ -40,6 +41,7 @@ __all__ = [
     "estimates_of_long_table",
     "load_estimates",
     "load_truth",
+    "sp_caveat",
     "summarize",
     "summary_json",
 ]
@@ -483,6 +485,8 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             f"at most {g.epsilon_shuffled:.4g} per epoch, in {g.shuffled_epochs:,} of {g.epochs:,} epochs "
             f"(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
             f"of its epoch and round)"))
+        if (caveat := sp_caveat(g.mechanism)) is not None:
+            lines.append(f"  caveat                   {caveat}")
         if g.noise is not None:
             lines.append(f"  noise                    {g.noise} (single epochs show noise, not traffic; the "
                          f"5-minute and hourly rollups sum them)")
@@ -495,9 +499,26 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             lines.append(f"  {_level(lvl) + ' bounds':<23}  coverage {_pct(g.coverage[lvl]):>6}   "
                          f"mean width {_f(g.mean_width[lvl])}")
         lines.append(f"  error                    MAE {_f(g.mae)}   bias {_f(g.bias, '+.2f')}   RMSE {_f(g.rmse)}")
+    if groups:
+        lines += ["", f"privacy: {plain_words()} A vehicle's day figure for these queries: ptt analyst list, or "
+                      f"ptt plan fleet."]
     if plots:
         lines += ["", f"plots: {len(plots)} PNG files"]
     return "\n".join(lines) + "\n"
+
+
+def sp_caveat(mechanism: str) -> str | None:
+    """The one caveat of a mechanism whose rounds share the device's randomness (Sampling Privacy:
+    no shuffled or whole-day bound, :data:`estimators.SP_CAVEAT`); None for every other one.
+
+    >>> sp_caveat("sp") is not None, sp_caveat("alp")
+    (True, None)
+    """
+    from estimators import SP_CAVEAT, get_spec, privacy, registry
+
+    if mechanism not in registry.REGISTRY:
+        return None
+    return None if privacy.rounds_independent(get_spec(mechanism).build({}, 1)) else SP_CAVEAT
 
 
 def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,

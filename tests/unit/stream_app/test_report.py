@@ -454,3 +454,15 @@ def test_the_summary_says_which_truth_epochs_have_no_estimate_and_why() -> None:
     assert "1 earlier ones (2026-11-18T08:00:00-08:00) have no estimate: no query was active" in text
     complete = R.load_truth(_lines([_truth(e, {A: 10}) for e in (1, 2)]))
     assert "have no estimate" not in R.format_summary([], loaded, complete)
+
+
+def test_sampling_privacy_groups_carry_the_caveat_and_the_summary_says_once_what_a_day_figure_means() -> None:
+    groups = _groups()
+    text = R.format_summary(list(groups.values()))
+    sp_block = text.split("\n\n")[1]
+    rr_block = next(b for b in text.split("\n\n") if b.startswith("r / rr"))
+    assert sp_block.startswith("q / sp_difference") and E.SP_CAVEAT in sp_block
+    assert E.SP_CAVEAT not in rr_block and text.count(E.SP_CAVEAT) == 1
+    assert text.count(E.plain_words()) == 1
+    assert R.sp_caveat("sp") == R.sp_caveat("sp-binary") == E.SP_CAVEAT
+    assert R.sp_caveat("alp") is None and R.sp_caveat("fresh") is None

@@ -1,0 +1,123 @@
+"""The one source of the privacy figures a person reads, and the words that go with them.
+
+Every place that states a query's per-epoch epsilon (``ptt plan``, ``ptt analyst list``, the
+demo's start-up, the worker's ``epsilon_shuffled`` in its rows and metrics, the report, the
+README and docs/statistics.md, whose quoted figures a test re-runs) gets it from
+:func:`epoch_epsilon`, and says which release it is for and at what crowd with :func:`label`:
+
+* ``local``: what one device's report costs it, whatever happens to the report (no shuffler);
+* ``permuted``: the shuffler releases the reports permuted among ``n`` (the clone bound);
+* ``aggregate``: the shuffler releases only the counts of the ``n`` reports (the counts' own
+  accounting, :mod:`estimators.aggregate`, where it exists; never above the permuted figure,
+  which holds for the counts too by post-processing).
+
+:func:`plain_words` is the one sentence that says what a vehicle's day figure means, and
+:data:`SP_CAVEAT` the one caveat that goes wherever Sampling Privacy's estimates appear.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import estimators.aggregate as aggregate
+import estimators.shuffle as shuffle
+
+from .mechanisms import Mechanism
+
+__all__ = ["FIGURE_RELEASES", "Accountable", "SP_CAVEAT", "epoch_epsilon", "label", "plain_words", "scale_word"]
+
+FIGURE_RELEASES = ("local", "permuted", "aggregate")
+
+SP_CAVEAT = ("Sampling Privacy: its two rounds share one die, so no shuffled or whole-day bound exists; its local "
+             "per-epoch epsilon holds only while a vehicle's two rounds cannot be linked")
+
+
+class Accountable(Protocol):
+    """What :func:`epoch_epsilon` asks of a mechanism's spec (:class:`registry.MechanismSpec`; a
+    protocol, so that the registry can call this module without an import cycle)."""
+
+    def report_epsilon(self, mech: Mechanism, n_stations: int, passages: int = 1) -> float: ...
+
+    def shuffle_ratios(self, mech: Mechanism, n_stations: int) -> tuple[shuffle.VariationRatio, ...]: ...
+
+    def aggregate_plds(self, mech: Mechanism, n_stations: int, n: int,
+                       stride: int | None = None) -> list[shuffle.Pld] | None: ...
+
+
+def epoch_epsilon(spec: Accountable, mech: Mechanism, n_stations: int, n: int | None, release: str,
+                  delta: float = 1e-6) -> float:
+    """One epoch's epsilon at ``delta`` of a query for ``release`` among ``n`` reports (``n``
+    is not used for ``local``): ``inf`` where no bound exists (Sampling Privacy's shuffled
+    releases). The aggregate figure is the smaller of the counts' own accounting (one epoch
+    composed exactly, :func:`aggregate.epsilon_of`) and the permuted figure; the permuted one
+    is the clone bound, never above the local figure."""
+    if release == "local":
+        return spec.report_epsilon(mech, n_stations)
+    if release not in FIGURE_RELEASES:
+        raise ValueError(f"unknown release {release!r}; choose {', '.join(FIGURE_RELEASES)}")
+    if n is None or n < 1:
+        raise ValueError("a shuffled figure needs the crowd n >= 1")
+    permuted = shuffle.shuffled_epsilon(spec.shuffle_ratios(mech, n_stations), n, delta)
+    if release == "permuted" or math.isinf(permuted):
+        return permuted
+    plds = spec.aggregate_plds(mech, n_stations, n)
+    if plds is None:
+        return permuted
+    return min(permuted, aggregate.epsilon_of(plds, 1, delta))
+
+
+def label(epsilon: float | None, release: str, n: int | None = None, delta: float = 1e-6,
+          per: str = "epoch") -> str:
+    """A figure with what it is for: the release, the crowd ``n`` and ``delta``.
+
+    >>> label(0.0043617, "aggregate", 47_719)
+    'epsilon 0.004362 per epoch, aggregate release among n = 47,719 at delta 1e-06'
+    >>> label(1.30683, "local")
+    'epsilon 1.307 per epoch, local (what a device sends, no shuffler)'
+    >>> label(math.inf, "permuted", 890, per="day")
+    'no bound per day, permuted release among n = 890 at delta 1e-06'
+    """
+    value = "no bound" if epsilon is None or math.isinf(epsilon) else f"epsilon {epsilon:.4g}"
+    if release == "local":
+        return f"{value} per {per}, local (what a device sends, no shuffler)"
+    return f"{value} per {per}, {release} release among n = {n:,} at delta {delta:g}"
+
+
+def scale_word(epsilon_day: float) -> str:
+    """Where a day figure sits on the scale :func:`plain_words` states.
+
+    >>> [scale_word(e) for e in (0.33, 2.4, 7.4, 26.0)]
+    ['strong', 'what large deployments use', 'weak', 'no meaningful protection']
+    """
+    if epsilon_day < 1:
+        return "strong"
+    if epsilon_day <= 3:
+        return "what large deployments use"
+    if epsilon_day <= 10:
+        return "weak"
+    return "no meaningful protection"
+
+
+def plain_words(epsilon_day: float | None = None) -> str:
+    """The one sentence that says what a vehicle's day figure means, with the figure's place on
+    the scale when it is given.
+
+    >>> plain_words()[:78]
+    "What a vehicle's day figure epsilon means: whatever an observer believed about"
+    >>> plain_words(0.3252).endswith("here e^0.3252 = 1.38: strong.")
+    True
+    >>> plain_words(math.inf).endswith("here there is no bound at all.")
+    True
+    """
+    sentence = ("What a vehicle's day figure epsilon means: whatever an observer believed about any yes-or-no fact "
+                "of that vehicle's day (was it at this station at 8:00?), seeing every published figure of the day "
+                "moves the odds by at most a factor e^epsilon (below 1: strong protection; 1 to 3: what large "
+                "deployments use; 3 to 10: weak; above 10: no meaningful protection)")
+    if epsilon_day is None:
+        return sentence + "."
+    if math.isinf(epsilon_day):
+        return sentence + "; here there is no bound at all."
+    if epsilon_day > 700:
+        return sentence + f"; here e^{epsilon_day:.4g} is astronomically large: no meaningful protection."
+    return sentence + f"; here e^{epsilon_day:.4g} = {math.exp(epsilon_day):.3g}: {scale_word(epsilon_day)}."
