@@ -25,7 +25,8 @@ import estimators.shuffle as shuffle
 
 from .mechanisms import Mechanism
 
-__all__ = ["FIGURE_RELEASES", "Accountable", "SP_CAVEAT", "epoch_epsilon", "label", "plain_words", "scale_word"]
+__all__ = ["FIGURE_RELEASES", "SP_CAVEAT", "Accountable", "epoch_epsilon", "error_mass", "label", "plain_words",
+           "scale_word", "uncertifiable"]
 
 FIGURE_RELEASES = ("local", "permuted", "aggregate")
 
@@ -58,13 +59,46 @@ def epoch_epsilon(spec: Accountable, mech: Mechanism, n_stations: int, n: int | 
         raise ValueError(f"unknown release {release!r}; choose {', '.join(FIGURE_RELEASES)}")
     if n is None or n < 1:
         raise ValueError("a shuffled figure needs the crowd n >= 1")
-    permuted = shuffle.shuffled_epsilon(spec.shuffle_ratios(mech, n_stations), n, delta)
-    if release == "permuted" or math.isinf(permuted):
+    ratios = spec.shuffle_ratios(mech, n_stations)
+    permuted = shuffle.shuffled_epsilon(ratios, n, delta)
+    if math.isinf(permuted):
         return permuted
-    plds = spec.aggregate_plds(mech, n_stations, n)
-    if plds is None:
-        return permuted
-    return min(permuted, aggregate.epsilon_of(plds, 1, delta))
+    candidates = [shuffle.clone_plds(ratios, n)]
+    if release == "aggregate":
+        plds = spec.aggregate_plds(mech, n_stations, n)
+        if plds is not None:
+            permuted = min(permuted, aggregate.epsilon_of(plds, 1, delta))
+            candidates.append(plds)
+    if uncertifiable(candidates, 1, delta) is not None:
+        return math.nan  # the local figure, silently, is what the accounting would give: say so instead
+    return permuted
+
+
+def error_mass(plds: list[shuffle.Pld], epochs: int) -> float:
+    """What ``epochs`` compositions of ``plds`` count at infinite loss at least: every PLD's
+    allowance for mass it left out (binomial windows, FFT round-off), plus 1e-13 for the
+    composition's own truncation (1e-15 per convolution). No epsilon exists below this delta.
+
+    >>> import numpy as np
+    >>> p = shuffle.Pld(np.array([0.0]), np.array([1.0 - 1e-12]), 1e-12)
+    >>> 5.7e-9 < error_mass([p, p], 2880) < 5.8e-9
+    True
+    """
+    log_kept = epochs * sum(math.log1p(-min(p.infinity_mass, 1.0 - 1e-300)) for p in plds)
+    return -math.expm1(log_kept) + 1e-13
+
+
+def uncertifiable(candidates: list[list[shuffle.Pld]], epochs: int, delta: float) -> str | None:
+    """Why no shuffled figure can be given at ``delta`` over ``epochs`` (None: it can): every
+    accounting of the release (``candidates``: the clone bound's PLDs, the counts' own) counts
+    more than ``delta`` at infinite loss, so it would fall back to the local figure."""
+    floor = min((error_mass(c, epochs) for c in candidates if c), default=0.0)
+    if floor <= delta:
+        return None
+    return (f"no shuffled figure at delta {delta:g}: the accounting's allowance for what it leaves out (binomial "
+            f"windows, FFT round-off, counted at infinite loss) comes to {floor:.2g} over {epochs:,} "
+            f"{'epoch' if epochs == 1 else 'epochs'}; give --delta >= {floor:.2g} (the local figure holds at any "
+            f"delta)")
 
 
 def label(epsilon: float | None, release: str, n: int | None = None, delta: float = 1e-6,

@@ -123,6 +123,15 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         out["accounting"] = "the clone bound of the permuted release"
     # the one per-epoch figure every other place states too (estimators/figures.py), at this n
     out["epsilon_shuffled"] = figures.epoch_epsilon(spec, mech, stations, n, release, delta)
+    # where the shuffled accounting cannot reach delta it would give the local day: say so instead (null)
+    clones = shuffle.clone_plds(ratios, n) if not math.isinf(out["epsilon_day_shuffled"]) else []
+    permuted_why = figures.uncertifiable([clones], epochs, delta) if clones else None
+    if permuted_why is not None:
+        out["epsilon_day_shuffled_permuted"] = math.nan
+    why = figures.uncertifiable([clones, list(acc.plds) if release == "aggregate" else []], epochs, delta)
+    if clones and why is not None:
+        out["epsilon_day_shuffled"] = math.nan
+        out["epsilon_day_shuffled_why"] = why
     if math.isinf(out["epsilon_day_shuffled"]):
         out["accounting"] = budget.NO_BOUND_NOTE
     out["epsilon_day_vehicle"] = out["epsilon_day_shuffled"]
@@ -130,7 +139,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["day_budget"] = day_budget
     reference = day_budget if day_budget is not None else out["epsilon_day_vehicle"]
     out["central_limit_sd"] = (budget.central_limit_sd(reference, delta, epochs)
-                               if 0 < reference < math.inf else math.nan)
+                               if 0 < reference < math.inf else math.nan)  # NaN < x is False: NaN too
     if fit is not None:
         out["budget_search"] = {k: v for k, v in fit.items() if k not in ("params", "fits")}
     if daily_budget is not None:
