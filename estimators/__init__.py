@@ -44,7 +44,17 @@ from .budget import (
 )
 from .compare import COMPARED, compare, kary_variances, oracle_variance, support_probabilities
 from .consistency import project_capped_simplex
-from .figures import FIGURE_RELEASES, SP_CAVEAT, Accountable, epoch_epsilon, label, plain_words, scale_word
+from .figures import (
+    FIGURE_RELEASES,
+    SP_CAVEAT,
+    Accountable,
+    epoch_epsilon,
+    error_mass,
+    label,
+    plain_words,
+    scale_word,
+    uncertifiable,
+)
 from .fleet import fleet_plan, share_epsilon, vehicle_day
 from .ledger import ShuffledDayLedger
 from .linear import (
@@ -208,6 +218,7 @@ __all__ = [
     "epochs_within_budget",
     "epsilon_of",
     "epsilon_rr",
+    "error_mass",
     "fit_budget",
     "fleet_plan",
     "fresh_difference",
@@ -267,6 +278,7 @@ __all__ = [
     "ternary_station_pld",
     "ternary_stride",
     "trinomial",
+    "uncertifiable",
     "two_coin_rr",
     "variation_ratio",
     "variation_ratio_pair",
