@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     if args.analyst_command == "list":
         if args.shuffle_size is not None and args.shuffle_size < 1:
             raise CliError("--shuffle-size must be >= 1", code=EXIT_USAGE)
-        from estimators import SP_CAVEAT, plain_words
+        from estimators import plain_words
 
         existing = read_queries(settings)
         for q in existing:
@@ -192,9 +192,7 @@ def run(args: argparse.Namespace) -> int:
         if existing and not args.json:
             line, day = vehicle_day(existing, args.release, args.shuffle_size)
             print(line, flush=True)
-            print(plain_words(day))
-            if any(_unbounded(q) for q in existing):
-                print(SP_CAVEAT + ".")
+            print(plain_words(day))  # Sampling Privacy's caveat is in the day's line, once
             if args.release != "local":
                 print(_LIST_NOTE.format(release=args.release, what=_WHAT[args.release], assumption=TRUST_ASSUMPTION))
         return 0
