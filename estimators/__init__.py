@@ -8,6 +8,7 @@ load it (~0.8 s of every ``ptt`` start).
 from .aggregate import (
     StationCurves,
     binary_rates,
+    compose_epoch,
     connect_the_dots,
     count_window,
     covering_ks,
@@ -52,6 +53,17 @@ from .budget import (
 )
 from .compare import COMPARED, compare, kary_variances, oracle_variance, support_probabilities
 from .consistency import project_capped_simplex
+from .figures import (
+    FIGURE_RELEASES,
+    SP_CAVEAT,
+    Accountable,
+    epoch_epsilon,
+    error_mass,
+    label,
+    plain_words,
+    scale_word,
+    uncertifiable,
+)
 from .fleet import FleetQuery, fleet_plan, parse_fleet_queries, share_epsilon, vehicle_day
 from .ledger import ShuffledDayLedger, charged_release, report_charge, report_epsilon_all_rounds
 from .linear import (
@@ -148,12 +160,14 @@ from .shuffle import (
 
 __all__ = [
     "ALP_BOTTOM",
+    "Accountable",
     "ALP_NO",
     "ALP_YES",
     "AuditResult",
     "BitReports",
     "Bound",
     "COMPARED",
+    "FIGURE_RELEASES",
     "CrowdSize",
     "DayLedger",
     "EpochAccount",
@@ -169,6 +183,7 @@ __all__ = [
     "PlanError",
     "Pld",
     "REGISTRY",
+    "SP_CAVEAT",
     "ShuffledDay",
     "ShuffledDayLedger",
     "SparseReports",
@@ -203,6 +218,7 @@ __all__ = [
     "compare",
     "compose",
     "compose_counts",
+    "compose_epoch",
     "connect_the_dots",
     "count_estimator",
     "count_window",
@@ -215,10 +231,12 @@ __all__ = [
     "dominating_envelope",
     "dominating_pld",
     "epoch_account",
+    "epoch_epsilon",
     "epoch_plds",
     "epochs_within_budget",
     "epsilon_of",
     "epsilon_rr",
+    "error_mass",
     "fit_budget",
     "fleet_plan",
     "fresh_difference",
@@ -234,6 +252,7 @@ __all__ = [
     "kary_rates",
     "kary_rr",
     "kary_variances",
+    "label",
     "linked_epsilon",
     "local_day",
     "local_epsilon",
@@ -248,6 +267,7 @@ __all__ = [
     "per_sensor_joint_table",
     "per_sensor_report_epsilon",
     "per_sensor_variation_ratio",
+    "plain_words",
     "plan",
     "pld_day_epsilon",
     "project_capped_simplex",
@@ -261,6 +281,7 @@ __all__ = [
     "rr_epsilon_closed_form",
     "rr_estimator",
     "sampling_privacy",
+    "scale_word",
     "share_epsilon",
     "shuffled_day",
     "shuffled_epsilon",
@@ -285,6 +306,7 @@ __all__ = [
     "ternary_station_pld",
     "ternary_stride",
     "trinomial",
+    "uncertifiable",
     "two_coin_rr",
     "variation_ratio",
     "variation_ratio_pair",

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import estimators.budget as budget
+import estimators.figures as figures
 import estimators.ledger as ledger
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
 import estimators.shuffle as shuffle
@@ -157,15 +158,25 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["epsilon_day_shuffled_permuted"] = out["epsilon_day_shuffled"]
     out["release"] = release
     if release == "aggregate":
-        permuted_epoch = out["epsilon_shuffled"]
         acc = budget.epoch_account(spec, mech, stations, n, release, ratios if passages == 1 else None,
                                    span_s=span_s, passages=passages)
         out.update(budget.release_figures(acc, epochs, delta))
-        out["epsilon_shuffled"] = min(out["epsilon_shuffled"], permuted_epoch)
         # both are valid bounds for the counts (the permuted one by post-processing)
         out["epsilon_day_shuffled"] = min(out["epsilon_day_shuffled"], out["epsilon_day_shuffled_permuted"])
     else:
         out["accounting"] = "the clone bound of the permuted release"
+    if passages == 1:  # the one per-epoch figure every other place states too (estimators/figures.py), at this n
+        out["epsilon_shuffled"] = figures.epoch_epsilon(spec, mech, stations, n, release, delta)
+    # where the shuffled accounting cannot reach delta it would give the local day: say so instead (null)
+    clones = (shuffle.clone_plds(ratios, n) if ratios is not None and not math.isinf(out["epsilon_day_shuffled"])
+              else [])
+    permuted_why = figures.uncertifiable([clones], releases, delta) if clones else None
+    if permuted_why is not None:
+        out["epsilon_day_shuffled_permuted"] = math.nan
+    why = figures.uncertifiable([clones, list(acc.plds) if release == "aggregate" else []], releases, delta)
+    if clones and why is not None:
+        out["epsilon_day_shuffled"] = math.nan
+        out["epsilon_day_shuffled_why"] = why
     if math.isinf(out["epsilon_day_shuffled"]):
         out["accounting"] = budget.NO_BOUND_NOTE
     out["epsilon_day_vehicle"] = out["epsilon_day_shuffled"]
@@ -174,7 +185,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     reference = day_budget if day_budget is not None else out["epsilon_day_vehicle"]
     out["central_limit_sd"] = (budget.central_limit_sd(reference, delta, epochs, span_s=span_s, passages=passages,
                                                        n_stations=stations)
-                               if 0 < reference < math.inf else math.nan)
+                               if 0 < reference < math.inf else math.nan)  # NaN < x is False: NaN too
     if fit is not None:
         out["budget_search"] = {k: v for k, v in fit.items() if k not in ("params", "fits")}
     if daily_budget is not None:

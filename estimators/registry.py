@@ -48,8 +48,8 @@ from typing import Literal
 
 import numpy as np
 
-import estimators.aggregate as aggregate
 import estimators.aggregate_multi as aggregate_multi
+import estimators.figures as figures
 import estimators.mechanisms as mechanisms  # the submodules, not through the package (no import cycle)
 import estimators.privacy as privacy
 import estimators.shuffle as shuffle
@@ -311,7 +311,7 @@ class MechanismSpec:
         return tuple(shuffle.variation_ratio(mech.output_table(r)) for r in range(mech.n_rounds))
 
     def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6,
-                         release: str = "permuted") -> float:
+                         release: str = "permuted", passages: int = 1) -> float:
         """Central epsilon at ``delta`` of one epoch whose reports were each shuffled among ``n``
         (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`.
 
@@ -320,15 +320,10 @@ class MechanismSpec:
         else the permuted figure, valid by post-processing). The aggregate figure is computed
         at ``n`` rounded down to two significant digits (cached; a smaller shuffle is a valid,
         slightly looser bound, since adding devices only post-processes the counts)."""
-        permuted = shuffle.shuffled_epsilon(self.shuffle_ratios(mech, n_stations), n, delta)
-        if release == "permuted":
-            return permuted
-        if release != "aggregate":
+        if release not in ("permuted", "aggregate"):
             raise PlanError(f"unknown release {release!r}; choose permuted or aggregate")
-        plds = self.aggregate_plds(mech, n_stations, _two_digits(n))
-        if plds is None:
-            return permuted
-        return min(permuted, aggregate.epsilon_of(plds, 1, delta))
+        return figures.epoch_epsilon(self, mech, n_stations, _two_digits(n) if release == "aggregate" else n,
+                                     release, delta, passages)
 
     def aggregate_plds(self, mech: Mechanism, n_stations: int, n: int,
                        stride: int | None = None) -> list[shuffle.Pld] | None:

@@ -189,7 +189,8 @@ class ShuffledEpsilon:
         value = self._values.get(k)
         if value is None:
             try:
-                value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta, release=release))
+                value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta, release=release,
+                                                      passages=q.passages))
             except Exception:  # a bound that fails is published as null (NaN is not finite), never a crash
                 log.exception("shuffled epsilon of %s at n=%d failed", q.record_key, k[2])
                 value = math.nan  # cached too: not tried again on the event loop

@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _go_float
 
+from estimators import SP_CAVEAT
 from schemas.epochs import EPOCH_S
 
 from .estimate import WITHHELD_CODES, EpochResult
@@ -195,11 +196,14 @@ class StreamMonitor:
         self.epoch_participants = Gauge("ptt_epoch_participants", "Vehicles that answered in the latest closed epoch",
                                         ["query"], registry=registry)
         self.epsilon = Gauge("ptt_query_epsilon", "Per-epoch epsilon of a device's whole report for the running "
-                             "query version", ["query", "mechanism"], registry=registry)
+                             f"query version, local (no shuffler). {SP_CAVEAT}.", ["query", "mechanism"],
+                             registry=registry)
         self.epsilon_shuffled = Gauge(
-            "ptt_query_epsilon_shuffled", "Central epsilon of the latest closed epoch's release given the smallest "
-            "shuffle that fed it (assumes the shuffler does not collude with the analyst and mixed each report "
-            "among the n reports of its epoch and round); no series while the epoch's producers attest no shuffle",
+            "ptt_query_epsilon_shuffled", "Central epsilon of the latest closed epoch's release (the one its "
+            "shuffler attests: aggregate or permuted) given the smallest shuffle that fed it, rounded down to 2 "
+            "significant digits (assumes the shuffler does not collude with the analyst and mixed each report "
+            "among the n reports of its epoch and round); no series while the epoch's producers attest no shuffle, "
+            "nor for Sampling Privacy (no shuffled bound)",
             ["query", "mechanism"], registry=registry)
         self.shuffle_null = Counter("ptt_epsilon_shuffled_null_epochs", "Closed epochs published without a shuffled "
                                     "epsilon, by reason (not_attested, exceeds_released)", ["query", "reason"],

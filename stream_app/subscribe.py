@@ -18,6 +18,8 @@ from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate, EstimateBound  # noqa: F401 - EstimateBound: the doctest's
 from schemas.settings import KafkaSettings
 
+from .report.summary import sp_caveat
+
 __all__ = ["FLOWS_HEADER", "FLOWS_NOTE", "HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "WIDTH", "EpochGroups",
            "FrameCounts", "LongWriter", "flow_kind", "format_flow", "format_row", "format_summary", "keep_frames",
            "latest_frames", "subscribe", "write_frames"]
@@ -327,6 +329,8 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
         print(FLOWS_NOTE if flows else f"({NEGATIVE_NOTE}{'' if rows else '; --rows: every estimate'})", file=out,
               flush=True)
 
+    cautioned: set[str] = set()  # Sampling Privacy's caveat: once, before its first estimate
+
     def emit(done: list[list[Estimate]]) -> None:
         assert groups is not None  # noqa: S101 - only in the table modes
         for g in done:
@@ -336,6 +340,10 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
                 rollup = flow_kind(g[0], shortest.get(g[0].query_id)) == "rollup"
                 lines = [format_row(e, rollup) for e in g] if rows else [
                     format_summary(g, groups.expected(g[0]), rollup)]
+            if not flows and g[0].mechanism not in cautioned:  # the flows view: 120 columns, flows only
+                cautioned.add(g[0].mechanism)
+                if (caveat := sp_caveat(g[0].mechanism)) is not None:
+                    lines.insert(0, f"({caveat})")
             print("\n".join(lines), file=out, flush=True)
 
     def shown(e: Estimate) -> bool:

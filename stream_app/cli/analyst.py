@@ -17,14 +17,16 @@ from schemas.wire import json_safe
 from .base import add_settings_flags, param, settings_from_args
 from .errors import EXIT_USAGE, CliError
 
-__all__ = ["add_parser", "run", "vehicle_day_line"]
+__all__ = ["add_parser", "run", "vehicle_day", "vehicle_day_line"]
 
 _LIST_NOTE = (
-    "epsilon: what one device's report costs it, per epoch and over a day, whatever happens to it. \"if shuffled "
-    "among n\": hypothetical until a shuffler runs (ptt shuffler, ptt demo --via-shuffler); the worker then publishes "
-    "the same figure as epsilon_shuffled at the n the shuffler attests, rounded down to 2 significant digits as "
-    "here (n = the query's population unless --shuffle-size; --shuffled-day adds the day). Each such figure "
-    "{assumption}.")
+    "local: what one device's report costs it, per epoch and over a day, whatever happens to the report. "
+    "\"{release} release among n\": what the epoch costs a vehicle when a shuffler (ptt shuffler, ptt demo "
+    "--via-shuffler) releases {what} of n reports, n = the query's population unless --shuffle-size, rounded down "
+    "to 2 significant digits; the worker publishes epsilon_shuffled for the release its shuffler attests at the n "
+    "it attests, so it is this figure under --release {release} with the whole population in the shuffle "
+    "(--shuffled-day adds the day). Each such figure {assumption}.")
+_WHAT = {"aggregate": "only the per-station counts", "permuted": "the reports, permuted"}
 
 
 def _when(text: str) -> datetime:
@@ -89,46 +91,78 @@ def add_parser(sub: Any) -> None:
     ls.set_defaults(func=run)
 
 
-def vehicle_day_line(queries: list[Any], release: str, shuffle_size: int | None = None) -> str:
+def _unbounded(q: Any) -> bool:
+    """A query with no shuffled or whole-day bound (Sampling Privacy's rounds share one die)."""
+    from estimators import privacy
+
+    return not privacy.rounds_independent(q.build())
+
+
+def vehicle_day(queries: list[Any], release: str, shuffle_size: int | None = None) -> tuple[str, float | None]:
     """A vehicle's whole day across every query it answers (the newest version of each), for
     ``release``: through the shuffler among n reports (the smallest population, rounded down to
-    2 significant digits as the worker does), or ``local``."""
-    from estimators import planning, vehicle_day
+    2 significant digits as the worker does), or ``local``; and the day's epsilon (None: none of
+    the queries has a bound). A query without a whole-day bound (Sampling Privacy) is left out
+    of the figure, and the line says so rather than print a number that is no bound."""
+    from estimators import SP_CAVEAT, planning
+    from estimators import vehicle_day as day_of
 
     from ..estimate import round_down_2sig
 
     newest = {q.query_id: q for q in sorted(queries, key=lambda q: q.version)}
     answered = [newest[k] for k in sorted(newest)]
     n = round_down_2sig(shuffle_size or min(q.population for q in answered))
-    day = vehicle_day([(q.spec, q.build(), q.n_stations) for q in answered], n, release, planning.EPOCHS_PER_DAY)
-    names = ", ".join(q.query_id for q in answered)
-    which = f"{len(answered)} {'query' if len(answered) == 1 else 'queries'} ({names})"
+    bounded = [q for q in answered if not _unbounded(q)]
+    left_out = [q.query_id for q in answered if _unbounded(q)]
+    names = ", ".join(q.query_id for q in bounded)
+    which = f"{len(bounded)} {'query' if len(bounded) == 1 else 'queries'} ({names})"
+    caveat = (f"; not counting {', '.join(left_out)}, which has no whole-day bound ({SP_CAVEAT})"
+              if left_out else "")
+    if not bounded:
+        return f"a vehicle's day: no bound ({SP_CAVEAT})", None
+    day = day_of([(q.spec, q.build(), q.n_stations, q.span_s, q.passages) for q in bounded], n, release,
+                 planning.EPOCHS_PER_DAY)
     if release == "local":
-        return f"a vehicle's day across its {which}: epsilon {day['local']:.4g} at delta 1e-06, local (no shuffler)"
-    unbounded = "; no finite bound: a query has none (Sampling Privacy's rounds share one die)"
+        return (f"a vehicle's day across its {which}: epsilon {day['local']:.4g} at delta 1e-06, local (no shuffler)"
+                + caveat, day["local"])
     return (f"a vehicle's day across its {which}: epsilon {day['shuffled']:.4g} at delta 1e-06 through the "
-            f"shuffler's {release} release among n={n:,} (local, without it: {day['local']:.4g})"
-            + (unbounded if math.isinf(day["shuffled"]) else ""))
+            f"shuffler's {release} release among n={n:,} (local, without it: {day['local']:.4g})" + caveat,
+            day["shuffled"])
 
 
-def _privacy(q: Any, asked: int, day: bool) -> dict[str, Any]:
-    """A query's epsilon per epoch and per day, local and if shuffled among ``asked`` reports
+def vehicle_day_line(queries: list[Any], release: str, shuffle_size: int | None = None) -> str:
+    """:func:`vehicle_day`'s line."""
+    return vehicle_day(queries, release, shuffle_size)[0]
+
+
+def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:
+    """A query's epsilon per epoch and per day, local and for ``release`` among ``asked`` reports
     rounded down to 2 significant digits, the size the worker computes its published
     ``epsilon_shuffled`` at (:func:`stream_app.estimate.round_down_2sig`: one computation per
-    rounded size; a bound at fewer reports also holds at more), so that the two agree. The
-    shuffled day is a composition over 2,880 epochs (several seconds): only when ``day``."""
-    from estimators import planning, privacy
+    rounded size; a bound at fewer reports also holds at more), by the same function
+    (:func:`estimators.epoch_epsilon`), so that the two agree. The shuffled day is a composition
+    over 2,880 epochs (several seconds): only when ``day``. Infinite figures are null, with why."""
+    from estimators import SP_CAVEAT, epoch_epsilon, planning, privacy
+    from estimators import vehicle_day as day_of
 
     from ..estimate import round_down_2sig
 
     n = round_down_2sig(asked)
     mech = q.build()
-    local = {"epsilon": q.epsilon, "epsilon_day": privacy.day_epsilon([q.epsilon] * planning.EPOCHS_PER_DAY),
-             "shuffle_size": n, "shuffle_size_asked": asked, "shuffle_trust": TRUST_ASSUMPTION}
-    if not day:
-        return {**local, "epsilon_shuffled": q.spec.shuffled_epsilon(mech, q.n_stations, n)}
-    fig = planning.shuffled_figures(q.spec.shuffle_ratios(mech, q.n_stations), n, planning.EPOCHS_PER_DAY)
-    return {**local, "epsilon_shuffled": fig["epsilon_shuffled"], "epsilon_day_shuffled": fig["epsilon_day_shuffled"]}
+    out: dict[str, Any] = {
+        "epsilon": q.epsilon, "span_s": q.span_s,
+        "epsilon_day": privacy.day_epsilon([q.epsilon] * (planning.EPOCHS_PER_DAY // q.epochs_per_span)),
+        "release": release, "shuffle_size": n, "shuffle_size_asked": asked, "shuffle_trust": TRUST_ASSUMPTION}
+    if _unbounded(q):
+        out["epsilon_day"] = None
+        out["why"] = SP_CAVEAT
+    if release == "local":
+        return out
+    out["epsilon_shuffled"] = epoch_epsilon(q.spec, mech, q.n_stations, n, release, passages=q.passages)
+    if day:
+        out["epsilon_day_shuffled"] = day_of([(q.spec, mech, q.n_stations, q.span_s, q.passages)], n, release,
+                                             planning.EPOCHS_PER_DAY)["shuffled"]
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,22 +173,30 @@ def run(args: argparse.Namespace) -> int:
     if args.analyst_command == "list":
         if args.shuffle_size is not None and args.shuffle_size < 1:
             raise CliError("--shuffle-size must be >= 1", code=EXIT_USAGE)
+        from estimators import plain_words
+
         existing = read_queries(settings)
         for q in existing:
-            fig = _privacy(q, args.shuffle_size or q.population, day=args.json or args.shuffled_day)
+            fig = _privacy(q, args.shuffle_size or q.population, args.release, day=args.json or args.shuffled_day)
             if args.json:
                 print(json.dumps({**json.loads(q.model_dump_json()), "privacy": json_safe(fig)}), flush=True)
-            else:
-                shuffled_day = (f" (day {fig['epsilon_day_shuffled']:.4g})" if "epsilon_day_shuffled" in fig
-                                else "")
-                print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
-                      f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
-                      f"epsilon={q.epsilon:.4g} (day {fig['epsilon_day']:.4g})  "
-                      f"if shuffled among n={fig['shuffle_size']:,}: {fig['epsilon_shuffled']:.4g}{shuffled_day}  "
-                      f"by {q.analyst_id}", flush=True)
+                continue
+            local_day = "no bound" if fig["epsilon_day"] is None else f"{fig['epsilon_day']:.4g}"
+            shuffled = ""
+            if "epsilon_shuffled" in fig:
+                value = fig["epsilon_shuffled"]
+                shuffled = (f"  {args.release} release among n={fig['shuffle_size']:,}: "
+                            + ("no bound" if math.isinf(value) else f"{value:.4g}")
+                            + (f" (day {fig['epsilon_day_shuffled']:.4g})" if "epsilon_day_shuffled" in fig else ""))
+            print(f"{q.query_id} v{q.version}  {q.mechanism}  {len(q.sensors)} sensors  "
+                  f"N={q.population:,}  {q.t_start.isoformat()} .. {q.t_end.isoformat()}  "
+                  f"local: epsilon={q.epsilon:.4g} (day {local_day}){shuffled}  by {q.analyst_id}", flush=True)
         if existing and not args.json:
-            print(vehicle_day_line(existing, args.release, args.shuffle_size), flush=True)
-            print(_LIST_NOTE.format(assumption=TRUST_ASSUMPTION))
+            line, day = vehicle_day(existing, args.release, args.shuffle_size)
+            print(line, flush=True)
+            print(plain_words(day))  # Sampling Privacy's caveat is in the day's line, once
+            if args.release != "local":
+                print(_LIST_NOTE.format(release=args.release, what=_WHAT[args.release], assumption=TRUST_ASSUMPTION))
         return 0
     fields: dict[str, Any] = {k: getattr(args, k) for k in
                               ("analyst_id", "mechanism", "sensors", "population", "t_start", "t_end")

@@ -255,15 +255,18 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
 
 
 def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
-    """The start-up line's per-vehicle day: every demo query, for the release the demo uses (the
-    shuffler's, or local on the direct path)."""
+    """The start-up's per-vehicle day: every demo query, for the release the demo uses (the
+    shuffler's, or local on the direct path; a query without a whole-day bound, Sampling
+    Privacy's, is left out of the figure and said so), then once what that figure means."""
+    from estimators import plain_words
     from producers.replay import default_queries, fleet_size_for
 
-    from .analyst import vehicle_day_line
+    from .analyst import vehicle_day
 
     release = (demo.release or ShufflerSettings().release) if demo.via_shuffler else "local"
-    line = vehicle_day_line(default_queries(day, fleet_size_for(day, rs), rs.mechanisms), release)
-    return line + ("" if demo.via_shuffler else "; --via-shuffler: through the shuffler's release")
+    line, epsilon_day = vehicle_day(default_queries(day, fleet_size_for(day, rs), rs.mechanisms), release)
+    line += "" if demo.via_shuffler else "; --via-shuffler: through the shuffler's release"
+    return line + "\n" + " " * 12 + plain_words(epsilon_day)
 
 
 def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 from estimators.registry import REGISTRY
 from schemas.epochs import EPOCH_S
 
-from .summary import Cell, Row, _level, _mean, noise_note, span_words
+from .summary import Cell, Row, _level, _mean, noise_note, sp_caveat, span_words
 
 __all__ = [
     "DEFAULT_ESTIMATORS",
@@ -199,7 +200,9 @@ def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Pa
     fig.suptitle(f"Station {series.station} \u2014 query {series.query_id} ({series.mechanism}), "
                  f"estimator {series.estimator}, \u03b5 = {_eps_text(series.epsilons)} per epoch",
                  fontsize=13, fontweight="bold")
-    ax.set_title(_facts(series), fontsize=10, color="#444444" if series.noise is None else "#b00020")
+    caveat = sp_caveat(series.mechanism)
+    ax.set_title(_facts(series) + ("" if caveat is None else "\n" + textwrap.fill(caveat, 130)), fontsize=10,
+                 color="#444444" if series.noise is None else "#b00020")
     return _save(fig, path)
 
 

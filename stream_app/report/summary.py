@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from estimators import plain_words
 from schemas.epochs import EPOCH_S
 from schemas.wire import json_safe
 
@@ -62,6 +63,7 @@ __all__ = [
     "estimates_of_long_table",
     "load_estimates",
     "load_truth",
+    "sp_caveat",
     "summarize",
     "span_words",
     "summary_json",
@@ -506,6 +508,8 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             f"at most {g.epsilon_shuffled:.4g} per {unit}, in {g.shuffled_epochs:,} of {g.epochs:,} {unit}s "
             f"(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
             f"of its epoch and round)"))
+        if (caveat := sp_caveat(g.mechanism)) is not None:
+            lines.append(f"  caveat                   {caveat}")
         if g.noise is not None:
             lines.append(f"  noise                    {g.noise} " + (
                 "(single epochs show noise, not traffic; the 5-minute and hourly rollups sum them)" if not g.is_flow
@@ -526,10 +530,27 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
                 + f"   MAE {_f(b.mae, '.1f')}   bias {_f(b.bias, '+.1f')}" for b in g.by_bin]
         if g.left_out:
             lines.append("  not scored               " + "; ".join(f"{n:,} {why}" for why, n in g.left_out.items()))
+    if groups:
+        lines += ["", f"privacy: {plain_words()} A vehicle's day figure for these queries: ptt analyst list, or "
+                      f"ptt plan fleet."]
     lines += _flows_table(groups)
     if plots:
         lines += ["", f"plots: {len(plots)} PNG files"]
     return "\n".join(lines) + "\n"
+
+
+def sp_caveat(mechanism: str) -> str | None:
+    """The one caveat of a mechanism whose rounds share the device's randomness (Sampling Privacy:
+    no shuffled or whole-day bound, :data:`estimators.SP_CAVEAT`); None for every other one.
+
+    >>> sp_caveat("sp") is not None, sp_caveat("alp")
+    (True, None)
+    """
+    from estimators import SP_CAVEAT, get_spec, privacy, registry
+
+    if mechanism not in registry.REGISTRY:
+        return None
+    return None if privacy.rounds_independent(get_spec(mechanism).build({}, 1)) else SP_CAVEAT
 
 
 def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,

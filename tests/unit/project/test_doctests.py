@@ -23,6 +23,7 @@ WITH_EXAMPLES = {
     "estimators.budget": 2,
     "estimators.compare": 3,
     "estimators.consistency": 4,
+    "estimators.figures": 7,
     "estimators.fleet": 1,
     "estimators.ledger": 3,
     "estimators.linear": 3,

@@ -621,3 +621,15 @@ def test_withheld_codes_of_the_workers_own_rollup_reasons() -> None:
         (st,) = out.decided
         reason = st.reason()
         assert reason is not None and reason.startswith("epoch ") and R.withheld_code(reason) == code, reason
+
+
+def test_sampling_privacy_groups_carry_the_caveat_and_the_summary_says_once_what_a_day_figure_means() -> None:
+    groups = _groups()
+    text = R.format_summary(list(groups.values()))
+    sp_block = text.split("\n\n")[1]
+    rr_block = next(b for b in text.split("\n\n") if b.startswith("r / rr"))
+    assert sp_block.startswith("q / sp_difference") and E.SP_CAVEAT in sp_block
+    assert E.SP_CAVEAT not in rr_block and text.count(E.SP_CAVEAT) == 1
+    assert text.count(E.plain_words()) == 1
+    assert R.sp_caveat("sp") == R.sp_caveat("sp-binary") == E.SP_CAVEAT
+    assert R.sp_caveat("alp") is None and R.sp_caveat("fresh") is None

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from estimators import SP_CAVEAT
 from schemas.estimates import Estimate, EstimateBound
 from schemas.settings import KafkaSettings
 from stream_app import subscribe as sub
@@ -51,7 +52,8 @@ def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
     assert sub.subscribe(KafkaSettings(), "t", rows=True, station=5, estimator="rr", out=out) == 1
     lines = out.getvalue().splitlines()
-    assert lines[0] == sub.HEADER and sub.NEGATIVE_NOTE in lines[1] and " rr " in lines[2]
+    assert lines[0] == sub.HEADER and sub.NEGATIVE_NOTE in lines[1] and " rr " in lines[3]
+    assert lines[2] == f"({SP_CAVEAT})"  # the rows are Sampling Privacy's
 
 
 def _q(station: int, epoch: int, query: str = "sp-day", estimate: float = 41.7, estimator: str = "sp_difference",
@@ -73,8 +75,10 @@ def test_the_default_table_is_one_ordered_line_per_closed_query_and_epoch(monkey
     monkeypatch.setattr(sub, "_query_sizes", lambda *_: (lambda e: 3 if e.query_id == "sp-day" else 2, lambda: None))
     out = io.StringIO()
     assert sub.subscribe(KafkaSettings(), "t", out=out) == len(arriving)
-    header, note, *lines = out.getvalue().splitlines()
+    header, note, caveat, *lines = out.getvalue().splitlines()
     assert header == sub.SUMMARY_HEADER and sub.NEGATIVE_NOTE in note and "--rows" in note
+    assert caveat == f"({SP_CAVEAT})"  # Sampling Privacy's, once, before its first estimate
+    assert SP_CAVEAT not in "".join(lines)
     assert len(lines) == 4  # oldest epoch first (all came at once, faster than the 1 s hold)
     assert "sp-day v1" in lines[0] and "08:00:00" in lines[0]
     assert lines[0].endswith("sp_difference 49.0 (1 below 0); 1 station without source data")

@@ -1,0 +1,135 @@
+"""Every privacy figure README.md and docs/*.md quote from a command is what that command prints now.
+
+The docs mark what they quote, invisibly in the rendered page:
+
+* ``<!-- figures NAME: ptt plan ... -->`` names a command (run here with ``--json``);
+* a quoted number followed by ``<!--NAME.key-->`` (``key`` a dotted path into the JSON, e.g.
+  ``queries.alp.epsilon_shuffled``) is checked against that command's output, at the precision
+  it is quoted with (``0.00436``: three significant digits; ``2,427`` or ``26``: the nearest
+  integer; ``1.159e+04``: four significant digits). ``none`` is checked to be JSON null.
+
+Any difference fails, and so does a marker naming no command, a command that fails, or a doc
+with a ``figures`` command but no marked figure. The quickstart's demo output block is checked
+line by line against the lines the demo prints (its ``privacy`` lines: every default query, the
+direct path), since a code block cannot hold markers.
+
+Deliberate breakage: changing a marked figure in README.md (0.00436 -> 0.00437, **26** -> **27**)
+fails this test, as does a marker on a figure of another command's key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+import shlex
+from decimal import Decimal
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_app.cli import main
+from tests.paths import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+COMMAND = re.compile(r"<!-- figures (?P<name>[\w-]+): (?P<command>ptt [^>]*?) -->")
+FIGURE = re.compile(r"(?P<value>none|[0-9][0-9,]*(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)(?:\*\*|`)?"
+                    r"<!--(?P<name>[\w-]+)\.(?P<key>[\w.]+)-->")
+
+
+@cache
+def _output(command: str) -> dict[str, Any]:
+    argv = shlex.split(command)[1:] + ["--json"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    assert code == 0, f"{command!r} exited with {code}"
+    result: dict[str, Any] = json.loads(out.getvalue())
+    return result
+
+
+def _lookup(obj: dict[str, Any], key: str) -> Any:
+    value: Any = obj
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+def matches(quoted: str, actual: float | None) -> bool:
+    """``quoted`` (as written in the doc) is ``actual`` at the precision it is written with.
+
+    >>> matches("0.00436", 0.0043617), matches("0.00437", 0.0043617), matches("2,427", 2426.89)
+    (True, False, True)
+    >>> matches("26", 25.906), matches("1.159e+04", 11593.1), matches("none", None), matches("2.47", 2.4721)
+    (True, True, True, True)
+    """
+    if quoted == "none":
+        return actual is None
+    if actual is None or not math.isfinite(actual):
+        return False
+    text = quoted.replace(",", "")
+    written = Decimal(text)
+    if "e" in text or "." in text:
+        mantissa = text.split("e")[0].lstrip("0").replace(".", "").lstrip("0")
+        digits = len(mantissa)
+        exponent = math.floor(math.log10(abs(actual))) if actual else 0
+        rounded = round(actual, digits - 1 - exponent)
+        return math.isclose(rounded, float(written), rel_tol=1e-9, abs_tol=1e-15)
+    return round(actual) == int(written)
+
+
+def _marked(path: Path) -> tuple[dict[str, str], list[tuple[str, str, str, int]]]:
+    text = path.read_text()
+    commands = {m["name"]: m["command"] for m in COMMAND.finditer(text)}
+    figures = [(m["value"], m["name"], m["key"], text.count("\n", 0, m.start()) + 1) for m in FIGURE.finditer(text)]
+    return commands, figures
+
+
+QUOTED = [(p, *f) for p in DOCS for f in _marked(p)[1]]
+
+
+def test_the_docs_quote_figures_and_every_command_has_one() -> None:
+    assert any(p.name == "README.md" for p, *_ in QUOTED) and any(p.name == "statistics.md" for p, *_ in QUOTED)
+    for path in DOCS:
+        commands, figures = _marked(path)
+        unused = set(commands) - {name for _, name, _, _ in figures}
+        assert not unused, f"{path.name}: commands with no marked figure: {sorted(unused)}"
+        unknown = {name for _, name, _, _ in figures} - set(commands)
+        assert not unknown, f"{path.name}: figures naming no command: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize(("path", "quoted", "name", "key", "line"), QUOTED,
+                         ids=[f"{p.name}:{line}:{name}.{key}" for p, _, name, key, line in QUOTED])
+def test_a_quoted_figure_is_what_its_command_prints(path: Path, quoted: str, name: str, key: str, line: int) -> None:
+    command = _marked(path)[0][name]
+    actual = _lookup(_output(command), key)
+    assert matches(quoted, actual), f"{path.name}:{line} quotes {quoted} for {key} of `{command}`; it prints {actual}"
+
+
+def test_the_quickstart_shows_the_privacy_lines_the_demo_prints() -> None:
+    from estimators import plain_words
+    from producers.replay import default_queries, fleet_size_for, load_day
+    from producers.settings import ReplaySettings
+    from stream_app.cli.analyst import vehicle_day
+
+    rs = ReplaySettings()
+    day = load_day(rs)
+    line, epsilon_day = vehicle_day(default_queries(day, fleet_size_for(day, rs), rs.mechanisms), "local")
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```\nbroker "):]
+    block = block[:block.index("```", 4)]
+    shown = [ln for ln in block.splitlines() if ln.startswith("privacy ")]
+    assert shown == [f"privacy     {line}; --via-shuffler: through the shuffler's release"]
+    assert f"            {plain_words(epsilon_day)}" in block.splitlines()
+
+
+def test_the_readme_says_in_plain_words_what_a_day_figure_means() -> None:
+    """The one sentence (estimators.plain_words), as it is, once."""
+    from estimators import plain_words
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert readme.count(plain_words()) == 1
