@@ -115,7 +115,7 @@ def guarded(command: str, fn: Callable[[], int], args: argparse.Namespace | None
     from producers.replay import EmptyData
     from schemas.kafka_io import BrokerLost, BrokerUnavailable
 
-    from .local_broker import PortInUse
+    from ..ports import PortInUse
 
     def fail(code: int, what: str, fix: str = "") -> int:
         print(error_line(command, what, fix), file=sys.stderr)
