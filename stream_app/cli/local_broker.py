@@ -126,6 +126,13 @@ class LocalBroker:
         return self._proc is not None and self._proc.poll() is None
 
     @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The broker's process (started): for a caller that watches it."""
+        if self._proc is None:
+            raise RuntimeError("the broker has not been started")
+        return self._proc
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 

@@ -49,6 +49,7 @@ WITH_EXAMPLES = {
     "schemas.wire": 6,
     "stream_app.cli.demo": 5,
     "stream_app.cli.errors": 1,
+    "stream_app.cli.supervise": 2,
     "stream_app.decode": 5,
     "stream_app.estimate": 1,
     "stream_app.frames": 10,
