@@ -18,8 +18,8 @@ from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 
-__all__ = ["HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "EpochGroups", "FrameCounts", "LongWriter", "format_row",
-           "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
+__all__ = ["HEADER", "LOSS_TIMEOUT_S", "NEGATIVE_NOTE", "SUMMARY_HEADER", "EpochGroups", "FrameCounts", "LongWriter",
+           "MissingTopic", "format_row", "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6} {'eps shuf':>8}"
@@ -28,6 +28,9 @@ SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stations':>8} {'N':>8} {'
 NEGATIVE_NOTE = ("estimates are unbiased, so a quiet station's can fall below 0; its bounds are clipped at 0 (no count "
                  "is negative), so such an estimate lies below its own bound")
 IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it is (marked partial)
+#: a subscriber whose broker answered nothing for this long stops (it holds nothing to flush; exit code 7)
+LOSS_TIMEOUT_S = 15.0
+LOSS_CHECK_S = 2.5  # how often a quiet subscriber asks the broker about its topic
 HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of its query to show up
 
 
@@ -192,51 +195,89 @@ def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_tim
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        max_partition_fetch_bytes=16 << 20,  # an estimate frame may exceed the 1 MiB default
                        consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
-    return _values(consumer, topic, from_beginning)
-
-
-def _values(consumer: Any, topic: str, from_beginning: bool) -> Iterator[bytes]:
-    from kafka import TopicPartition
-
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        if from_beginning:
-            consumer.seek_to_beginning()
+        _assign(consumer, topic, from_beginning)  # a missing topic fails here, before the file is made
+    except BaseException:
+        consumer.close()
+        raise
+    return _values(consumer)
+
+
+def _values(consumer: Any) -> Iterator[bytes]:
+    try:
         for rec in consumer:
             yield rec.value
     finally:
         consumer.close()
 
 
+class MissingTopic(LookupError):
+    """The topic to read does not exist on the broker (the message names it and the ones there)."""
+
+
+def _assign(consumer: Any, topic: str, from_beginning: bool) -> None:
+    """Read every partition of ``topic``; :class:`MissingTopic` if the broker has no such topic."""
+    from kafka import TopicPartition
+
+    parts = consumer.partitions_for_topic(topic) if topic in consumer.topics() else None
+    if not parts:
+        there = sorted(t for t in consumer.topics() if not t.startswith("__"))
+        shown = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "none"
+        raise MissingTopic(f"no topic {topic!r} on the broker (its topics: {shown}); a worker creates its topics "
+                           "when it starts: start one first, or name another --topic")
+    consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+    if from_beginning:
+        consumer.seek_to_beginning()
+
+
 def _polled(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
             ) -> Iterator[bytes | None]:
     """The topic's record values as they come, and ``None`` at least every half second when
-    nothing comes (so a caller can act on time); ends after ``idle_timeout_s`` without data."""
-    from kafka import KafkaConsumer, TopicPartition
+    nothing comes (so a caller can act on time); ends after ``idle_timeout_s`` without data.
+    Connects and finds the topic at once (an unreachable broker or a missing topic fails before
+    anything is printed); a broker silent for :data:`LOSS_TIMEOUT_S` ends it with
+    :class:`~schemas.kafka_io.BrokerLost`."""
+    from kafka import KafkaConsumer
 
-    from schemas.kafka_io import connect
+    from schemas.kafka_io import BrokerWatch, connect
 
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        max_partition_fetch_bytes=16 << 20)
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
-        if from_beginning:
-            consumer.seek_to_beginning()
-        quiet_since = time.monotonic()
+        _assign(consumer, topic, from_beginning)
+    except BaseException:
+        consumer.close()
+        raise
+    # a quiet consumer never says that its broker went away: it is asked, when nothing comes
+    return _polling(consumer, BrokerWatch(settings, {topic}, LOSS_TIMEOUT_S), settings, idle_timeout_s)
+
+
+def _polling(consumer: Any, watch: Any, settings: KafkaSettings, idle_timeout_s: float | None
+             ) -> Iterator[bytes | None]:
+    from schemas.kafka_io import BrokerLost
+
+    try:
+        quiet_since = checked = time.monotonic()
         while True:
             got = consumer.poll(timeout_ms=500)
+            now = time.monotonic()
             if got:
-                quiet_since = time.monotonic()
+                quiet_since = now
+                watch.health.alive(now)
                 for records in got.values():
                     for rec in records:
                         yield rec.value
-            elif idle_timeout_s is not None and time.monotonic() - quiet_since >= idle_timeout_s:
+            elif idle_timeout_s is not None and now - quiet_since >= idle_timeout_s:
                 return
+            elif now - checked >= LOSS_CHECK_S:
+                checked = now
+                lost = watch.check()
+                if lost is not None:
+                    raise BrokerLost(f"lost the Kafka broker at {settings.bootstrap_servers} mid-run ({lost}); "
+                                     "start it again (`ptt broker`), then subscribe again")
             yield None
     finally:
+        watch.close()
         consumer.close()
 
 
@@ -389,8 +430,9 @@ def keep_frames(settings: KafkaSettings, topic: str, path: Path, kind: Literal["
     Returns (frames kept, rows written); a record that is not a frame is skipped."""
     out = out or sys.stdout
     counts = FrameCounts()
+    records = _records(settings, topic, from_beginning, idle_timeout_s)
     try:
-        write_frames(_records(settings, topic, from_beginning, idle_timeout_s), path, kind, query=query,
+        write_frames(records, path, kind, query=query,
                      station=station, estimator=estimator, group_rows=group_rows, counts=counts)
     finally:
         note = f" ({counts.skipped} record(s) that are not estimate frames skipped)" if counts.skipped else ""
