@@ -28,7 +28,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any
 
 from producers.settings import ReplaySettings
 from schemas.epochs import epoch_start
@@ -37,6 +37,7 @@ from schemas.settings import KafkaSettings
 from ..settings import WorkerSettings
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, ptt_command, settings_from_args
+from .demo_output import DropWhenClosed, ToTerminal, output_may_close
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, CliError, error_line
 from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
@@ -49,11 +50,14 @@ if TYPE_CHECKING:
 
 #: seconds the helpers get to stop gracefully once asked (then SIGKILL); the topics are saved meanwhile
 STOP_GRACE_S = 2.0
+#: every line the demo prints, also kept in the output directory (a `| tee` a Ctrl-C ended misses the last ones)
+RUN_LOG = "run.log"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
-           "read_frames", "run_demo", "save_topics", "secret_dir", "write_report"]
+__all__ = ["RUN_LOG", "DemoError", "DropWhenClosed", "ToTerminal", "add_parser", "choose_port", "cut_epoch_note",
+           "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics", "secret_dir",
+           "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -269,6 +273,20 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
     return f"{summary} and {len(plots)} plots in {out}/"
 
 
+def cut_epoch_note(replayed: int, truth_epochs: int) -> str:
+    """Why the ground truth can hold one epoch more than were replayed: the epoch a stop cut
+    short has its truth, and its reports in part, but is marked interrupted, not counted.
+
+    >>> cut_epoch_note(72, 73)
+    ' (one more than replayed: the epoch the stop cut short, marked interrupted and withheld)'
+    >>> cut_epoch_note(72, 72)
+    ''
+    """
+    if truth_epochs == replayed + 1:
+        return " (one more than replayed: the epoch the stop cut short, marked interrupted and withheld)"
+    return ""
+
+
 def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
     """The start-up line's per-vehicle day: every demo query, for the release the demo uses (the
     shuffler's, or local on the direct path)."""
@@ -314,106 +332,11 @@ def _enroll(where: Path, fleet: int) -> dict[str, Any]:
     return {"enrollment_secret_file": path.absolute(), "enrolled_devices": max(fleet, 262_144)}
 
 
-class DropWhenClosed:
-    """A text stream whose reader may go away: ``make run | tee run.log`` and Ctrl-C, which ends
-    ``tee`` too. The first write that meets the closed pipe (EPIPE) points the descriptor at
-    /dev/null, so the demo goes on stopping cleanly and saving its results instead of dying of
-    BrokenPipeError (or of it again when Python flushes at exit); that write and every later
-    one go to ``fallback`` (stdout's is stderr, stderr's the terminal, :class:`ToTerminal`), or
-    are dropped without one: the lines that say what was saved still reach the person."""
-
-    def __init__(self, stream: TextIO, fallback: TextIO | None = None) -> None:
-        self._stream = stream
-        self._fallback = fallback
-        self._pending: list[str] = []  # written since the last flush that reached the reader
-        self.closed_pipe = False
-
-    def write(self, text: str) -> int:
-        if self.closed_pipe:
-            self._to_fallback(text)
-            return len(text)
-        try:
-            self._stream.write(text)
-            self._pending.append(text)
-        except BrokenPipeError:
-            self._to_devnull(text)
-        return len(text)
-
-    def flush(self) -> None:
-        if self.closed_pipe:
-            if self._fallback is not None:
-                self._fallback.flush()
-            return
-        try:
-            self._stream.flush()
-            self._pending = []
-        except BrokenPipeError:
-            self._to_devnull("")
-
-    def _to_fallback(self, text: str) -> None:
-        if self._fallback is not None and text:
-            with contextlib.suppress(OSError, ValueError):
-                self._fallback.write(text)
-                self._fallback.flush()
-
-    def _to_devnull(self, text: str) -> None:
-        self.closed_pipe = True
-        with contextlib.suppress(OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, self._stream.fileno())
-            finally:
-                os.close(null)
-        lost, self._pending = "".join(self._pending) + text, []
-        self._to_fallback(lost)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-class ToTerminal:
-    """Writes to the controlling terminal (``/dev/tty``), opened at the first write; dropped
-    when there is none (a service, a test): the last resort of :class:`DropWhenClosed`."""
-
-    def __init__(self) -> None:
-        self._tty: TextIO | None = None
-        self._failed = False
-
-    def write(self, text: str) -> int:
-        if self._tty is None and not self._failed:
-            try:
-                self._tty = open("/dev/tty", "w")  # noqa: SIM115 - kept open until the process ends
-            except OSError:
-                self._failed = True
-        if self._tty is not None:
-            with contextlib.suppress(OSError):
-                self._tty.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        if self._tty is not None:
-            with contextlib.suppress(OSError):
-                self._tty.flush()
-
-
-@contextlib.contextmanager
-def output_may_close() -> Iterator[None]:
-    """stdout and stderr as :class:`DropWhenClosed` while the demo runs: stdout falls back to
-    stderr, stderr to the terminal."""
-    saved = sys.stdout, sys.stderr
-    err = DropWhenClosed(sys.stderr, cast(TextIO, ToTerminal()))
-    sys.stdout, sys.stderr = cast(TextIO, DropWhenClosed(sys.stdout, cast(TextIO, err))), cast(TextIO, err)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
-
-
 def run_demo(demo: DemoSettings) -> int:
     """Run the demo; the exit code of ``ptt demo``. Expected failures raise (the CLI maps them).
     A closed stdout or stderr (its reader gone) only ends the printing: the demo still stops
     everything it started and saves its results."""
-    with output_may_close(), secret_dir() as secrets_at:
+    with output_may_close(copy=demo.out / RUN_LOG), secret_dir() as secrets_at:
         return _run_demo(demo, secrets_at)
 
 
@@ -581,7 +504,8 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
             table = out / "estimates.parquet"  # written with every helper gone (pyarrow: ~0.5 s under load)
             frames = write_frames(frame_values, table, "parquet")
             print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
-                  f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}", flush=True)
+                  f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}"
+                  f"{cut_epoch_note(summary.epochs, counts[rs.truth_topic])}", flush=True)
             print(f"saved the same {frames.rows:,} estimates from {frames.frames:,} estimate frames to {table} "
                   "(one row per query, epoch, station and estimator)", flush=True)
             if counts[ws.estimates_topic]:
@@ -592,6 +516,8 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                 print(f"report      {done}", flush=True)
             else:
                 print("report      none (no estimate was published yet)", flush=True)
+            print(f"log         {out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",
+                  flush=True)
         return code
     finally:
         if not stopped_children:

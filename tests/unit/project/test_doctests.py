@@ -47,7 +47,7 @@ WITH_EXAMPLES = {
     "schemas.kafka_io": 11,
     "schemas.settings": 1,
     "schemas.wire": 6,
-    "stream_app.cli.demo": 5,
+    "stream_app.cli.demo": 7,
     "stream_app.cli.errors": 1,
     "stream_app.cli.supervise": 2,
     "stream_app.decode": 5,
