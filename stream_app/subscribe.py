@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,12 +20,17 @@ from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 
 __all__ = ["HEADER", "LOSS_TIMEOUT_S", "NEGATIVE_NOTE", "SUMMARY_HEADER", "EpochGroups", "FrameCounts", "LongWriter",
-           "MissingTopic", "format_row", "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
+           "MissingTopic", "SUMMARY_KEY", "WIDTH", "format_row", "format_summary", "keep_frames", "latest_frames",
+           "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6} {'eps shuf':>8}"
-SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stations':>8} {'N':>8} {'eps':>6} {'eps shuf':>8}  " \
-                 "sum of the station estimates, per estimator"
+SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stns':>4} {'N':>8} {'eps':>6} {'eps shuf':>8}  " \
+                 f"{'estimator':<13} {'sum':>12} {'<0':>4} {'gaps':>4} notes"
+#: what the default table's columns mean, under its header (wrapped to :data:`WIDTH`)
+SUMMARY_KEY = ("sum: of the station estimates (the vehicles at all of them); <0: stations whose estimate is below 0; "
+               "gaps: stations without source data")
+WIDTH = 120  # the default table's lines fit a 120-column terminal
 NEGATIVE_NOTE = ("estimates are unbiased, so a quiet station's can fall below 0; its bounds are clipped at 0 (no count "
                  "is negative), so such an estimate lies below its own bound")
 IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it is (marked partial)
@@ -35,7 +41,7 @@ HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of 
 
 
 def format_row(e: Estimate) -> str:
-    span = "" if e.span_s == EPOCH_S else f"  sum over {e.span_s // 60} min"  # a rollup (stream_app.rollups)
+    span = "" if e.span_s == EPOCH_S else f"  {e.span_s // 60}-min sum"  # a rollup (stream_app.rollups)
     if e.withheld:
         head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
         return f"{head} withheld: {e.withheld}{span}"
@@ -53,31 +59,35 @@ def _eps(e: Estimate) -> str:
             f"{'-' if e.epsilon_shuffled is None else f'{e.epsilon_shuffled:.3f}':>8}")  # '-': not attested
 
 
+def _fit(line: str) -> str:
+    """A line cut to :data:`WIDTH` columns (the cut marked)."""
+    return line if len(line) <= WIDTH else line[:WIDTH - 1] + "\u2026"
+
+
 def format_summary(rows: Sequence[Estimate], expected: int | None = None) -> str:
-    """One line for the estimates of one closed (query, epoch): per estimator the sum of its
-    station estimates (an unbiased estimate of the vehicles at all of them), how many are below
-    0, the stations without source data, and ``partial`` when fewer than ``expected`` rows came."""
+    """The lines of one closed (query, epoch), each within :data:`WIDTH` columns: per estimator
+    the sum of its station estimates (an unbiased estimate of the vehicles at all of them) and,
+    as notes, how many are below 0, the stations without source data, ``partial`` when fewer
+    than ``expected`` rows came, and a rollup's span."""
     e = rows[0]
     stations = len({r.station for r in rows})
-    head = f"{e.epoch_start.isoformat():<25} {e.query_id + ' v' + str(e.query_version):<12} {stations:>8} " \
+    head = f"{e.epoch_start.isoformat():<25} {e.query_id + ' v' + str(e.query_version):<12} {stations:>4} " \
            f"{e.participants:>8} {_eps(e)}  "
-    if e.withheld:
-        body = f"withheld: {e.withheld}"
-    else:
-        parts = []
-        for name in dict.fromkeys(r.estimator for r in rows):
-            values = [r.estimate or 0.0 for r in rows if r.estimator == name]
-            below = sum(v < 0 for v in values)
-            parts.append(f"{name} {math.fsum(values):,.1f}" + (f" ({below} below 0)" if below else ""))
-        body = " \u00b7 ".join(parts)
-        gaps = len({r.station for r in rows if r.data_quality != "ok"})
-        if gaps:
-            body += f"; {gaps} station{'s' if gaps > 1 else ''} without source data"
+    notes = []
     if expected is not None and len(rows) < expected:
-        body += f" (partial: {len(rows)} of {expected} estimates)"
-    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups): its own line, after the epochs it sums
-        body += f"  sum over {e.span_s // 60} min"
-    return head + body
+        notes.append(f"partial {len(rows)}/{expected}")
+    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups): its own lines, after the epochs it sums
+        notes.append(f"{e.span_s // 60}-min sum")
+    if e.withheld:
+        return _fit(head + "; ".join([f"withheld: {e.withheld}", *notes]))
+    gaps = len({r.station for r in rows if r.data_quality != "ok"})
+    lines = []
+    for name in dict.fromkeys(r.estimator for r in rows):
+        values = [r.estimate or 0.0 for r in rows if r.estimator == name]
+        below = sum(v < 0 for v in values)
+        lines.append(_fit(f"{head}{name:<13} {math.fsum(values):>12,.1f} {below:>4} {gaps:>4} "
+                          f"{'; '.join(notes)}".rstrip()))
+    return "\n".join(lines)
 
 
 @dataclass
@@ -299,7 +309,8 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
         expected, close = _query_sizes(settings, station, estimator)
         groups = EpochGroups(expected)
         print(HEADER if rows else SUMMARY_HEADER, file=out)
-        print(f"({NEGATIVE_NOTE}{'' if rows else '; --rows: every estimate'})", file=out, flush=True)
+        key = f"({NEGATIVE_NOTE}{'' if rows else '; ' + SUMMARY_KEY + '; --rows: every estimate'})"
+        print(textwrap.fill(key, WIDTH), file=out, flush=True)
 
     def emit(done: list[list[Estimate]]) -> None:
         assert groups is not None  # noqa: S101 - only in the table modes

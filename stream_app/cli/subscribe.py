@@ -23,8 +23,8 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("subscribe", help="tail the estimates topic (a table, or JSON lines)",
                        description="Tail the estimates: one line per closed (query, epoch) with the sum of its "
-                                   "station estimates per estimator, a rollup on its own line marked 'sum over 5 min' "
-                                   "or 'sum over 60 min' (--rows: every estimate, grouped per query and "
+                                   "station estimates per estimator, a rollup on its own line marked '5-min sum' "
+                                   "or '60-min sum' (--rows: every estimate, grouped per query and "
                                    f"epoch; --json: one JSON estimate per line as it comes). Note: {NEGATIVE_NOTE}.")
     p.add_argument("--topic", default="ptt.estimates", help="estimates topic (default ptt.estimates)")
     out = p.add_mutually_exclusive_group()
