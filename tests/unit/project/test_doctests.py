@@ -38,6 +38,7 @@ WITH_EXAMPLES = {
     "producers.pems.grid": 5,
     "producers.pems.model": 1,
     "producers.pems.stamps": 3,
+    "producers.progress": 2,
     "producers.settings": 2,
     "schemas.connection": 7,
     "schemas.device_binary": 15,
