@@ -17,7 +17,6 @@ import functools
 import logging
 import multiprocessing as mp
 import secrets
-import sys
 import time
 import uuid
 from collections import Counter
@@ -54,6 +53,7 @@ from .devices import DeviceRequests
 from .fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize, query_truth_counts, split_fleet
 from .http_client import DeviceClient
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
+from .progress import Progress, what_limits
 from .settings import ReplaySettings
 from .sink import ReportSink
 from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_signals, pause_until
@@ -467,31 +467,6 @@ def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters
             reason.value = str(broker_lost(settings, why)).encode()[:_REASON_BYTES - 1]
 
 
-class Progress:
-    """A one-line progress bar on stderr: epochs, epochs/s, reports/s, failures."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.enabled = enabled
-        self.start = time.time()
-        self.last = 0.0
-        self.tty = sys.stderr.isatty()
-
-    def update(self, epochs: int, reports: int, failures: int, force: bool = False) -> None:
-        now = time.time()
-        if not self.enabled or (not force and now - self.last < (0.2 if self.tty else 5.0)):
-            return
-        self.last = now
-        dt = max(now - self.start, 1e-9)
-        line = (f"epoch {epochs}/{self.total} ({100 * epochs / max(self.total, 1):.0f}%)  "
-                f"{epochs / dt:.1f} epochs/s  {reports / dt:,.0f} reports/s  delivery failures {failures}")
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            print(file=sys.stderr)
-
-
 def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     """Replay the day with ``settings.producers`` producer processes; returns the totals."""
     started = time.time()
@@ -517,7 +492,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     total = day.epochs.size - settings.start_epoch
     if settings.max_epochs is not None:
         total = min(total, settings.max_epochs)
-    bar = Progress(total, progress)
+    bar = Progress(total, progress, speed=settings.speed, limit=what_limits(settings))
     t0 = time.time()
     if settings.producers == 1:
         counters = [0] * _N_COUNTERS

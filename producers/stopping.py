@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-__all__ = ["FORCE_QUIT_GRACE_S", "Halt", "StopFlag", "StopPlan", "Stops", "children_ignore_stop_signals",
-           "pause_until"]
+__all__ = ["FORCE_QUIT_GRACE_S", "STOP_NOTICE", "STOP_NOTICE_TTY", "Halt", "StopFlag", "StopPlan", "Stops",
+           "children_ignore_stop_signals", "pause_until"]
 
 
 FORCE_QUIT_GRACE_S = 2.0  # after a second Ctrl-C: time left for cleanup before the process ends regardless
@@ -29,6 +29,19 @@ def _say(text: str) -> None:
         os.write(2, text.encode())
     except OSError:
         pass
+
+
+#: the first Ctrl-C's line; on a terminal it starts a line of its own (the terminal has echoed
+#: ``^C`` onto the progress bar's line, which ends in a carriage return, not a newline)
+STOP_NOTICE = "ptt: stopping cleanly; Ctrl-C again to quit at once\n"
+STOP_NOTICE_TTY = "\n" + STOP_NOTICE
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return os.isatty(2)
+    except OSError:
+        return False
 
 
 def _quit_after(seconds: float) -> None:
@@ -82,7 +95,7 @@ class StopFlag:
             _quit_after(FORCE_QUIT_GRACE_S)
             raise KeyboardInterrupt
         if self.notice and not self.event.is_set():
-            _say("ptt: stopping cleanly; Ctrl-C again to quit at once\n")
+            _say(STOP_NOTICE_TTY if _stderr_is_terminal() else STOP_NOTICE)
         self.event.set()
 
     def __exit__(self, *exc: object) -> None:

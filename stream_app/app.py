@@ -69,11 +69,12 @@ from .settings import WorkerSettings
 from .stage2 import OutputSettings, by_partition, epoch_outputs, publish_chunks, rollup_outputs, shuffled_needs
 from .windows import Watermarks, WindowPolicy, WindowState
 
-__all__ = ["QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
+__all__ = ["INSTANCE_HEADER", "QueryCache", "create_app", "ensure_stream_topics", "run_worker"]
 
 log = logging.getLogger(__name__)
 BROKER_ERRORS = (AioKafkaError, ProducerSendError)  # a publish failed: the broker's fault, not a record's
 WM_PREFIX = b"__wm__\x1f"
+INSTANCE_HEADER = "X-PTT-Instance"  # /metrics' answer: PTT_INSTANCE_TOKEN (the demo knows its own worker by it)
 QUERY_PATIENCE_S = 120.0  # longest wait for the queries topic to be readable before giving up on a query
 PUBLISH_CHUNK = 40_000  # estimate records in flight before their acknowledgements are awaited
 WAIT_SAID_S = 10.0  # a wait for the queries topic this long is logged
@@ -182,9 +183,10 @@ def _faust_sensors(app: faust.App, registry: CollectorRegistry) -> None:
     app.monitor = PrometheusMonitor(metrics=fm._replace(events_runtime_latency=adapter))
 
 
-def _metrics_page(app: faust.App, registry: CollectorRegistry, arrays: StationArrays) -> None:
+def _metrics_page(app: faust.App, registry: CollectorRegistry, arrays: StationArrays, instance: str = "") -> None:
     """``/metrics``: the whole registry, the per-station families written from their arrays
-    (:meth:`StationArrays.expose`); ``?name[]=...`` only the named series."""
+    (:meth:`StationArrays.expose`); ``?name[]=...`` only the named series; ``instance``, if any, as a header."""
+    headers = {"Content-Type": CONTENT_TYPE_LATEST, **({INSTANCE_HEADER: instance} if instance else {})}
 
     @app.page("/metrics")
     async def metrics_page(self: Any, request: Any) -> Any:
@@ -192,7 +194,7 @@ def _metrics_page(app: faust.App, registry: CollectorRegistry, arrays: StationAr
 
         names = request.query.getall("name[]", [])  # as prometheus_client's own handler
         body = generate_latest(registry.restricted_registry(names)) if names else arrays.expose(registry)
-        return Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST}, status=200)
+        return Response(body=body, headers=headers, status=200)
 
 
 class _App(faust.App):
@@ -478,7 +480,7 @@ def create_app(settings: WorkerSettings, registry: CollectorRegistry | None = No
     app = _faust_app(s)
     _faust_sensors(app, registry)
     w = StreamWorker(s, app, registry)
-    _metrics_page(app, registry, w.monitor.arrays)
+    _metrics_page(app, registry, w.monitor.arrays, s.instance_token)
 
     @app.agent(w.reports)
     async def stage1(stream: Any) -> Any:

@@ -25,6 +25,10 @@ class WorkerSettings(BrokerLossSettings):
     internal_partitions: int = Field(default=4, ge=1, description="partitions of the re-keyed stage and tables")
     web_host: str = Field(default="127.0.0.1", description="where /metrics is served")
     web_port: int = Field(default=6066, ge=1, le=65535, description="port of /metrics")
+    instance_token: str = Field(default="", max_length=64, pattern=r"^[A-Za-z0-9_-]*$",
+                                description="an identity /metrics answers with in its X-PTT-Instance header (the "
+                                            "demo's random token: the worker it waits for is its own, not another "
+                                            "program on the port); empty: no header")
     confidences: tuple[float, ...] = Field(default=(0.95, 0.99), description="confidence levels of the bounds")
     min_participants: int = Field(default=20, ge=0, description="withhold estimates of epochs with fewer vehicles")
     allowed_lateness_epochs: int = Field(default=2, ge=0, description="watermark lateness before an epoch closes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,35 +21,42 @@ from schemas.settings import KafkaSettings
 
 from .report.summary import sp_caveat
 
-__all__ = ["FLOWS_HEADER", "FLOWS_NOTE", "HEADER", "NEGATIVE_NOTE", "SUMMARY_HEADER", "WIDTH", "EpochGroups",
-           "FrameCounts", "LongWriter", "flow_kind", "format_flow", "format_row", "format_summary", "keep_frames",
-           "latest_frames", "subscribe", "write_frames"]
+__all__ = ["FLOWS_HEADER", "FLOWS_NOTE", "HEADER", "LOSS_TIMEOUT_S", "NEGATIVE_NOTE", "SUMMARY_HEADER", "SUMMARY_KEY",
+           "WIDTH", "EpochGroups", "FrameCounts", "LongWriter", "MissingTopic", "flow_kind", "format_flow",
+           "format_row", "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6} {'eps shuf':>8}"
-SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stations':>8} {'N':>8} {'eps':>6} {'eps shuf':>8}  " \
-                 "sum of the station estimates, per estimator"
+SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stns':>4} {'N':>8} {'eps':>6} {'eps shuf':>8}  " \
+                 f"{'estimator':<13} {'sum':>12} {'<0':>4} {'gaps':>4} notes"
+#: what the default table's columns mean, under its header (wrapped to :data:`WIDTH`)
+SUMMARY_KEY = ("sum: of the station estimates (the vehicles at all of them); <0: stations whose estimate is below 0; "
+               "gaps: stations without source data")
+WIDTH = 120  # the default table's and the flows view's lines fit a 120-column terminal
 NEGATIVE_NOTE = ("estimates are unbiased, so a quiet station's can fall below 0; its bounds are clipped at 0 (no count "
                  "is negative), so such an estimate lies below its own bound")
-WIDTH = 120  # the flows view's lines fit a terminal this wide
 FLOWS_HEADER = (f"{'span start':<25} {'query':<14} {'kind':<6} {'span':>6} {'station':>7} {'estimator':<13} "
                 f"{'flow':>9} {'95% bounds':>21} {'sd':>7}")
 FLOWS_NOTE = ("(vehicles per span; rollup: a 30-s query's estimates summed over it; span: a span query's own "
               "reports)")
 IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it is (marked partial)
+#: a subscriber whose broker answered nothing for this long stops (it holds nothing to flush; exit code 7)
+LOSS_TIMEOUT_S = 15.0
+LOSS_CHECK_S = 2.5  # how often a quiet subscriber asks the broker about its topic
 HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of its query to show up
 
 
 def _span_mark(e: Estimate, rollup: bool) -> str:
-    """How a longer span is marked: ``sum over N min`` (a rollup, stream_app.rollups), or
-    ``span of N min`` (a span query's own report, not a sum); nothing for an epoch."""
+    """How a longer span is marked: ``N-min sum`` (a rollup, stream_app.rollups), or ``N-min
+    span`` (a span query's own report, not a sum); nothing for an epoch."""
     if e.span_s == EPOCH_S:
         return ""
-    return f"  {'sum over' if rollup else 'span of'} {e.span_s // 60} min"
+    return f"{e.span_s // 60}-min sum" if rollup else f"{e.span_s // 60}-min span"
 
 
 def format_row(e: Estimate, rollup: bool = True) -> str:
     span = _span_mark(e, rollup)
+    span = f"  {span}" if span else ""
     if e.withheld:
         head = f"{e.epoch_start.isoformat():<25} {e.query_id:<12} {e.estimator:<14} {e.station:>8}"
         return f"{head} withheld: {e.withheld}{span}"
@@ -111,29 +119,30 @@ def _eps(e: Estimate) -> str:
 
 
 def format_summary(rows: Sequence[Estimate], expected: int | None = None, rollup: bool = True) -> str:
-    """One line for the estimates of one closed (query, epoch): per estimator the sum of its
-    station estimates (an unbiased estimate of the vehicles at all of them), how many are below
-    0, the stations without source data, and ``partial`` when fewer than ``expected`` rows came;
-    a longer span marked as a rollup's sum or (``rollup`` false) a span query's span."""
+    """The lines of one closed (query, epoch), each within :data:`WIDTH` columns: per estimator
+    the sum of its station estimates (an unbiased estimate of the vehicles at all of them; a
+    station without a number, e.g. a rollup's without source data, left out) and, as notes, how
+    many are below 0, the stations without source data, ``partial`` when fewer than ``expected``
+    rows came, and a longer span marked as a rollup's sum or (``rollup`` false) a span query's span."""
     e = rows[0]
     stations = len({r.station for r in rows})
-    head = f"{e.epoch_start.isoformat():<25} {e.query_id + ' v' + str(e.query_version):<12} {stations:>8} " \
+    head = f"{e.epoch_start.isoformat():<25} {e.query_id + ' v' + str(e.query_version):<12} {stations:>4} " \
            f"{e.participants:>8} {_eps(e)}  "
-    if e.withheld:
-        body = f"withheld: {e.withheld}"
-    else:
-        parts = []
-        for name in dict.fromkeys(r.estimator for r in rows):
-            values = [r.estimate for r in rows if r.estimator == name and r.estimate is not None]
-            below = sum(v < 0 for v in values)
-            parts.append(f"{name} {math.fsum(values):,.1f}" + (f" ({below} below 0)" if below else ""))
-        body = " \u00b7 ".join(parts)
-        gaps = len({r.station for r in rows if r.data_quality != "ok"})
-        if gaps:
-            body += f"; {gaps} station{'s' if gaps > 1 else ''} without source data"
+    notes = []
     if expected is not None and len(rows) < expected:
-        body += f" (partial: {len(rows)} of {expected} estimates)"
-    return head + body + _span_mark(e, rollup)  # a rollup: its own line, after the epochs it sums
+        notes.append(f"partial {len(rows)}/{expected}")
+    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups) or a span query: its own lines
+        notes.append(_span_mark(e, rollup))
+    if e.withheld:
+        return _fit(head + "; ".join([f"withheld: {e.withheld}", *notes]), WIDTH)
+    gaps = len({r.station for r in rows if r.data_quality != "ok"})
+    lines = []
+    for name in dict.fromkeys(r.estimator for r in rows):
+        values = [r.estimate for r in rows if r.estimator == name and r.estimate is not None]
+        below = sum(v < 0 for v in values)
+        lines.append(_fit(f"{head}{name:<13} {math.fsum(values):>12,.1f} {below:>4} {gaps:>4} "
+                          f"{'; '.join(notes)}".rstrip(), WIDTH))
+    return "\n".join(lines)
 
 
 @dataclass
@@ -253,51 +262,89 @@ def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_tim
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        max_partition_fetch_bytes=16 << 20,  # an estimate frame may exceed the 1 MiB default
                        consumer_timeout_ms=int(idle_timeout_s * 1000) if idle_timeout_s else float("inf"))
-    return _values(consumer, topic, from_beginning)
-
-
-def _values(consumer: Any, topic: str, from_beginning: bool) -> Iterator[bytes]:
-    from kafka import TopicPartition
-
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        consumer.assign(tps)
-        if from_beginning:
-            consumer.seek_to_beginning()
+        _assign(consumer, topic, from_beginning)  # a missing topic fails here, before the file is made
+    except BaseException:
+        consumer.close()
+        raise
+    return _values(consumer)
+
+
+def _values(consumer: Any) -> Iterator[bytes]:
+    try:
         for rec in consumer:
             yield rec.value
     finally:
         consumer.close()
 
 
+class MissingTopic(LookupError):
+    """The topic to read does not exist on the broker (the message names it and the ones there)."""
+
+
+def _assign(consumer: Any, topic: str, from_beginning: bool) -> None:
+    """Read every partition of ``topic``; :class:`MissingTopic` if the broker has no such topic."""
+    from kafka import TopicPartition
+
+    parts = consumer.partitions_for_topic(topic) if topic in consumer.topics() else None
+    if not parts:
+        there = sorted(t for t in consumer.topics() if not t.startswith("__"))
+        shown = ", ".join(there[:8]) + (", ..." if len(there) > 8 else "") if there else "none"
+        raise MissingTopic(f"no topic {topic!r} on the broker (its topics: {shown}); a worker creates its topics "
+                           "when it starts: start one first, or name another --topic")
+    consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+    if from_beginning:
+        consumer.seek_to_beginning()
+
+
 def _polled(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
             ) -> Iterator[bytes | None]:
     """The topic's record values as they come, and ``None`` at least every half second when
-    nothing comes (so a caller can act on time); ends after ``idle_timeout_s`` without data."""
-    from kafka import KafkaConsumer, TopicPartition
+    nothing comes (so a caller can act on time); ends after ``idle_timeout_s`` without data.
+    Connects and finds the topic at once (an unreachable broker or a missing topic fails before
+    anything is printed); a broker silent for :data:`LOSS_TIMEOUT_S` ends it with
+    :class:`~schemas.kafka_io.BrokerLost`."""
+    from kafka import KafkaConsumer
 
-    from schemas.kafka_io import connect
+    from schemas.kafka_io import BrokerWatch, connect
 
     consumer = connect("consumer", settings, KafkaConsumer, group_id=None, enable_auto_commit=False,
                        max_partition_fetch_bytes=16 << 20)
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
-        if from_beginning:
-            consumer.seek_to_beginning()
-        quiet_since = time.monotonic()
+        _assign(consumer, topic, from_beginning)
+    except BaseException:
+        consumer.close()
+        raise
+    # a quiet consumer never says that its broker went away: it is asked, when nothing comes
+    return _polling(consumer, BrokerWatch(settings, {topic}, LOSS_TIMEOUT_S), settings, idle_timeout_s)
+
+
+def _polling(consumer: Any, watch: Any, settings: KafkaSettings, idle_timeout_s: float | None
+             ) -> Iterator[bytes | None]:
+    from schemas.kafka_io import BrokerLost
+
+    try:
+        quiet_since = checked = time.monotonic()
         while True:
             got = consumer.poll(timeout_ms=500)
+            now = time.monotonic()
             if got:
-                quiet_since = time.monotonic()
+                quiet_since = now
+                watch.health.alive(now)
                 for records in got.values():
                     for rec in records:
                         yield rec.value
-            elif idle_timeout_s is not None and time.monotonic() - quiet_since >= idle_timeout_s:
+            elif idle_timeout_s is not None and now - quiet_since >= idle_timeout_s:
                 return
+            elif now - checked >= LOSS_CHECK_S:
+                checked = now
+                lost = watch.check()
+                if lost is not None:
+                    raise BrokerLost(f"lost the Kafka broker at {settings.bootstrap_servers} mid-run ({lost}); "
+                                     "start it again (`ptt broker`), then subscribe again")
             yield None
     finally:
+        watch.close()
         consumer.close()
 
 
@@ -325,9 +372,13 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
         expected, close = _query_sizes(settings, station, estimator, True) if flows else \
             _query_sizes(settings, station, estimator)
         groups = EpochGroups(expected)
-        print(FLOWS_HEADER if flows else HEADER if rows else SUMMARY_HEADER, file=out)
-        print(FLOWS_NOTE if flows else f"({NEGATIVE_NOTE}{'' if rows else '; --rows: every estimate'})", file=out,
-              flush=True)
+        if flows:
+            print(FLOWS_HEADER, file=out)
+            print(FLOWS_NOTE, file=out, flush=True)
+        else:
+            print(HEADER if rows else SUMMARY_HEADER, file=out)
+            key = f"({NEGATIVE_NOTE}{'' if rows else '; ' + SUMMARY_KEY + '; --rows: every estimate'})"
+            print(textwrap.fill(key, WIDTH), file=out, flush=True)
 
     cautioned: set[str] = set()  # Sampling Privacy's caveat: once, before its first estimate
 
@@ -343,7 +394,7 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
             if not flows and g[0].mechanism not in cautioned:  # the flows view: 120 columns, flows only
                 cautioned.add(g[0].mechanism)
                 if (caveat := sp_caveat(g[0].mechanism)) is not None:
-                    lines.insert(0, f"({caveat})")
+                    lines[:0] = textwrap.wrap(f"({caveat})", WIDTH)
             print("\n".join(lines), file=out, flush=True)
 
     def shown(e: Estimate) -> bool:
@@ -478,8 +529,9 @@ def keep_frames(settings: KafkaSettings, topic: str, path: Path, kind: Literal["
     Returns (frames kept, rows written); a record that is not a frame is skipped."""
     out = out or sys.stdout
     counts = FrameCounts()
+    records = _records(settings, topic, from_beginning, idle_timeout_s)
     try:
-        write_frames(_records(settings, topic, from_beginning, idle_timeout_s), path, kind, query=query,
+        write_frames(records, path, kind, query=query,
                      station=station, estimator=estimator, group_rows=group_rows, counts=counts)
     finally:
         note = f" ({counts.skipped} record(s) that are not estimate frames skipped)" if counts.skipped else ""

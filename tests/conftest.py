@@ -44,3 +44,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         defs = info.name2fixturedefs.values() if info is not None else ()
         if any(d and d[-1].scope in ("module", "package", "class") for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """``make test`` (pytest-xdist, ``-v``): one line per finished test. pytest's verbose mode
+    also writes each test's name as it starts; under xdist the workers' results come between,
+    so that name stays a line of its own -- two lines per test. The terminal reporter is
+    registered again without its start line (its instance attribute shadows the method)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or not getattr(config.option, "numprocesses", None) or config.option.verbose <= 0:
+        return
+    config.pluginmanager.unregister(reporter)
+    reporter.pytest_runtest_logstart = lambda nodeid, location: None
+    config.pluginmanager.register(reporter, "terminalreporter")

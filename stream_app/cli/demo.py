@@ -23,11 +23,12 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any
 
 from producers.settings import ReplaySettings
 from schemas.epochs import epoch_start
@@ -36,10 +37,12 @@ from schemas.settings import KafkaSettings
 from ..settings import WorkerSettings
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, ptt_command, settings_from_args
+from .demo_output import DropWhenClosed, ToTerminal, output_may_close
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings
-from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, CliError, error_line
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, CliError, error_line
 from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
 from .replay import delivery_failures_message, replay_summary_lines
+from .supervise import HelperFailed, Watch, how_it_ended, log_tail
 
 if TYPE_CHECKING:
     from producers.stopping import StopFlag
@@ -47,11 +50,14 @@ if TYPE_CHECKING:
 
 #: seconds the helpers get to stop gracefully once asked (then SIGKILL); the topics are saved meanwhile
 STOP_GRACE_S = 2.0
+#: every line the demo prints, also kept in the output directory (a `| tee` a Ctrl-C ended misses the last ones)
+RUN_LOG = "run.log"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["DemoError", "DropWhenClosed", "add_parser", "choose_port", "output_may_close", "prometheus_config", "run",
-           "read_frames", "run_demo", "save_topics", "write_report"]
+__all__ = ["RUN_LOG", "DemoError", "DropWhenClosed", "ToTerminal", "add_parser", "choose_port", "cut_epoch_note",
+           "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics", "secret_dir",
+           "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -67,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
     return run_demo(settings_from_args(DemoSettings, args))
 
 
-class DemoError(RuntimeError):
-    """A helper process failed; the message points to its log (kept in the output directory)."""
+class DemoError(HelperFailed):
+    """A helper process failed to start; the message quotes and names its log (kept in the output
+    directory). Exit code 8, as a helper that exits later (:class:`~.supervise.Watch`)."""
 
 
 def prometheus_config(targets: list[str], scrape_interval_s: int = 5) -> str:
@@ -102,21 +109,31 @@ def _get(url: str) -> bytes | None:
 
 
 def _wait_until(check: Callable[[], bool], timeout_s: float, proc: subprocess.Popen[bytes], what: str,
-                log: Path) -> None:
-    """Poll ``check`` until it holds; :class:`DemoError` if ``proc`` exits or time runs out."""
+                log: Path, watch: Watch | None = None) -> None:
+    """Poll ``check`` until it holds; :class:`DemoError` if ``proc`` exits (quoting its log) or
+    time runs out, :class:`HelperFailed` if a helper already started (``watch``) exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise DemoError(f"the {what} exited at start (code {proc.returncode}); see {log}")
+            raise DemoError(f"the {what} {how_it_ended(proc.returncode)} at start: {log_tail(log)} (its log: {log})")
+        if watch is not None:
+            watch.check()
         if check():
             return
         time.sleep(0.3)
-    raise DemoError(f"the {what} did not become ready within {timeout_s:.0f}s; see {log}")
+    raise DemoError(f"the {what} did not become ready within {timeout_s:.0f}s: {log_tail(log)} (its log: {log})")
 
 
-def _ours_metrics(url: str) -> bool:
-    body = _get(url)
-    return body is not None and b"\nptt_" in b"\n" + body
+def _ours_metrics(url: str, token: str) -> bool:
+    """The worker this demo started answers at ``url``: its /metrics carries the demo's token
+    (``PTT_INSTANCE_TOKEN``), not merely any ``ptt_`` line another program's worker would have."""
+    from ..app import INSTANCE_HEADER
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback
+            return bool(r.headers.get(INSTANCE_HEADER) == token)
+    except OSError:
+        return False
 
 
 def _ours_prometheus(base: str, config: Path) -> bool:
@@ -172,7 +189,8 @@ def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
     return sum(len(active_queries(queries, epoch_start(e))) for e in epochs)
 
 
-def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0) -> bool:
+def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0,
+                 check: Callable[[], None] = lambda: None) -> bool:
     """After the replay: until the worker has closed every window the replay marked and decided
     every rollup it completes (True), or a stop, or ``timeout_s`` without one more closed or
     decided (False: a stalled pipeline; a busy one that still makes progress is waited for).
@@ -182,6 +200,7 @@ def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: floa
     progress = -1.0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop.requested:
+        check()  # a helper that exited meanwhile (:meth:`~.supervise.Watch.check`)
         closed, done = _closed_epochs(metrics_url), _closed_epochs(metrics_url, decided)
         if closed >= windows and done >= rollups:
             return True
@@ -254,6 +273,20 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
     return f"{summary} and {len(plots)} plots in {out}/"
 
 
+def cut_epoch_note(replayed: int, truth_epochs: int) -> str:
+    """Why the ground truth can hold one epoch more than were replayed: the epoch a stop cut
+    short has its truth, and its reports in part, but is marked interrupted, not counted.
+
+    >>> cut_epoch_note(72, 73)
+    ' (one more than replayed: the epoch the stop cut short, marked interrupted and withheld)'
+    >>> cut_epoch_note(72, 72)
+    ''
+    """
+    if truth_epochs == replayed + 1:
+        return " (one more than replayed: the epoch the stop cut short, marked interrupted and withheld)"
+    return ""
+
+
 def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
     """The start-up's per-vehicle day: every demo query, for the release the demo uses (the
     shuffler's, or local on the direct path; a query without a whole-day bound, Sampling
@@ -279,122 +312,38 @@ def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
                           **(enrolled or {}), **chosen)
 
 
-def _enroll(out: Path, fleet: int) -> dict[str, Any]:
-    """--via-shuffler: a fresh enrollment secret for this run (``<out>/enrollment-secret``, owner
-    only), which the shuffler (the operator) and the replay (the simulated fleet, standing in
-    for the enrolled devices) both read; the whole fleet enrolled."""
-    path = out / "enrollment-secret"
-    path.unlink(missing_ok=True)
+@contextlib.contextmanager
+def secret_dir() -> Iterator[Path]:
+    """A directory for the run's secrets, owner only (0700), outside the output directory (which
+    is for sharing) -- under ``$XDG_RUNTIME_DIR`` (memory, per user) when set, else the system's
+    temporary directory -- and removed when the demo ends, however it ends."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = runtime if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="ptt-demo-", dir=base) as d:
+        yield Path(d)
+
+
+def _enroll(where: Path, fleet: int) -> dict[str, Any]:
+    """--via-shuffler: a fresh enrollment secret for this run (``enrollment-secret`` in ``where``,
+    :func:`secret_dir`; the file owner only, 0600), which the shuffler (the operator) and the
+    replay (the simulated fleet, standing in for the enrolled devices) both read; the whole
+    fleet enrolled."""
+    path = where / "enrollment-secret"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32) + "\n")
     return {"enrollment_secret_file": path.absolute(), "enrolled_devices": max(fleet, 262_144)}
 
 
-class DropWhenClosed:
-    """A text stream whose reader may go away: ``make run | tee run.log`` and Ctrl-C, which ends
-    ``tee`` too. The first write that meets the closed pipe (EPIPE) points the descriptor at
-    /dev/null, so the demo goes on stopping cleanly and saving its results instead of dying of
-    BrokenPipeError (or of it again when Python flushes at exit); that write and every later
-    one go to ``fallback`` (stdout's is stderr, stderr's the terminal, :class:`ToTerminal`), or
-    are dropped without one: the lines that say what was saved still reach the person."""
-
-    def __init__(self, stream: TextIO, fallback: TextIO | None = None) -> None:
-        self._stream = stream
-        self._fallback = fallback
-        self._pending: list[str] = []  # written since the last flush that reached the reader
-        self.closed_pipe = False
-
-    def write(self, text: str) -> int:
-        if self.closed_pipe:
-            self._to_fallback(text)
-            return len(text)
-        try:
-            self._stream.write(text)
-            self._pending.append(text)
-        except BrokenPipeError:
-            self._to_devnull(text)
-        return len(text)
-
-    def flush(self) -> None:
-        if self.closed_pipe:
-            if self._fallback is not None:
-                self._fallback.flush()
-            return
-        try:
-            self._stream.flush()
-            self._pending = []
-        except BrokenPipeError:
-            self._to_devnull("")
-
-    def _to_fallback(self, text: str) -> None:
-        if self._fallback is not None and text:
-            with contextlib.suppress(OSError, ValueError):
-                self._fallback.write(text)
-                self._fallback.flush()
-
-    def _to_devnull(self, text: str) -> None:
-        self.closed_pipe = True
-        with contextlib.suppress(OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, self._stream.fileno())
-            finally:
-                os.close(null)
-        lost, self._pending = "".join(self._pending) + text, []
-        self._to_fallback(lost)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-class ToTerminal:
-    """Writes to the controlling terminal (``/dev/tty``), opened at the first write; dropped
-    when there is none (a service, a test): the last resort of :class:`DropWhenClosed`."""
-
-    def __init__(self) -> None:
-        self._tty: TextIO | None = None
-        self._failed = False
-
-    def write(self, text: str) -> int:
-        if self._tty is None and not self._failed:
-            try:
-                self._tty = open("/dev/tty", "w")  # noqa: SIM115 - kept open until the process ends
-            except OSError:
-                self._failed = True
-        if self._tty is not None:
-            with contextlib.suppress(OSError):
-                self._tty.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        if self._tty is not None:
-            with contextlib.suppress(OSError):
-                self._tty.flush()
-
-
-@contextlib.contextmanager
-def output_may_close() -> Iterator[None]:
-    """stdout and stderr as :class:`DropWhenClosed` while the demo runs: stdout falls back to
-    stderr, stderr to the terminal."""
-    saved = sys.stdout, sys.stderr
-    err = DropWhenClosed(sys.stderr, cast(TextIO, ToTerminal()))
-    sys.stdout, sys.stderr = cast(TextIO, DropWhenClosed(sys.stdout, cast(TextIO, err))), cast(TextIO, err)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
-
-
 def run_demo(demo: DemoSettings) -> int:
     """Run the demo; the exit code of ``ptt demo``. Expected failures raise (the CLI maps them).
     A closed stdout or stderr (its reader gone) only ends the printing: the demo still stops
     everything it started and saves its results."""
-    with output_may_close():
-        return _run_demo(demo)
+    with output_may_close(copy=demo.out / RUN_LOG), secret_dir() as secrets_at:
+        return _run_demo(demo, secrets_at)
 
 
-def _run_demo(demo: DemoSettings) -> int:
+def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     from producers.replay import ReplayLost, fleet_size_for, load_day, replay
     from producers.stopping import StopFlag
     from schemas.kafka_io import read_queries
@@ -412,9 +361,10 @@ def _run_demo(demo: DemoSettings) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("worker", "tsdb", "report"):  # this run's state only
         shutil.rmtree(out / stale, ignore_errors=True)
+    (out / "enrollment-secret").unlink(missing_ok=True)  # where an earlier version of the demo left it
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
-    enrolled = _enroll(out, fleet_size_for(day, rs_check)) if demo.via_shuffler else {}
+    enrolled = _enroll(secrets_at, fleet_size_for(day, rs_check)) if demo.via_shuffler else {}
     privacy_line = _vehicle_day(demo, rs_check, day)
     ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None
@@ -425,17 +375,30 @@ def _run_demo(demo: DemoSettings) -> int:
     http_port = free_port()  # --transport http: the shuffler's front door
     broker = LocalBroker(port=demo.port, log_path=out / "broker.log", own_group=True)
     broker.start()
+    watch = Watch()  # every helper, from its start until the demo stops them (stream_app/cli/supervise.py)
+    watch.add("broker", broker.process, out / "broker.log")
+    token = secrets.token_hex(8)  # the worker's identity on its /metrics
     stopped_children = False
     try:
-        ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
-                            worker_dir=out / "worker", estimate_output="both")
         worker_log = out / "worker.log"
-        with worker_log.open("wb") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "worker"],  # noqa: S603
-                                      env={**os.environ, **ws.to_env()}, stdout=log, stderr=subprocess.STDOUT,
-                                      **child_options())
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        _wait_until(lambda: _ours_metrics(metrics_url), 90, worker, "stream-app worker", worker_log)
+        for attempt in range(3):  # a default port can be taken between the check and the worker's bind
+            ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
+                                worker_dir=out / "worker", estimate_output="both", instance_token=token)
+            with worker_log.open("wb") as log:
+                worker = started = subprocess.Popen(  # noqa: S603
+                    [sys.executable, "-m", "stream_app.cli", "worker"], env={**os.environ, **ws.to_env()}, stdout=log,
+                    stderr=subprocess.STDOUT, **child_options())
+            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+            try:
+                _wait_until(functools.partial(_ours_metrics, metrics_url, token), 90, started, "stream-app worker",
+                            worker_log, watch)
+                break
+            except DemoError:
+                if demo.metrics_port is not None or started.returncode != EXIT_PORT or attempt == 2:
+                    raise
+                taken, metrics_port = metrics_port, free_port()
+                metrics_note = f" (port {taken} was taken, using {metrics_port})"
+        watch.add("stream-app worker", started, worker_log)
         if demo.via_shuffler:
             ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
                                   http_port=http_port if demo.transport == "http" else 0, **enrolled)
@@ -449,7 +412,9 @@ def _run_demo(demo: DemoSettings) -> int:
             if demo.transport == "http":  # the replay's devices upload to its front door
                 health = f"http://127.0.0.1:{http_port}/v1/health"
                 _wait_until(lambda: _get(health) is not None, 90, shuffler, "shuffler's front door",
-                            out / "shuffler.log")
+                            out / "shuffler.log", watch)
+            watch.add("shuffler" + (" (and its HTTP front door)" if demo.transport == "http" else ""), shuffler,
+                      out / "shuffler.log")
         prom_bin = shutil.which("prometheus")
         prom_url = None
         if prom_bin:
@@ -466,7 +431,9 @@ def _run_demo(demo: DemoSettings) -> int:
                 prom_url = f"http://127.0.0.1:{prom_port}"
                 base = prom_url
                 try:
-                    _wait_until(functools.partial(_ours_prometheus, base, cfg), 60, prom, "Prometheus", prom_log)
+                    _wait_until(functools.partial(_ours_prometheus, base, cfg), 60, prom, "Prometheus", prom_log,
+                                watch)
+                    watch.add("Prometheus", prom, prom_log)
                     break
                 except DemoError:
                     if demo.prometheus_port is not None or prom.poll() is None or attempt == 2:
@@ -480,6 +447,7 @@ def _run_demo(demo: DemoSettings) -> int:
             door = f", devices POST http://127.0.0.1:{http_port}/v1/reports" if demo.transport == "http" else ""
             print(f"shuffler    device reports -> {ws.reports_topic}, {released} release (log "
                   f"{out / 'shuffler.log'}, metrics http://127.0.0.1:{shuffler_port}/metrics{door})")
+            print(f"enrollment  secret in {enrolled['enrollment_secret_file']} (owner only; removed at the end)")
         print(f"metrics     {metrics_url}{metrics_note}")
         print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
         print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")
@@ -491,10 +459,13 @@ def _run_demo(demo: DemoSettings) -> int:
         print(f"replaying {source} {pace}; Ctrl-C stops", flush=True)
         rs = _replay_settings(demo, broker.bootstrap, http_port, enrolled)
         try:
-            summary = replay(rs, progress=True)
+            with watch.interrupting():  # a helper that exits stops the replay within a second
+                summary = replay(rs, progress=True)
         except ReplayLost as exc:  # what the broker acknowledged, then the CLI's one-line error
             print("\n".join(replay_summary_lines(exc.summary)), flush=True)
+            watch.check()  # the broker (or another helper) exited: that is the failure to name
             raise
+        watch.check()
         print(f"data: {summary.data_quality}")
         print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
               f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"
@@ -509,18 +480,17 @@ def _run_demo(demo: DemoSettings) -> int:
                 replayed = [int(e) for e in day.epochs[:summary.epochs]]
                 queries = read_queries(rs)
                 if not _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
-                                    rollups=expected_rollups(queries, replayed)) and not stop.requested:
+                                    rollups=expected_rollups(queries, replayed), check=watch.check) \
+                        and not stop.requested:
                     print("demo: the worker closed no further epoch for 60 s; saving what it has published",
                           file=sys.stderr, flush=True)
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
                 while not stop.wait(0.5):
-                    if worker.poll() is not None:
-                        raise DemoError(f"the stream-app worker exited ({worker.returncode}); see {worker_log}")
-                    if shuffler is not None and shuffler.poll() is not None:
-                        raise DemoError(f"the shuffler exited ({shuffler.returncode}); see {out / 'shuffler.log'}")
+                    watch.check()
             if stop.requested:
                 code = EXIT_INTERRUPTED
+            watch.retire()  # from here the demo stops them itself
             for p in (shuffler, worker, prom):  # they stop while the topics are read
                 if p is not None and p.poll() is None:
                     p.terminate()
@@ -537,7 +507,8 @@ def _run_demo(demo: DemoSettings) -> int:
             table = out / "estimates.parquet"  # written with every helper gone (pyarrow: ~0.5 s under load)
             frames = write_frames(frame_values, table, "parquet")
             print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
-                  f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}", flush=True)
+                  f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}"
+                  f"{cut_epoch_note(summary.epochs, counts[rs.truth_topic])}", flush=True)
             print(f"saved the same {frames.rows:,} estimates from {frames.frames:,} estimate frames to {table} "
                   "(one row per query, epoch, station and estimator)", flush=True)
             if counts[ws.estimates_topic]:
@@ -548,6 +519,8 @@ def _run_demo(demo: DemoSettings) -> int:
                 print(f"report      {done}", flush=True)
             else:
                 print("report      none (no estimate was published yet)", flush=True)
+            print(f"log         {out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",
+                  flush=True)
         return code
     finally:
         if not stopped_children:

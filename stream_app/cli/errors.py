@@ -15,30 +15,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ERROR_LOG", "EXIT_BROKER", "EXIT_BROKER_LOST", "EXIT_CODES", "EXIT_EMPTY", "EXIT_FAILURE", "EXIT_INPUT",
-           "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PORT", "EXIT_USAGE", "CliError", "error_line", "guarded",
+__all__ = ["ERROR_LOG", "EXIT_BROKER", "EXIT_BROKER_LOST", "EXIT_CODES", "EXIT_EMPTY", "EXIT_FAILURE", "EXIT_HELPER",
+           "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PORT", "EXIT_USAGE", "CliError", "error_line", "guarded",
            "input_paths", "validation_message"]
 
 # The exit codes of every command (documented in the README).
 EXIT_OK = 0
-EXIT_FAILURE = 1  # something unexpected (traceback in the error log), delivery failures, or a helper process failed
+EXIT_FAILURE = 1  # something unexpected (traceback in the error log), or delivery failures
 EXIT_USAGE = 2  # a bad flag or value
 EXIT_BROKER = 3  # the Kafka broker cannot be reached
 EXIT_PORT = 4  # a port to listen on is taken
 EXIT_INPUT = 5  # an input file is missing, unreadable, or not in a readable compression
 EXIT_EMPTY = 6  # the input holds no usable data
 EXIT_BROKER_LOST = 7  # the broker was lost mid-run (silent past --broker-loss-timeout-s, or its topics gone)
+EXIT_HELPER = 8  # a process the command started (the demo's broker, worker, shuffler, Prometheus) exited
 EXIT_INTERRUPTED = 130  # Ctrl-C (or SIGTERM): what was sent is flushed and marked
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
-    EXIT_FAILURE: "unexpected failure (details in the error log named on stderr), records the broker refused, or a "
-                  "helper process failed",
+    EXIT_FAILURE: "unexpected failure (details in the error log named on stderr), or records the broker refused",
     EXIT_USAGE: "bad usage or a bad value",
     EXIT_BROKER: "the Kafka broker cannot be reached",
     EXIT_PORT: "a port to listen on is in use",
     EXIT_INPUT: "an input file is missing, unreadable or in an unreadable compression",
     EXIT_EMPTY: "the input holds no usable data",
     EXIT_BROKER_LOST: "the Kafka broker was lost mid-run (silent for --broker-loss-timeout-s, or its topics gone)",
+    EXIT_HELPER: "a process the command started (the demo's broker, worker, shuffler or Prometheus) exited while "
+                 "it should have been running (which one, how it ended and the end of its log on stderr)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
 ERROR_LOG = "ptt-error.log"
@@ -115,7 +117,7 @@ def guarded(command: str, fn: Callable[[], int], args: argparse.Namespace | None
     from producers.replay import EmptyData
     from schemas.kafka_io import BrokerLost, BrokerUnavailable
 
-    from .local_broker import PortInUse
+    from ..ports import PortInUse
 
     def fail(code: int, what: str, fix: str = "") -> int:
         print(error_line(command, what, fix), file=sys.stderr)

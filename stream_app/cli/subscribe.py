@@ -4,6 +4,7 @@ frames in an Arrow IPC or Parquet file (``--arrow``/``--parquet FILE``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 from schemas.settings import KafkaSettings
 
 from .base import add_settings_flags, settings_from_args
-from .errors import EXIT_OK, CliError
+from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError
 
 __all__ = ["add_parser", "run"]
 
@@ -22,8 +23,8 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser("subscribe", help="tail the estimates topic (a table, or JSON lines)",
                        description="Tail the estimates: one line per closed (query, epoch) with the sum of its "
-                                   "station estimates per estimator, a rollup on its own line marked 'sum over 5 min' "
-                                   "or 'sum over 60 min' (--rows: every estimate, grouped per query and "
+                                   "station estimates per estimator, a rollup on its own line marked '5-min sum' "
+                                   "or '60-min sum' (--rows: every estimate, grouped per query and "
                                    "epoch; --flows: one line per flow, a 5-minute or hourly rollup or a span query's "
                                    "report, with its 95% bounds; --json: one JSON estimate per line as it comes). "
                                    f"Note: {NEGATIVE_NOTE}.")
@@ -64,17 +65,28 @@ def run(args: argparse.Namespace) -> int:
                        "Ctrl-C")
     if args.arrow is not None or args.parquet is not None:
         return _keep(settings, args)
+    from ..subscribe import MissingTopic
+
     try:
         subscribe(settings, args.topic, json_lines=args.json, rows=args.rows, flows=args.flows,
                   from_beginning=args.from_beginning,
                   query=args.query, station=args.station, estimator=args.estimator,
                   idle_timeout_s=args.idle_timeout)
     except KeyboardInterrupt:
-        return EXIT_OK
+        return _interrupted()
     except BrokenPipeError:  # `ptt subscribe | head`: the reader has what it wanted
         _quiet_stdout()
         return EXIT_OK
+    except MissingTopic as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     return EXIT_OK
+
+
+def _interrupted() -> int:
+    """Ctrl-C, the normal end of a subscription: a line saying so on stderr, exit code 130."""
+    with contextlib.suppress(OSError, ValueError):
+        print("ptt subscribe: stopped (Ctrl-C)", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
 
 
 def _quiet_stdout() -> None:
@@ -87,7 +99,7 @@ def _quiet_stdout() -> None:
 
 
 def _keep(settings: KafkaSettings, args: argparse.Namespace) -> int:
-    from ..subscribe import keep_frames
+    from ..subscribe import MissingTopic, keep_frames
 
     path: Path = args.arrow if args.arrow is not None else args.parquet
     if not path.parent.is_dir():
@@ -96,6 +108,8 @@ def _keep(settings: KafkaSettings, args: argparse.Namespace) -> int:
         keep_frames(settings, args.frames_topic, path, "arrow" if args.arrow is not None else "parquet",
                     from_beginning=args.from_beginning, query=args.query, station=args.station,
                     estimator=args.estimator, idle_timeout_s=args.idle_timeout)
-    except KeyboardInterrupt:
-        return EXIT_OK
+    except KeyboardInterrupt:  # the file is closed and readable (keep_frames said what it wrote)
+        return _interrupted()
+    except MissingTopic as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     return EXIT_OK

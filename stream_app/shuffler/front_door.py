@@ -223,7 +223,7 @@ class FrontDoor:
     # -- the server (its own thread and loop) ------------------------------------------------
 
     async def _serve(self) -> None:
-        from stream_app.cli.local_broker import PortInUse  # the command line's (its exit code)
+        from stream_app.ports import PortInUse  # the command line's exit code 4
 
         s = self.s
         self._loop = loop = asyncio.get_running_loop()

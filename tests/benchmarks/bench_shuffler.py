@@ -101,7 +101,7 @@ from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.benchmarks.bench_scale import _closed_epochs, _dead, _is_rollup, _scrape, _wait_url
-from tests.benchmarks.common import load_scenario, stop_children_on_signals
+from tests.benchmarks.common import load_scenario, stop_children_on_signals, unwatch, watch
 from tests.integration.stream_helpers import WorkerProcess, env_for
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -164,11 +164,13 @@ class _Shuffler:
             if time.time() > deadline or self.proc.poll() is not None:
                 raise RuntimeError(f"the shuffler did not start: {self.log.read_text()[-2000:]}")
             time.sleep(0.1)
+        watch("shuffler", self)  # one that dies mid-run ends the benchmark (tests/benchmarks/common.py)
         return self
 
     def stop(self) -> None:
         """SIGTERM (it ends after its current step and writes its summary; cProfile then writes
         the profile), SIGKILL after 60 s."""
+        unwatch(self)
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)

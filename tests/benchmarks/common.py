@@ -1,13 +1,15 @@
-"""Pieces the benchmarks share: the raw-broker baseline for the same bytes, and the signal
-handling that lets a benchmark stop its children however it ends."""
+"""Pieces the benchmarks share: the raw-broker baseline for the same bytes, the signal
+handling that lets a benchmark stop its children however it ends, and the watch that ends a
+benchmark whose worker or shuffler died (instead of measuring on without it)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 import time
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from producers.replay import default_queries, fleet_size_for, load_day
@@ -16,23 +18,101 @@ from producers.sink import ReportSink
 from schemas.kafka_io import ensure_topics
 from schemas.settings import KafkaSettings
 
+#: processes a benchmark started besides its workers (``watch``): each an object with ``proc`` and ``log``
+_WATCHED: list[tuple[str, Any]] = []
+_FAILED: list[str] = []  # the first started process seen dead, as one line
+
+
+def watch(what: str, started: Any) -> None:
+    """Watch a started process (an object with ``proc`` and ``log``, e.g. a shuffler) until
+    :func:`unwatch`: if it exits meanwhile the benchmark ends (see :func:`stop_children_on_signals`)."""
+    _WATCHED.append((what, started))
+
+
+def unwatch(started: Any) -> None:
+    """The benchmark stops this process itself now: no longer a failure when it exits."""
+    _WATCHED[:] = [(w, s) for w, s in _WATCHED if s is not started]
+
+
+def _described(what: str, started: Any) -> str:
+    from stream_app.cli.supervise import how_it_ended, log_tail
+
+    log = getattr(started, "log", None)
+    return f"the {what} {how_it_ended(started.proc.returncode)}: {log_tail(log)} (its log: {log})"
+
+
+def _dead() -> str | None:
+    """The first watched process that has exited: every worker started and not yet stopped
+    (tests/integration/stream_helpers.py keeps them), and every process given to :func:`watch`."""
+    from tests.integration import stream_helpers
+
+    live = list(getattr(stream_helpers, "_LIVE", []))  # WorkerProcess.start adds, stop and kill remove
+    for what, started in [("stream-app worker", w) for w in live] + list(_WATCHED):
+        proc = getattr(started, "proc", None)
+        code = proc.poll() if proc is not None else None
+        still_watched = started in live and started in getattr(stream_helpers, "_LIVE", []) or \
+            any(s is started for _, s in _WATCHED)
+        if code is not None and still_watched:  # not one the benchmark was stopping meanwhile
+            return _described(what, started)
+    early = getattr(stream_helpers, "EXITED_EARLY", [])  # found dead when the benchmark stopped it
+    return _described("stream-app worker", early[0]) if early else None
+
+
+def _watch_started(interval_s: float = 0.2) -> None:
+    """A thread: the first started process seen dead is said, and the benchmark is stopped as by
+    SIGTERM (its cleanup stops the rest), exit code 8 -- not measured on in silence. SIGTERM is
+    sent again every ``interval_s``: one that lands inside a replay is taken by the replay's own
+    handler (it stops the replay cleanly), and the next reaches the benchmark's."""
+    def loop() -> None:
+        while not threading.Event().wait(interval_s):
+            failure = _FAILED[0] if _FAILED else _dead()
+            if failure is not None:
+                if not _FAILED:
+                    _FAILED.append(failure)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=loop, name="watch-started", daemon=True).start()
+
 
 def stop_children_on_signals(name: str) -> None:
     """SIGTERM (what ``timeout`` and ``kill`` send) and SIGINT (Ctrl-C) raise ``SystemExit``
     (128 + the signal's number) in the main thread, so the benchmark's ``with LocalBroker``
     and ``finally`` blocks stop the broker, workers and shufflers exactly as on the normal path.
     Python's default for SIGTERM ends the process at once and leaves every child running,
-    orphaned. A second signal during the cleanup is ignored: the cleanup finishes."""
+    orphaned. A second signal during the cleanup is ignored: the cleanup finishes.
+
+    Every worker the benchmark starts (and every process given to :func:`watch`) is watched
+    from here on: one that exits while it should run ends the benchmark the same way, with one
+    line naming it and quoting its log, exit code 8 (the command line's for a helper that failed)."""
+    from stream_app.cli.errors import EXIT_HELPER
 
     def stop(signum: int, frame: FrameType | None) -> None:
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, signal.SIG_IGN)
+        if _FAILED:
+            print(f"{name}: error: {_FAILED[0]}; stopping the broker and every child process", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(EXIT_HELPER)
         print(f"{name}: {signal.Signals(signum).name}, stopping the broker and every child process",
               file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
+    def failed_first(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        """The benchmark met the dead process before the watch did (a scrape of a killed
+        worker): the process is the failure to name, not the traceback of what met it."""
+        failure = _FAILED[0] if _FAILED else _dead()
+        if failure is None:
+            previous(kind, exc, tb)
+            return
+        print(f"{name}: error: {failure}; stopped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_HELPER)
+
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, stop)
+    previous = sys.excepthook
+    sys.excepthook = failed_first
+    _watch_started()
 
 
 def load_scenario(rs: ReplaySettings) -> tuple[Any, float, int, list[Any], dict[str, Any]]:

@@ -40,6 +40,7 @@ def env_for(settings: KafkaSettings) -> dict[str, str]:
 
 
 _LIVE: list[WorkerProcess] = []  # started and not yet stopped: what a timed-out wait describes
+EXITED_EARLY: list[WorkerProcess] = []  # found exited when stopped (tests/benchmarks/common.py reports them)
 OWN_CODE = ("/stream_app/", "/schemas/", "/producers/")
 DIAGNOSIS_METRICS = ("ptt_records_total", "ptt_reports_total", "ptt_dead_letters_total", "ptt_epochs_closed_total",
                      "ptt_late_records_total", "ptt_duplicate_records_total", "ptt_newest_seen_epoch",
@@ -132,6 +133,8 @@ class WorkerProcess:
     def stop(self) -> None:
         if self in _LIVE:
             _LIVE.remove(self)
+            if self.proc is not None and self.proc.poll() is not None:
+                EXITED_EARLY.append(self)  # it had exited before it was stopped (a benchmark says so)
         terminate(self.proc)
 
 

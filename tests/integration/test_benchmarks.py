@@ -123,3 +123,60 @@ def test_the_front_door_benchmark_prints_its_line(tmp_path: Path) -> None:
     assert line["reports_per_s"] > 0 and line["retries"] == 0
     assert line["fleet_reports_per_s"] == round(47_719 * per_device / 30)
     assert f"{300 * per_device:,} device reports read" in line["shuffler_summary"], line
+
+
+def _serving(pid: int) -> bool:
+    """The worker ``pid`` is ready (/ready answers 200; its port read from its environment): the
+    benchmark is past its workers' start and about to replay, or replaying."""
+    import urllib.request
+
+    try:
+        env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+        with urllib.request.urlopen(f"http://127.0.0.1:{int(env[b'PTT_WEB_PORT'])}/ready", timeout=2) as r:  # noqa: S310
+            return bool(r.status == 200)
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+def test_a_benchmark_whose_worker_dies_stops_within_seconds_saying_so(tmp_path: Path) -> None:
+    """The worker a benchmark started is killed mid-run: the benchmark ends within 10 s with
+    exit code 8, one line naming the worker and its log, and no child left (it measured on
+    without it, or waited for epochs that never closed, before)."""
+    log = tmp_path / "bench.log"
+    with log.open("wb") as fh:
+        bench = subprocess.Popen(  # noqa: S603 - the repository's own script
+            [sys.executable, "tests/benchmarks/bench_scale.py", "--only", "p1-10", "--epochs-p1", "30",
+             "--data-dir", str(tmp_path / "data")], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seen: dict[int, str] = {}
+    started: dict[int, str | None] = {}
+    try:
+        def worker_up() -> bool:
+            assert bench.poll() is None, f"the benchmark ended first ({bench.returncode}):\n{log.read_text()[-3000:]}"
+            seen.update(_descendants(bench.pid))
+            workers = [p for p, c in seen.items() if "stream_app.cli worker" in c]
+            return bool(workers) and _serving(workers[0])
+
+        _wait(worker_up, 180, "the benchmark's worker ready")
+        started.update({p: _start_time(p) for p in seen})
+        (worker,) = [p for p, c in seen.items() if "stream_app.cli worker" in c]
+        os.kill(worker, signal.SIGKILL)
+        t0 = time.monotonic()
+        bench.wait(timeout=60)
+        assert time.monotonic() - t0 <= 10.0, log.read_text()[-3000:]
+        text = log.read_text()
+        assert bench.returncode == 8, text[-3000:]
+        assert "bench_scale: error: the stream-app worker was killed by signal 9 (SIGKILL)" in text, text[-3000:]
+
+        def none_left() -> bool:
+            return not [p for p, t in started.items() if t is not None and _start_time(p) == t]
+
+        _wait(none_left, 10, f"the benchmark's children to be gone: {seen}")
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
+        for p, t in started.items():
+            if t is not None and _start_time(p) == t:
+                os.kill(p, signal.SIGKILL)

@@ -209,7 +209,8 @@ def test_make_run_ctrl_c_under_load_stops_within_seconds_and_says_so_past_a_clos
     stdout is a pipe, and the Ctrl-C that reaches the whole process group (make, its shell, the
     demo) also ends ``tee``. Every child is gone within 3 s; the "saved ..." and "report ..."
     lines reach stderr (the terminal) within 10 s (measured ~2.2 s under this load); a second
-    Ctrl-C skips the plots and the demo is gone within 10 s of it; make prints no "Error 130"
+    Ctrl-C skips the plots and the demo is gone within 10 s of it; ``<out>/run.log`` has every
+    line, the closing ones too, and the last line names it; make prints no "Error 130"
     but one line saying it was a clean stop. The worker stopped gracefully: its log has no ERROR
     line (it had four "Unclosed AIOKafkaProducer"). Also: the demo's Prometheus scrapes the
     worker. Without ``prometheus`` installed the rest is still checked, then the test skips
@@ -268,6 +269,10 @@ def test_make_run_ctrl_c_under_load_stops_within_seconds_and_says_so_past_a_clos
     assert (out / "truth.jsonl").read_text().strip()
     assert (out / "report" / "summary.txt").exists()
     assert not (out / "ptt-error.log").exists()
+    # what the closed tee missed is in run.log, and the demo says so
+    run_log = (out / "run.log").read_text()
+    assert "\nreplaying " in run_log and "saved " in run_log and "plots skipped (Ctrl-C)" in run_log, run_log
+    assert f"log         {out / 'run.log'}: every line above" in errors, errors
     worker_log = (out / "worker.log").read_text()
     assert "[ERROR]" not in worker_log and "Unclosed" not in worker_log, worker_log[-3000:]
     if not with_prometheus:

@@ -55,3 +55,41 @@ def test_other_dropped_exceptions_go_to_the_hook_before(monkeypatch: pytest.Monk
         gc.collect()
     assert seen == [ValueError]
     assert sys.unraisablehook is hook  # restored on exit
+
+
+def test_the_first_ctrl_c_line_starts_a_line_of_its_own_on_a_terminal() -> None:
+    """On a terminal the progress bar's line ends in a carriage return (no newline), and the
+    terminal echoes ``^C`` onto it: the notice must begin a new line (it ran on after ``^C``).
+    A process with stderr on a pseudo-terminal draws a progress line, then gets SIGINT."""
+    import os
+    import pty
+    import select
+    import subprocess
+
+    script = ("import os, signal, sys\n"
+              "from producers.stopping import StopFlag\n"
+              "with StopFlag() as stop:\n"
+              "    sys.stderr.write('\\repoch 3/10 (30%)'); sys.stderr.flush()\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    assert stop.wait(10)\n")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL,  # noqa: S603
+                            stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    got = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if select.select([leader], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the pty closed: the process ended
+                break
+            if not chunk:
+                break
+            got += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(leader)
+    assert proc.wait(timeout=30) == 0, got
+    text = got.decode().replace("\r\n", "\n")
+    assert "epoch 3/10 (30%)\nptt: stopping cleanly; Ctrl-C again to quit at once\n" in text, repr(text)

@@ -34,7 +34,7 @@ def test_row_format() -> None:
     shuffled = _est(712377).model_copy(update={"epsilon_shuffled": 0.4321})
     assert sub.format_row(shuffled).endswith(" 2.70    0.432")
     hour = _est(712377).model_copy(update={"span_s": 3600})
-    assert sub.format_row(hour).endswith("  sum over 60 min") and "sum over" not in row  # a rollup says so
+    assert sub.format_row(hour).endswith("  60-min sum") and "min sum" not in row  # a rollup says so
 
 
 def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,8 +52,10 @@ def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
     assert sub.subscribe(KafkaSettings(), "t", rows=True, station=5, estimator="rr", out=out) == 1
     lines = out.getvalue().splitlines()
-    assert lines[0] == sub.HEADER and sub.NEGATIVE_NOTE in lines[1] and " rr " in lines[3]
-    assert lines[2] == f"({SP_CAVEAT})"  # the rows are Sampling Privacy's
+    assert lines[0] == sub.HEADER and sub.NEGATIVE_NOTE in " ".join(lines[1:3]) and " rr " in lines[-1]
+    assert f"({SP_CAVEAT})" == " ".join(x for x in lines if not x.startswith("2026")
+                                        and x not in (sub.HEADER,) and sub.NEGATIVE_NOTE[:20] not in x
+                                        and "bound)" not in x)  # the rows are Sampling Privacy's
 
 
 def _q(station: int, epoch: int, query: str = "sp-day", estimate: float = 41.7, estimator: str = "sp_difference",
@@ -75,16 +77,19 @@ def test_the_default_table_is_one_ordered_line_per_closed_query_and_epoch(monkey
     monkeypatch.setattr(sub, "_query_sizes", lambda *_: (lambda e: 3 if e.query_id == "sp-day" else 2, lambda: None))
     out = io.StringIO()
     assert sub.subscribe(KafkaSettings(), "t", out=out) == len(arriving)
-    header, note, caveat, *lines = out.getvalue().splitlines()
-    assert header == sub.SUMMARY_HEADER and sub.NEGATIVE_NOTE in note and "--rows" in note
-    assert caveat == f"({SP_CAVEAT})"  # Sampling Privacy's, once, before its first estimate
-    assert SP_CAVEAT not in "".join(lines)
+    header, *rest = out.getvalue().splitlines()
+    key = " ".join(line for line in rest if not line.startswith("2026"))
+    lines = [line for line in rest if line.startswith("2026")]
+    assert header == sub.SUMMARY_HEADER and sub.NEGATIVE_NOTE in key and sub.SUMMARY_KEY in key and "--rows" in key
+    # Sampling Privacy's caveat: once, after the key and before its estimates
+    assert key.count(SP_CAVEAT) == 1 and key.index("(Sampling Privacy") > key.index("--rows")
+    assert all(len(x) <= sub.WIDTH for x in [header, *rest])
     assert len(lines) == 4  # oldest epoch first (all came at once, faster than the 1 s hold)
     assert "sp-day v1" in lines[0] and "08:00:00" in lines[0]
-    assert lines[0].endswith("sp_difference 49.0 (1 below 0); 1 station without source data")
-    assert "rr-day v1" in lines[1] and lines[1].endswith("rr -9.4 (1 below 0)")
+    assert lines[0].split()[-4:] == ["sp_difference", "49.0", "1", "1"]  # sum, below 0, stations without data
+    assert "rr-day v1" in lines[1] and lines[1].split()[-4:] == ["rr", "-9.4", "1", "0"]
     for line, start in zip(lines[2:], ("08:00:30", "08:01:00"), strict=True):  # never completed: at the end
-        assert start in line and line.endswith("sp_difference 41.7 (partial: 1 of 3 estimates)")
+        assert start in line and line.endswith("sp_difference         41.7    0    0 partial 1/3")
     withheld = sub.format_summary([_est(1, withheld="too few")])
     assert withheld.endswith("withheld: too few")
 
@@ -113,24 +118,24 @@ def test_a_rollup_is_its_own_marked_line_after_the_epochs_it_sums() -> None:
     assert groups.add(rollup, now=0.2) == [] and groups.due(now=0.3) == []  # waits for epoch 9
     assert groups.add(_q(1, 9), now=0.4) == [[other, _q(1, 9)], [rollup]]  # epoch 9, then the rollup
     line = sub.format_summary([rollup], 1)
-    assert line.endswith("sp_difference 417.0  sum over 5 min") and "08:00:00" in line
-    assert "sum over" not in sub.format_summary([_q(1, 0)], 1)
+    assert line.endswith("sp_difference        417.0    0    0 5-min sum") and "08:00:00" in line
+    assert "min sum" not in sub.format_summary([_q(1, 0)], 1)
     # a span query's row is its own span's report, not a sum
-    assert sub.format_summary([rollup], 1, rollup=False).endswith("sp_difference 417.0  span of 5 min")
-    assert sub.format_row(rollup, rollup=False).endswith("  span of 5 min")
+    assert sub.format_summary([rollup], 1, rollup=False).endswith("sp_difference        417.0    0    0 5-min span")
+    assert sub.format_row(rollup, rollup=False).endswith("  5-min span")
 
 
 def test_the_default_table_tells_a_span_query_from_a_rollup(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A query seen with 30-s rows has rollups ('sum over'); one whose shortest span is an hour is a
-    span query ('span of')."""
+    """A query seen with 30-s rows has rollups ('N-min sum'); one whose shortest span is an hour is a
+    span query ('N-min span')."""
     arriving = [_q(1, 0), _q(1, 0, estimate=417.0, span_s=300), _q(1, 0, "unary-hour", 900.0, span_s=3600)]
     monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter([e.model_dump_json().encode() for e in arriving]))
     monkeypatch.setattr(sub, "_query_sizes", lambda *_: ((lambda e: 1), lambda: None))
     out = io.StringIO()
     assert sub.subscribe(KafkaSettings(), "t", out=out) == 3
-    lines = out.getvalue().splitlines()[2:]
-    assert [x.rsplit("  ", 1)[-1] for x in lines if "  sum over" in x or "  span of" in x] == [
-        "sum over 5 min", "span of 60 min"], lines
+    lines = out.getvalue().splitlines()
+    assert [x.rsplit(" 0 ", 1)[-1] for x in lines if "min sum" in x or "min span" in x] == [
+        "5-min sum", "60-min span"], lines
 
 
 def test_the_flows_view_is_one_line_per_flow_within_120_columns(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,3 +233,28 @@ def test_keep_frames_filters_and_leaves_a_readable_file_on_ctrl_c(monkeypatch: p
         sub.keep_frames(KafkaSettings(), "t", path, "parquet", station=400_007, estimator="alp_gls", out=io.StringIO())
     rows = pq.read_table(path).to_pylist()
     assert [(r["station"], r["estimator"]) for r in rows] == [(400_007, "alp_gls")]
+
+
+def test_the_default_table_fits_120_columns_at_the_papers_scale() -> None:
+    """3,220 stations, 10,047,719 participants, four ALP estimators with sums in the millions
+    (negative too), stations without data, an hourly rollup: every line within 120 columns,
+    the header and its key too, and none cut short; one line per estimator."""
+    from datetime import UTC, datetime
+
+    def est(station: int, estimator: str, value: float) -> Estimate:
+        return Estimate(query_id="unary-day", query_version=12, mechanism="alp", estimator=estimator,  # type: ignore[arg-type]
+                        epoch=59832960, epoch_start=datetime(2026, 11, 18, 8, tzinfo=UTC), station=station,
+                        estimate=value, sd=900.0, bounds=(), reports=10_047_719, participants=10_047_719,
+                        epsilon=1234.56, epsilon_shuffled=123.456, closed_by="markers", round_count_mismatch=0,
+                        late=0, refused=0, missing_batches=0, span_s=3600,
+                        data_quality="no_source_data" if station % 7 == 0 else "ok")
+
+    names = ("alp_average", "alp_bottom", "alp_gls", "sp_difference")
+    rows = [est(s, n, -3_000.5 if s % 2 else 2_900.25) for n in names for s in range(3220)]
+    lines = sub.format_summary(rows, len(rows)).splitlines()
+    assert len(lines) == len(names)
+    for line in [*lines, sub.SUMMARY_HEADER]:
+        assert len(line) <= sub.WIDTH and "\u2026" not in line, (len(line), line)
+    assert lines[0].split()[-6:] == ["alp_average", "-161,402.5", "1610", "460", "60-min", "sum"]
+    partial = sub.format_summary(rows[:100], len(rows)).splitlines()[0]
+    assert len(partial) <= sub.WIDTH and partial.endswith("\u2026"), partial  # two notes at once: cut, marked
