@@ -77,7 +77,7 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
-from .per_station import BitReports, PerStation, SparseReports, bernoulli_cells, bernoulli_positions
+from .per_station import BitReports, PerStation, SparseReports, StationSets, bernoulli_cells, bernoulli_positions
 from .planning import build_mechanism, plan, shuffled_figures
 from .privacy import (
     AuditResult,
@@ -160,6 +160,7 @@ __all__ = [
     "ShuffledDay",
     "ShuffledDayLedger",
     "SparseReports",
+    "StationSets",
     "SpecError",
     "StationCurves",
     "StationView",

@@ -39,6 +39,7 @@ WITH_EXAMPLES = {
     "producers.pems.model": 1,
     "producers.pems.stamps": 3,
     "producers.settings": 2,
+    "producers.spans": 17,
     "schemas.connection": 7,
     "schemas.device_binary": 15,
     "schemas.device_http": 3,

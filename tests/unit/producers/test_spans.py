@@ -1,6 +1,7 @@
-"""Vehicles that keep their identity through a span (``producers.fleet.SpanFleet``), the cap on
-a report's passages (``cap_passages``), the fleet a span needs (``span_fleet_need``) and a span
-report's privatization of set truths (``privatize_sets``).
+"""Vehicles that keep their identity through a span (``producers.spans``: ``SpanFleet``,
+``SpanTracker``), the cap on a report's passages (``cap_passages``), the fleet a span needs
+(``span_fleet_need``) and a span report's privatization of set truths
+(``producers.fleet.privatize_sets``).
 
 The identity checks are exact (fixed seeds, deterministic). Each Monte Carlo bound states its
 false-failure rate for a random seed under a correct implementation.
@@ -16,18 +17,9 @@ import pytest
 
 import estimators as E
 from estimators.per_station import StationSets
-from producers.fleet import (
-    Device,
-    FleetTooSmall,
-    SpanFleet,
-    cap_passages,
-    fleet_share,
-    privatize_sets,
-    span_fleet_need,
-    span_flows,
-    split_fleet,
-)
+from producers.fleet import Device, FleetTooSmall, fleet_share, privatize_sets, split_fleet
 from producers.pems import TrafficDay, read_station_raw
+from producers.spans import SpanFleet, SpanTracker, cap_passages, span_fleet_need, span_flows
 from producers.synthetic import write_synthetic_day
 from schemas import Query
 
@@ -247,3 +239,37 @@ def test_span_fleet_need_is_koenigs_bound_with_room(tmp_path: Path) -> None:
     assert span_fleet_need(epochs, flows, 300) == 30 + 4
     assert span_fleet_need(epochs, flows, 300, 3) == 30 + 4 + int(np.ceil(6 * np.sqrt(60)))
     assert span_fleet_need(np.zeros(0, np.int64), np.zeros((0, 2), np.int64), 300) == 0
+
+
+# ---------------------------------------------------------------------------------------
+# SpanTracker: only whole spans are reported; the rest is counted with the reason
+# ---------------------------------------------------------------------------------------
+def test_tracker_reports_only_whole_spans_and_says_why_not() -> None:
+    q = make_query("unary", (11, 12), span_s=90)
+    q30 = make_query("alp", (11, 12), span_s=30)
+    tr = SpanTracker(seed=1, n_vehicles=5, data_stations=np.array([11, 12]))
+    row = np.array([3, 1, 1])
+    due = {e: tr.step(e, [q, q30], row, {12} if e == 61 else ()) for e in range(59, 66)}
+    assert [(d.start, d.whole) for ds in due.values() for d in ds] == [(57, False), (60, True), (63, True)]
+    assert "first epoch" in (due[59][0].reason or "")
+    assert due[62][0].readings_missing == frozenset({12}) and due[65][0].readings_missing == frozenset()
+    # a query active only from the middle of a span (a new version): not reported
+    q2 = q.model_copy(update={"version": 2})
+    tr.step(66, [q], row)
+    got = [d for e in (67, 68) for d in tr.step(e, [q2], row)]
+    assert [(d.query.version, d.start, d.whole) for d in got] == [(2, 66, False)]
+    # the stop epoch (not run): the span stays open, to be marked interrupted
+    assert tr.step(69, [q], row) == [] and tr.step(70, [q], None) == []
+    assert [(oq.record_key, start) for oq, start, _ in tr.open_spans(70)] == [(q.record_key, 69)]
+    assert tr.open_spans(71) == []
+
+
+def test_tracker_refuses_a_span_the_fleet_cannot_hold_and_goes_on() -> None:
+    q = make_query("unary", (11,), span_s=90)
+    tr = SpanTracker(seed=1, n_vehicles=2, data_stations=np.array([11]), producer_index=0)
+    rows = {60: [2, 0], 61: [1, 1], 62: [1, 1], 63: [0, 2], 64: [1, 1], 65: [1, 1]}
+    due = [d for e, r in rows.items() for d in tr.step(e, [q], np.array(r))]
+    assert [(d.start, d.whole) for d in due] == [(60, True), (63, False)]
+    assert "station 11 has 3 passages by epoch 64" in (due[1].reason or "")
+    with pytest.raises(ValueError, match="no whole span"):
+        SpanTracker(1, 2, np.array([11])).truth(q)
