@@ -237,8 +237,10 @@ class PerStation:
             rows[first:first + m] = np.packbits(bits.reshape(m, v), axis=1, bitorder="little")
         one = self._yes_draws(rng, sets.station.size) != 0
         hit, bit = sets.vehicle[one], sets.station[one] - 1
-        # a vehicle's several stations may share a byte: unbuffered, every bit is or-ed in
-        np.bitwise_or.at(rows, (hit, bit >> 3), (1 << (bit & 7)).astype(np.uint8))
+        if hit.size:  # a vehicle's several stations may share a byte: its bits or-ed together first
+            byte = hit * rows.shape[1] + (bit >> 3)  # non-decreasing: the pairs are sorted
+            runs = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+            rows.reshape(-1)[byte[runs]] |= np.bitwise_or.reduceat((1 << (bit & 7)).astype(np.uint8), runs)
         return BitReports(rows=rows, n_set=n_set + hit.size, n_stations=v)
 
     def _checked(self, truths: IntArray) -> IntArray:

@@ -35,7 +35,7 @@ from estimators.registry import Layout
 from schemas import Query
 
 __all__ = ["Device", "EpochReports", "FleetTooSmall", "charge", "epoch_rng", "fleet_share", "privatize",
-           "privatize_sets", "query_truth_counts", "split_fleet"]
+           "privatize_sets", "privatize_tally", "query_truth_counts", "split_fleet"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -219,12 +219,30 @@ def privatize_sets(query: Query, sets: StationSets, rng: np.random.Generator, mo
     if out.refused:
         return out
     if mode == "tally":
-        yes = sets.yes_counts(query.n_stations)
-        out.rounds = [{"counts": ps.tally(rng, yes, n, multi_hot=True).ravel()} for ps in samplers]
-        out.reports = [n] * query.n_rounds
+        _tally_rounds(out, samplers, rng, sets.yes_counts(query.n_stations), n)
         return out
     _per_sensor_rounds(out, samplers, rng, sets, mix_pairs)
     return out
+
+
+def privatize_tally(query: Query, yes_counts: IntArray, n: int, rng: np.random.Generator, device: Device,
+                    ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "") -> EpochReports:
+    """:func:`privatize_sets` in tally mode from the set truths' Yes counts per station (each at
+    most ``n``; their sum may exceed it) and ``n`` vehicles, the same draws: a span's exact
+    tally when the sets need not be read (no cap binds)."""
+    samplers = query.per_station
+    if samplers is None:
+        raise ValueError(f"{query.mechanism} reports one station: it has no set truth")
+    out = _opened(query, n, "tally", device, ledger, day)
+    if not out.refused:
+        _tally_rounds(out, samplers, rng, yes_counts, n)
+    return out
+
+
+def _tally_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng: np.random.Generator,
+                  yes: IntArray, n: int) -> None:
+    out.rounds = [{"counts": ps.tally(rng, yes, n, multi_hot=True).ravel()} for ps in samplers]
+    out.reports = [n] * len(samplers)
 
 
 def _per_sensor_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng: np.random.Generator,

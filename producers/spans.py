@@ -44,7 +44,7 @@ from estimators.per_station import StationSets
 from schemas import Query
 from schemas.epochs import EPOCH_S
 
-from .fleet import Device, EpochReports, FleetTooSmall, epoch_rng, privatize_sets
+from .fleet import Device, EpochReports, FleetTooSmall, epoch_rng, privatize_sets, privatize_tally
 from .pems import epoch_start
 
 __all__ = ["SpanDue", "SpanFleet", "SpanTracker", "cap_passages", "fleet_need", "span_fleet_need", "span_flows",
@@ -137,14 +137,20 @@ class SpanFleet:
         self.station_ids = station_ids
         self._passed = np.zeros((n_vehicles, -(-n_stations // 8)), dtype=np.uint8)
         self._flow = np.zeros(n_stations, dtype=np.int64)
+        self._count = np.zeros(n_vehicles, dtype=np.int32)  # each vehicle's passages so far this span
         self.start: int | None = None
         self.stepped = 0  # epochs of the current span placed, from its first on
         self._gap = False
+        self.repairs = 0  # placements at a station the vehicle had passed, repaired (all spans)
 
     @property
     def complete(self) -> bool:
         """Every epoch of the current span was placed, from its first to its last."""
         return self.start is not None and not self._gap and self.stepped == self.epochs_per_span
+
+    def most_passages(self) -> int:
+        """The most stations one vehicle passed so far this span (over all the data's stations)."""
+        return int(self._count.max(initial=0))
 
     def flows(self) -> IntArray:
         """Each station's passages so far in the current span (its span flow at the end)."""
@@ -169,6 +175,7 @@ class SpanFleet:
         if start != self.start:
             self._passed[:] = 0
             self._flow[:] = 0
+            self._count[:] = 0
             self.start, self.stepped, self._gap = start, 0, epoch != start
         elif epoch != start + self.stepped:
             self._gap = True  # an epoch of the span was skipped (or repeated): the span is not whole
@@ -189,10 +196,12 @@ class SpanFleet:
         active = np.flatnonzero(at)
         b = at[active] - 1
         self._passed[active, b >> 3] |= (1 << (b & 7)).astype(np.uint8)  # one station per vehicle: no repeats
+        self._count[active] += 1
 
     def _repair(self, rng: np.random.Generator, at: IntArray, epoch: int) -> None:
         active = np.flatnonzero(at)
         bad = active[self._has_passed(active, at[active])]
+        self.repairs += int(bad.size)
         if not bad.size:
             return
         is_bad = np.zeros(self.n, dtype=bool)
@@ -303,10 +312,12 @@ class SpanTracker:
     >>> q = Query(query_id="h", analyst_id="a", version=1, sensors=(11, 12), mechanism="unary", population=9,
     ...           span_s=90, t_start=t0, t_end=t0 + timedelta(days=1))
     >>> tr = SpanTracker(seed=1, n_vehicles=4, data_stations=np.array([11, 12]))
-    >>> [(d.start, d.whole, d.reason) for e in range(59, 65) for d in tr.step(e, [q], np.array([2, 1, 1]))]
-    [(57, False, 'the replay did not cover the span from its first epoch'), (60, True, None)]
-    >>> tr.truth(q).yes_counts(2).tolist(), [s for _, s, _ in tr.open_spans(64)]
-    ([3, 3], [63])
+    >>> [(e, d.start, d.whole, d.reason) for e in range(59, 63) for d in tr.step(e, [q], np.array([2, 1, 1]))]
+    [(59, 57, False, 'the replay did not cover the span from its first epoch'), (62, 60, True, None)]
+    >>> tr.truth(q).yes_counts(2).tolist(), tr.yes_counts(q).tolist(), tr.capped(q)
+    ([3, 3], [3, 3], False)
+    >>> tr.step(63, [q], np.array([2, 1, 1])), [s for _, s, _ in tr.open_spans(63)]
+    ([], [63])
     """
 
     def __init__(self, seed: int, n_vehicles: int, data_stations: IntArray, producer_index: int = 0) -> None:
@@ -315,7 +326,8 @@ class SpanTracker:
         self.fleets: dict[int, SpanFleet] = {}
         self.failed: dict[int, tuple[int, str]] = {}  # span_s -> (span start, why)
         self._open: dict[str, _Open] = {}
-        self._ended: dict[int, tuple[int, StationSets]] = {}  # span_s -> (start, passages) of the span just ended
+        self._ended: dict[int, int] = {}  # span_s -> the start of its span that just ended whole
+        self._sets: dict[int, StationSets] = {}  # span_s -> that span's passages, read once when asked
 
     def step(self, epoch: int, queries: Sequence[Query], row: IntArray | None,
              no_data: Collection[int] = ()) -> list[SpanDue]:
@@ -323,6 +335,8 @@ class SpanTracker:
         ``row`` this producer's split row (None: the epoch was not run), ``no_data`` the data's
         stations without a reading. Returns the span queries whose span ends at this epoch."""
         span_qs = [q for q in queries if q.span_s > EPOCH_S]
+        self._ended.clear()  # what ended at the last epoch is gone: the fleets place a new one now
+        self._sets.clear()
         for span_s in sorted({q.span_s for q in span_qs}):
             if row is None:
                 continue
@@ -340,7 +354,7 @@ class SpanTracker:
                 self.failed[span_s] = (start, str(exc))
                 continue
             if epoch == start + per - 1 and sf.complete:
-                self._ended[span_s] = (start, sf.passages())
+                self._ended[span_s] = start
         due: list[SpanDue] = []
         for q in span_qs:
             start = q.span_start(epoch)
@@ -364,19 +378,43 @@ class SpanTracker:
                                    and op.seen < q.epochs_per_span else "the query was not active in every epoch of it")
             elif failed is not None and failed[0] == start:
                 why = failed[1]
-            elif ended is None or ended[0] != start:
+            elif ended != start:
                 why = "the fleet did not place every epoch of it"
             else:
                 why = None
             due.append(SpanDue(q, start, why is None, why, frozenset(op.gaps)))
         return due
 
+    def _fleet_of_ended(self, query: Query) -> SpanFleet:
+        if query.span_s not in self._ended:
+            raise ValueError(f"no whole span of {query.span_s} s has ended at this epoch")
+        return self.fleets[query.span_s]
+
     def truth(self, query: Query) -> StationSets:
-        """The set truths (query order, uncapped) of ``query``'s span that just ended whole."""
-        ended = self._ended.get(query.span_s)
-        if ended is None:
-            raise ValueError(f"no whole span of {query.span_s} s has ended")
-        return SpanFleet.query_sets(self.fleets[query.span_s], ended[1], self.data_stations, query)
+        """The set truths (query order, uncapped) of ``query``'s span that just ended whole (at the
+        epoch last stepped; its passages are read once per span length, when first asked)."""
+        sf = self._fleet_of_ended(query)
+        if query.span_s not in self._sets:
+            self._sets[query.span_s] = sf.passages()
+        return sf.query_sets(self._sets[query.span_s], self.data_stations, query)
+
+    def capped(self, query: Query) -> bool:
+        """Whether ``query``'s cap on passages may bind in its span that just ended (some vehicle
+        passed more stations than the query's ``passages``); if not, its set truths' Yes counts
+        are :meth:`yes_counts`, without reading the sets."""
+        return self._fleet_of_ended(query).most_passages() > query.passages
+
+    def yes_counts(self, query: Query) -> IntArray:
+        """Per station of ``query`` (its order) the distinct vehicles that passed it in its span
+        that just ended: the span flow (the sum of its 30-s counts), uncapped."""
+        flows = self._fleet_of_ended(query).flows()
+        position = {int(s): j for j, s in enumerate(self.data_stations)}
+        out = np.zeros(query.n_stations, dtype=np.int64)
+        for i, sensor in enumerate(query.sensors):
+            j = position.get(sensor)
+            if j is not None:
+                out[i] = flows[j]
+        return out
 
     def open_spans(self, epoch: int) -> list[tuple[Query, int, frozenset[int]]]:
         """The span queries active at ``epoch`` whose span has begun and not ended: (query, span
@@ -435,8 +473,13 @@ def span_reports(q: Query, spans: SpanTracker, seed: int, index: int, start: int
     just ended whole): the set of stations each vehicle passed, capped at the query's
     ``passages`` (:func:`cap_passages`), privatized and charged once
     (:func:`producers.fleet.privatize_sets`, the generator :func:`producers.fleet.epoch_rng` of
-    the span's first epoch); with the passages the cap dropped (0 when refused)."""
+    the span's first epoch); with the passages the cap dropped (0 when refused). In tally mode
+    with a cap that cannot bind, the span flows are tallied without reading the sets (the same
+    draws: the cap draws nothing then)."""
     rng = epoch_rng(seed, q, start, index)
+    day = epoch_start(start).date().isoformat()
+    if mode == "tally" and not spans.capped(q):  # the exact tally needs only the span flows: no sets read
+        return privatize_tally(q, spans.yes_counts(q), spans.n, rng, device, ledger, day), 0
     sets, dropped = cap_passages(spans.truth(q), q.passages, rng)
-    er = privatize_sets(q, sets, rng, mode, device, ledger, epoch_start(start).date().isoformat(), mix_pairs)
+    er = privatize_sets(q, sets, rng, mode, device, ledger, day, mix_pairs)
     return er, 0 if er.refused else dropped

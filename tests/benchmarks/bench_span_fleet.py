@@ -10,7 +10,9 @@ producer places its vehicles epoch by epoch (``SpanFleet.step``; the split of th
 read: the step's seconds per epoch against the epoch's 30 s (``x real time``: how many times
 faster than the data's own time; the replay's whole budget per epoch is 30 s at --speed 1),
 and the span end's seconds against the span's length. The conflicts repaired per epoch are
-reported as well (how hard the placement works).
+reported as well (how hard the placement works). Baseline in the same run: one epoch of a
+30-s unary query on the per-vehicle path (every vehicle's bitmap over every station), what the
+replay pays every epoch today; the span's own per-vehicle bitmaps are timed beside it.
 
 Run: ``python tests/benchmarks/bench_span_fleet.py [--stations 3220] [--span 3600] [--producers 1]``
 """
@@ -26,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
+import estimators as E
 from producers.fleet import fleet_share, split_fleet
 from producers.pems import read_station_raw
 from producers.spans import SpanFleet, cap_passages, span_fleet_need, span_flows
@@ -69,16 +72,32 @@ def run(stations: int, span_s: int, producers: int, seed: int = 2026) -> dict[st
     t2 = time.perf_counter()
     if producers == 1:
         assert np.array_equal(sets.yes_counts(day.stations.size), f[0])  # the span's truth, exactly
+    # baseline, same process: what a 30-s unary query costs EVERY epoch today on the per-vehicle
+    # path (each vehicle's bitmap over every station), at the busiest epoch of the span
+    last = int(rows[np.argmax(day.flows[rows].sum(axis=1))])
+    tc = np.concatenate([[fleet - int(day.flows[last].sum())], day.flows[last]])
+    truths = np.repeat(np.arange(tc.size), tc)
+    ps = E.PerStation(E.symmetric_unary(0.2), day.stations.size)
+    t3 = time.perf_counter()
+    ps.sample_bits(np.random.default_rng(seed), truths)
+    base_s = time.perf_counter() - t3
+    t3 = time.perf_counter()
+    ps.sample_bits_sets(np.random.default_rng(seed), qs)  # the span's own per-vehicle report (uncapped)
+    span_bits_s = time.perf_counter() - t3
     n_epochs = rows.size
     return {
         "stations": int(day.stations.size), "span_s": span_s, "producers": producers, "fleet": fleet,
         "peak_total": day.peak_total(), "largest_span_flow": int(f.max()), "passages": int(sets.station.size),
+        "repairs_per_epoch": sf.repairs / n_epochs,
         "step_s_per_epoch": step_s / n_epochs, "step_worst_s": worst, "split_s_per_epoch": split_s / n_epochs,
         "x_real_time_step": 30.0 / (step_s / n_epochs),
         "x_real_time_split_and_step": 30.0 * n_epochs / (step_s + split_s),
         "span_end_passages_s": t1 - t0, "span_end_map_and_cap_s": t2 - t1, "cap_dropped": dropped,
         "x_real_time_span_end": span_s / (t2 - t0),
-        "span_end_share_of_an_epoch": (t2 - t0) / 30.0, "load_average_1min": os.getloadavg()[0],
+        "span_end_share_of_an_epoch": (t2 - t0) / 30.0,
+        "baseline_30s_unary_epoch_bits_s": base_s, "span_report_bits_s": span_bits_s,
+        "span_end_vs_baseline": (t2 - t0) / base_s, "step_vs_baseline": (step_s / n_epochs) / base_s,
+        "load_average_1min": os.getloadavg()[0],
     }
 
 

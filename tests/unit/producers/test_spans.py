@@ -17,9 +17,9 @@ import pytest
 
 import estimators as E
 from estimators.per_station import StationSets
-from producers.fleet import Device, FleetTooSmall, fleet_share, privatize_sets, split_fleet
+from producers.fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize_sets, split_fleet
 from producers.pems import TrafficDay, read_station_raw
-from producers.spans import SpanFleet, SpanTracker, cap_passages, span_fleet_need, span_flows
+from producers.spans import SpanFleet, SpanTracker, cap_passages, span_fleet_need, span_flows, span_reports
 from producers.synthetic import write_synthetic_day
 from schemas import Query
 
@@ -273,3 +273,28 @@ def test_tracker_refuses_a_span_the_fleet_cannot_hold_and_goes_on() -> None:
     assert "station 11 has 3 passages by epoch 64" in (due[1].reason or "")
     with pytest.raises(ValueError, match="no whole span"):
         SpanTracker(1, 2, np.array([11])).truth(q)
+
+
+def test_the_tally_of_span_flows_is_the_tally_of_the_sets(day: TrafficDay) -> None:
+    """In tally mode with a cap that cannot bind, span_reports tallies the span flows without
+    reading the sets: the same counts, draw for draw, as privatize_sets over the sets; with a
+    binding cap it reads them and counts the dropped passages."""
+    q = make_query("unary", tuple(int(s) for s in day.stations[::-1]), span_s=300)  # another order
+    q_cap = make_query("unary", tuple(int(s) for s in day.stations), span_s=300,
+                       max_passages=2).model_copy(update={"query_id": "q-cap"})
+    fleet = span_fleet_need(day.epochs, day.flows, 300)
+    tr = SpanTracker(5, fleet, day.stations)
+    first = int(np.flatnonzero(day.epochs % 10 == 0)[200])
+    for i in range(first, first + 10):
+        due = tr.step(int(day.epochs[i]), [q, q_cap], split_fleet(5, int(day.epochs[i]), day.flows[i], fleet, 1)[0])
+    assert [d.whole for d in due] == [True, True], [d.reason for d in due]
+    start = due[0].start
+    assert not tr.capped(q) and tr.capped(q_cap)
+    np.testing.assert_array_equal(tr.yes_counts(q), tr.truth(q).yes_counts(q.n_stations))
+    dev = Device(1e3)
+    fast, dropped = span_reports(q, tr, 5, 0, start, "tally", dev)
+    slow = privatize_sets(q, tr.truth(q), epoch_rng(5, q, start, 0), "tally", dev)
+    assert dropped == 0
+    np.testing.assert_array_equal(fast.rounds[0]["counts"], slow.rounds[0]["counts"])
+    _, dropped = span_reports(q_cap, tr, 5, 0, start, "tally", dev)
+    assert dropped == int(np.maximum(tr.truth(q_cap).sizes() - 2, 0).sum()) > 0
