@@ -30,7 +30,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,6 +230,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     if settings.max_epochs is not None:
         epochs, flows = epochs[: settings.max_epochs], flows[: settings.max_epochs]
     lost: BrokerLost | None = None
+    marked: int | None = None  # the last epoch marked
 
     def cut(i: int) -> bool:  # the stop epoch, to be cut short (StopPlan)
         if stop.requested:
@@ -317,25 +318,24 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 sink.flush()
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
-            last = i == len(epochs) - 1
             if settings.via_shuffler:  # the shuffler writes the markers of what it releases, with this
                 send_source_epoch(sink, settings, epoch, no_data, interrupted, index, count)
             else:
-                if interrupted or last:  # a span the replay stops in: marked interrupted, nothing of it sent
-                    for q, start, gaps in spans.open_spans(epoch):
-                        by_key[q.record_key] = q
-                        span_of[q.record_key] = (start, gaps)
-                        sent.update({(q.record_key, r): {p: [0, 0] for p in sink.partitions}
-                                     for r in range(q.n_rounds)})
                 send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
-                             interrupted, no_data, spans=span_of,
-                             interrupted_keys={q.record_key for q, _, _ in spans.open_spans(epoch)}
-                             if (interrupted or last) else frozenset())
+                             interrupted, no_data, spans=span_of)
+            marked = epoch
             if interrupted:
                 break
             summary.epochs += 1
             if counters is not None:
                 _share(counters, summary, sink)
+        if marked is not None and not settings.via_shuffler:  # the span the replay stops or ends in
+            open_spans = spans.open_spans(marked)
+            send_markers(sink, producer_id, index, count, marked,
+                         {(q.record_key, r): {p: [0, 0] for p in sink.partitions}
+                          for q, _, _ in open_spans for r in range(q.n_rounds)},
+                         {q.record_key: q for q, _, _ in open_spans}, {}, settings.mode, True,
+                         spans={q.record_key: (start, gaps) for q, start, gaps in open_spans})
     except BrokerLost as exc:  # the epoch in progress is left unmarked: the broker is gone
         lost = exc
     finally:
@@ -402,30 +402,27 @@ def send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epo
                  sent: dict[tuple[str, int], dict[int, list[int]]], by_key: dict[str, Query],
                  participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool,
                  no_data: set[int] | frozenset[int] = frozenset(),
-                 spans: dict[str, tuple[int, frozenset[int]]] | None = None,
-                 interrupted_keys: Collection[str] = frozenset()) -> None:
+                 spans: dict[str, tuple[int, frozenset[int]]] | None = None) -> None:
     """Every (query, round)'s end-of-epoch markers of ``epoch``, one record per partition.
 
     ``spans``: the span queries (by record key) marked now -- their markers carry the span's
     first epoch and the stations without a reading in any epoch of it (PeMS ids), not this
-    epoch's; ``interrupted_keys``: queries marked interrupted although this epoch is not (a
-    span the replay ends in)."""
+    epoch's."""
     by_set: dict[tuple[int, int, bool], list[EndOfEpoch]] = {}  # a set shares partition, epoch, interrupted
     spans = spans or {}
     for (key, r), per_part in sent.items():
         q = by_key[key]
         mark_epoch, missing = spans.get(key, (epoch, no_data))
-        cut = interrupted or key in interrupted_keys
         gaps = tuple(i + 1 for i, s in enumerate(q.sensors) if s in missing)
         total_reports = sum(v[0] for v in per_part.values())
         total_batches = sum(v[1] for v in per_part.values())
         got, refused = participants.get(q.query_id, (0, 0))
         for p, (n_rep, n_bat) in per_part.items():
-            by_set.setdefault((p, mark_epoch, cut), []).append(EndOfEpoch(
+            by_set.setdefault((p, mark_epoch, interrupted), []).append(EndOfEpoch(
                 producer_id=producer_id, producer_index=index, producer_count=count, query_id=q.query_id,
                 query_version=q.version, epoch=mark_epoch, round=r, partition=p, reports_to_partition=n_rep,
                 batches_to_partition=n_bat, reports_total=total_reports, batches_total=total_batches,
-                participants=got, refused=refused, mode=mode, interrupted=cut, readings_missing=gaps))
+                participants=got, refused=refused, mode=mode, interrupted=interrupted, readings_missing=gaps))
     # one record per partition for every (query, round) of an epoch: the worker's cost is per record
     for (p, _, _), markers in by_set.items():
         for start in range(0, len(markers), MAX_MARKERS_PER_SET):

@@ -7,6 +7,10 @@ statistics core's from the same seeds (SpanFleet, cap_passages, privatize_sets),
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections import Counter, defaultdict
 
@@ -22,7 +26,7 @@ from schemas import Query
 from schemas.device_binary import DeviceFields, unpack_device
 from schemas.kafka_io import publish_query
 
-from .kafka_helpers import Decoded, drain
+from .kafka_helpers import Decoded, drain, wait_for_marker
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +131,44 @@ def test_via_shuffler_every_device_sends_one_record_per_span(replay_settings: Re
         assert len(got) == fleet and len(set(got)) == fleet  # each enrolled device of the fleet once
     assert sorted(e for qid, e in devices if qid == "live-30s") == [e0 + START + i for i in range(EPOCHS)]
     assert summary.spans_sent["flow-5min"] == 2
+
+
+def test_ctrl_c_mid_span_marks_the_span_interrupted_with_nothing_sent(replay_settings: ReplaySettings) -> None:
+    """SIGINT while a paced replay (speed 20: 1.5 s an epoch, 15 s a span) is inside a span: exit
+    130; the span query's markers are those of the whole spans before the stop (not interrupted,
+    their reports there) and of the span the stop fell in, carrying its first epoch: interrupted,
+    nothing sent (unless the stop fell on the span's last epoch, whose report was being sent:
+    then interrupted with exactly what is there); no span query report of any other epoch."""
+    settings = replay_settings.model_copy(update={"default_queries": False})
+    span, live = _queries(settings)
+    for q in (span, live):
+        publish_query(settings, q)
+    s = settings
+    env = {**os.environ, "PTT_BOOTSTRAP_SERVERS": s.bootstrap_servers, "PTT_REPORTS_TOPIC": s.reports_topic,
+           "PTT_QUERIES_TOPIC": s.queries_topic, "PTT_TRUTH_TOPIC": s.truth_topic, "PTT_DATA_DIR": str(s.data_dir),
+           "PTT_SYNTHETIC_STATIONS": str(s.synthetic_stations), "PTT_PARTITIONS": str(s.partitions)}
+    proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "20", "--max-epochs",  # noqa: S603
+                             "100", "--quiet", "--no-default-queries"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    wait_for_marker(s, s.reports_topic, proc, timeout_s=90)  # the 30-s query's first epoch is marked
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    wire = Decoded(drain(s, s.reports_topic))
+    last = max(k[2] for k in wire.markers if k[0] == "live-30s")
+    stop_span = span.span_start(last)
+    starts = sorted({k[2] for k in wire.markers if k[0] == "flow-5min"})
+    assert starts and starts[-1] == stop_span and all(e % 10 == 0 for e in starts)
+    assert {k[2] for k in wire.batches if k[0] == "flow-5min"} <= set(starts)
+    for e in starts:
+        ms = wire.markers[("flow-5min", 1, e, 0)]
+        assert sorted(m.partition for m in ms) == [0, 1, 2]
+        sent = sum(b.header.reports for _, b in wire.batches.get(("flow-5min", 1, e, 0), []))
+        for m in ms:
+            assert m.epoch == e and m.reports_total == sent
+            if e != stop_span:
+                assert not m.interrupted and m.participants > 0
+            else:
+                assert m.interrupted
+                if last != e + 9:  # the stop fell before the span's last epoch: nothing of it was sent
+                    assert sent == 0 and m.participants == 0
