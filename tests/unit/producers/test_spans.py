@@ -298,3 +298,24 @@ def test_the_tally_of_span_flows_is_the_tally_of_the_sets(day: TrafficDay) -> No
     np.testing.assert_array_equal(fast.rounds[0]["counts"], slow.rounds[0]["counts"])
     _, dropped = span_reports(q_cap, tr, 5, 0, start, "tally", dev)
     assert dropped == int(np.maximum(tr.truth(q_cap).sizes() - 2, 0).sum()) > 0
+
+
+@pytest.mark.parametrize("span_s", [300, 3600])
+def test_both_read_backs_of_a_span_agree(day: TrafficDay, span_s: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans of up to HISTORY_EPOCHS epochs are read back from each vehicle's stations in passing
+    order, longer ones from the bit per (vehicle, station): the same passages, in the same order."""
+    fleet = span_fleet_need(day.epochs, day.flows, span_s)
+    a = SpanFleet(9, span_s, fleet, day.stations.size)
+    monkeypatch.setattr(SpanFleet, "HISTORY_EPOCHS", 0)
+    b = SpanFleet(9, span_s, fleet, day.stations.size)
+    per = span_s // 30
+    first = int(np.flatnonzero(day.epochs % per == 0)[0]) + 14 * 120  # a span of the morning
+    for i in range(first, first + per):
+        e = int(day.epochs[i])
+        row = split_fleet(9, e, day.flows[i], fleet, 1)[0]
+        a.step(e, row)
+        b.step(e, row)
+    assert a.complete and b.complete
+    x, y = a.passages(), b.passages()
+    assert x.station.size > 0
+    assert np.array_equal(x.vehicle, y.vehicle) and np.array_equal(x.station, y.station)
