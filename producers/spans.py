@@ -454,12 +454,16 @@ def cap_passages(sets: StationSets, cap: int, rng: np.random.Generator) -> tuple
     sizes = sets.sizes()
     if sizes.size == 0 or int(sizes.max()) <= cap:
         return sets, 0
+    over = np.flatnonzero(sizes > cap)  # the vehicles over the cap, and their pairs (by vehicle)
+    k = sizes[over]
     idx = np.flatnonzero(sizes[sets.vehicle] > cap)
-    order = idx[np.argsort(sets.vehicle[idx] + rng.random(idx.size))]  # by vehicle, in random order within one
-    grp = sets.vehicle[order]
-    rank = np.arange(grp.size) - np.searchsorted(grp, grp, side="left")
+    first = np.cumsum(k) - k
+    keys = np.full((over.size, int(k.max())), np.inf)  # a row per vehicle over: its keys, then padding
+    keys[np.repeat(np.arange(over.size), k), np.arange(idx.size) - np.repeat(first, k)] = rng.random(idx.size)
+    pick = np.argpartition(keys, cap - 1, axis=1)[:, :cap]  # each row's cap smallest keys (never padding)
     keep = np.ones(sets.station.size, dtype=bool)
-    keep[order[rank >= cap]] = False
+    keep[idx] = False
+    keep[idx[(first[:, None] + pick).ravel()]] = True
     return StationSets(sets.n_vehicles, sets.vehicle[keep], sets.station[keep]), int((~keep).sum())
 
 
