@@ -149,6 +149,7 @@ class SpanFleet:
         self.start: int | None = None
         self.stepped = 0  # epochs of the current span placed, from its first on
         self._gap = False
+        self._last = -1  # the last epoch placed
         self.repairs = 0  # placements at a station the vehicle had passed, repaired (all spans)
 
     @property
@@ -187,9 +188,12 @@ class SpanFleet:
             if self._history is not None:
                 self._history[:] = 0
             self.start, self.stepped, self._gap = start, 0, epoch != start
+        elif epoch <= self._last:
+            raise ValueError(f"epoch {epoch} comes after epoch {self._last} of its span: placed twice")
         elif epoch != start + self.stepped:
-            self._gap = True  # an epoch of the span was skipped (or repeated): the span is not whole
+            self._gap = True  # an epoch of the span was skipped: the span is not whole
         self.stepped += 1
+        self._last = epoch
         self._flow += row[1:]
         over = np.flatnonzero(self._flow > self.n)
         if over.size:

@@ -115,6 +115,8 @@ def test_a_span_is_whole_only_from_its_first_epoch_to_its_last() -> None:
     assert not sf.complete
     with pytest.raises(ValueError, match="summing to the producer's 4"):
         sf.step(39, np.array([1, 1, 1]))
+    with pytest.raises(ValueError, match="placed twice"):
+        sf.step(38, np.array([4, 0, 0]))
 
 
 def test_passages_are_seeded_and_drawn_again_every_span() -> None:
