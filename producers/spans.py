@@ -277,6 +277,8 @@ class SpanFleet:
     def query_sets(self, sets: StationSets, data_stations: IntArray, query: Query) -> StationSets:
         """:meth:`passages` (data station indices) as the query's set truths: its sensors only, in
         its station order (1..V of the query)."""
+        if query.sensors == tuple(int(s) for s in data_stations):  # the data's stations in its order
+            return sets
         lookup = np.zeros(self.v + 1, dtype=np.int64)
         position = {int(s): j for j, s in enumerate(data_stations)}
         for i, sensor in enumerate(query.sensors):
