@@ -98,7 +98,7 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
-from .per_station import BitReports, PerStation, SparseReports, bernoulli_cells, bernoulli_positions
+from .per_station import BitReports, PerStation, SparseReports, StationSets, bernoulli_cells, bernoulli_positions
 from .planning import build_mechanism, check_span_request, plan, shuffled_figures
 from .privacy import (
     AuditResult,
@@ -187,6 +187,7 @@ __all__ = [
     "ShuffledDay",
     "ShuffledDayLedger",
     "SparseReports",
+    "StationSets",
     "SpecError",
     "StationCurves",
     "StationView",

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from ._types import IntArray
 from .mechanisms import Mechanism
 
-__all__ = ["BitReports", "PerStation", "SparseReports", "bernoulli_cells", "bernoulli_positions"]
+__all__ = ["BitReports", "PerStation", "SparseReports", "StationSets", "bernoulli_cells", "bernoulli_positions"]
 
 _BIT_CHUNK = 4096  # vehicles whose unpacked bits (V bytes each) are built at a time
 
@@ -29,6 +29,53 @@ class SparseReports:
     vehicle: IntArray
     station: IntArray  # 1..V
     output: IntArray
+
+
+@dataclass(frozen=True)
+class StationSets:
+    """Each vehicle's truth as a set of stations (a multi-hot truth: the stations it passed in
+    a span): the pairs ``(vehicle[i], station[i])``, sorted by vehicle then station, without
+    repeats; ``station`` in 1..V; a vehicle without a pair passed none. One station or none per
+    vehicle (a 30-s epoch's truth) is the special case :meth:`of_truths`. Device side only,
+    like :class:`SparseReports`.
+
+    >>> sets = StationSets.of_truths(np.array([0, 3, 1]))
+    >>> sets.n_vehicles, sets.vehicle.tolist(), sets.station.tolist(), sets.yes_counts(3).tolist()
+    (3, [1, 2], [3, 1], [1, 0, 1])
+    """
+
+    n_vehicles: int
+    vehicle: IntArray
+    station: IntArray
+
+    @classmethod
+    def of_truths(cls, truths: IntArray) -> StationSets:
+        """One station (1..V) or none (0) per vehicle."""
+        truths = np.asarray(truths, dtype=np.int64)
+        vehicle = np.flatnonzero(truths > 0)
+        return cls(int(truths.size), vehicle, truths[vehicle])
+
+    def yes_counts(self, n_stations: int) -> IntArray:
+        """How many vehicles' sets hold each station ``(V,)`` (their sum may exceed the vehicles)."""
+        return np.bincount(self.station - 1, minlength=n_stations).astype(np.int64)
+
+    def sizes(self) -> IntArray:
+        """Each vehicle's number of stations ``(n_vehicles,)``."""
+        return np.bincount(self.vehicle, minlength=self.n_vehicles).astype(np.int64)
+
+    def checked(self, n_stations: int) -> StationSets:
+        """Itself, or ValueError unless the pairs are sorted, unique and in range."""
+        veh, st = np.asarray(self.vehicle, dtype=np.int64), np.asarray(self.station, dtype=np.int64)
+        if veh.shape != st.shape or veh.ndim != 1:
+            raise ValueError("a set truth needs one vehicle per station")
+        if st.size:
+            if st.min() < 1 or st.max() > n_stations:
+                raise ValueError(f"set truths' stations must lie in 1..{n_stations}")
+            if veh.min() < 0 or veh.max() >= self.n_vehicles:
+                raise ValueError(f"set truths' vehicles must lie in 0..{self.n_vehicles - 1}")
+            if np.any(np.diff(veh * (n_stations + 1) + st) <= 0):
+                raise ValueError("set truths must be sorted by vehicle then station, without repeats")
+        return StationSets(self.n_vehicles, veh, st)
 
 
 @dataclass(frozen=True)
@@ -93,21 +140,30 @@ class PerStation:
         The pairs of "No" vehicles form a Bernoulli process over the flattened
         vehicle x station grid; it is drawn by geometric skips, so the cost is proportional
         to the number of non-default reports, not to N x V. A :attr:`bit_valued` mechanism's
-        pairs are :meth:`sample_bits`' draws, by vehicle then station.
+        pairs are :meth:`sample_bits`' draws, by vehicle then station. The one-station case of
+        :meth:`sample_sparse_sets` (the same draws).
         """
+        return self.sample_sparse_sets(rng, StationSets.of_truths(self._checked(truths)))
+
+    def sample_sparse_sets(self, rng: np.random.Generator, sets: StationSets) -> SparseReports:
+        """:meth:`sample_sparse` for set truths (:class:`StationSets`, a span's multi-hot
+        truth): a station in a vehicle's set answers from the Yes row, every other from the No
+        row."""
         if self.bit_valued:
-            return self.sample_bits(rng, truths).to_sparse()
-        truths = self._checked(truths)
+            return self.sample_bits_sets(rng, sets).to_sparse()
+        sets = sets.checked(self.n_stations)
         table = self.mechanism.output_table(0)
         d = self.default
-        n, v = truths.size, self.n_stations
+        n, v = sets.n_vehicles, self.n_stations
         p_nd = 1.0 - float(table[0, d])
         pos = bernoulli_positions(rng, n * v, p_nd)
+        if sets.station.size:  # a vehicle's own stations are drawn below with the Yes row
+            own = sets.vehicle * v + sets.station - 1  # sorted
+            at = np.minimum(np.searchsorted(own, pos), own.size - 1)
+            pos = pos[own[at] != pos]
         veh, st = _divmod_small(pos, v)
         del pos
         st += 1
-        keep = st != truths[veh]  # a vehicle's own station is drawn below with the Yes row
-        veh, st = veh[keep], st[keep]
         others = np.array([o for o in range(table.shape[1]) if o != d], dtype=np.int64)
         cond = table[0, others] / p_nd
         if others.size == 1:
@@ -117,15 +173,19 @@ class PerStation:
         else:
             pick = np.searchsorted(np.cumsum(cond), rng.random(veh.size) * cond.sum(), side="right")
             out_no = others[np.minimum(pick, others.size - 1)]
-        yes_veh = np.flatnonzero(truths > 0)
-        yes_faces = self.mechanism.draw_faces(rng, np.ones(yes_veh.size, dtype=np.int64))
-        yes_out = self.mechanism.emit(0, yes_faces, np.ones_like(yes_faces))
+        yes_out = self._yes_draws(rng, sets.station.size)
         nd = yes_out != d
         return SparseReports(
-            vehicle=np.concatenate([veh, yes_veh[nd]]),
-            station=np.concatenate([st, truths[yes_veh[nd]]]),
+            vehicle=np.concatenate([veh, sets.vehicle[nd]]),
+            station=np.concatenate([st, sets.station[nd]]),
             output=np.concatenate([out_no, yes_out[nd]]),
         )
+
+    def _yes_draws(self, rng: np.random.Generator, cells: int) -> IntArray:
+        """The reports of ``cells`` (vehicle, station) cells whose vehicle passed the station:
+        the Yes row, each on its own (the one definition of a Yes answer's draw)."""
+        faces = self.mechanism.draw_faces(rng, np.ones(cells, dtype=np.int64))
+        return self.mechanism.emit(0, faces, np.ones_like(faces))
 
     @property
     def bit_valued(self) -> bool:
@@ -137,7 +197,8 @@ class PerStation:
         (vehicle, station) bit drawn on its own (:func:`bernoulli_cells`, the grid drawn
         outright: at q = 0.2 that is cheaper than skipping to the ~q N V set bits), a vehicle's
         own station from the Yes row. The rows are a device's bitmap report as they are (the
-        replay's device path); :meth:`sample_sparse` gives the same draws as pairs.
+        replay's device path); :meth:`sample_sparse` gives the same draws as pairs. The
+        one-station case of :meth:`sample_bits_sets` (the same draws).
 
         >>> from estimators.mechanisms import symmetric_unary
         >>> ps = PerStation(symmetric_unary(0.2), 10)
@@ -147,23 +208,39 @@ class PerStation:
         """
         if not self.bit_valued:
             raise ValueError("sample_bits needs a mechanism with outputs {0, 1} and default 0")
-        truths = self._checked(truths)
-        n, v = truths.size, self.n_stations
+        return self.sample_bits_sets(rng, StationSets.of_truths(self._checked(truths)))
+
+    def sample_bits_sets(self, rng: np.random.Generator, sets: StationSets) -> BitReports:
+        """:meth:`sample_bits` for set truths (:class:`StationSets`, a span's multi-hot truth):
+        a bit of a station in the vehicle's set from the Yes row, every other from the No row.
+
+        >>> from estimators.mechanisms import symmetric_unary
+        >>> ps = PerStation(symmetric_unary(1e-12), 10)  # ~no noise: the bits are the sets
+        >>> sets = StationSets(3, np.array([0, 0, 2]), np.array([2, 9, 10]))
+        >>> ps.sample_bits_sets(np.random.default_rng(1), sets).to_sparse().station.tolist()
+        [2, 9, 10]
+        """
+        if not self.bit_valued:
+            raise ValueError("sample_bits needs a mechanism with outputs {0, 1} and default 0")
+        sets = sets.checked(self.n_stations)
+        n, v = sets.n_vehicles, self.n_stations
         q = 1.0 - float(self.mechanism.output_table(0)[0, 0])  # a No bit's chance of 1
         rows = np.empty((n, -(-v // 8)), dtype=np.uint8)
         n_set = 0
-        for first in range(0, n, _BIT_CHUNK):
+        bounds = np.searchsorted(sets.vehicle, np.arange(0, n + _BIT_CHUNK, _BIT_CHUNK))
+        for c, first in enumerate(range(0, n, _BIT_CHUNK)):
             m = min(_BIT_CHUNK, n - first)
             bits = bernoulli_cells(rng, m * v, q)
-            t = truths[first:first + m]
-            bits[np.flatnonzero(t > 0) * v + t[t > 0] - 1] = False  # a vehicle's own station: the Yes row below
+            lo, hi = bounds[c], bounds[c + 1]
+            bits[(sets.vehicle[lo:hi] - first) * v + sets.station[lo:hi] - 1] = False  # own stations: Yes row below
             n_set += int(np.count_nonzero(bits))
             rows[first:first + m] = np.packbits(bits.reshape(m, v), axis=1, bitorder="little")
-        yes_veh = np.flatnonzero(truths > 0)
-        yes_faces = self.mechanism.draw_faces(rng, np.ones(yes_veh.size, dtype=np.int64))
-        hit = yes_veh[self.mechanism.emit(0, yes_faces, np.ones_like(yes_faces)) != 0]
-        bit = truths[hit] - 1
-        rows[hit, bit >> 3] |= (1 << (bit & 7)).astype(np.uint8)
+        one = self._yes_draws(rng, sets.station.size) != 0
+        hit, bit = sets.vehicle[one], sets.station[one] - 1
+        if hit.size:  # a vehicle's several stations may share a byte: its bits or-ed together first
+            byte = hit * rows.shape[1] + (bit >> 3)  # non-decreasing: the pairs are sorted
+            runs = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+            rows.reshape(-1)[byte[runs]] |= np.bitwise_or.reduceat((1 << (bit & 7)).astype(np.uint8), runs)
         return BitReports(rows=rows, n_set=n_set + hit.size, n_stations=v)
 
     def _checked(self, truths: IntArray) -> IntArray:
@@ -172,12 +249,24 @@ class PerStation:
             raise ValueError(f"truths must lie in 0..{self.n_stations}")
         return truths
 
-    def tally(self, rng: np.random.Generator, yes_counts: IntArray, n_vehicles: int) -> IntArray:
-        """Exact-tally path: per-station counts ``(V, O)`` given each station's Yes count."""
+    def tally(self, rng: np.random.Generator, yes_counts: IntArray, n_vehicles: int,
+              multi_hot: bool = False) -> IntArray:
+        """Exact-tally path: per-station counts ``(V, O)`` given each station's Yes count.
+
+        ``multi_hot``: the Yes counts of set truths (:meth:`StationSets.yes_counts`: a vehicle
+        may be a Yes at several stations, so they may sum to more than ``n_vehicles``; each
+        station's still at most ``n_vehicles``). Every station's answers are independent, so
+        its counts are the same two multinomials either way.
+
+        >>> from estimators.mechanisms import symmetric_unary
+        >>> PerStation(symmetric_unary(1e-12), 3).tally(np.random.default_rng(0), np.array([2, 2, 1]), 2,
+        ...                                           multi_hot=True)[:, 1].tolist()
+        [2, 2, 1]
+        """
         yes = np.asarray(yes_counts, dtype=np.int64)
         if yes.shape != (self.n_stations,) or np.any(yes < 0) or np.any(yes > n_vehicles):
             raise ValueError("yes_counts must be V counts in [0, n_vehicles]")
-        if int(yes.sum()) > n_vehicles:
+        if not multi_hot and int(yes.sum()) > n_vehicles:
             raise ValueError("more vehicles at stations than in the fleet")
         table = self.mechanism.output_table(0)
         return (rng.multinomial(yes, table[1]) + rng.multinomial(n_vehicles - yes, table[0])).astype(np.int64)

@@ -1,11 +1,13 @@
 """``ptt replay --via-shuffler --transport http``: one producer's devices of one epoch as HTTP
 requests to the shuffler's front door, one request per simulated device.
 
-A request holds one device's reports of the epoch: every round of every query it answers.
-The simulator's vehicles are positions re-drawn per query (``producers.fleet``), so "device j"
-of an epoch is the j-th vehicle of each query -- a container for the reports that one device
-would send together; the front door forwards each report as its own record and nothing links
-them after the shuffler.
+A request holds one device's reports of the epoch: every round of every query it answers --
+a 30-s query's of this epoch, and a span query's one report of the span that ends with this
+epoch (its epoch field the span's first; ``producers.replay``). The simulator's vehicles are
+positions re-drawn per query and per span (``producers.fleet``), so "device j" of an epoch is
+the j-th vehicle of each query -- a container for the reports that one device would send
+together; the front door forwards each report as its own record and nothing links them after
+the shuffler.
 
 The front door answers each request with the (partition, offset) of its records; the replay's
 source note of the epoch vouches for the device-topic offsets below which its reports lie
@@ -15,15 +17,31 @@ ends, as the Kafka path's acknowledgements are.
 
 from __future__ import annotations
 
+import functools
+import secrets
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
+from estimators import BitReports
+from schemas import Query, SourceEpoch, encode_json
+from schemas.device_binary import (
+    encode_device_bitmap_rows,
+    encode_device_bitmaps,
+    encode_device_pairs,
+    encode_device_values,
+)
+from schemas.enrollment import Enrollment
+
 from .http_client import DeliveryFailed, DeviceClient, FrontDoorUnavailable, Offsets
+from .settings import ReplaySettings
 from .sink import ReportSink
 from .stopping import Stops
 
-__all__ = ["CHUNK_DEVICES", "DeviceRequests"]
+__all__ = ["CHUNK_DEVICES", "DeviceRequests", "device_records", "send_device_reports", "send_source_epoch"]
+
+KIND_HEADER = "ptt-kind"
 
 CHUNK_DEVICES = 2000  # devices sent between two looks at a stop
 
@@ -80,3 +98,83 @@ class DeviceRequests:
             sink.acked_ends[where] = max(sink.acked_ends.get(where, 0), o + 1)
         sink.acked_reports += len(offsets)
         sink.acked_batches += len(offsets)
+
+
+def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_device: int = 0
+                   ) -> list[tuple[np.ndarray, list[bytes]]]:
+    """Every participating device's report of every round of ``q`` in the binary layout
+    (:mod:`schemas.device_binary`; station-valued reports encoded as one array per round),
+    sealed with its device's key (:mod:`schemas.enrollment`: the vehicle at position ``v`` of
+    this producer's epoch is enrolled device ``first_device + v``), per round with the simulated
+    vehicle behind each (its index in this producer's epoch); a per-sensor device with no
+    non-default answer has an empty ``pairs`` (it still counts). A per-sensor query with outputs
+    {0, 1} and default 0 (unary RR, RR) sends a round as bitmaps when they are
+    smaller than its pairs on average (8 bytes a pair against ceil(V / 8))."""
+    out: list[tuple[np.ndarray, list[bytes]]] = []
+    bitmap_ok = q.per_station is not None and q.n_outputs == 2 and q.default_report == 0
+    nb = -(-q.n_stations // 8)
+    for r in range(q.n_rounds):
+        arrays = er.rounds[r]
+        vehicles = np.asarray(er.vehicles[r]) if "value" in arrays else np.arange(er.participants)
+        devices = (first_device + vehicles).tolist()
+        smaller = 8 * er.reports[r] > nb * er.participants  # bitmaps beat the pairs on average
+        if "value" in arrays:
+            messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
+        elif "bitmap" in arrays and smaller:
+            messages = encode_device_bitmap_rows(q.query_id, q.version, epoch, r, q.n_stations, arrays["bitmap"],
+                                                 np.asarray(devices))
+        elif "bitmap" not in arrays and bitmap_ok and smaller and bool(np.all(arrays["output"] == 1)):
+            messages = encode_device_bitmaps(q.query_id, q.version, epoch, r, q.n_stations, er.participants,
+                                             er.vehicles[r], arrays["station"], np.asarray(devices))
+        else:
+            if "bitmap" in arrays:
+                sparse = BitReports(arrays["bitmap"], er.reports[r], q.n_stations).to_sparse()
+                owner, stations, outputs = sparse.vehicle, sparse.station, sparse.output
+            else:
+                owner, stations, outputs = er.vehicles[r], arrays["station"], arrays["output"]
+            order = np.argsort(owner, kind="stable")
+            bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
+            messages = encode_device_pairs(q.query_id, q.version, epoch, r, bounds, stations[order], outputs[order],
+                                           np.asarray(devices))
+        out.append((vehicles, enrollment.seal_messages(messages, devices)))
+    return out
+
+
+def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops, enrollment: Enrollment,
+                        first_device: int = 0) -> None:
+    """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
+    under a fresh random key, on the partition ``device id mod partitions`` (where a shuffler
+    with several instances looks for all of a device's reports), handed over at once
+    (:meth:`ReportSink.send_many`, librdkafka)."""
+    headers = [(KIND_HEADER, b"device_report")]
+    parts = np.asarray(sink.partitions)
+    for vehicles, records in device_records(q, epoch, er, enrollment, first_device):
+        keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
+        partitions = parts[(first_device + np.asarray(vehicles)) % len(parts)].tolist()
+        if stop.requested or sink.send_many(records, keys, 16, headers=headers, stop=stop,
+                                            partitions=partitions) < len(records):
+            return
+
+@functools.cache
+def _notes_signer(settings: ReplaySettings) -> Enrollment:
+    """The enrollment whose notes key signs this replay's source notes."""
+    return settings.enrollment()
+
+
+def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
+                      interrupted: bool, index: int, count: int, opens: bool = False) -> None:
+    """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
+    topic, once this producer's device reports of the epoch are acknowledged: the device-topic
+    offsets they lie below, the stations without a source reading, whether the replay stopped
+    in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
+    metadata, nothing per vehicle. Signed with the notes key (:meth:`Enrollment.sign_note`,
+    derived from the enrollment secret): the shuffler refuses an unsigned note."""
+    signer = _notes_signer(settings)  # read once per process: the secret was checked at start
+    sink.flush()
+    ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
+    value = encode_json(signer.sign_note(SourceEpoch(
+        epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted, opens=opens,
+        producer_index=index, producer_count=count, device_offsets=ends)))
+    sink.send(value, key=b"source-epoch", partition=0, topic=settings.source_topic,
+              headers=[(KIND_HEADER, b"source_epoch")])
+    sink.flush()

@@ -4,6 +4,20 @@ Vehicles have virtual identities only inside this module (positions in an array 
 shuffled every epoch); nothing that leaves it can name or link a vehicle. Every draw comes
 from a generator seeded by (seed, query, version, epoch, producer), so a replay can be
 reproduced and checked against the statistics core directly.
+
+A span query's vehicles keep their identity through the span (:mod:`producers.spans`); each
+device's one report of the span privatizes the set of stations it passed
+(:func:`privatize_sets`). **The cap and its bias**: a query's ``passages`` (P, ``max_passages``)
+caps the stations one report names; a vehicle that passed more of the query's stations reports
+a uniformly random P of them (:func:`producers.spans.cap_passages`). The dropped passages are
+missing from the truth the devices privatize, so a station's estimated span flow is biased low:
+E[estimate] = F_s - D_s, where D_s is the expected dropped passages of station s -- each vehicle
+with k > P passages that passed s drops it with chance (k - P) / k. The total dropped is exactly
+sum over vehicles of max(0, k - P) (what ``cap_passages`` returns and the replay's summary
+counts as ``passages_dropped``); per station it is measured by comparing the set truths' Yes
+counts before and after the cap, or the estimates against the ground truth (the sum of the
+30-s truth over the span). At the default P (one per epoch of the span) nothing is dropped: a
+vehicle passes at most one station an epoch.
 """
 
 from __future__ import annotations
@@ -16,11 +30,12 @@ import numpy.typing as npt
 
 from estimators import DayLedger, audit_query
 from estimators.ledger import ShuffledDayLedger, report_charge
+from estimators.per_station import PerStation, StationSets
 from estimators.registry import Layout
 from schemas import Query
 
 __all__ = ["Device", "EpochReports", "FleetTooSmall", "charge", "epoch_rng", "fleet_share", "privatize",
-           "query_truth_counts", "split_fleet"]
+           "privatize_sets", "privatize_tally", "query_truth_counts", "split_fleet"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -125,6 +140,23 @@ def charge(ledger: DayLedger | ShuffledDayLedger, day: str, query: Query) -> boo
     return ledger.spend(day, report_charge(query.spec, query.build(), query.n_stations, query.passages))
 
 
+def _opened(query: Query, n: int, mode: str, device: Device, ledger: DayLedger | ShuffledDayLedger | None,
+            day: str) -> EpochReports:
+    """A report's audit and its charge to the ledger (once per report: an epoch's, or a span's):
+    the refused reports, or an empty one to fill."""
+    layout: Layout = "counts" if mode == "tally" else query.spec.layout
+    ok, reason = device.accepts(query)
+    if ok and ledger is not None and not charge(ledger, day, query):
+        ok, reason = False, (f"daily privacy budget: answering would take the day's epsilon over "
+                             f"{ledger.budget:g} (spent {ledger.total(day):.4g})")
+    if not ok:
+        return EpochReports(participants=0, refused=n, refusal_reason=reason, layout=layout,
+                            rounds=[{} for _ in range(query.n_rounds)], reports=[0] * query.n_rounds)
+    if mode not in ("tally", "per-vehicle"):
+        raise ValueError(f"unknown mode {mode!r}")
+    return EpochReports(participants=n, refused=0, refusal_reason=None, layout=layout)
+
+
 def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
               device: Device, ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "",
               mix_pairs: bool = True) -> EpochReports:
@@ -148,15 +180,9 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     the same draws), and ``reports`` counts its set bits, the direct path's pairs.
     """
     n = int(truth_counts.sum())
-    layout: Layout = "counts" if mode == "tally" else query.spec.layout
-    ok, reason = device.accepts(query)
-    if ok and ledger is not None and not charge(ledger, day, query):
-        ok, reason = False, (f"daily privacy budget: answering would take the day's epsilon over "
-                             f"{ledger.budget:g} (spent {ledger.total(day):.4g})")
-    if not ok:
-        return EpochReports(participants=0, refused=n, refusal_reason=reason, layout=layout,
-                            rounds=[{} for _ in range(query.n_rounds)], reports=[0] * query.n_rounds)
-    out = EpochReports(participants=n, refused=0, refusal_reason=None, layout=layout)
+    out = _opened(query, n, mode, device, ledger, day)
+    if out.refused:
+        return out
     samplers = query.per_station  # per-sensor mechanisms: one sampler per round
     if mode == "tally":
         if samplers is None:
@@ -166,8 +192,6 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
             out.rounds = [{"counts": ps.tally(rng, truth_counts[1:], n).ravel()} for ps in samplers]
         out.reports = [n] * query.n_rounds
         return out
-    if mode != "per-vehicle":
-        raise ValueError(f"unknown mode {mode!r}")
     truths = np.repeat(np.arange(truth_counts.size, dtype=np.int64), truth_counts)
     rng.shuffle(truths)  # virtual identities: a vehicle is a position, re-drawn every epoch
     if samplers is None:
@@ -176,17 +200,70 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
         out.rounds = [{"value": reports[r][out.vehicles[r]]} for r in range(query.n_rounds)]
         out.reports = [n] * query.n_rounds
         return out
+    _per_sensor_rounds(out, samplers, rng, StationSets.of_truths(truths), mix_pairs)
+    return out
+
+
+def privatize_sets(query: Query, sets: StationSets, rng: np.random.Generator, mode: str, device: Device,
+                   ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "",
+                   mix_pairs: bool = True) -> EpochReports:
+    """Run every device of one producer for one span report of a per-sensor ``query``: each
+    vehicle's truth is its set of stations (:meth:`SpanFleet.passages`, in the query's order,
+    capped: :func:`cap_passages`); a station in the set answers from the Yes row, every other
+    from the No row. The rows' order is already re-drawn per span (:meth:`SpanFleet.passages`).
+    Tally mode: per station, the exact tally of its span flow's Yes answers and the other
+    vehicles' No answers (:meth:`~estimators.PerStation.tally` ``multi_hot``). Per-vehicle mode
+    and ``mix_pairs``: as :func:`privatize`. The ledger is charged once, for the span's report.
+    """
+    samplers = query.per_station
+    if samplers is None:
+        raise ValueError(f"{query.mechanism} reports one station: it has no set truth")
+    n = sets.n_vehicles
+    out = _opened(query, n, mode, device, ledger, day)
+    if out.refused:
+        return out
+    if mode == "tally":
+        _tally_rounds(out, samplers, rng, sets.yes_counts(query.n_stations), n)
+        return out
+    _per_sensor_rounds(out, samplers, rng, sets, mix_pairs)
+    return out
+
+
+def privatize_tally(query: Query, yes_counts: IntArray, n: int, rng: np.random.Generator, device: Device,
+                    ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "") -> EpochReports:
+    """:func:`privatize_sets` in tally mode from the set truths' Yes counts per station (each at
+    most ``n``; their sum may exceed it) and ``n`` vehicles, the same draws: a span's exact
+    tally when the sets need not be read (no cap binds)."""
+    samplers = query.per_station
+    if samplers is None:
+        raise ValueError(f"{query.mechanism} reports one station: it has no set truth")
+    out = _opened(query, n, "tally", device, ledger, day)
+    if not out.refused:
+        _tally_rounds(out, samplers, rng, yes_counts, n)
+    return out
+
+
+def _tally_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng: np.random.Generator,
+                  yes: IntArray, n: int) -> None:
+    out.rounds = [{"counts": ps.tally(rng, yes, n, multi_hot=True).ravel()} for ps in samplers]
+    out.reports = [n] * len(samplers)
+
+
+def _per_sensor_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng: np.random.Generator,
+                       sets: StationSets, mix_pairs: bool) -> None:
+    """Per-vehicle mode of a per-sensor mechanism: every round's reports into ``out``."""
+    n = sets.n_vehicles
     for r, ps in enumerate(samplers):  # fresh coins per round: each round sampled, shuffled and sent on its own
         last = not mix_pairs and r == len(samplers) - 1  # the generator's last draw: nothing later depends on it
         if not mix_pairs and ps.bit_valued:  # the same draws as one bitmap per device (the bitmap device report)
-            bits = ps.sample_bits(rng, truths)
+            bits = ps.sample_bits_sets(rng, sets)
             if not last:
                 rng.permutation(bits.n_set)  # the direct path's shuffle of these pairs: later rounds draw after it
             out.rounds.append({"bitmap": bits.rows})
             out.vehicles.append(np.arange(n, dtype=np.int64))
             out.reports.append(bits.n_set)
             continue
-        pairs = ps.sample_sparse(rng, truths)
+        pairs = ps.sample_sparse_sets(rng, sets)
         if last:
             out.rounds.append({"station": pairs.station, "output": pairs.output})
             out.vehicles.append(pairs.vehicle)
@@ -200,4 +277,3 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
             out.rounds.append({"station": pairs.station, "output": pairs.output})
             out.vehicles.append(pairs.vehicle)
         out.reports.append(int(pairs.station.size))
-    return out

@@ -6,6 +6,17 @@ passed, switching only at epoch boundaries), send the reports in columnar batche
 random batch ids, then to every partition one record with its end-of-epoch markers (one per
 (query, round)).
 
+A query with a longer span (``Query.span_s``: 300 s, an hour, ...) is answered once per span:
+its vehicles keep their identity through the span (:class:`producers.spans.SpanTracker`), and
+at the span's last epoch each device privatizes the set of stations it passed and sends ONE
+report whose epoch is the span's first (``Query.span_start``), on every path (batches or
+tallies with their markers, or --via-shuffler device reports over Kafka or HTTP); its markers
+are sent with it, never before. Only whole spans are reported: a span that began before the
+replay's first epoch (or the query's start) is not sent, counted in the summary
+(``spans_skipped``) and logged with the reason. A span the replay stops in -- a stop, or the
+end of the replayed epochs -- is marked interrupted with nothing sent (its markers carry the
+span's first epoch and zero reports), as a stop epoch is.
+
 The summary counts what the broker acknowledged (reports inside acknowledged records), next to
 what was handed to the producer. A broker lost mid-run ends the replay within
 ``broker_loss_timeout_s`` with :class:`ReplayLost`, which carries that summary.
@@ -13,19 +24,18 @@ what was handed to the producer. A broker lost mid-run ends the replay within
 
 from __future__ import annotations
 
-import functools
 import logging
 import multiprocessing as mp
-import secrets
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from estimators import BitReports, DayLedger, default_query_mechanisms
+from estimators import DayLedger, default_query_mechanisms
 from estimators.ledger import ShuffledDayLedger
 from estimators.registry import Layout
 from schemas import (
@@ -34,37 +44,39 @@ from schemas import (
     EndOfEpochSet,
     GroundTruth,
     Query,
-    SourceEpoch,
     active_queries,
     encode_batch,
     encode_json,
     new_batch_id,
 )
-from schemas.device_binary import (
-    encode_device_bitmap_rows,
-    encode_device_bitmaps,
-    encode_device_pairs,
-    encode_device_values,
-)
-from schemas.enrollment import Enrollment, EnrollmentError
+from schemas.enrollment import EnrollmentError
+from schemas.epochs import EPOCH_S
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
 
-from .devices import DeviceRequests
-from .fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize, query_truth_counts, split_fleet
+from .devices import KIND_HEADER, DeviceRequests, device_records, send_device_reports, send_source_epoch
+from .fleet import (
+    Device,
+    FleetTooSmall,
+    epoch_rng,
+    fleet_share,
+    privatize,
+    query_truth_counts,
+    split_fleet,
+)
 from .http_client import DeviceClient
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
 from .progress import Progress, what_limits
 from .settings import ReplaySettings
 from .sink import ReportSink
+from .spans import SpanTracker, fleet_need, span_reports
 from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_signals, pause_until
 from .synthetic import write_synthetic_day
 
 __all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_queries",
-           "device_records", "fleet_size_for", "load_day", "replay", "send_device_reports", "send_markers",
-           "send_round", "wait_for_peers"]
+           "device_records", "fleet_size_for", "load_day", "replay", "send_device_reports",
+           "send_markers", "send_round", "wait_for_peers"]
 
 log = logging.getLogger(__name__)
-KIND_HEADER = "ptt-kind"
 
 
 class EmptyData(ValueError):
@@ -98,12 +110,14 @@ def load_day(settings: ReplaySettings) -> TrafficDay:
     return day
 
 
-def fleet_size_for(day: TrafficDay, settings: ReplaySettings) -> int:
-    """Fleet size: at least the day's peak total flow; grown by query expansion."""
-    need = day.peak_total()
+def fleet_size_for(day: TrafficDay, settings: ReplaySettings, spans: Iterable[int] = ()) -> int:
+    """Fleet size: at least the day's peak total flow, and for span queries (``spans``: their
+    ``span_s``) the largest span flow of a station with room (:func:`producers.spans.fleet_need`);
+    grown by query expansion."""
+    need, why = fleet_need(day.epochs, day.flows, settings.producers, spans)
     size = settings.fleet_size if settings.fleet_size is not None else need
     if size < need:
-        raise FleetTooSmall(f"--fleet-size {size} is smaller than the day's peak total flow {need}")
+        raise FleetTooSmall(f"--fleet-size {size} is smaller than {why}")
     return max(size, settings.expand_to or 0)
 
 
@@ -123,7 +137,10 @@ class ReplaySummary:
     """What a replay did. ``reports``/``records``: the reports and report records the broker
     acknowledged; ``reports_sent``/``records_sent``: those handed to the producer (more only
     when deliveries failed or the broker was lost). ``epochs``: epochs completed (flushed and
-    marked)."""
+    marked). ``fleet_basis``: why the fleet has the size it has (:func:`producers.spans.fleet_need`). Span
+    queries (this producer's, with one producer the whole replay's): ``spans_sent`` span reports
+    sent, ``spans_skipped`` spans not covered whole (``span_skip_reasons``), ``passages_dropped``
+    passages over the query's cap (``max_passages``), the cap's bias."""
 
     epochs: int = 0
     reports: int = 0
@@ -136,8 +153,13 @@ class ReplaySummary:
     refusal_reasons: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
     fleet_size: int = 0
+    fleet_basis: str = ""
     data_quality: str = ""
     elapsed_s: float = 0.0
+    spans_sent: Counter[str] = field(default_factory=Counter)
+    spans_skipped: Counter[str] = field(default_factory=Counter)
+    span_skip_reasons: dict[str, str] = field(default_factory=dict)
+    passages_dropped: Counter[str] = field(default_factory=Counter)
 
 
 class ReplayLost(BrokerLost):
@@ -201,12 +223,14 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
+    spans = SpanTracker(settings.seed, fleet_share(fleet, index, count), day.stations, index)
     epochs = day.epochs[settings.start_epoch:]
     flows = day.flows[settings.start_epoch:]
     truth_rows = day.has_truth[settings.start_epoch:]  # missing readings and dead detectors: no truth
     if settings.max_epochs is not None:
         epochs, flows = epochs[: settings.max_epochs], flows[: settings.max_epochs]
     lost: BrokerLost | None = None
+    marked: int | None = None  # the last epoch marked
 
     def cut(i: int) -> bool:  # the stop epoch, to be cut short (StopPlan)
         if stop.requested:
@@ -230,15 +254,28 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             when = epoch_start(epoch)
             reader.poll(0)
             current = active_queries(reader.queries.values(), when)
-            # every (query, round) is marked, also one cut before anything of it was sent
-            sent: dict[tuple[str, int], dict[int, list[int]]] = {
-                (q.record_key, r): {p: [0, 0] for p in sink.partitions} for q in current for r in range(q.n_rounds)}
-            by_key: dict[str, Query] = {q.record_key: q for q in current}
-            participants: dict[str, tuple[int, int]] = {}
             no_truth = day.stations[~truth_rows[i]]  # cells without a reading: no truth, no data
             no_data = {int(s) for s in no_truth}
-            if begun == StopPlan.RUN:
-                split = split_fleet(settings.seed, epoch, flow_row, fleet, count)
+            split = split_fleet(settings.seed, epoch, flow_row, fleet, count) if begun == StopPlan.RUN else None
+            # span queries: their vehicles placed for this epoch; the spans ending now
+            due = spans.step(epoch, current, None if split is None else split[index], no_data)
+            for d in due:
+                if not d.whole:
+                    summary.spans_skipped[d.query.query_id] += 1
+                    summary.span_skip_reasons[d.query.query_id] = d.reason or ""
+                    if index == 0:
+                        log.warning("%s: the %d-s span from epoch %d is not reported: %s", d.query.query_id,
+                                    d.query.span_s, d.start, d.reason)
+            # what is answered now: every 30-s query, and the span queries whose span ends whole now
+            answering = [q for q in current if q.span_s == EPOCH_S] + [d.query for d in due if d.whole]
+            span_of: dict[str, tuple[int, frozenset[int]]] = {d.query.record_key: (d.start, d.readings_missing)
+                                                              for d in due if d.whole}
+            # every (query, round) is marked, also one cut before anything of it was sent
+            sent: dict[tuple[str, int], dict[int, list[int]]] = {
+                (q.record_key, r): {p: [0, 0] for p in sink.partitions} for q in answering for r in range(q.n_rounds)}
+            by_key: dict[str, Query] = {q.record_key: q for q in answering}
+            participants: dict[str, tuple[int, int]] = {}
+            if split is not None:
                 if settings.truth and index == 0:
                     truth = GroundTruth(epoch=epoch, epoch_start=when,
                                         stations=tuple(int(s) for s in day.stations),
@@ -248,26 +285,34 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                               headers=[(KIND_HEADER, b"ground_truth")])
                 halt = Halt(cut, i)
                 devices = DeviceRequests()
-                for q in current:
+                for q in answering:
                     if halt.requested:
                         break
-                    tc = query_truth_counts(split[index], day.stations, q)
-                    er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device, ledger,
-                                   when.date().isoformat(), mix_pairs=enrollment is None)
+                    if q.record_key in span_of:  # one report per device for the span: epoch = its first
+                        report_epoch = span_of[q.record_key][0]
+                        er, dropped = span_reports(q, spans, settings.seed, index, report_epoch, settings.mode,
+                                                   device, ledger, mix_pairs=enrollment is None)
+                        summary.passages_dropped[q.query_id] += dropped
+                        summary.spans_sent[q.query_id] += not er.refused
+                    else:
+                        report_epoch = epoch
+                        tc = query_truth_counts(split[index], day.stations, q)
+                        er = privatize(q, tc, epoch_rng(settings.seed, q, epoch, index), settings.mode, device,
+                                       ledger, when.date().isoformat(), mix_pairs=enrollment is None)
                     participants[q.query_id] = (er.participants, er.refused)
                     if er.refused:
                         summary.refused[q.query_id] += er.refused
                         summary.refusal_reasons[q.query_id] = er.refusal_reason or ""
                     if enrollment is not None and client is not None:  # --via-shuffler --transport http
-                        devices.add(device_records(q, epoch, er, enrollment, first_device))
+                        devices.add(device_records(q, report_epoch, er, enrollment, first_device))
                         continue
                     if enrollment is not None:  # --via-shuffler over Kafka
-                        send_device_reports(sink, q, epoch, er, halt, enrollment, first_device)
+                        send_device_reports(sink, q, report_epoch, er, halt, enrollment, first_device)
                         continue
                     for r in range(q.n_rounds):
                         if er.participants:
-                            send_round(sink, settings, producer_id, q, epoch, r, er.layout, er.rounds[r],
-                                        er.reports[r], sent[(q.record_key, r)], halt)
+                            send_round(sink, settings, producer_id, q, report_epoch, r, er.layout, er.rounds[r],
+                                       er.reports[r], sent[(q.record_key, r)], halt)
                 if client is not None:
                     devices.send(client, sink, settings.device_topic, halt)
                 sink.flush()
@@ -277,12 +322,20 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 send_source_epoch(sink, settings, epoch, no_data, interrupted, index, count)
             else:
                 send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
-                          interrupted, no_data)
+                             interrupted, no_data, spans=span_of)
+            marked = epoch
             if interrupted:
                 break
             summary.epochs += 1
             if counters is not None:
                 _share(counters, summary, sink)
+        if marked is not None and not settings.via_shuffler:  # the span the replay stops or ends in
+            open_spans = spans.open_spans(marked)
+            send_markers(sink, producer_id, index, count, marked,
+                         {(q.record_key, r): {p: [0, 0] for p in sink.partitions}
+                          for q, _, _ in open_spans for r in range(q.n_rounds)},
+                         {q.record_key: q for q, _, _ in open_spans}, {}, settings.mode, True,
+                         spans={q.record_key: (start, gaps) for q, start, gaps in open_spans})
     except BrokerLost as exc:  # the epoch in progress is left unmarked: the broker is gone
         lost = exc
     finally:
@@ -345,105 +398,33 @@ def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: 
         per_part[partition][1] += 1
 
 
-def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_device: int = 0
-                   ) -> list[tuple[np.ndarray, list[bytes]]]:
-    """Every participating device's report of every round of ``q`` in the binary layout
-    (:mod:`schemas.device_binary`; station-valued reports encoded as one array per round),
-    sealed with its device's key (:mod:`schemas.enrollment`: the vehicle at position ``v`` of
-    this producer's epoch is enrolled device ``first_device + v``), per round with the simulated
-    vehicle behind each (its index in this producer's epoch); a per-sensor device with no
-    non-default answer has an empty ``pairs`` (it still counts). A per-sensor query with outputs
-    {0, 1} and default 0 (unary RR, RR) sends a round as bitmaps when they are
-    smaller than its pairs on average (8 bytes a pair against ceil(V / 8))."""
-    out: list[tuple[np.ndarray, list[bytes]]] = []
-    bitmap_ok = q.per_station is not None and q.n_outputs == 2 and q.default_report == 0
-    nb = -(-q.n_stations // 8)
-    for r in range(q.n_rounds):
-        arrays = er.rounds[r]
-        vehicles = np.asarray(er.vehicles[r]) if "value" in arrays else np.arange(er.participants)
-        devices = (first_device + vehicles).tolist()
-        smaller = 8 * er.reports[r] > nb * er.participants  # bitmaps beat the pairs on average
-        if "value" in arrays:
-            messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
-        elif "bitmap" in arrays and smaller:
-            messages = encode_device_bitmap_rows(q.query_id, q.version, epoch, r, q.n_stations, arrays["bitmap"],
-                                                 np.asarray(devices))
-        elif "bitmap" not in arrays and bitmap_ok and smaller and bool(np.all(arrays["output"] == 1)):
-            messages = encode_device_bitmaps(q.query_id, q.version, epoch, r, q.n_stations, er.participants,
-                                             er.vehicles[r], arrays["station"], np.asarray(devices))
-        else:
-            if "bitmap" in arrays:
-                sparse = BitReports(arrays["bitmap"], er.reports[r], q.n_stations).to_sparse()
-                owner, stations, outputs = sparse.vehicle, sparse.station, sparse.output
-            else:
-                owner, stations, outputs = er.vehicles[r], arrays["station"], arrays["output"]
-            order = np.argsort(owner, kind="stable")
-            bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-            messages = encode_device_pairs(q.query_id, q.version, epoch, r, bounds, stations[order], outputs[order],
-                                           np.asarray(devices))
-        out.append((vehicles, enrollment.seal_messages(messages, devices)))
-    return out
-
-
-def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops, enrollment: Enrollment,
-                        first_device: int = 0) -> None:
-    """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
-    under a fresh random key, on the partition ``device id mod partitions`` (where a shuffler
-    with several instances looks for all of a device's reports), handed over at once
-    (:meth:`ReportSink.send_many`, librdkafka)."""
-    headers = [(KIND_HEADER, b"device_report")]
-    parts = np.asarray(sink.partitions)
-    for vehicles, records in device_records(q, epoch, er, enrollment, first_device):
-        keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
-        partitions = parts[(first_device + np.asarray(vehicles)) % len(parts)].tolist()
-        if stop.requested or sink.send_many(records, keys, 16, headers=headers, stop=stop,
-                                            partitions=partitions) < len(records):
-            return
-
-@functools.cache
-def _notes_signer(settings: ReplaySettings) -> Enrollment:
-    """The enrollment whose notes key signs this replay's source notes."""
-    return settings.enrollment()
-
-
-def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
-                      interrupted: bool, index: int, count: int, opens: bool = False) -> None:
-    """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
-    topic, once this producer's device reports of the epoch are acknowledged: the device-topic
-    offsets they lie below, the stations without a source reading, whether the replay stopped
-    in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
-    metadata, nothing per vehicle. Signed with the notes key (:meth:`Enrollment.sign_note`,
-    derived from the enrollment secret): the shuffler refuses an unsigned note."""
-    signer = _notes_signer(settings)  # read once per process: the secret was checked at start
-    sink.flush()
-    ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
-    value = encode_json(signer.sign_note(SourceEpoch(
-        epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted, opens=opens,
-        producer_index=index, producer_count=count, device_offsets=ends)))
-    sink.send(value, key=b"source-epoch", partition=0, topic=settings.source_topic,
-              headers=[(KIND_HEADER, b"source_epoch")])
-    sink.flush()
-
-
 def send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epoch: int,
-                  sent: dict[tuple[str, int], dict[int, list[int]]], by_key: dict[str, Query],
-                  participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool,
-                  no_data: set[int] | frozenset[int] = frozenset()) -> None:
-    by_partition: dict[int, list[EndOfEpoch]] = {}
+                 sent: dict[tuple[str, int], dict[int, list[int]]], by_key: dict[str, Query],
+                 participants: dict[str, tuple[int, int]], mode: Any, interrupted: bool,
+                 no_data: set[int] | frozenset[int] = frozenset(),
+                 spans: dict[str, tuple[int, frozenset[int]]] | None = None) -> None:
+    """Every (query, round)'s end-of-epoch markers of ``epoch``, one record per partition.
+
+    ``spans``: the span queries (by record key) marked now -- their markers carry the span's
+    first epoch and the stations without a reading in any epoch of it (PeMS ids), not this
+    epoch's."""
+    by_set: dict[tuple[int, int, bool], list[EndOfEpoch]] = {}  # a set shares partition, epoch, interrupted
+    spans = spans or {}
     for (key, r), per_part in sent.items():
         q = by_key[key]
-        gaps = tuple(i + 1 for i, s in enumerate(q.sensors) if s in no_data)
+        mark_epoch, missing = spans.get(key, (epoch, no_data))
+        gaps = tuple(i + 1 for i, s in enumerate(q.sensors) if s in missing)
         total_reports = sum(v[0] for v in per_part.values())
         total_batches = sum(v[1] for v in per_part.values())
         got, refused = participants.get(q.query_id, (0, 0))
         for p, (n_rep, n_bat) in per_part.items():
-            by_partition.setdefault(p, []).append(EndOfEpoch(
+            by_set.setdefault((p, mark_epoch, interrupted), []).append(EndOfEpoch(
                 producer_id=producer_id, producer_index=index, producer_count=count, query_id=q.query_id,
-                query_version=q.version, epoch=epoch, round=r, partition=p, reports_to_partition=n_rep,
+                query_version=q.version, epoch=mark_epoch, round=r, partition=p, reports_to_partition=n_rep,
                 batches_to_partition=n_bat, reports_total=total_reports, batches_total=total_batches,
                 participants=got, refused=refused, mode=mode, interrupted=interrupted, readings_missing=gaps))
-    # one record per partition for every (query, round): the worker's cost is per record
-    for p, markers in by_partition.items():
+    # one record per partition for every (query, round) of an epoch: the worker's cost is per record
+    for (p, _, _), markers in by_set.items():
         for start in range(0, len(markers), MAX_MARKERS_PER_SET):
             marker_set = EndOfEpochSet(markers=tuple(markers[start:start + MAX_MARKERS_PER_SET]))
             sink.send(encode_json(marker_set), key=f"eoe-{producer_id}".encode(), partition=p,
@@ -467,16 +448,21 @@ def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters
             reason.value = str(broker_lost(settings, why)).encode()[:_REASON_BYTES - 1]
 
 
+def _check_enrolled(settings: ReplaySettings, fleet: int) -> None:
+    """--via-shuffler: the fleet stands in for enrolled devices; every vehicle needs one."""
+    if settings.via_shuffler:
+        enrolled = settings.enrollment().devices
+        if fleet > enrolled:
+            raise EnrollmentError(f"a fleet of {fleet:,} vehicles but {enrolled:,} enrolled devices; give "
+                                  f"--enrolled-devices {fleet} (the shuffler's too)")
+
+
 def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     """Replay the day with ``settings.producers`` producer processes; returns the totals."""
     started = time.time()
     day = load_day(settings)
     fleet = fleet_size_for(day, settings)
-    if settings.via_shuffler:  # the fleet stands in for enrolled devices: checked before any connection
-        enrolled = settings.enrollment().devices
-        if fleet > enrolled:
-            raise EnrollmentError(f"a fleet of {fleet:,} vehicles but {enrolled:,} enrolled devices; give "
-                                  f"--enrolled-devices {fleet} (the shuffler's too)")
+    _check_enrolled(settings, fleet)  # before any connection
     ensure_topics(settings)
     if settings.via_shuffler:
         ensure_topics(settings, {settings.device_topic: settings.device_partitions, settings.source_topic: 1})
@@ -489,6 +475,13 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     if not have and settings.default_queries:
         for q in default_queries(day, fleet, settings.mechanisms):
             publish_query(settings, q)
+    # span queries in play: a vehicle passes a station at most once a span, so the fleet holds the
+    # largest span flow; every producer process is given that size (one fleet for all)
+    spans = {q.span_s for q in have.values()}
+    fleet = fleet_size_for(day, settings, spans)
+    basis = fleet_need(day.epochs, day.flows, settings.producers, spans)[1]
+    _check_enrolled(settings, fleet)
+    settings = settings.model_copy(update={"fleet_size": fleet})
     total = day.epochs.size - settings.start_epoch
     if settings.max_epochs is not None:
         total = min(total, settings.max_epochs)
@@ -506,10 +499,12 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
             summary = _producer_loop(settings, 0, 1, t0, _Tick(counters), day)
         except ReplayLost as exc:
             exc.summary.elapsed_s = time.time() - started
+            exc.summary.fleet_basis = basis
             raise
         finally:
             bar.close()
         summary.elapsed_s = time.time() - started
+        summary.fleet_basis = basis
         return summary
     ctx = mp.get_context("spawn")
     shared = [ctx.Array("q", _N_COUNTERS, lock=False) for _ in range(settings.producers)]
@@ -521,7 +516,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     procs = [ctx.Process(target=_child, args=(settings, k, settings.producers, t0, shared[k], shared, reasons[k],
                                               kafka_level, plan), daemon=False)
              for k in range(settings.producers)]
-    summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
+    summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary(), fleet_basis=basis)
     with StopFlag() as stop:
         with children_ignore_stop_signals():
             for p in procs:

@@ -55,7 +55,8 @@ class ReplaySettings(EnrollmentSettings):
     data_dir: Path = Field(default=Path(".ptt-data"), description="where the synthetic day is written")
 
     seed: int = Field(default=1, description="seed of the fleet's devices")
-    fleet_size: int | None = Field(default=None, ge=1, description="vehicles (default: the day's peak total flow)")
+    fleet_size: int | None = Field(default=None, ge=1, description="vehicles (default: the day's peak total flow, or "
+                                      "for span queries the largest span flow of a station, with room)")
     expand_to: int | None = Field(default=None, ge=1, description="query expansion: grow the fleet to N vehicles")
     mode: Literal["per-vehicle", "tally"] = "per-vehicle"
     speed: float = Field(default=0.0, ge=0.0, description="1 = real time, k = k x faster, 0 = as fast as possible")

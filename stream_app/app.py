@@ -19,10 +19,9 @@ Topology (one or many workers in one consumer group give the same result):
   ``partials`` keyed by query and hour; that key's partition adds it to the rollups in the
   same table and publishes the 5-minute and hourly rollups it completes.
 
-A lost broker (silent for ``broker_loss_timeout_s``, or its topics gone: an embedded
-broker restarted) stops the worker with one line and exit code 7 (:mod:`stream_app.guard`,
-:func:`run_worker`); publishes that fail meanwhile are retried, never dead-lettered as if a
-record were at fault.
+A lost broker (silent for ``broker_loss_timeout_s``, or its topics gone) stops the worker with
+one line and exit code 7 (:mod:`stream_app.guard`, :func:`run_worker`); publishes that fail
+meanwhile are retried, never dead-lettered as if a record were at fault.
 
 Faust's windowed tables are not used: they close windows by the wall clock and keep their
 expiry schedule in memory. Here every closing decision is made from data in the

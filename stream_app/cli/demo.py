@@ -468,7 +468,9 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
         watch.check()
         print(f"data: {summary.data_quality}")
         print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
-              f"from a fleet of {summary.fleet_size:,} vehicles in {summary.elapsed_s:.1f}s"
+              f"from a fleet of {summary.fleet_size:,} vehicles"
+              + (f" (at least {summary.fleet_basis})" if summary.fleet_basis else "")
+              + f" in {summary.elapsed_s:.1f}s"
               + (" (interrupted)" if summary.interrupted else ""), flush=True)
         if summary.delivery_failures:  # exit code 1 (unless interrupted), said here, not only by the code
             print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)

@@ -45,10 +45,16 @@ def replay_summary_lines(summary: Any) -> list[str]:
     else:
         done = (f"the broker acknowledged {s.reports:,} of {s.reports_sent:,} reports sent ({s.records:,} of "
                 f"{s.records_sent:,} records)")
+    basis = f" (at least {s.fleet_basis})" if s.fleet_basis else ""
     lines = [f"data: {s.data_quality}",
-             f"fleet: {s.fleet_size:,} vehicles; replayed {s.epochs} epochs, {done} in {s.elapsed_s:.1f}s"]
+             f"fleet: {s.fleet_size:,} vehicles{basis}; replayed {s.epochs} epochs, {done} in {s.elapsed_s:.1f}s"]
     lines += [f"refused: {n:,} vehicle-epochs of {qid} ({s.refusal_reasons.get(qid, '')})"
               for qid, n in sorted(s.refused.items())]
+    lines += [f"spans: {n:,} of {qid} reported, {s.spans_skipped.get(qid, 0):,} not "
+              f"(covered only in part), {s.passages_dropped.get(qid, 0):,} passages over the "
+              f"query's cap dropped" for qid, n in sorted(s.spans_sent.items())]
+    lines += [f"spans: none of {qid} reported ({n:,} covered only in part: {s.span_skip_reasons.get(qid, '')})"
+              for qid, n in sorted(s.spans_skipped.items()) if qid not in s.spans_sent]
     return lines
 
 

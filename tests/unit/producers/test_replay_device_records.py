@@ -5,11 +5,16 @@ sent, the same pairs when pairs are smaller. Deterministic (fixed seeds): no fal
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import numpy as np
 import pytest
 
-from producers.fleet import Device, privatize
+from estimators import StationSets
+from producers.devices import DeviceRequests
+from producers.fleet import Device, privatize, privatize_sets
 from producers.replay import device_records
+from schemas import Query
 from schemas.device_binary import DeviceFields, unpack_device
 from tests.devices import enrollment
 from tests.unit.producers.test_fleet import SEED, make_query, sensors, truth_for
@@ -46,3 +51,27 @@ def test_bitmap_rounds_send_what_the_sparse_pairs_sent(mechanism: str, params: d
     assert all(isinstance(f, DeviceFields) and (f.bitmap_stations == v) == (layout == "bitmap") for f in last)
     if layout == "bitmap":
         assert got[-1][1] == want[-1][1]  # byte for byte, MACs included
+
+
+def test_a_span_report_is_one_record_per_device_with_the_spans_first_epoch() -> None:
+    """A span query's report on the device paths (Kafka records and the HTTP path's requests):
+    every device of the producer once, its set truth's stations in its bitmap, the epoch the
+    span's first."""
+    t0 = datetime(2026, 11, 18, tzinfo=UTC)
+    q = Query(query_id="flows", analyst_id="a", version=1, sensors=sensors(40), mechanism="unary",
+              params={"q": 1e-9}, population=100, span_s=300, t_start=t0, t_end=t0 + timedelta(days=1))
+    n = 25
+    sets = StationSets(n, np.repeat(np.arange(n), 3), np.tile(np.array([2, 17, 39]), n))
+    er = privatize_sets(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e3), mix_pairs=False)
+    got = device_records(q, 1_000_000, er, enrollment(), first_device=7)
+    assert len(got) == 1
+    vehicles, records = got[0]
+    fields = [unpack_device(raw) for raw in records]
+    assert all(isinstance(f, DeviceFields) and f.epoch == 1_000_000 and f.query_id == "flows" for f in fields)
+    assert sorted(f.device or 0 for f in fields if isinstance(f, DeviceFields)) == list(range(7, 7 + n))
+    for f in fields:  # q ~ 0: each device's report is its whole set, a bitmap over the 40 stations
+        assert isinstance(f, DeviceFields) and f.bitmap_stations == 40
+        assert sorted(s for s, o in f.pairs or () if o == 1) == [2, 17, 39]
+    requests = DeviceRequests()
+    requests.add(got)
+    assert len(requests.devices) == n and all(len(d) == 1 for d in requests.devices)

@@ -41,6 +41,7 @@ WITH_EXAMPLES = {
     "producers.pems.stamps": 3,
     "producers.progress": 2,
     "producers.settings": 2,
+    "producers.spans": 17,
     "schemas.connection": 7,
     "schemas.device_binary": 15,
     "schemas.device_http": 3,
