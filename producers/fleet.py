@@ -98,7 +98,10 @@ class Device:
     blacklist: frozenset[int] = frozenset()
 
     def accepts(self, query: Query) -> tuple[bool, str | None]:
-        result = audit_query(query.epsilon, query.sensors, self.epsilon_limit, self.blacklist)
+        """The audit of ``epsilon_limit`` is per epoch: a span report (up to ``passages`` stations
+        over ``epochs_per_span`` epochs) is held to it at its epsilon per epoch it covers."""
+        result = audit_query(query.epsilon / query.epochs_per_span, query.sensors, self.epsilon_limit,
+                             self.blacklist)
         return result.accepted, result.reason
 
 

@@ -24,6 +24,7 @@ what was handed to the producer. A broker lost mid-run ends the replay within
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing as mp
 import time
@@ -72,7 +73,8 @@ from .spans import SpanTracker, fleet_need, span_reports
 from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_signals, pause_until
 from .synthetic import write_synthetic_day
 
-__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_queries",
+__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_fleet",
+           "default_queries", "planned_flow_params",
            "device_records", "fleet_size_for", "load_day", "replay", "send_device_reports",
            "send_markers", "send_round", "wait_for_peers"]
 
@@ -121,15 +123,49 @@ def fleet_size_for(day: TrafficDay, settings: ReplaySettings, spans: Iterable[in
     return max(size, settings.expand_to or 0)
 
 
-def default_queries(day: TrafficDay, population: int, mechanisms: tuple[str, ...] | None = None) -> list[Query]:
+def default_fleet(day: TrafficDay, settings: ReplaySettings) -> int:
+    """The fleet for the day's default queries (``settings.mechanisms``): :func:`fleet_size_for`
+    with the spans of its span queries (a vehicle passes a station once a span)."""
+    return fleet_size_for(day, settings, settings.mechanism_spans)
+
+
+def default_queries(day: TrafficDay, population: int, mechanisms: tuple[str, ...] | None = None,
+                    flow_day_budget: float = 1.0) -> list[Query]:
     """The demo's queries over all the day's stations, one per mechanism (default: those the
     registry marks as default queries, ALP and symmetric unary RR; ``ReplaySettings.mechanisms``
-    chooses others), at each mechanism's default parameters, valid for the whole day."""
+    chooses others), valid for the whole day. A 30-s query (``MECH``, id ``MECH-day``) runs at the
+    mechanism's default parameters; a span query (``MECH@SPAN[/P]``, id e.g. ``unary-hour``) at
+    the parameters ``ptt plan fleet`` chooses for it alone at a day of ``flow_day_budget``
+    (:func:`planned_flow_params`)."""
+    from estimators.fleet import parse_fleet_queries
+
     sensors = tuple(int(s) for s in day.stations)
     t0, t1 = epoch_start(int(day.epochs[0])), epoch_start(int(day.epochs[-1]) + 1)
     common: dict[str, Any] = {"analyst_id": "demo", "version": 1, "sensors": sensors, "population": population,
                               "t_start": t0, "t_end": t1}
-    return [Query(query_id=f"{m}-day", mechanism=m, **common) for m in (mechanisms or default_query_mechanisms())]
+    out = []
+    for q in parse_fleet_queries(",".join(mechanisms or default_query_mechanisms())):
+        if q.span_s == EPOCH_S:
+            out.append(Query(query_id=f"{q.mechanism}-day", mechanism=q.mechanism, **common))
+            continue
+        span = {300: "5min", 900: "15min", 3600: "hour", 86_400: "whole-day"}.get(q.span_s, f"{q.span_s}s")
+        params = planned_flow_params(q.mechanism, q.span_s, q.max_passages, population, len(sensors), flow_day_budget)
+        out.append(Query(query_id=f"{q.mechanism}-{span}", mechanism=q.mechanism, params=params, span_s=q.span_s,
+                         max_passages=q.max_passages, **common))
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def planned_flow_params(mechanism: str, span_s: int, max_passages: int | None, population: int, stations: int,
+                        day_budget: float) -> dict[str, float]:
+    """The parameters ``ptt plan fleet --query-mechanisms MECH@SPAN[/P] --day-budget B`` chooses
+    for a span query alone through the shuffler's aggregate release at this crowd and station
+    count (seconds of planning: remembered per setting)."""
+    from estimators.fleet import FleetQuery, fleet_plan
+
+    q = FleetQuery(mechanism, span_s, max_passages)
+    plan = fleet_plan(population, min(population, 100), stations, queries=[q], day_budget=day_budget)
+    return {k: float(v) for k, v in plan["queries"][q.label]["params"].items()}
 
 
 @dataclass
@@ -461,7 +497,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     """Replay the day with ``settings.producers`` producer processes; returns the totals."""
     started = time.time()
     day = load_day(settings)
-    fleet = fleet_size_for(day, settings)
+    fleet = default_fleet(day, settings) if settings.default_queries else fleet_size_for(day, settings)
     _check_enrolled(settings, fleet)  # before any connection
     ensure_topics(settings)
     if settings.via_shuffler:
@@ -473,8 +509,9 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     finally:
         reader.close()
     if not have and settings.default_queries:
-        for q in default_queries(day, fleet, settings.mechanisms):
+        for q in default_queries(day, fleet, settings.mechanisms, settings.flow_day_budget):
             publish_query(settings, q)
+            have[(q.query_id, q.version)] = q
     # span queries in play: a vehicle passes a station at most once a span, so the fleet holds the
     # largest span flow; every producer process is given that size (one fleet for all)
     spans = {q.span_s for q in have.values()}

@@ -19,23 +19,29 @@ __all__ = ["KafkaSettings", "ReplaySettings", "parse_mechanisms"]
 
 
 def parse_mechanisms(text: str) -> tuple[str, ...]:
-    """Comma-separated registry names of query mechanisms, checked (no network involved).
+    """Comma-separated default queries, checked (no network involved): registry names of query
+    mechanisms, each at 30 s, or ``MECH@SPAN[/P]`` for a span query (one report per device per
+    ``SPAN`` seconds naming up to ``P`` stations; per-sensor mechanisms only).
 
-    >>> parse_mechanisms(" sp, unary ")
-    ('sp', 'unary')
+    >>> parse_mechanisms(" sp, unary, unary@3600 ")
+    ('sp', 'unary', 'unary@3600')
     >>> parse_mechanisms("sp,nope")
     Traceback (most recent call last):
     ...
     ValueError: unknown query mechanism 'nope'; choose from sp, sp-binary, alp, rr, unary, fresh, krr
     """
+    from estimators.fleet import parse_fleet_queries
+    from estimators.registry import PlanError
+
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     known = mechanism_names(queryable_only=True)
-    for n in names:
-        if n not in known:
-            raise ValueError(f"unknown query mechanism {n!r}; choose from {', '.join(known)}")
     if not names:
         raise ValueError(f"name at least one query mechanism ({', '.join(known)})")
-    if len(set(names)) < len(names):
+    try:
+        queries = parse_fleet_queries(",".join(names))
+    except PlanError as exc:
+        raise ValueError(str(exc)) from None
+    if len({q.label for q in queries}) < len(names) or len(set(names)) < len(names):
         raise ValueError("a query mechanism is named twice")
     return names
 
@@ -78,7 +84,11 @@ class ReplaySettings(EnrollmentSettings):
                                   "--query-mechanisms if none exist")
     query_mechanisms: str = Field(default=",".join(default_query_mechanisms()),
                                   description="the default queries' mechanisms, comma-separated registry names "
-                                              "(e.g. sp,alp,unary; sp is opt-in: it has no whole-day bound)")
+                                              "(e.g. sp,alp,unary; sp is opt-in: it has no whole-day bound), "
+                                              "MECH@SPAN[/P] for a span query (e.g. unary@3600: hourly flows)")
+    flow_day_budget: float = Field(default=1.0, gt=0, description="a default span query's parameters are planned "
+                                   "(ptt plan fleet) to cost a vehicle at most this over a whole day through the "
+                                   "shuffler's aggregate release")
 
     via_shuffler: bool = Field(default=False, description="send every device's report as its own record to the "
                                                          "device topic, for `ptt shuffler` (no batches, no markers)")
@@ -101,8 +111,14 @@ class ReplaySettings(EnrollmentSettings):
 
     @property
     def mechanisms(self) -> tuple[str, ...]:
-        """The default queries' mechanisms (``query_mechanisms`` split)."""
+        """The default queries' mechanisms (``query_mechanisms`` split; ``MECH@SPAN[/P]`` for a span)."""
         return tuple(self.query_mechanisms.split(","))
+
+    @property
+    def mechanism_spans(self) -> tuple[int, ...]:
+        """The spans (seconds) of the default queries that are span queries."""
+        from estimators.fleet import parse_fleet_queries
+        return tuple(q.span_s for q in parse_fleet_queries(self.query_mechanisms) if q.span_s != 30)
 
     @property
     def source_topic(self) -> str:

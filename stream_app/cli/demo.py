@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from producers.settings import ReplaySettings
-from schemas.epochs import epoch_start
+from schemas.epochs import EPOCH_S, epoch_start
 from schemas.settings import KafkaSettings
 
 from ..settings import WorkerSettings
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, ptt_command, settings_from_args
 from .demo_output import DropWhenClosed, ToTerminal, output_may_close
-from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings
+from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings, demo_query_mechanisms
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, CliError, error_line
 from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
 from .replay import delivery_failures_message, replay_summary_lines
@@ -167,13 +167,16 @@ def expected_rollups(queries: list[Query], epochs: Iterable[int]) -> int:
 
     from ..rollups import SPANS
 
-    active = {e: {(q.query_id, q.version) for q in active_queries(queries, epoch_start(e))} for e in epochs}
+    active = {e: {(q.query_id, q.version) for q in active_queries(queries, epoch_start(e)) if q.span_s == EPOCH_S}
+              for e in epochs}  # a span query has no rollups: its rows are its span's flows
     return sum(len(set.intersection(*(active.get(start + i, set()) for i in range(span))))
                for span in SPANS for start in {e - e % span for e in active})
 
 
 def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
-    """The (query, epoch) windows a replay of ``epochs`` marks: the queries active at each.
+    """The (query, epoch) windows a replay of ``epochs`` marks: the queries active at each; a span
+    query's once a span, at the first epoch of each span that starts among ``epochs`` (one begun
+    before them sends nothing; the last, cut short, is marked interrupted).
 
     >>> from schemas import Query
     >>> from schemas.epochs import epoch_start
@@ -186,7 +189,7 @@ def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
     """
     from producers.replay import active_queries
 
-    return sum(len(active_queries(queries, epoch_start(e))) for e in epochs)
+    return sum(sum(q.span_start(e) == e for q in active_queries(queries, epoch_start(e))) for e in epochs)
 
 
 def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0,
@@ -292,19 +295,20 @@ def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
     shuffler's, or local on the direct path; a query without a whole-day bound, Sampling
     Privacy's, is left out of the figure and said so), then once what that figure means."""
     from estimators import plain_words
-    from producers.replay import default_queries, fleet_size_for
+    from producers.replay import default_fleet, default_queries
 
     from .analyst import vehicle_day
 
     release = (demo.release or ShufflerSettings().release) if demo.via_shuffler else "local"
-    line, epsilon_day = vehicle_day(default_queries(day, fleet_size_for(day, rs), rs.mechanisms), release)
+    line, epsilon_day = vehicle_day(default_queries(day, default_fleet(day, rs), rs.mechanisms, rs.flow_day_budget),
+                                    release)
     line += "" if demo.via_shuffler else "; --via-shuffler: through the shuffler's release"
     return line + "\n" + " " * 12 + plain_words(epsilon_day)
 
 
 def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
                      enrolled: dict[str, Any] | None = None) -> ReplaySettings:
-    chosen: dict[str, Any] = {} if demo.query_mechanisms is None else {"query_mechanisms": demo.query_mechanisms}
+    chosen: dict[str, Any] = {"query_mechanisms": demo.query_mechanisms or demo_query_mechanisms()}
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,
@@ -344,7 +348,7 @@ def run_demo(demo: DemoSettings) -> int:
 
 
 def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
-    from producers.replay import ReplayLost, fleet_size_for, load_day, replay
+    from producers.replay import ReplayLost, default_fleet, load_day, replay
     from producers.stopping import StopFlag
     from schemas.kafka_io import read_queries
 
@@ -364,7 +368,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     (out / "enrollment-secret").unlink(missing_ok=True)  # where an earlier version of the demo left it
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
-    enrolled = _enroll(secrets_at, fleet_size_for(day, rs_check)) if demo.via_shuffler else {}
+    enrolled = _enroll(secrets_at, default_fleet(day, rs_check)) if demo.via_shuffler else {}
     privacy_line = _vehicle_day(demo, rs_check, day)
     ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from producers.settings import parse_mechanisms
 from schemas.wire import Release
 
-__all__ = ["DEFAULT_METRICS_PORT", "DEFAULT_PROMETHEUS_PORT", "DemoSettings"]
+__all__ = ["DEFAULT_METRICS_PORT", "DEFAULT_PROMETHEUS_PORT", "DemoSettings", "demo_query_mechanisms"]
 
 DEFAULT_METRICS_PORT = 6066
 DEFAULT_PROMETHEUS_PORT = 9090
@@ -59,8 +59,9 @@ class DemoSettings(BaseSettings):
 
     query_mechanisms: str | None = Field(default=None,
                                          description="the demo queries' mechanisms, comma-separated registry names "
-                                                     "(e.g. sp,alp,unary); default: PTT_QUERY_MECHANISMS, else the "
-                                                     "registry's default queries (alp,unary)")
+                                                     "(e.g. sp,alp,unary), MECH@SPAN for a span query; default: "
+                                                     "PTT_QUERY_MECHANISMS, else the registry's default queries and "
+                                                     "hourly flows (alp,unary,unary@3600)")
 
     @field_validator("query_mechanisms")
     @classmethod
@@ -76,3 +77,14 @@ class DemoSettings(BaseSettings):
         if self.release is not None and not self.via_shuffler:
             raise ValueError("--release chooses what the shuffler releases: it needs --via-shuffler")
         return self
+
+
+def demo_query_mechanisms() -> str:
+    """The demo's queries when none are chosen: ``PTT_QUERY_MECHANISMS``, else the registry's
+    default queries at 30 s and an hourly flow query of symmetric unary RR (``unary@3600``,
+    planned by ``ptt plan fleet`` at ``PTT_FLOW_DAY_BUDGET``): where a 30-s count is noise, an
+    hour's flow is traffic."""
+    import os
+
+    from estimators import default_query_mechanisms
+    return os.environ.get("PTT_QUERY_MECHANISMS") or ",".join((*default_query_mechanisms(), "unary@3600"))
