@@ -47,6 +47,7 @@ def _demo(out: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     err, printed = out.parent / "demo.err", out.parent / "demo.out"
     with err.open("wb") as e, printed.open("wb") as p:
         proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--stations", "4",  # noqa: S603
+                                 "--query-mechanisms", "alp,unary",  # the 30-s queries: no span-sized fleet
                                  "--out", str(out), "--prometheus-port", str(free_port()), *args],
                                 stdout=p, stderr=e, start_new_session=True, cwd=out.parent)
     return proc, err, printed

@@ -294,6 +294,8 @@ def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, A
     tmp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "20",  # noqa: S603
                            "--exit-when-done", "--stations", "16", "--out", str(out), *flags,
+                           # the 30-s queries only: an hourly span needs a fleet of its hourly flows (8x)
+                           "--query-mechanisms", "alp,unary",
                            "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
                           capture_output=True, text=True, timeout=900, cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -112,13 +112,15 @@ def test_a_quoted_figure_is_what_its_command_prints(path: Path, quoted: str, nam
 
 def test_the_quickstart_shows_the_privacy_lines_the_demo_prints() -> None:
     from estimators import plain_words
-    from producers.replay import default_queries, fleet_size_for, load_day
+    from producers.replay import default_fleet, default_queries, load_day
     from producers.settings import ReplaySettings
     from stream_app.cli.analyst import vehicle_day
+    from stream_app.cli.demo_settings import demo_query_mechanisms
 
-    rs = ReplaySettings()
+    rs = ReplaySettings(query_mechanisms=demo_query_mechanisms())  # the demo's: hourly flows too
     day = load_day(rs)
-    line, epsilon_day = vehicle_day(default_queries(day, fleet_size_for(day, rs), rs.mechanisms), "local")
+    queries = default_queries(day, default_fleet(day, rs), rs.mechanisms, rs.flow_day_budget)
+    line, epsilon_day = vehicle_day(queries, "local")
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("```\nbroker "):]
     block = block[:block.index("```", 4)]
