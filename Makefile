@@ -50,7 +50,7 @@ run: setup
 	  echo "make run: stopped by Ctrl-C (a clean stop: what the demo saved is listed above)" >&2; \
 	  else exit $$code; fi; }
 
-plan: $(STAMP)
+plan: $(STAMP)  # the papers' settings: about 40 s on a busy 2-core machine
 	$(BIN)/ptt plan sp --population 47719 --expected-yes 100 --stations 3220
 	@echo
 	$(BIN)/ptt plan alp --population 48719 --expected-yes 100

@@ -59,10 +59,13 @@ from .linear import LinearEstimator, alp_estimators, fresh_difference, rr_estima
 from .mechanisms import Mechanism
 from .per_station import PerStation
 
-__all__ = ["REGISTRY", "MechanismSpec", "PlanError", "SpecError", "UnknownMechanism", "all_estimator_names",
+__all__ = ["AGGREGATE_N_CAP", "REGISTRY", "MechanismSpec", "PlanError", "SpecError", "UnknownMechanism",
+           "all_estimator_names",
            "default_query_mechanisms", "get_spec", "mechanism_names"]
 
 Layout = Literal["values", "pairs", "counts"]
+#: the largest crowd a per-sensor aggregate release is accounted at (a larger one: at this many, valid)
+AGGREGATE_N_CAP = 200_000
 
 
 class PlanError(ValueError):
@@ -334,10 +337,16 @@ class MechanismSpec:
         blanket (:func:`aggregate_multi.kary_histogram_pld`). ``None`` where no such accounting
         exists (Sampling Privacy's rounds share one die; other tables): then the clone bound of
         the permuted release applies. ``stride``: see :func:`aggregate.covering_ks` (1: every
-        assignment of the others searched directly)."""
+        assignment of the others searched directly).
+
+        A per-sensor crowd above :data:`AGGREGATE_N_CAP` is accounted at the cap: the release
+        among more devices is a post-processing of the release among fewer (the adversary adds
+        the extra devices' independent answers, as in :func:`aggregate.covering_ks`), so the
+        figure is a valid, slightly looser bound, and a plan at ten million devices takes seconds
+        instead of minutes (the binomial windows grow with the crowd)."""
         if self.per_sensor:
             tables = tuple(m.output_table(0) for m in self.round_mechanisms(mech))
-            return aggregate_multi.per_sensor_epoch_plds(tables, n, stride)
+            return aggregate_multi.per_sensor_epoch_plds(tables, min(int(n), AGGREGATE_N_CAP), stride)
         if mech.n_rounds != 1:
             return None
         rates = aggregate_multi.kary_rates(mech.output_table(0))

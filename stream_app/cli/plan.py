@@ -104,12 +104,16 @@ def run(args: argparse.Namespace) -> int:
         print("ptt plan: error: --epsilon is for `ptt plan compare`; a mechanism's epsilon follows from its "
               "parameters (--param)", file=sys.stderr)
         return EXIT_USAGE
+    from .working import Working
+
     try:
-        result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
-                               dict(args.param), epochs=args.epochs, delta=args.delta,
-                               daily_budget=args.daily_budget, shuffle_size=args.shuffle_size,
-                               release=args.release, day_budget=args.day_budget, span_s=args.span,
-                               max_passages=args.max_passages)
+        with Working(f"planning {args.mechanism} for {args.population:,} devices over {args.stations:,} station(s)",
+                     enabled=None if not args.json else False):
+            result = planning.plan(args.mechanism, args.population, args.expected_yes, args.stations,
+                                   dict(args.param), epochs=args.epochs, delta=args.delta,
+                                   daily_budget=args.daily_budget, shuffle_size=args.shuffle_size,
+                                   release=args.release, day_budget=args.day_budget, span_s=args.span,
+                                   max_passages=args.max_passages)
     except planning.PlanError as exc:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -30,8 +30,12 @@ def run_fleet(args: argparse.Namespace) -> int:
     try:
         text = args.query_mechanisms if args.query_mechanisms is not None else ",".join(default_query_mechanisms())
         queries = parse_fleet_queries(text, args.span, args.max_passages)
-        r = fleet_plan(args.population, args.expected_yes, args.stations, release=args.release,
-                       epochs=args.epochs, delta=args.delta, day_budget=args.day_budget, queries=queries)
+        from .working import Working
+
+        with Working(f"planning {len(queries)} queries for {args.population:,} devices over {args.stations:,} "
+                     "station(s)", enabled=None if not args.json else False):
+            r = fleet_plan(args.population, args.expected_yes, args.stations, release=args.release,
+                           epochs=args.epochs, delta=args.delta, day_budget=args.day_budget, queries=queries)
     except (PlanError, ValueError) as exc:
         print(f"ptt plan fleet: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

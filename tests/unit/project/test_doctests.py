@@ -53,6 +53,7 @@ WITH_EXAMPLES = {
     "stream_app.cli.demo": 7,
     "stream_app.cli.errors": 1,
     "stream_app.cli.supervise": 2,
+    "stream_app.cli.working": 3,
     "stream_app.decode": 5,
     "stream_app.estimate": 1,
     "stream_app.frames": 10,
