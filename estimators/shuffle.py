@@ -394,6 +394,18 @@ def _convolve(x: _Grid, y: _Grid, tail: float) -> _Grid:
 _GRID_POINTS = 1 << 21
 
 
+def _times(result: _Grid | None, power: _Grid, k: int, tail: float) -> _Grid | None:
+    """``result`` convolved with ``power`` composed ``k`` times (square and multiply; ``result``
+    None: nothing yet)."""
+    while k:
+        if k & 1:
+            result = power if result is None else _convolve(result, power, tail)
+        k >>= 1
+        if k:
+            power = _convolve(power, power, tail)
+    return result
+
+
 def grid_step(plds: list[Pld], times: int) -> float:
     """A grid fine enough that the pessimistic rounding adds at most 0.005 to the composed
     losses, coarsened (still pessimistic, a little looser) when the composed distribution
@@ -416,14 +428,7 @@ def compose(plds: list[Pld], times: int, step: float | None = None, tail: float 
     unit = grids[0]
     for g in grids[1:]:
         unit = _convolve(unit, g, tail)
-    result: _Grid | None = None
-    power, k = unit, times
-    while k:
-        if k & 1:
-            result = power if result is None else _convolve(result, power, tail)
-        k >>= 1
-        if k:
-            power = _convolve(power, power, tail)
+    result = _times(None, unit, times, tail)
     if result is None:
         raise ValueError("compose needs times >= 1")
     keep = result.probs > 0
@@ -458,13 +463,7 @@ def compose_counts(parts: list[tuple[Pld, int]], step: float | None = None, tail
         step = grid_step_counts(parts)
     result: _Grid | None = None
     for pld, times in parts:
-        power, k = _truncate(_on_grid(pld, step), tail), times
-        while k:
-            if k & 1:
-                result = power if result is None else _convolve(result, power, tail)
-            k >>= 1
-            if k:
-                power = _convolve(power, power, tail)
+        result = _times(result, _truncate(_on_grid(pld, step), tail), times, tail)
     if result is None:  # every count was 0 (removed above): unreachable
         raise ValueError("compose_counts needs a positive count")
     keep = result.probs > 0

@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +35,7 @@ from schemas.device_binary import encode_device
 from schemas.device_http import FRAMED, NDJSON, frame
 from schemas.estimates import DeadLetter
 from stream_app.cli.local_broker import free_port
+from stream_app.shuffler.door_policy import DeviceCheck
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed, signed_note
 from tests.paths import ROOT
@@ -616,15 +617,13 @@ def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_ca
     print(f"fd limit {limit}: door CPU {busy:.2f} of a core; {text.count('refused (')} log lines")
 
 
-def test_the_doors_device_check_refuses_a_device_from_its_next_request(broker: str, tmp_path: Path) -> None:
-    """``FrontDoor(settings, device_check=...)``: the one check of a verified device id (the
-    hook a revocation list plugs into). A device the check refuses is answered 403 with the
-    check's reason from its next request on, nothing of it written; the others pass."""
+def _refused_from_its_next_request(ss: ShufflerSettings, device_check: DeviceCheck | None,
+                                   revoke: Callable[[int], None]) -> dict[str, int]:
+    """Device 5 posts, is revoked (``revoke``), posts again, device 6 posts: 202, 403 ``revoked``,
+    202; only the accepted reports are written. The door's refusals by reason."""
     from stream_app.shuffler.front_door import FrontDoor
 
-    ss = _door_settings(broker, tmp_path)
-    revoked: set[int] = set()
-    door = FrontDoor(ss, device_check=lambda device: "revoked" if device in revoked else None)
+    door = FrontDoor(ss, device_check=device_check)
     door.start()
     e = enrollment()
 
@@ -634,7 +633,7 @@ def test_the_doors_device_check_refuses_a_device_from_its_next_request(broker: s
     try:
         conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
         assert _post(conn, frame(records(5, 9_000_000)))[0] == 202
-        revoked.add(5)
+        revoke(5)
         status, answer, _ = _post(conn, frame(records(5, 9_000_001)))
         assert (status, answer["reason"]) == (403, "revoked"), answer
         assert _post(conn, frame(records(6, 9_000_001)))[0] == 202
@@ -643,7 +642,17 @@ def test_the_doors_device_check_refuses_a_device_from_its_next_request(broker: s
         door.stop()
     written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
     assert written == Counter(records(5, 9_000_000) + records(6, 9_000_001))
-    assert door.refused == {"revoked": 1}
+    return dict(door.refused)
+
+
+def test_the_doors_device_check_refuses_a_device_from_its_next_request(broker: str, tmp_path: Path) -> None:
+    """``FrontDoor(settings, device_check=...)``: the one check of a verified device id (the
+    hook a revocation list plugs into). A device the check refuses is answered 403 with the
+    check's reason from its next request on, nothing of it written; the others pass."""
+    revoked: set[int] = set()
+    refused = _refused_from_its_next_request(_door_settings(broker, tmp_path),
+                                             lambda device: "revoked" if device in revoked else None, revoked.add)
+    assert refused == {"revoked": 1}
 
 
 def test_a_device_revoked_in_the_list_mid_run_is_refused_at_the_door_from_its_next_request(
@@ -651,27 +660,11 @@ def test_a_device_revoked_in_the_list_mid_run_is_refused_at_the_door_from_its_ne
     """``--revoked-devices-file`` at the door: the list is re-read when its file changes, and a
     revoked device's next request is answered 403 ``revoked`` with nothing of it written; the
     others pass (fails without the door's refresh of the list)."""
-    from stream_app.shuffler.front_door import FrontDoor
-
     listed = tmp_path / "revoked"
     listed.write_text("# none yet\n")
     ss = _door_settings(broker, tmp_path).model_copy(update={"revoked_devices_file": listed})
-    door = FrontDoor(ss)
-    door.start()
-    e = enrollment()
 
-    def records(d: int, epoch: int) -> list[bytes]:
-        return [e.seal(encode_device("q", 1, epoch, r, value=r), d) for r in (0, 1)]
+    def revoke(device: int) -> None:
+        listed.write_text(f"# stolen\n{device}\n")
 
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
-        assert _post(conn, frame(records(7, 9_000_000)))[0] == 202
-        listed.write_text("# stolen\n7\n")
-        status, answer, _ = _post(conn, frame(records(7, 9_000_001)))
-        assert (status, answer["reason"]) == (403, "revoked"), answer
-        assert _post(conn, frame(records(8, 9_000_001)))[0] == 202
-        conn.close()
-    finally:
-        door.stop()
-    written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
-    assert written == Counter(records(7, 9_000_000) + records(8, 9_000_001))
+    assert _refused_from_its_next_request(ss, None, revoke) == {"revoked": 1}
