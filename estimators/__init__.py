@@ -65,7 +65,13 @@ from .figures import (
     uncertifiable,
 )
 from .fleet import FleetQuery, fleet_plan, parse_fleet_queries, share_epsilon, vehicle_day
-from .ledger import ShuffledDayLedger, charged_release, report_charge, report_epsilon_all_rounds
+from .ledger import (
+    ShuffledDayLedger,
+    charged_release,
+    report_charge,
+    report_epsilon_all_rounds,
+    report_epsilon_shuffled,
+)
 from .linear import (
     Bound,
     LinearEstimator,
@@ -278,6 +284,7 @@ __all__ = [
     "releases_in",
     "report_charge",
     "report_epsilon_all_rounds",
+    "report_epsilon_shuffled",
     "rounds_independent",
     "rr_epsilon_closed_form",
     "rr_estimator",

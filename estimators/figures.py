@@ -52,22 +52,18 @@ def epoch_epsilon(spec: Accountable, mech: Mechanism, n_stations: int, n: int | 
     is not used for ``local``): ``inf`` where no bound exists (Sampling Privacy's shuffled
     releases). The aggregate figure is the smaller of the counts' own accounting (one epoch
     composed exactly, :func:`aggregate.epsilon_of`) and the permuted figure; the permuted one
-    is the clone bound, never above the local figure. ``passages`` > 1: one *span* report of
-    up to that many stations (``Query.passages``), accounted by :func:`budget.epoch_account`."""
+    is the clone bound, never above the local figure. ``passages`` > 1 (one *span* report of up
+    to that many stations, ``Query.passages``): the local figure here; the shuffled ones are
+    :func:`estimators.ledger.report_epsilon_shuffled`'s."""
     if release == "local":
         return spec.report_epsilon(mech, n_stations, passages)
     if release not in FIGURE_RELEASES:
         raise ValueError(f"unknown release {release!r}; choose {', '.join(FIGURE_RELEASES)}")
     if n is None or n < 1:
         raise ValueError("a shuffled figure needs the crowd n >= 1")
-    if min(passages, n_stations) > 1:  # a span report: its stations' PLDs composed P times each way
-        import estimators.budget as budget  # budget -> registry -> figures: imported when asked
-
-        from .registry import MechanismSpec
-        if not isinstance(spec, MechanismSpec):
-            raise TypeError("a span report's figure needs the mechanism's registry spec")
-        acc = budget.epoch_account(spec, mech, n_stations, n, release, span_s=budget.DAY_S, passages=passages)
-        return float(budget.release_figures(acc, budget.DAY_S // 30, delta)["epsilon_shuffled"])
+    if min(passages, n_stations) > 1:
+        raise ValueError("a span report's shuffled figure is ledger.report_epsilon_shuffled's (its stations' PLDs "
+                         "composed P times each way)")
     ratios = spec.shuffle_ratios(mech, n_stations)
     permuted = shuffle.shuffled_epsilon(ratios, n, delta)
     if math.isinf(permuted):

@@ -54,7 +54,8 @@ import estimators.privacy as privacy
 from .mechanisms import Mechanism
 from .registry import MechanismSpec
 
-__all__ = ["UNPINNED_RELEASE", "ShuffledDayLedger", "charged_release", "report_charge", "report_epsilon_all_rounds"]
+__all__ = ["UNPINNED_RELEASE", "ShuffledDayLedger", "charged_release", "report_charge", "report_epsilon_all_rounds",
+           "report_epsilon_shuffled"]
 
 UNPINNED_RELEASE = "permuted"  # what a query that fixes no release is charged: the weaker release
 
@@ -204,3 +205,16 @@ class ShuffledDayLedger:
     def total(self, day: str) -> float:
         """The day's epsilon so far."""
         return self.day_epsilon(self.counts.get(day, {}))
+
+
+def report_epsilon_shuffled(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int, release: str,
+                            delta: float = 1e-6, passages: int = 1) -> float:
+    """The central epsilon of one report of a query for ``release`` among ``n`` reports: a 30-s
+    report's is :meth:`MechanismSpec.shuffled_epsilon` (:func:`estimators.figures.epoch_epsilon`);
+    a span report's (``passages`` > 1, ``Query.passages``) is its span account's
+    (:func:`estimators.budget.epoch_account`: its stations' PLDs composed P times each way), so that a span query's
+    published ``epsilon_shuffled`` is never a 30-s report's smaller figure."""
+    if min(passages, n_stations) <= 1:
+        return spec.shuffled_epsilon(mech, n_stations, n, delta, release=release)
+    acc = accounting.epoch_account(spec, mech, n_stations, n, release, span_s=accounting.DAY_S, passages=passages)
+    return float(accounting.release_figures(acc, accounting.DAY_S // accounting.EPOCH_S, delta)["epsilon_shuffled"])

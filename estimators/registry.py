@@ -314,7 +314,7 @@ class MechanismSpec:
         return tuple(shuffle.variation_ratio(mech.output_table(r)) for r in range(mech.n_rounds))
 
     def shuffled_epsilon(self, mech: Mechanism, n_stations: int, n: int, delta: float = 1e-6,
-                         release: str = "permuted", passages: int = 1) -> float:
+                         release: str = "permuted") -> float:
         """Central epsilon at ``delta`` of one epoch whose reports were each shuffled among ``n``
         (every round its own shuffle); the trust assumption is :data:`shuffle.TRUST_ASSUMPTION`.
 
@@ -326,7 +326,7 @@ class MechanismSpec:
         if release not in ("permuted", "aggregate"):
             raise PlanError(f"unknown release {release!r}; choose permuted or aggregate")
         return figures.epoch_epsilon(self, mech, n_stations, _two_digits(n) if release == "aggregate" else n,
-                                     release, delta, passages)
+                                     release, delta)
 
     def aggregate_plds(self, mech: Mechanism, n_stations: int, n: int,
                        stride: int | None = None) -> list[shuffle.Pld] | None:

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from estimators import LinearEstimator, project_capped_simplex
+from estimators.ledger import report_epsilon_shuffled
 from schemas import Query
 from schemas.epochs import EPOCH_S, epoch_start
 
@@ -189,8 +190,8 @@ class ShuffledEpsilon:
         value = self._values.get(k)
         if value is None:
             try:
-                value = float(q.spec.shuffled_epsilon(q.build(), q.n_stations, k[2], self.delta, release=release,
-                                                      passages=q.passages))
+                value = report_epsilon_shuffled(q.spec, q.build(), q.n_stations, k[2], release, self.delta,
+                                                q.passages)
             except Exception:  # a bound that fails is published as null (NaN is not finite), never a crash
                 log.exception("shuffled epsilon of %s at n=%d failed", q.record_key, k[2])
                 value = math.nan  # cached too: not tried again on the event loop

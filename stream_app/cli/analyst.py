@@ -144,6 +144,7 @@ def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:
     over 2,880 epochs (several seconds): only when ``day``. Infinite figures are null, with why."""
     from estimators import SP_CAVEAT, epoch_epsilon, planning, privacy
     from estimators import vehicle_day as day_of
+    from estimators.ledger import report_epsilon_shuffled
 
     from ..estimate import round_down_2sig
 
@@ -158,7 +159,9 @@ def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:
         out["why"] = SP_CAVEAT
     if release == "local":
         return out
-    out["epsilon_shuffled"] = epoch_epsilon(q.spec, mech, q.n_stations, n, release, passages=q.passages)
+    out["epsilon_shuffled"] = (epoch_epsilon(q.spec, mech, q.n_stations, n, release) if q.passages == 1
+                               else report_epsilon_shuffled(q.spec, mech, q.n_stations, n, release,
+                                                            passages=q.passages))
     if day:
         out["epsilon_day_shuffled"] = day_of([(q.spec, mech, q.n_stations, q.span_s, q.passages)], n, release,
                                              planning.EPOCHS_PER_DAY)["shuffled"]

@@ -586,8 +586,6 @@ def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], d
     out = tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
                            "--exit-when-done", "--stations", "16", "--out", str(out), *flags,
-                           # the 30-s queries only: an hourly span needs a fleet of its hourly flows (8x)
-                           "--query-mechanisms", "alp,unary",
                            "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
                           capture_output=True, text=True, timeout=240, cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
