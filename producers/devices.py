@@ -162,19 +162,20 @@ def _notes_signer(settings: ReplaySettings) -> Enrollment:
 
 
 def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
-                      interrupted: bool, index: int, count: int, opens: bool = False) -> None:
+                      interrupted: bool, index: int, count: int, opens: bool = False, ends: bool = False) -> None:
     """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
     topic, once this producer's device reports of the epoch are acknowledged: the device-topic
     offsets they lie below, the stations without a source reading, whether the replay stopped
-    in it; ``opens``: sent before the first epoch. The shuffler's trusted clock; fleet
+    in it; ``opens``: sent before the first epoch; ``ends``: its last epoch (a span query's span
+    it ends inside is cut short there). The shuffler's trusted clock; fleet
     metadata, nothing per vehicle. Signed with the notes key (:meth:`Enrollment.sign_note`,
     derived from the enrollment secret): the shuffler refuses an unsigned note."""
     signer = _notes_signer(settings)  # read once per process: the secret was checked at start
     sink.flush()
-    ends = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
+    offsets = tuple(sorted((p, o) for (t, p), o in sink.acked_ends.items() if t == settings.device_topic))
     value = encode_json(signer.sign_note(SourceEpoch(
-        epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted, opens=opens,
-        producer_index=index, producer_count=count, device_offsets=ends)))
+        epoch=epoch, readings_missing=tuple(sorted(no_data)), interrupted=interrupted, opens=opens, ends=ends,
+        producer_index=index, producer_count=count, device_offsets=offsets)))
     sink.send(value, key=b"source-epoch", partition=0, topic=settings.source_topic,
               headers=[(KIND_HEADER, b"source_epoch")])
     sink.flush()

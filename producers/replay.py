@@ -355,7 +355,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             # the stop epoch is marked interrupted with exactly what was sent of it
             interrupted = begun == StopPlan.EMPTY or cut(i)
             if settings.via_shuffler:  # the shuffler writes the markers of what it releases, with this
-                send_source_epoch(sink, settings, epoch, no_data, interrupted, index, count)
+                send_source_epoch(sink, settings, epoch, no_data, interrupted, index, count,
+                                  ends=interrupted or i == epochs.size - 1)
             else:
                 send_markers(sink, producer_id, index, count, epoch, sent, by_key, participants, settings.mode,
                              interrupted, no_data, spans=span_of)

@@ -99,7 +99,7 @@ def note_message(note: SourceEpoch) -> bytes:
     >>> note_message(SourceEpoch(epoch=3, readings_missing=(7,)))[len(NOTES_LABEL) + 1:].decode()[:60]
     '{"device_offsets":[],"epoch":3,"interrupted":false,"kind":"s'
     """
-    fields = note.model_dump(mode="json", exclude={"mac"})
+    fields = note.model_dump(mode="json", exclude={"mac"} | (set() if note.ends else {"ends"}))  # as before ends
     return NOTES_LABEL + b"\x1f" + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -227,6 +227,8 @@ class SourceEpoch(_Frozen):
         default=(), max_length=65_000, description="station (sensor) ids without a source reading this epoch")
     interrupted: bool = False
     opens: bool = Field(default=False, description="the producer begins with this epoch (nothing of it sent yet)")
+    ends: bool = Field(default=False, description="the producer sends nothing after this epoch (the replay's last): "
+                                                  "a span it ends inside is cut short there")
     producer_index: int = Field(default=0, ge=0)
     producer_count: int = Field(default=1, ge=1, le=1024)
     device_offsets: tuple[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]], ...] = Field(

@@ -174,6 +174,7 @@ class ShufflePolicy:
         self.decided: set[EpochKey] = set()
         self._decided_epochs: set[int] = set()
         self._notes: dict[int, tuple[frozenset[int], bool]] = {}  # epoch -> (stations without data, interrupted)
+        self.ended: int | None = None  # the epoch a replay's note said it ends with (spans past it: cut short)
 
     @property
     def open_epochs(self) -> list[EpochKey]:
@@ -181,7 +182,7 @@ class ShufflePolicy:
 
     def clock_state(self) -> dict[str, Any]:
         """The trusted clock as a JSON-able dict (the state log's ``clock`` record)."""
-        return {"clock": self.clock, "floor": self.floor, "passed": self.passed,
+        return {"clock": self.clock, "floor": self.floor, "passed": self.passed, "ended": self.ended,
                 "sources": {str(k): e for k, e in self.sources.items()}, "count": self.source_count,
                 "ends": {str(p): o for p, o in self.ends.items()},
                 "barriers": [[c, {str(p): o for p, o in b.items()}] for c, b in self.barriers]}
@@ -192,6 +193,7 @@ class ShufflePolicy:
         self.clock = max(self.clock, int(state.get("clock", -1)))
         self.floor = int(state.get("floor", self.floor))
         self.passed = max(self.passed, int(state.get("passed", -1)))
+        self.ended = self.ended if state.get("ended") is None else int(state["ended"])
         self.sources.update({int(k): int(e) for k, e in state.get("sources", {}).items()})
         self.source_count = int(state.get("count", self.source_count))
         self.ends.update({int(p): int(o) for p, o in state.get("ends", {}).items()})
@@ -397,6 +399,8 @@ class ShufflePolicy:
         if not note.opens:
             missing, interrupted = self._notes.get(note.epoch, (frozenset(), False))
             self._notes[note.epoch] = (missing | frozenset(note.readings_missing), interrupted or note.interrupted)
+            if note.ends:
+                self.ended = note.epoch
         done = note.epoch - 1 if note.opens else note.epoch
         for p, offset in note.device_offsets:
             if p in self.partitions:
@@ -462,8 +466,25 @@ class ShufflePolicy:
             self.passed = max(self.passed, self.barriers.pop(0)[0])
         idle = self.partitions <= set(caught_up) and now - self.last_arrival >= self.idle_release_s
         horizon = self.passed - self.lateness_epochs
-        last = {k: k[2] + o.query.epochs_per_span - 1 for k, o in self._open.items()}  # a span's: its last epoch
+        last = {k: self._last_epoch(k) for k in self._open}
         return [k for k in self.open_epochs if last[k] <= horizon or (idle and last[k] <= min(self.clock, self.passed))]
+
+    def _last_epoch(self, key: EpochKey) -> int:
+        """The epoch an open slot waits for: its own, or its span's last -- or the first epoch of
+        the span a replay's note says it was interrupted in (no report of the span comes later)."""
+        span = self._open[key].query.epochs_per_span
+        if span > 1:
+            cut = [e for e in range(key[2], key[2] + span) if e in self._notes and self._notes[e][1]]
+            if self.ended is not None and key[2] <= self.ended < key[2] + span - 1:
+                cut.append(self.ended)  # the replay ended inside the span
+            if cut:
+                return min(cut)
+        return key[2] + span - 1
+
+    def _cut_short(self, key: EpochKey) -> bool:
+        """Whether a replay ended inside this open span (its note of ``ends``)."""
+        span = self._open[key].query.epochs_per_span
+        return span > 1 and self.ended is not None and key[2] <= self.ended < key[2] + span - 1
 
     def _span(self, key: EpochKey) -> range:
         """The epochs an open slot covers: its own, or its span's."""
@@ -490,10 +511,12 @@ class ShufflePolicy:
         ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd, a
         refused note, a query that fixes another release: module docstring)."""
         span = self._span(key)
+        cut_short = self._cut_short(key)
         slot = self._open.pop(key)
         self._decide(key)
         devices = tuple(r.devices for r in slot.rounds)
         no_data, interrupted = self._take_notes(span)  # a span's: any epoch of it
+        interrupted = interrupted or cut_short  # a span the replay ended inside: cut short, as a stop
         q = slot.query
         if q.release is not None and q.release != release:  # never released under another release
             return Withheld(q, key[2], "release_mismatch", devices,

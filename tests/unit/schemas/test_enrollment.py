@@ -190,8 +190,13 @@ def test_the_note_message_is_the_fields_not_the_bytes_that_carried_them() -> Non
     reordered = json.dumps(dict(reversed(list(fields.items())))).encode()
     again = decode_device_record(reordered)
     assert isinstance(again, SourceEpoch) and E.check_note(again) is None
-    assert note_message(_note()) == NOTES_LABEL + b"\x1f" + json.dumps(
-        _note().model_dump(mode="json", exclude={"mac"}), sort_keys=True, separators=(",", ":")).encode()
+    assert note_message(_note()) == NOTES_LABEL + b"\x1f" + json.dumps(  # ``ends`` only when set (as notes were)
+        _note().model_dump(mode="json", exclude={"mac", "ends"}), sort_keys=True, separators=(",", ":")).encode()
+    last = _note().model_copy(update={"ends": True})
+    assert note_message(last) == NOTES_LABEL + b"\x1f" + json.dumps(
+        last.model_dump(mode="json", exclude={"mac"}), sort_keys=True, separators=(",", ":")).encode()
+    assert E.check_note(E.sign_note(last)) is None and E.check_note(E.sign_note(_note()).model_copy(
+        update={"ends": True})) is not None  # the MAC covers ends: a note cannot be made to end a replay
 
 
 def test_the_notes_key_is_derived_with_its_own_label() -> None:

@@ -115,3 +115,39 @@ def test_an_interruption_anywhere_in_the_span_reaches_it() -> None:
         finish(p, e, interrupted=e == S + 6)
     out = p.close(("flow", 1, S), np.random.default_rng(0))
     assert isinstance(out, Released) and out.interrupted
+
+
+def test_a_span_a_replay_stopped_in_is_decided_interrupted_without_waiting_for_its_end() -> None:
+    """A replay stopped inside a span (its note says ``interrupted``) sends nothing more of the
+    span: the slot is due once the clock passes the interrupted epoch by the lateness, and is
+    released as interrupted -- not left open until the span's end, which never comes (fails if the
+    note is ignored: the slot is still open)."""
+    p = policy()
+    assert p.admit(report(FLOW, S), FLOW, 0.0) is None
+    for e in range(S, S + 3):
+        finish(p, e)
+    finish(p, S + 3, interrupted=True)
+    for e in range(S + 4, S + 3 + LATE + 1):
+        finish(p, e)
+    due = p.due(0.0, caught_up=frozenset(), positions={0: 0})
+    assert ("flow", 1, S) in due
+    out = p.close(("flow", 1, S), np.random.default_rng(0), "aggregate")
+    assert isinstance(out, Released) and out.interrupted
+
+
+def test_a_span_the_replay_ends_inside_is_cut_short_and_its_last_30s_epoch_is_not() -> None:
+    """The replay's last note (``ends``: nothing follows it) inside a span: the span's slot is due
+    once the clock passes that epoch by the lateness and is released interrupted (no report of
+    it will come), while the 30-s query's slot of that same epoch is released as usual (fails if
+    ``ends`` is ignored: the span stays open; or if it interrupts the epoch itself)."""
+    p = policy()
+    assert p.admit(report(FLOW, S), FLOW, 0.0) is None
+    for e in range(S, S + 4):
+        assert p.admit(report(LIVE, e), LIVE, 0.0) is None
+        finish(p, e, ends=e == S + 3)
+    idle = p.due(10.0, caught_up=frozenset({0}), positions={0: 0})
+    assert ("flow", 1, S) in idle and ("live", 1, S + 3) in idle
+    span = p.close(("flow", 1, S), np.random.default_rng(0), "aggregate")
+    last = p.close(("live", 1, S + 3), np.random.default_rng(0), "aggregate")
+    assert isinstance(span, Released) and span.interrupted
+    assert isinstance(last, Released) and not last.interrupted and last.rounds[0].devices == 1
