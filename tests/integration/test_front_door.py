@@ -413,6 +413,46 @@ def _flood(port: int, bodies: list[bytes], deadline: float) -> Counter[tuple[int
     return got
 
 
+def _released_and_clean_estimates(ss: ShufflerSettings, q: Any, epoch: int, genuine: list[list[int]]
+                                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The worker's estimates of ``epoch`` from what the shuffler released (every record of the
+    reports topic through stage 1, a window, :func:`~stream_app.estimate.epoch_results`), and
+    from a clean run's release of the ``genuine`` devices' reports (each one's value per round):
+    their exact tally per round with as many participants, one producer -- what the aggregate
+    release of those reports alone is. Each: participants, reports per round, and every
+    estimator's arrays as lists."""
+    import numpy as np
+
+    from stream_app.decode import to_partials
+    from stream_app.estimate import QueryEstimators, epoch_results
+    from stream_app.records import BatchPartial, MarkerPartial, WindowId
+    from stream_app.windows import WindowState
+
+    def estimates(parts: list[Any]) -> dict[str, Any]:
+        w = WindowState.new(WindowId(q.query_id, q.version, epoch), q.n_rounds, q.width)
+        for p in parts:
+            assert w.add(p) == "added", p
+        w.close("markers")
+        [res] = epoch_results(QueryEstimators.build(q), [(w, "markers")], (0.95,), 1)
+        assert res.withheld is None and res.values, res.withheld
+        return {"participants": res.participants, "round_reports": list(res.round_reports),
+                **{name: [a.tolist() for a in (e.estimate, e.sd, e.lower, e.upper)]
+                   for name, e in sorted(res.values.items())}}
+
+    lookup = {(q.query_id, q.version): q}
+    staged = [p for rec in drain(ss, ss.reports_topic, quiet_polls=1)
+              for p in to_partials(rec.value, rec.partition, lambda i, v: lookup.get((i, v)))]
+    assert all(isinstance(p, BatchPartial | MarkerPartial) for p in staged), staged  # nothing refused
+    parts = [p for p in staged if isinstance(p, BatchPartial | MarkerPartial) and p.epoch == epoch]
+    n = len(genuine)
+    clean: list[Any] = []
+    for r in range(q.n_rounds):
+        counts = np.bincount([v[r] for v in genuine], minlength=q.width).astype(np.int64)
+        clean.append(BatchPartial(q.query_id, q.version, epoch, r, 0, "clean", f"clean-{r}", n, True, counts))
+        clean.append(MarkerPartial(q.query_id, q.version, epoch, r, 0, "clean", 0, 1, n, 1, n, 0, False))
+    return estimates(parts), estimates(clean)
+
+
 def test_floods_and_slow_connections_write_nothing_and_fresh_devices_are_answered_at_once(
         broker: str, tmp_path: Path) -> None:
     """Through the door, at once: 300 requests of unsigned reports, 300 of forged MACs (another
@@ -421,8 +461,10 @@ def test_floods_and_slow_connections_write_nothing_and_fresh_devices_are_answere
     fresh devices each post their two reports on a new connection. Every fresh request is
     answered 202 within 5 s; the device topic holds exactly the genuine reports; the shuffler
     releases all of them (40 per round) and writes no dead letter (0 bytes, against the
-    megabytes sent); every slow connection is closed by the door; the log has no traceback
-    and stays small (one line per reason and interval)."""
+    megabytes sent), and the worker's estimates of the epoch equal a clean run's (the genuine
+    reports' exact tally: :func:`_released_and_clean_estimates`); every slow connection is
+    closed by the door; the log has no traceback and stays small (one line per reason and
+    interval)."""
     ss = _door_settings(broker, tmp_path).model_copy(update={
         "http_idle_timeout_s": 3.0, "http_body_timeout_s": 3.0, "http_max_connections": 1500,
         "lateness_epochs": 2})
@@ -479,6 +521,8 @@ def test_floods_and_slow_connections_write_nothing_and_fresh_devices_are_answere
     wait_for(lambda: any(b.header.epoch == epoch for _, b in _drain_decoded(ss)[0]), 90, "the epoch's release")
     tallies = [b for _, b in _drain_decoded(ss)[0] if b.header.epoch == epoch]
     assert sorted((b.header.round, b.header.reports) for b in tallies) == [(0, 40), (1, 40)]
+    released, clean = _released_and_clean_estimates(ss, q, epoch, [[(d + r) % 3 for r in (0, 1)] for d in genuine])
+    assert released == clean, (released, clean)
     letters = drain(ss, ss.dead_letter_topic, quiet_polls=1)
     assert sum(len(r.value) for r in letters) == 0 < sent_bytes
     assert shuffler.stop() == 130
