@@ -28,7 +28,7 @@ EXIT_PORT = 4  # a port to listen on is taken
 EXIT_INPUT = 5  # an input file is missing, unreadable, or not in a readable compression
 EXIT_EMPTY = 6  # the input holds no usable data
 EXIT_BROKER_LOST = 7  # the broker was lost mid-run (silent past --broker-loss-timeout-s, or its topics gone)
-EXIT_HELPER = 8  # a process the command started (the demo's broker, worker, shuffler, Prometheus) exited
+EXIT_HELPER = 8  # a process the command started (the demo's helpers, the shuffler's front door) exited
 EXIT_INTERRUPTED = 130  # Ctrl-C (or SIGTERM): what was sent is flushed and marked
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
@@ -39,8 +39,9 @@ EXIT_CODES: dict[int, str] = {
     EXIT_INPUT: "an input file is missing, unreadable or in an unreadable compression",
     EXIT_EMPTY: "the input holds no usable data",
     EXIT_BROKER_LOST: "the Kafka broker was lost mid-run (silent for --broker-loss-timeout-s, or its topics gone)",
-    EXIT_HELPER: "a process the command started (the demo's broker, worker, shuffler or Prometheus) exited while "
-                 "it should have been running (which one, how it ended and the end of its log on stderr)",
+    EXIT_HELPER: "a process the command started (the demo's broker, worker, shuffler or Prometheus; the "
+                 "shuffler's front door) exited while it should have been running (which one, how it ended and "
+                 "the end of its log on stderr)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
 ERROR_LOG = "ptt-error.log"

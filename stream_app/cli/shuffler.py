@@ -11,7 +11,7 @@ from schemas.enrollment import EnrollmentError
 
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, settings_from_args
-from .errors import EXIT_BROKER_LOST, EXIT_INTERRUPTED, CliError, error_line
+from .errors import EXIT_BROKER_LOST, EXIT_HELPER, EXIT_INTERRUPTED, CliError, error_line
 
 if TYPE_CHECKING:
     from schemas.kafka_io import BrokerLost
@@ -60,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
     shuffler = Shuffler(settings, exit_lost=exit_broker_lost)
     shuffler.install_signals()
     door = None
-    if settings.http_port:
-        from ..shuffler.front_door import FrontDoor
+    if settings.http_port:  # the door in a process of its own, started before the shuffler connects
+        from ..shuffler.door_process import DoorProcess
 
-        door = FrontDoor(settings)
+        door = DoorProcess(settings, on_exit=lambda why: shuffler.stop())
         door.start()
     served = (f", /metrics on {settings.metrics_host}:{settings.metrics_port}" if settings.metrics_port else "")
     served += (f", devices POST http://{settings.http_host}:{settings.http_port}/v1/reports" if door else "")
@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         summary = shuffler.run(signals=False)
     finally:
         if door is not None:
-            door.stop()
-            print(door.line(), flush=True)
+            print(door.stop(), flush=True)
     print(summary.line(), flush=True)
+    if door is not None and door.failure is not None:
+        raise CliError(door.failure, EXIT_HELPER)
     return EXIT_INTERRUPTED

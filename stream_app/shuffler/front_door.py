@@ -27,10 +27,11 @@ used elsewhere) is counted and retried after 0.1 s by the door's own accept loop
 traceback per attempt nor a spin.
 The log has at most one line per refusal reason every ``--http-log-interval-s``, with its count.
 
-It runs in the shuffler's process, on its own thread and event loop (aiohttp, aiokafka): the
-shuffler's loop is untouched, and :meth:`FrontDoor.stop` (the shuffler's SIGTERM/SIGINT) stops
-taking connections, lets requests in flight finish (at most ``http_stop_grace_s``) and closes
-the producer. aiokafka's producer is not idempotent here: its InitProducerId fails on the
+It runs on its own thread and event loop (aiohttp, aiokafka) -- ``ptt shuffler`` runs it in a
+process of its own (:mod:`~stream_app.shuffler.door_process`), so what reaches the door never
+holds the shuffler's interpreter lock -- and :meth:`FrontDoor.stop` (the shuffler's
+SIGTERM/SIGINT) stops taking connections, lets requests in flight finish (at most
+``http_stop_grace_s``) and closes the producer. aiokafka's producer is not idempotent here: its InitProducerId fails on the
 embedded broker (tests/benchmarks/bench_produce.py); acks=all still makes a 202 durable.
 
 Nothing it logs names a client: aiohttp's access log is off, and the server's own error lines

@@ -615,10 +615,19 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def door_pid(shuffler_pid: int) -> int:
+    """The pid of a ``ptt shuffler``'s front door: its child process running the door
+    (stream_app/shuffler/door_process.py), not multiprocessing's resource tracker."""
+    kids = Path(f"/proc/{shuffler_pid}/task/{shuffler_pid}/children").read_text().split()
+    doors = [int(k) for k in kids if b"resource_tracker" not in Path(f"/proc/{k}/cmdline").read_bytes()]
+    assert len(doors) == 1, (kids, doors)
+    return doors[0]
+
+
 def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_cap(
         broker: str, tmp_path: Path) -> None:
-    """The door's file-descriptor limit lowered under it (``prlimit``) to 200 more than it has
-    open, then 500 slowloris connections: the door's cap follows the limit (less its reserve of
+    """The door's file-descriptor limit lowered under it (``prlimit`` on its process) to 200
+    more than it has open, then 500 slowloris connections: the door's cap follows the limit (less its reserve of
     512: 16 connections here), closing the longest-open idle ones, so the process never runs
     out of descriptors -- at filing, accept() failed with EMFILE and the log took 139,530
     tracebacks in 40 s; here the shuffler keeps running, the log has no traceback and no
@@ -630,7 +639,7 @@ def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_ca
     log = tmp_path / "shuffler.log"
     shuffler = _start(ss, log)
     assert shuffler.proc is not None
-    pid = shuffler.proc.pid
+    pid = door_pid(shuffler.proc.pid)
     try:
         limit = len(os.listdir(f"/proc/{pid}/fd")) + 200
         subprocess.run([prlimit, f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True, timeout=30)  # noqa: S603
@@ -659,6 +668,30 @@ def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_ca
     assert "(evicted_idle_connection)" in text and len(text.encode()) < 50_000, text[-3000:]
     assert busy < 0.5, f"the door used {busy:.2f} of a core"
     print(f"fd limit {limit}: door CPU {busy:.2f} of a core; {text.count('refused (')} log lines")
+
+
+def test_a_front_door_process_that_dies_stops_the_shuffler_with_exit_code_8(broker: str, tmp_path: Path) -> None:
+    """The door runs in a process of its own (stream_app/shuffler/door_process.py): killed
+    (SIGKILL) under a running shuffler, the shuffler stops within seconds with one line naming
+    the door and exit code 8 -- devices could no longer upload, so running on silently would
+    hide it -- and no traceback. Before the door had its own process there was nothing to die
+    alone; the check is that its death is not silent."""
+    import signal
+
+    ss = _door_settings(broker, tmp_path)
+    log = tmp_path / "shuffler.log"
+    shuffler = _start(ss, log)
+    proc = shuffler.proc
+    assert proc is not None
+    try:
+        os.kill(door_pid(proc.pid), signal.SIGKILL)
+        wait_for(lambda: proc.poll() is not None, 60, "the shuffler to stop after its door died")
+    finally:
+        if proc.poll() is None:
+            shuffler.kill()
+    text = log.read_text()
+    assert proc.returncode == 8, (proc.returncode, text[-2000:])
+    assert "front door's process" in text and "exited with code -9" in text and "Traceback" not in text, text[-2000:]
 
 
 def _refused_from_its_next_request(ss: ShufflerSettings, device_check: DeviceCheck | None,
