@@ -112,6 +112,7 @@ def _round(query: Query) -> _Round:
 class _Open:
     query: Query
     rounds: list[_Round]
+    cut: int | None = None  # the first epoch of its span a replay's note says was interrupted
 
 
 @dataclass(frozen=True)
@@ -331,9 +332,7 @@ class ShufflePolicy:
         """Count one more device in round ``rnd`` of ``key``'s slot (opened if need be) -- a
         report :meth:`refuse` passed -- or ``slot_full``: a slot holds at most one report per
         device of the query's population. The report's counts follow (:meth:`add`)."""
-        slot = self._open.get(key)
-        if slot is None:
-            slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)])
+        slot = self._open.get(key) or self._new_slot(key, query)
         r = slot.rounds[rnd]
         if r.devices >= query.population:
             return Rejected("slot_full", f"{query.record_key} epoch {key[2]} round {rnd} already holds "
@@ -348,9 +347,7 @@ class ShufflePolicy:
 
     def reserve_many(self, key: EpochKey, rnd: int, query: Query, n: int) -> None:
         """:meth:`reserve` ``n`` times, when :meth:`room` has space for them all."""
-        slot = self._open.get(key)
-        if slot is None:
-            slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)])
+        slot = self._open.get(key) or self._new_slot(key, query)
         if slot.rounds[rnd].devices + n > query.population:
             raise ValueError("reserve_many past the slot's room")
         slot.rounds[rnd].devices += n
@@ -371,7 +368,7 @@ class ShufflePolicy:
 
     def restore_held(self, key: EpochKey, query: Query, rounds: list[dict[str, Any]]) -> None:
         """Restoring after a restart: an open epoch's rounds as :meth:`held_state` gave them."""
-        slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)])
+        slot = self._new_slot(key, query)
         for r, got in zip(slot.rounds, rounds, strict=True):
             r.devices = int(got["devices"])
             r.counts[np.asarray(got["index"], np.int64)] = np.asarray(got["count"], np.int64)
@@ -399,6 +396,9 @@ class ShufflePolicy:
         if not note.opens:
             missing, interrupted = self._notes.get(note.epoch, (frozenset(), False))
             self._notes[note.epoch] = (missing | frozenset(note.readings_missing), interrupted or note.interrupted)
+            for k, o in self._open.items() if note.interrupted else ():  # the open slots it cuts
+                if k[2] <= note.epoch < k[2] + o.query.epochs_per_span and (o.cut is None or note.epoch < o.cut):
+                    o.cut = note.epoch
             if note.ends:
                 self.ended = note.epoch
         done = note.epoch - 1 if note.opens else note.epoch
@@ -450,7 +450,14 @@ class ShufflePolicy:
                 continue
             key = (q.query_id, q.version, epoch)
             if key not in self._open and key not in self.decided:
-                self._open[key] = _Open(q, [_round(q) for _ in range(q.n_rounds)])
+                self._new_slot(key, q)
+
+    def _new_slot(self, key: EpochKey, query: Query) -> _Open:
+        """Open ``key``'s slot, cut at the first epoch of its span a kept note says was interrupted
+        (a later note cuts it in :meth:`note`: :meth:`due` looks the cut up, never rescans the span)."""
+        cut = [e for e in range(key[2], key[2] + query.epochs_per_span) if e in self._notes and self._notes[e][1]]
+        slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)], min(cut, default=None))
+        return slot
 
     def due(self, now: float, caught_up: Collection[int], positions: dict[int, int] | None = None
             ) -> list[EpochKey]:
@@ -472,14 +479,10 @@ class ShufflePolicy:
     def _last_epoch(self, key: EpochKey) -> int:
         """The epoch an open slot waits for: its own, or its span's last -- or the first epoch of
         the span a replay's note says it was interrupted in (no report of the span comes later)."""
-        span = self._open[key].query.epochs_per_span
-        if span > 1:
-            cut = [e for e in range(key[2], key[2] + span) if e in self._notes and self._notes[e][1]]
-            if self.ended is not None and key[2] <= self.ended < key[2] + span - 1:
-                cut.append(self.ended)  # the replay ended inside the span
-            if cut:
-                return min(cut)
-        return key[2] + span - 1
+        slot = self._open[key]
+        last = key[2] + slot.query.epochs_per_span - 1 if slot.cut is None else slot.cut
+        ended = self.ended if self._cut_short(key) else None  # the replay ended inside the span
+        return last if ended is None else min(last, ended)
 
     def _cut_short(self, key: EpochKey) -> bool:
         """Whether a replay ended inside this open span (its note of ``ends``)."""

@@ -42,9 +42,11 @@ Every figure that is a speed is also given as a ratio measured in the same run:
 ``worker_vs_replay = last_estimate_s / replay_s`` (P1: the worker is never the wall when
 <= 1.2). ``last_estimate_s`` runs from the replay's start to the moment the last estimate was
 written (the broker's record timestamps); ``estimates == expected_estimates`` means nothing
-was lost. The worker's rollups (5-minute and hourly sums, ``span_s`` 300 and 3,600) are
-counted apart, as ``rollup_estimates``: ``estimates``, ``frames``, ``last_estimate_s`` and the
-sizes are the per-epoch ones. ``p99_close_latency_s`` comes from the worker's ``ptt_close_latency_seconds``
+was lost. The worker's rollups (5-minute and hourly sums of a 30-s query, ``span_s`` 300 and
+3,600) are counted apart, as ``rollup_estimates``, and a span query's estimates (one per span,
+``PTT_QUERY_MECHANISMS`` with ``MECH@SPAN``) as ``span_estimates``: ``estimates``,
+``expected_estimates``, ``frames``, ``last_estimate_s`` and the sizes are the 30-s queries'
+per-epoch ones. ``p99_close_latency_s`` comes from the worker's ``ptt_close_latency_seconds``
 histogram (a stage-2 batch that closes epochs -> their estimates acknowledged).
 
 Run: ``python tests/benchmarks/bench_scale.py [--only p1-10,p3] [--epochs-p3 60]``
@@ -68,9 +70,17 @@ from producers.settings import ReplaySettings
 from schemas.epochs import EPOCH_S
 from schemas.kafka_io import ensure_topics, publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
+from stream_app.cli.demo import expected_windows
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
-from tests.benchmarks.common import compress_cpu_s, load_scenario, raw_produce, stop_children_on_signals, stored_batches
+from tests.benchmarks.common import (
+    compress_cpu_s,
+    load_scenario,
+    raw_produce,
+    row_kind,
+    stop_children_on_signals,
+    stored_batches,
+)
 from tests.integration.stream_helpers import WorkerProcess
 
 
@@ -154,12 +164,13 @@ def _full_scrapes(w: WorkerProcess, n: int = 5) -> dict[str, Any]:
             "scrape_series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))}
 
 
-def _delivered(ws: WorkerSettings) -> dict[str, Any]:
+def _delivered(ws: WorkerSettings, span_queries: set[str]) -> dict[str, Any]:
     """What the worker delivered, from the rows topic, or from the frames topic when it
     publishes frames only (``--output frames``): ``estimates`` counts station-estimator values
     (a frame of S stations and E estimators holds S x E, the latest frame per window counted
     once), ``stamps`` the records' broker timestamps, ``sizes`` their value sizes, ``frames``
-    the distinct windows framed (when frames are on)."""
+    the distinct windows framed (when frames are on) -- of the 30-s queries' epochs, the span
+    queries' (``span_queries``) and the rollups counted apart (:func:`row_kind`)."""
     from stream_app.frames import decode_frame
 
     got: dict[str, Any] = {}
@@ -171,24 +182,19 @@ def _delivered(ws: WorkerSettings) -> dict[str, Any]:
             stamps.append(r.timestamp)
             sizes.append(len(r.value))
         frames = [decode_frame(v) for v in latest.values()]
-        values = [(f.header.get("span_s", EPOCH_S), f.table.num_rows * len(f.estimators)) for f in frames]
-        got = {"frames": sum(1 for span, _ in values if span == EPOCH_S),
-               "estimates": sum(n for span, n in values if span == EPOCH_S),
-               "rollup_estimates": sum(n for span, n in values if span != EPOCH_S), "stamps": stamps, "sizes": sizes}
+        values = [(row_kind(f.header, span_queries), f.table.num_rows * len(f.estimators)) for f in frames]
+        got = {"frames": sum(1 for kind, _ in values if kind == "epoch"), "stamps": stamps, "sizes": sizes,
+               **{f"{pre}estimates": sum(n for kind, n in values if kind == k) for k, pre in KINDS.items()}}
     if ws.rows_on:  # the rows are what a rows or both run is measured by
-        rows = [(r.timestamp, len(r.value), _is_rollup(r.value))
+        rows = [(r.timestamp, len(r.value), row_kind(r.value, span_queries))
                 for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)]
-        got.update(estimates=sum(1 for *_, roll in rows if not roll),
-                   rollup_estimates=sum(1 for *_, roll in rows if roll),
-                   stamps=[t for t, _, roll in rows if not roll], sizes=[n for _, n, roll in rows if not roll])
+        got.update({f"{pre}estimates": sum(1 for *_, kind in rows if kind == k) for k, pre in KINDS.items()},
+                   stamps=[t for t, _, kind in rows if kind == "epoch"],
+                   sizes=[n for _, n, kind in rows if kind == "epoch"])
     return got
 
 
-def _is_rollup(value: bytes) -> bool:
-    """A rollup row (5-minute or hourly sum: ``span_s`` other than one epoch's) -- counted apart
-    from the per-epoch estimates the run is measured by. A cheap byte test first: a row without
-    the field is a per-epoch one."""
-    return b'"span_s"' in value and json.loads(value).get("span_s", EPOCH_S) != EPOCH_S
+KINDS = {"epoch": "", "span": "span_", "rollup": "rollup_"}  # row_kind -> the prefix of its count
 
 
 
@@ -300,7 +306,10 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         w.wait_ready(120)
     for w in procs:  # the consumer group has formed and the tables are recovered
         _wait_url(w.url.replace("/metrics", "/ready"), 120)
-    expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
+    live = [q for q in queries if q.span_s == EPOCH_S]  # the 30-s queries: estimates and frames per epoch
+    span_queries = {q.query_id for q in queries if q.span_s != EPOCH_S}
+    expected = sum(q.n_stations * len(q.spec.estimator_names) for q in live) * epochs
+    windows = expected_windows(queries, [int(e) for e in day.epochs[rs.start_epoch:rs.start_epoch + epochs]])
     first_epoch = int(day.epochs[rs.start_epoch])
     rss_at: dict[int, float] = {}  # epochs closed -> the worker's current RSS (MB)
     broker_at: dict[int, float] = {}  # epochs closed -> the broker's current RSS (MB)
@@ -329,12 +338,12 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
     replay_s = time.time() - t0
     deadline = time.time() + max(600.0, 20 * replay_s)
     while time.time() < deadline:
-        if sum(_closed_epochs(_scrape(w, "ptt_epochs_closed_total")) for w in procs) >= epochs * len(queries):
+        if sum(_closed_epochs(_scrape(w, "ptt_epochs_closed_total")) for w in procs) >= windows:
             break
         time.sleep(1.0)
     stop.set()
     ws0 = procs[0].settings
-    delivered = _delivered(ws0)
+    delivered = _delivered(ws0, span_queries)
     stamps = delivered["stamps"]
     last_s = max(stamps) / 1000.0 - t0 if stamps else float("nan")
     out: dict[str, Any] = {
@@ -343,7 +352,8 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
         "last_estimate_s": round(last_s, 2), "realtime_factor": round(epochs * 30 / last_s, 2),
         "worker_vs_replay": round(last_s / replay_s, 2), "estimates": delivered["estimates"],
         "expected_estimates": expected, "rollup_estimates": delivered["rollup_estimates"], "output": output,
-        **({"frames": delivered["frames"], "expected_frames": epochs * len(queries)} if ws0.frames_on else {}),
+        **({"span_estimates": delivered["span_estimates"]} if span_queries else {}),
+        **({"frames": delivered["frames"], "expected_frames": epochs * len(live)} if ws0.frames_on else {}),
         "worker_peak_rss_mb": round(max(_rss_mb(w.proc.pid) for w in procs if w.proc), 1),
         "worker_rss_ready_mb": round(rss_ready, 1),
         "worker_rss_by_epoch_mb": {str(k): round(v, 1) for k, v in sorted(rss_at.items())

@@ -95,13 +95,14 @@ from pydantic import SecretStr
 from producers.replay import replay
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
+from schemas.epochs import EPOCH_S
 from schemas.kafka_io import publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
-from tests.benchmarks.bench_scale import _closed_epochs, _dead, _is_rollup, _scrape, _wait_url
-from tests.benchmarks.common import load_scenario, stop_children_on_signals, unwatch, watch
+from tests.benchmarks.bench_scale import _closed_epochs, _dead, _scrape, _wait_url
+from tests.benchmarks.common import load_scenario, row_kind, stop_children_on_signals, unwatch, watch
 from tests.integration.stream_helpers import WorkerProcess, env_for
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -282,7 +283,8 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         time.sleep(0.5)
     cpu.update({k: _cpu_s(p) - cpu0[k] for k, p in pids.items() if p is not None})
     every = [(r.timestamp, r.value) for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)]
-    rows = [(t, v) for t, v in every if not _is_rollup(v)]  # the rollups are counted apart
+    spans = {q.query_id for q in queries if q.span_s != EPOCH_S}
+    rows = [(t, v) for t, v in every if row_kind(v, spans) == "epoch"]  # rollups and span queries' rows apart
     last_s = max(t for t, _ in rows) / 1000.0 - t0 if rows else float("nan")
     total_cpu = sum(cpu.values())
     out: dict[str, Any] = {

@@ -1,20 +1,24 @@
 """Pieces the benchmarks share: the raw-broker baseline for the same bytes, the signal
-handling that lets a benchmark stop its children however it ends, and the watch that ends a
-benchmark whose worker or shuffler died (instead of measuring on without it)."""
+handling that lets a benchmark stop its children however it ends, the watch that ends a
+benchmark whose worker or shuffler died (instead of measuring on without it), and what kind of
+estimate a published row is (an epoch's, a span's or a rollup)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Collection, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
-from producers.replay import default_queries, fleet_size_for, load_day
+from producers.replay import default_fleet, default_queries, load_day
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
+from schemas.epochs import EPOCH_S
 from schemas.kafka_io import ensure_topics
 from schemas.settings import KafkaSettings
 
@@ -123,10 +127,33 @@ def load_scenario(rs: ReplaySettings) -> tuple[Any, float, int, list[Any], dict[
     t_load = time.perf_counter()
     day = load_day(rs)
     load_s = time.perf_counter() - t_load
-    fleet = fleet_size_for(day, rs)
+    fleet = default_fleet(day, rs)  # a span query's fleet carries its span flows
     queries = default_queries(day, fleet, rs.mechanisms)
     ensure_topics(rs)
     return day, load_s, fleet, queries, {k: v for k, v in rs.model_dump().items() if k in WorkerSettings.model_fields}
+
+
+def row_kind(row: bytes | Mapping[str, Any], span_queries: Collection[str] = ()) -> str:
+    """What a worker's estimate is, from its row (the JSON value) or its frame's header:
+    ``"epoch"``, a 30-s query's estimate of one epoch (what a run is measured by); ``"span"``, a
+    span query's estimate of one span (``span_s`` > 30; ``span_queries``: the ids of the run's
+    span queries, which have no rollups); ``"rollup"``, a 5-minute or hourly sum of a 30-s
+    query's epochs (:mod:`stream_app.rollups`). A cheap byte test first: a row without
+    ``span_s`` is an epoch's.
+
+    >>> row_kind(b'{"query_id": "alp-day", "span_s": 30}'), row_kind(b'{"query_id": "alp-day"}')
+    ('epoch', 'epoch')
+    >>> row_kind(b'{"query_id": "alp-day", "span_s": 300}', {"unary-hour"})
+    'rollup'
+    >>> row_kind({"query_id": "unary-hour", "span_s": 3600}, {"unary-hour"})
+    'span'
+    """
+    if isinstance(row, bytes) and b'"span_s"' not in row:
+        return "epoch"
+    fields: Mapping[str, Any] = json.loads(row) if isinstance(row, bytes) else row
+    if fields.get("span_s", EPOCH_S) == EPOCH_S:
+        return "epoch"
+    return "span" if fields.get("query_id") in span_queries else "rollup"
 
 
 def raw_produce(settings: KafkaSettings, topic: str, sizes: list[int], partitions: int = 4,

@@ -10,7 +10,10 @@ slot per span, at its first epoch.
   span is ignored; by the end of input, only once the clock has reached the span's last epoch;
 * the released span carries the notes of every epoch of it (stations without a reading, an
   interruption), and those notes are kept until the span is decided even if a 30-s slot of the
-  same epoch closes first.
+  same epoch closes first;
+* an interrupted note inside a span, or the replay's last note (``ends``), cuts the span's slot:
+  due once the clock passes that epoch, released interrupted -- whether the note comes after the
+  slot opened or before (another producer ahead).
 """
 
 from __future__ import annotations
@@ -151,3 +154,22 @@ def test_a_span_the_replay_ends_inside_is_cut_short_and_its_last_30s_epoch_is_no
     last = p.close(("live", 1, S + 3), np.random.default_rng(0), "aggregate")
     assert isinstance(span, Released) and span.interrupted
     assert isinstance(last, Released) and not last.interrupted and last.rounds[0].devices == 1
+
+
+def test_an_interruption_noted_before_the_span_s_slot_opens_still_cuts_it() -> None:
+    """Two producers: the one ahead stops inside the span (its note of S + 3, interrupted) before
+    the other has finished the span's first epoch, so the clock opens the span's slot only after
+    that note: the slot is cut there all the same -- due at the end of input once the clock
+    reaches S + 3 and released interrupted (fails if only notes arriving after the slot opened
+    cut it: the slot waits for S + SPAN - 1, which the clock never reaches)."""
+    p = ShufflePolicy(min_crowd=1, lateness_epochs=LATE, idle_release_s=5.0, partitions=(0,), ahead_epochs=SPAN)
+    for k in (0, 1):
+        assert p.note(SourceEpoch(epoch=S, opens=True, producer_index=k, producer_count=2), active, 0.0) is None
+    for e in range(S, S + 4):
+        finish(p, e, producer_index=1, producer_count=2, interrupted=e == S + 3)
+    assert not p.open_epochs  # the other producer has not finished S: no slot yet
+    for e in range(S, S + 4):
+        finish(p, e, producer_index=0, producer_count=2)
+    assert p.clock == S + 3 and ("flow", 1, S) in p.due(100.0, caught_up=frozenset({0}), positions={0: 0})
+    out = p.close(("flow", 1, S), np.random.default_rng(0))
+    assert isinstance(out, Released) and out.interrupted
