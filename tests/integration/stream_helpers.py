@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -440,3 +441,16 @@ def assert_long_table_is_the_rows(table: Path, rows: Path) -> list[dict[str, Any
                {f: v for f, v in e.items() if f not in ("kind", "epoch_start")}, (r, e)
         assert (r["withheld_code"] is None) == (e["withheld"] is None) and r["retracted"] is False
     return list(saved.values())
+
+
+def same_values(a: Any, b: Any) -> bool:
+    """Equal, floats to 1e-12 relative: the worker's floating-point results differ in the last
+    bit between two runs of the same counts (measured: ``sd`` by up to 2.7e-16 relative in ~3%
+    of the rows, on the direct path against the Kafka transport as against HTTP)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_values(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b) and type(a) is type(b)

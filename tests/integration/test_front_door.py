@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import os
 import re
 import shutil
@@ -42,7 +41,7 @@ from tests.paths import ROOT
 from tests.system_tools import require_tool
 
 from .kafka_helpers import drain
-from .stream_helpers import wait_for
+from .stream_helpers import same_values, wait_for
 from .test_shuffler import ShufflerProcess, _drain_decoded, _hand_fed_query, _send_notes, _setup
 
 pytestmark = pytest.mark.integration
@@ -304,17 +303,6 @@ def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, A
     return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal, floats to 1e-12 relative: the worker's floating-point results differ in the last
-    bit between two runs of the same counts (measured: ``sd`` by up to 2.7e-16 relative in ~3%
-    of the rows, on the direct path against the Kafka transport as against HTTP)."""
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b) and type(a) is type(b)
 
 
 def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path) -> None:
@@ -322,7 +310,7 @@ def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path)
     every device's reports of an epoch go through the front door in one request, and every
     row equals the direct demo's, field for field but ``epsilon_shuffled`` and ``release``
     (null on the direct path, which attests no shuffle) -- counts, participants and reports
-    exactly, floats to the last bits (:func:`_same`); nothing withheld."""
+    exactly, floats to the last bits (:func:`~tests.integration.stream_helpers.same_values`); nothing withheld."""
     plain = _demo(tmp_path / "direct")
     via = _demo(tmp_path / "http", "--via-shuffler", "--transport", "http")
     from estimators import default_query_mechanisms
@@ -336,7 +324,7 @@ def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path)
         bounded = privacy.rounds_independent(get_spec(e["mechanism"]).build({}, 16))
         assert (via[key]["epsilon_shuffled"] is not None) == bounded and via[key]["release"] == "aggregate"
         shuffled = ("epsilon_shuffled", "release")
-        assert _same({k: v for k, v in via[key].items() if k not in shuffled},
+        assert same_values({k: v for k, v in via[key].items() if k not in shuffled},
                      {k: v for k, v in e.items() if k not in shuffled}), (key, e, via[key])
 
 

@@ -23,6 +23,8 @@ from producers.settings import ReplaySettings
 from stream_app.estimate import round_down_2sig
 from stream_app.settings import WorkerSettings
 
+from .stream_helpers import same_values
+
 pytestmark = pytest.mark.integration
 
 EPOCHS = 25  # spans [e0, e0+10) and [e0+10, e0+20) whole; the replay ends inside [e0+20, e0+30)
@@ -54,16 +56,6 @@ def _finish(proc: subprocess.Popen[str], tmp: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (tmp / "out" / "estimates.jsonl").read_text().splitlines()]
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Equal, floats to 1e-12 relative (the worker's floating-point results may differ in the
-    last bit between two runs of the same counts)."""
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b) and type(a) is type(b)
 
 
 def test_a_span_query_through_the_shuffler_is_released_once_per_span_with_its_span_figure(tmp_path: Path) -> None:
@@ -133,7 +125,7 @@ def test_a_span_query_through_the_shuffler_is_released_once_per_span_with_its_sp
     shuffle_only = ("epsilon_shuffled", "release")
     for key, e in plain.items():
         assert e["epsilon_shuffled"] is None and e["release"] is None, e
-        assert _same({k: v for k, v in shuffled[key].items() if k not in shuffle_only},
+        assert same_values({k: v for k, v in shuffled[key].items() if k not in shuffle_only},
                      {k: v for k, v in e.items() if k not in shuffle_only}), (key, e, shuffled[key])
     log = (tmp_path / "via" / "out" / "shuffler.log").read_text()
     # one slot per 30-s epoch and per span (the cut one released as interrupted markers); nothing withheld
