@@ -303,8 +303,6 @@ def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, A
     return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
 
 
-
-
 def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path) -> None:
     """``ptt demo --via-shuffler --transport http --speed 0 --max-epochs 20 --exit-when-done``:
     every device's reports of an epoch go through the front door in one request, and every

@@ -56,8 +56,6 @@ def _finish(proc: subprocess.Popen[str], tmp: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (tmp / "out" / "estimates.jsonl").read_text().splitlines()]
 
 
-
-
 def test_a_span_query_through_the_shuffler_is_released_once_per_span_with_its_span_figure(tmp_path: Path) -> None:
     """``ptt demo --via-shuffler --query-mechanisms unary,unary@300 --max-epochs 25``: each whole
     span is published once -- a row per station at the span's first epoch, closed by markers,
