@@ -63,42 +63,23 @@ SKIP_FIRST = 2  # epochs opened while everything starts
 def _slowloris(port: int, n: int, stop: Any, out: Any) -> None:
     """Hold ``n`` slow connections to ``port`` until ``stop`` is set, opening a new one for
     each the door closes; puts (opened, open_failed, closed_by_door)."""
-    import socket
+    from tests.slowloris import open_slow, tick
 
-    head = b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Slow: "
-    live: list[socket.socket] = []
+    live: list[Any] = []
     opened = failed = closed = 0
     while not stop.is_set():
         while len(live) < n and not stop.is_set():
             try:
-                s = socket.create_connection(("127.0.0.1", port), timeout=5)
-                s.sendall(head)
-                s.setblocking(False)
-                live.append(s)
+                live.append(open_slow(port))
                 opened += 1
             except OSError:
                 failed += 1
                 time.sleep(0.05)
                 break
-        tick = time.monotonic()
-        still = []
-        for s in live:
-            try:
-                if s.recv(4096) == b"":
-                    raise ConnectionResetError
-            except BlockingIOError:
-                try:
-                    s.send(b"a")
-                    still.append(s)
-                    continue
-                except OSError:
-                    pass
-            except OSError:
-                pass
-            closed += 1
-            s.close()
-        live = still
-        time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+        started = time.monotonic()
+        live, gone = tick(live)
+        closed += gone
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
     for s in live:
         s.close()
     out.put((opened, failed, closed))
@@ -186,18 +167,16 @@ class _Cpu(threading.Thread):
         return "other"
 
     def sample(self) -> None:
-        todo = [(self.root, "demo")] + [(k, "bench") for k in self._kids(os.getpid()) if k != self.root]
-        while todo:
-            pid, role = todo.pop()
+        todo = [(self.root, "demo", "")] + [(k, "", "bench") for k in self._kids(os.getpid()) if k != self.root]
+        while todo:  # (pid, its role if known, its parent's role)
+            pid, role, parent = todo.pop()
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            mine = role if role in ("demo", "bench") else self._role(pid, role)
-            if role == "bench":
-                mine = self._role(pid, "bench")
-            self.seen[pid] = (mine, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
-            todo += [(k, mine) for k in self._kids(pid)]
+            role = role or self._role(pid, parent)
+            self.seen[pid] = (role, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+            todo += [(k, "", role) for k in self._kids(pid)]
 
     def run(self) -> None:
         while not self.stop.wait(1.0):

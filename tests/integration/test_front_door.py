@@ -38,6 +38,7 @@ from stream_app.shuffler.door_policy import DeviceCheck
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed, signed_note
 from tests.paths import ROOT
+from tests.slowloris import open_slow, tick
 from tests.system_tools import require_tool
 
 from .kafka_helpers import drain
@@ -343,32 +344,14 @@ class _SlowClients(threading.Thread):
     def run(self) -> None:
         for _ in range(self.n):
             try:
-                s = socket.create_connection(("127.0.0.1", self.port), timeout=5)
-                s.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Slow: ")
-                s.setblocking(False)
-                self.socks.append(s)
+                self.socks.append(open_slow(self.port))
             except OSError:
                 self.open_failed += 1
         self.opened.set()
         live = list(self.socks)
         while live and not self.stop.wait(self.every_s):
-            still = []
-            for s in live:
-                try:
-                    if s.recv(4096) == b"":
-                        raise ConnectionResetError
-                except BlockingIOError:
-                    try:
-                        s.send(b"a")
-                        still.append(s)
-                        continue
-                    except OSError:
-                        pass
-                except OSError:
-                    pass
-                self.closed += 1
-                s.close()
-            live = still
+            live, closed = tick(live)
+            self.closed += closed
 
     def close(self) -> None:
         self.stop.set()
