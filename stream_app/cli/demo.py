@@ -108,6 +108,12 @@ def _get(url: str) -> bytes | None:
         return None
 
 
+def _answers(url: str, holding: bytes) -> bool:
+    """``url`` answers, with ``holding`` in its body."""
+    body = _get(url)
+    return body is not None and holding in body
+
+
 def _wait_until(check: Callable[[], bool], timeout_s: float, proc: subprocess.Popen[bytes], what: str,
                 log: Path, watch: Watch | None = None) -> None:
     """Poll ``check`` until it holds; :class:`DemoError` if ``proc`` exits (quoting its log) or
@@ -404,21 +410,29 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                 metrics_note = f" (port {taken} was taken, using {metrics_port})"
         watch.add("stream-app worker", started, worker_log)
         if demo.via_shuffler:
-            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
-                                  http_port=http_port if demo.transport == "http" else 0, **enrolled)
-            if demo.release is not None:
-                ss = ss.model_copy(update={"release": demo.release})
-            released = ss.release
-            with (out / "shuffler.log").open("wb") as log:
-                shuffler = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "shuffler"],  # noqa: S603
-                                            env={**os.environ, **ss.to_env()}, stdout=log,
-                                            stderr=subprocess.STDOUT, **child_options())
-            if demo.transport == "http":  # the replay's devices upload to its front door
-                health = f"http://127.0.0.1:{http_port}/v1/health"
-                _wait_until(lambda: _get(health) is not None, 90, shuffler, "shuffler's front door",
-                            out / "shuffler.log", watch)
-            watch.add("shuffler" + (" (and its HTTP front door)" if demo.transport == "http" else ""), shuffler,
-                      out / "shuffler.log")
+            for attempt in range(3):  # a port it chose can be taken between the check and the shuffler's bind
+                ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
+                                      http_port=http_port if demo.transport == "http" else 0, **enrolled)
+                if demo.release is not None:
+                    ss = ss.model_copy(update={"release": demo.release})
+                released = ss.release
+                with (out / "shuffler.log").open("wb") as log:
+                    shuffler = started_shuffler = subprocess.Popen(  # noqa: S603
+                        [sys.executable, "-m", "stream_app.cli", "shuffler"], env={**os.environ, **ss.to_env()},
+                        stdout=log, stderr=subprocess.STDOUT, **child_options())
+                # ready: its front door answers (the replay's devices upload there), or its own /metrics
+                ready = (functools.partial(_answers, f"http://127.0.0.1:{http_port}/v1/health", b"")
+                         if demo.transport == "http" else
+                         functools.partial(_answers, f"http://127.0.0.1:{shuffler_port}/metrics", b"ptt_shuffler_"))
+                try:
+                    _wait_until(ready, 90, started_shuffler, "shuffler", out / "shuffler.log", watch)
+                    break
+                except DemoError:
+                    if started_shuffler.returncode != EXIT_PORT or attempt == 2:
+                        raise
+                    shuffler_port, http_port = free_port(), free_port()
+            watch.add("shuffler" + (" (and its HTTP front door)" if demo.transport == "http" else ""),
+                      started_shuffler, out / "shuffler.log")
         prom_bin = shutil.which("prometheus")
         prom_url = None
         if prom_bin:

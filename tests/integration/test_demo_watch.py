@@ -2,7 +2,8 @@
 (taken between the demo's check and the worker's start, by a program whose /metrics looks like
 a worker's), a worker killed mid-replay, a shuffler (with its HTTP front door) killed
 mid-replay -- each ends the demo within 10 s with exit code 8, naming the process and quoting
-its log, with nothing left running. The enrollment secret of ``--via-shuffler`` is owner only,
+its log, with nothing left running -- and a port the demo chose for its shuffler, taken before
+the shuffler binds it, is chosen again. The enrollment secret of ``--via-shuffler`` is owner only,
 outside the output directory, and gone when the demo ends."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from estimators import get_spec
 from stream_app.cli.errors import EXIT_HELPER
 from stream_app.cli.local_broker import free_port
 
@@ -163,3 +165,37 @@ def test_shuffler_front_door_killed_mid_replay_ends_the_demo_within_10_s(
     _wait(lambda: not any(_alive(c) for c in helpers), 5.0, "every helper gone")
     assert not secret.parent.exists(), "the secret outlived the demo"
     assert not list(out.rglob("*secret*")), list(out.rglob("*secret*"))
+
+
+def test_a_port_the_demo_chose_for_its_shuffler_taken_before_the_shuffler_binds_it_is_chosen_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo picks free ports for its shuffler (/metrics, the front door); another program
+    can take one before the shuffler binds it. The shuffler then exits 4 at start, and the
+    demo -- waiting for the shuffler to answer before it replays -- starts it again on new
+    ports (as it does its worker and Prometheus), then runs to the end. Run in this process,
+    the port its first choice returns held by a listening socket. Before: the demo started the
+    replay without waiting and ended with exit code 8 naming the shuffler."""
+    import socket
+
+    import stream_app.cli.demo as demo
+    from stream_app.cli import main
+
+    held = socket.create_server(("127.0.0.1", 0))
+    chosen: list[int] = []
+
+    def free() -> int:
+        chosen.append(held.getsockname()[1] if not chosen else free_port())
+        return chosen[-1]
+
+    monkeypatch.setattr(demo, "free_port", free)
+    out = tmp_path / "out"
+    try:
+        code = main(["demo", "--via-shuffler", "--stations", "4", "--query-mechanisms", "alp", "--speed", "0",
+                     "--max-epochs", "3", "--exit-when-done", "--out", str(out)])
+    finally:
+        held.close()
+    assert code == 0, capsys.readouterr().err[-3000:]
+    run_log = (out / "run.log").read_text()
+    assert f":{chosen[0]}/" not in run_log and "metrics http://127.0.0.1:" in run_log, run_log[:2000]
+    rows = (out / "estimates.jsonl").read_text().count("\n")
+    assert rows == 3 * 4 * len(get_spec("alp").estimator_names), rows  # 3 epochs, 4 stations
