@@ -7,9 +7,13 @@ connections. One JSON line per scenario.
   new connection: their latency (p50, max), 202s, how many slow connections the door closed
   and how fast, the door process's CPU and peak RSS, its log's size, and its file-descriptor
   limit (the connection cap is that less 512).
-* ``--load-procs K``: a busy machine -- K processes each spinning a core's worth of Python
-  from before the slow connections open until the fresh devices are done (each line says
-  ``load_procs`` and the load average at its start and end).
+* ``--load-procs K``: a busy server -- K processes spinning Python on the last core, where the
+  door's process (and nginx's workers) are pinned too, from before the slow connections open
+  until they are done: the server has at most a (K+1)-th of that core while the attacking
+  processes and the fresh devices run on the other at full speed, as from other machines
+  (spinning on every core slows the attack as much as the door: 20,000 connections took 80 s
+  to open with 6 unpinned spinners). Each line says ``load_procs``, ``server_cpus`` and the
+  load average at its start and end.
 
 Measured on 2 cores shared with other sessions: read ``door_cpu_s`` (CPU seconds, fairly
 independent of the load) before the latencies (which are what the load does to them), and the
@@ -143,7 +147,14 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
     pid = shuffler.proc.pid if shuffler.proc else None
     limit = Path(f"/proc/{pid}/limits").read_text() if pid else ""
     nofile = next((ln.split()[3] for ln in limit.splitlines() if ln.startswith("Max open files")), "?")
-    hogs.extend(_hogs(load_procs))
+    server_cpus = sorted(os.sched_getaffinity(0))
+    if load_procs:
+        server_cpus = server_cpus[-1:]
+        _pin(pid, server_cpus)
+        if proxy is not None:
+            for kid in Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split():
+                _pin(int(kid), server_cpus)
+    hogs.extend(_hogs(load_procs, server_cpus))
     time.sleep(3.0 if load_procs else 0.0)  # the hogs spinning before the first slow connection
     load = os.getloadavg()[0]
     cpu0 = _cpu_s(pid)
@@ -219,12 +230,22 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
             "log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
             "door_summary": next((ln for ln in text.splitlines() if ln.startswith("front door: ") and "accepted" in ln),
                                  ""),
-            "load_procs": load_procs, "load_average": round(load, 1), "load_average_end": round(load_end, 1)}
+            "load_procs": load_procs, "server_cpus": server_cpus, "load_average": round(load, 1),
+            "load_average_end": round(load_end, 1)}
 
 
-def _hogs(k: int) -> list[subprocess.Popen[bytes]]:
-    """``k`` processes spinning the CPU (a busy machine), each until it is killed."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]  # noqa: S603
+def _hogs(k: int, cpus: list[int]) -> list[subprocess.Popen[bytes]]:
+    """``k`` processes spinning ``cpus`` (a busy server), each until it is killed."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]  # noqa: S603
+    for h in hogs:
+        os.sched_setaffinity(h.pid, cpus)
+    return hogs
+
+
+def _pin(pid: int | None, cpus: list[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), cpus)
 
 
 def _stop(hogs: list[subprocess.Popen[bytes]]) -> None:
