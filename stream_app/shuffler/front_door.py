@@ -15,16 +15,21 @@ the failure is then written again, and the shuffler keeps one report per enrolle
 slot). ``GET /v1/health`` answers ``200`` once the door is up.
 
 What a client that does not finish costs is bounded: a connection whose request headers have
-not arrived within ``--http-idle-timeout-s`` of its opening or its last answer is closed
-(aiohttp's keep-alive timer, which runs from the connection's start), a body that has not
-arrived within ``--http-body-timeout-s`` is ``408 slow_body``, header lines are at most
-``--http-max-header-bytes``, and at most ``--http-max-connections`` connections (never more
+not arrived within ``--http-idle-timeout-s`` of its opening or its last answer is closed, a
+body that has not arrived within ``--http-body-timeout-s`` is ``408 slow_body``, header lines
+are at most ``--http-max-header-bytes``, and at most ``--http-max-connections`` connections (never more
 than the file-descriptor limit less a reserve) are open: at the cap, the longest-open
 connection without a request in progress is closed to make room (as nginx reuses its idle
 keep-alive connections), or, with none, the new one is answered ``503 too_many_connections``.
 An ``accept()`` that fails anyway (``EMFILE``: the limit lowered under it, or descriptors
 used elsewhere) is counted and retried after 0.1 s by the door's own accept loop, never a
-traceback per attempt nor a spin.
+traceback per attempt nor a spin. A new connection costs the door no aiohttp handler (a
+protocol object, a task, a timer) until its first request's headers are complete: its bytes
+are only gathered until the blank line that ends them (or ``--http-max-header-bytes`` of them,
+past which aiohttp refuses the request as it would), and one deadline task closes, oldest
+first, those whose headers are not complete ``--http-idle-timeout-s`` after their opening
+(counted as ``slow_headers``); aiohttp's keep-alive timer bounds a connection's later requests
+from its last answer. A slowloris thus costs a buffer and a read per byte it sends.
 The log has at most one line per refusal reason every ``--http-log-interval-s``, with its count.
 
 It runs in the shuffler's process, on its own thread and event loop (aiohttp, aiokafka): the
@@ -114,16 +119,21 @@ def _retry_after(seconds: float) -> dict[str, str]:
 
 
 class _Connection(asyncio.Protocol):
-    """One accepted connection: aiohttp's request handler behind it, and what the door's
-    connection cap needs -- when it opened and whether a request is in progress."""
+    """One accepted connection and what the door's connection cap needs -- when it opened and
+    whether a request is in progress. Until its first request's headers are complete its
+    bytes are gathered in ``head`` (no aiohttp handler yet: a slowloris costs a buffer); then
+    aiohttp's request handler is made (``handler()``), given them, and everything after."""
 
-    __slots__ = ("door", "inner", "transport", "busy", "live")
+    __slots__ = ("door", "handler", "inner", "transport", "busy", "live", "head", "opened")
 
-    def __init__(self, door: FrontDoor, inner: Any) -> None:
-        self.door, self.inner = door, inner
+    def __init__(self, door: FrontDoor, handler: Any) -> None:
+        self.door, self.handler = door, handler
+        self.inner: Any = None  # aiohttp's handler, once the first request's headers are in
         self.transport: Any = None
         self.busy = 0
         self.live = False
+        self.head: bytearray | None = bytearray()
+        self.opened = 0.0
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -132,28 +142,50 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self.live = True
-        self.inner.connection_made(transport)
+        self.opened = time.monotonic()
+        self.door._heading[transport] = self  # noqa: SLF001 - the header deadline's queue, oldest first
 
     def data_received(self, data: bytes) -> None:
-        if self.live:
+        if self.inner is not None:
             self.inner.data_received(data)
+            return
+        head = self.head
+        if not self.live or head is None:
+            return
+        seen = len(head)
+        head += data
+        # the headers' end: a blank line (a bare LF ends a line for aiohttp's parser too)
+        if (head.find(b"\n\r\n", max(0, seen - 2)) >= 0 or head.find(b"\n\n", max(0, seen - 1)) >= 0
+                or len(head) >= self.door.head_limit):
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """aiohttp's handler for this connection, given what arrived so far."""
+        head, self.head = self.head, None
+        self.door._heading.pop(self.transport, None)  # noqa: SLF001
+        self.inner = self.handler()
+        self.inner.connection_made(self.transport)
+        if head:
+            self.inner.data_received(bytes(head))
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.live else None
+        return self.inner.eof_received() if self.inner is not None else None  # unfinished headers: closed
 
     def pause_writing(self) -> None:
-        if self.live:
+        if self.inner is not None:
             self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self.live:
+        if self.inner is not None:
             self.inner.resume_writing()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.door._conns.pop(self.transport, None)  # noqa: SLF001
-        if self.live:
-            self.live = False
-            self.inner.connection_lost(exc)
+        self.door._heading.pop(self.transport, None)  # noqa: SLF001
+        self.live, self.head = False, None
+        if self.inner is not None:
+            inner, self.inner = self.inner, None
+            inner.connection_lost(exc)
 
 
 _TOO_MANY = refusal("too_many_connections", "the front door holds its most connections, every one with a request "
@@ -176,6 +208,8 @@ class FrontDoor:
         self.refused = self._log.total  # reason -> requests refused (connections, for too_many_connections)
         self._rate = DeviceRate(settings.http_device_reports_per_s, settings.http_device_burst)
         self._conns: dict[Any, _Connection] = {}  # open connections, oldest first
+        self._heading: dict[Any, _Connection] = {}  # of those, the ones whose first headers are not in, oldest first
+        self.head_limit = settings.http_max_header_bytes  # a first request's bytes gathered before aiohttp's parser
         self.max_connections = settings.http_max_connections
         self.evicted = 0
         self.in_flight = 0
@@ -252,6 +286,7 @@ class FrontDoor:
         await runner.setup()
         listener: socket.socket | None = None
         ticker = asyncio.create_task(self._tick())
+        deadlines = asyncio.create_task(self._header_deadlines())
         accepting: asyncio.Task[None] | None = None
         try:
             handlers = runner.server
@@ -265,7 +300,7 @@ class FrontDoor:
                                     "--http-port") from None
                 raise
             listener.setblocking(False)
-            accepting = asyncio.create_task(self._accept(listener, lambda: _Connection(self, handlers())))
+            accepting = asyncio.create_task(self._accept(listener, lambda: _Connection(self, handlers)))
             self._ready.set()
             await self._stopping.wait()
         finally:
@@ -276,6 +311,9 @@ class FrontDoor:
             if listener is not None:
                 listener.close()
             ticker.cancel()
+            deadlines.cancel()
+            for conn in list(self._heading.values()):  # aiohttp's cleanup knows only its own handlers'
+                conn.transport.abort()
             await runner.cleanup()
             await self._producer.stop()
             self._say(self._log.flush())
@@ -328,6 +366,27 @@ class FrontDoor:
         while True:
             await asyncio.sleep(min(1.0, self.s.http_log_interval_s))
             self._say(self._log.due(time.monotonic()))
+
+    async def _header_deadlines(self) -> None:
+        """Close, oldest first, the connections whose first request's headers are not complete
+        ``http_idle_timeout_s`` after their opening; sleep until the next one is due (a
+        connection opened later is due later). One task for every connection, never a timer each."""
+        timeout = self.s.http_idle_timeout_s
+        while True:
+            now, closed = time.monotonic(), 0
+            heading = self._heading
+            while heading:
+                conn = next(iter(heading.values()))
+                if conn.opened + timeout > now:
+                    break
+                del heading[conn.transport]
+                conn.head = None
+                conn.transport.close()
+                closed += 1
+            if closed:
+                self._log.add("slow_headers", now, closed)
+            due = next(iter(heading.values())).opened + timeout if heading else now + timeout
+            await asyncio.sleep(max(0.05, due - now))
 
     def _say(self, lines: list[tuple[str, int]]) -> None:
         for reason, n in lines:
