@@ -5,8 +5,10 @@ connections. One JSON line per scenario.
   the door): ``--slow`` slowloris connections (one header byte a second each, from
   ``--slow-procs`` processes: a process's file-descriptor limit), then fresh devices each on a
   new connection: their latency (p50, max), 202s, how many slow connections the door closed
-  and how fast, the door process's CPU and peak RSS, its log's size, and its file-descriptor
-  limit (the connection cap is that less 512).
+  and how fast and how many bytes they sent, the door process's CPU (``door_cpu_s``, and
+  ``door_cpu_s_over_idle``: less what the process spends with no client -- its shuffler loop,
+  measured for 3 s before -- over the same wall time; per slow connection too) and peak RSS,
+  its log's size, and its file-descriptor limit (the connection cap is that less 512).
 * ``--load-procs K``: a busy server -- K processes spinning Python on the last core, where the
   door's process (and nginx's workers) are pinned too, from before the slow connections open
   until they are done: the server has at most a (K+1)-th of that core while the attacking
@@ -70,6 +72,7 @@ def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> N
         except OSError:
             failed += 1
     closed_at: list[float] = []
+    sent = 0
     live, end = list(socks), time.monotonic() + seconds
     while live and time.monotonic() < end:
         time.sleep(every_s)
@@ -81,6 +84,7 @@ def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> N
             except BlockingIOError:
                 try:
                     s.send(b"a")
+                    sent += 1
                     still.append(s)
                     continue
                 except OSError:
@@ -94,7 +98,7 @@ def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> N
         s.close()
     closed_at.sort()
     out.put((len(socks), failed, len(closed_at), closed_at[len(closed_at) // 2] if closed_at else None,
-             closed_at[-1] if closed_at else None))
+             closed_at[-1] if closed_at else None, sent))
 
 
 NGINX_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "nginx.conf"
@@ -155,7 +159,9 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
             for kid in Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split():
                 _pin(int(kid), server_cpus)
     hogs.extend(_hogs(load_procs, server_cpus))
-    time.sleep(3.0 if load_procs else 0.0)  # the hogs spinning before the first slow connection
+    idle0, t_idle = _cpu_s(pid), time.perf_counter()
+    time.sleep(3.0)  # the hogs spinning before the first slow connection; the door's CPU with no client
+    idle_rate = (_cpu_s(pid) - idle0) / (time.perf_counter() - t_idle)
     load = os.getloadavg()[0]
     cpu0 = _cpu_s(pid)
     ctx = mp.get_context("spawn")
@@ -201,6 +207,7 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
     for w in workers:
         w.join(30)
     cpu = _cpu_s(pid) - cpu0
+    cpu_wall = time.perf_counter() - t0
     load_end = os.getloadavg()[0]
     _stop(hogs)
     rss = _rss_peak_mb(pid)
@@ -226,6 +233,10 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
             "slowest_fresh": {"latency_s": round(slowest[0], 3), "started_s_after_slow_start": round(slowest[1], 1),
                               "attempts": slowest[2]},
             "fresh_latencies_s": [round(x, 2) for x in latencies], "door_cpu_s": round(cpu, 1),
+            "door_idle_cpu_s_per_s": round(idle_rate, 3),
+            "door_cpu_s_over_idle": round(cpu - idle_rate * cpu_wall, 1),
+            "slow_bytes_sent": sum(g[5] for g in got),
+            "door_cpu_us_per_slow_connection_over_idle": round(1e6 * (cpu - idle_rate * cpu_wall) / n),
             "wall_s": round(time.perf_counter() - t0, 1), "door_rss_peak_mb": rss,
             "log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
             "door_summary": next((ln for ln in text.splitlines() if ln.startswith("front door: ") and "accepted" in ln),
