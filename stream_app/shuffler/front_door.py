@@ -366,6 +366,7 @@ class FrontDoor:
             return
         self._heading[conn] = None
         loop.add_reader(sock.fileno(), conn.read_head)
+        conn.read_head()  # what has arrived with the handshake (a device's whole request, often): read at once
 
     def _hand_over(self, conn: _Connection) -> None:
         """A connection whose first request's headers are in (or past the limit): asyncio's

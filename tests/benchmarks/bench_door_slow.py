@@ -7,7 +7,7 @@ connections. One JSON line per scenario.
   new connection: their latency (p50, max), 202s, how many slow connections the door closed
   and how fast and how many bytes they sent, the door process's CPU (``door_cpu_s``, and
   ``door_cpu_s_over_idle``: less what the process spends with no client -- its shuffler loop,
-  measured for 3 s before -- over the same wall time; per slow connection too) and peak RSS,
+  measured for 10 s after -- over the same wall time; per slow connection too) and peak RSS,
   its log's size, and its file-descriptor limit (the connection cap is that less 512).
 * ``--load-procs K``: a busy server -- K processes spinning Python on the last core, where the
   door's process (and nginx's workers) are pinned too, from before the slow connections open
@@ -159,9 +159,7 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
             for kid in Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split():
                 _pin(int(kid), server_cpus)
     hogs.extend(_hogs(load_procs, server_cpus))
-    idle0, t_idle = _cpu_s(pid), time.perf_counter()
-    time.sleep(3.0)  # the hogs spinning before the first slow connection; the door's CPU with no client
-    idle_rate = (_cpu_s(pid) - idle0) / (time.perf_counter() - t_idle)
+    time.sleep(3.0 if load_procs else 0.0)  # the hogs spinning before the first slow connection
     load = os.getloadavg()[0]
     cpu0 = _cpu_s(pid)
     ctx = mp.get_context("spawn")
@@ -208,6 +206,9 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
         w.join(30)
     cpu = _cpu_s(pid) - cpu0
     cpu_wall = time.perf_counter() - t0
+    idle0, t_idle = _cpu_s(pid), time.perf_counter()
+    time.sleep(10.0)  # every slow connection closed: the door's process with no client, for comparison
+    idle_rate = (_cpu_s(pid) - idle0) / (time.perf_counter() - t_idle)
     load_end = os.getloadavg()[0]
     _stop(hogs)
     rss = _rss_peak_mb(pid)
