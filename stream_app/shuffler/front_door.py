@@ -15,16 +15,22 @@ the failure is then written again, and the shuffler keeps one report per enrolle
 slot). ``GET /v1/health`` answers ``200`` once the door is up.
 
 What a client that does not finish costs is bounded: a connection whose request headers have
-not arrived within ``--http-idle-timeout-s`` of its opening or its last answer is closed
-(aiohttp's keep-alive timer, which runs from the connection's start), a body that has not
-arrived within ``--http-body-timeout-s`` is ``408 slow_body``, header lines are at most
-``--http-max-header-bytes``, and at most ``--http-max-connections`` connections (never more
+not arrived within ``--http-idle-timeout-s`` of its opening or its last answer is closed, a
+body that has not arrived within ``--http-body-timeout-s`` is ``408 slow_body``, header lines
+are at most ``--http-max-header-bytes``, and at most ``--http-max-connections`` connections (never more
 than the file-descriptor limit less a reserve) are open: at the cap, the longest-open
 connection without a request in progress is closed to make room (as nginx reuses its idle
 keep-alive connections), or, with none, the new one is answered ``503 too_many_connections``.
 An ``accept()`` that fails anyway (``EMFILE``: the limit lowered under it, or descriptors
 used elsewhere) is counted and retried after 0.1 s by the door's own accept loop, never a
-traceback per attempt nor a spin.
+traceback per attempt nor a spin. A new connection costs the door no asyncio transport and
+no aiohttp handler (protocol objects, a task, a timer) until its first request's headers are
+in: the door reads its bare socket and gathers the bytes until the blank line that ends them
+(or ``--http-max-header-bytes`` of them, past which aiohttp refuses the request as it would),
+and one deadline task closes, oldest first, those whose headers are not in
+``--http-idle-timeout-s`` after their opening (counted as ``slow_headers``); aiohttp's
+keep-alive timer bounds a connection's later requests from its last answer. A slowloris thus
+costs a buffer and a read per byte it sends.
 The log has at most one line per refusal reason every ``--http-log-interval-s``, with its count.
 
 It runs on its own thread and event loop (aiohttp, aiokafka) -- ``ptt shuffler`` runs it in a
@@ -115,46 +121,81 @@ def _retry_after(seconds: float) -> dict[str, str]:
 
 
 class _Connection(asyncio.Protocol):
-    """One accepted connection: aiohttp's request handler behind it, and what the door's
-    connection cap needs -- when it opened and whether a request is in progress."""
+    """One accepted connection and what the door's connection cap needs -- when it opened and
+    whether a request is in progress. Until its first request's headers are complete it is a
+    bare socket the door reads itself (:meth:`read_head`, a reader on the loop; the bytes
+    gathered in ``head``): no asyncio transport, aiohttp handler, task or timer yet -- a
+    slowloris costs a buffer and a read per byte. Then the socket becomes asyncio's transport
+    with this protocol in front of aiohttp's request handler, which is given what was gathered
+    and everything after."""
 
-    __slots__ = ("door", "inner", "transport", "busy", "live")
+    __slots__ = ("door", "sock", "inner", "transport", "busy", "head", "opened", "closed")
 
-    def __init__(self, door: FrontDoor, inner: Any) -> None:
-        self.door, self.inner = door, inner
+    def __init__(self, door: FrontDoor, sock: socket.socket) -> None:
+        self.door, self.sock = door, sock
+        self.inner: Any = None  # aiohttp's handler, once the first request's headers are in
         self.transport: Any = None
         self.busy = 0
-        self.live = False
+        self.head: bytearray | None = bytearray()
+        self.opened = time.monotonic()
+        self.closed = False
+
+    # -- before its first request's headers are in: the door reads the bare socket ---------------
+
+    def read_head(self) -> None:
+        head = self.head
+        if head is None:
+            return
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # its end (or a reset) before its headers: closed
+            self.door._close(self)  # noqa: SLF001 - the door's own bookkeeping
+            return
+        seen = len(head)
+        head += data
+        # the headers' end: a blank line (a bare LF ends a line for aiohttp's parser too)
+        if (head.find(b"\n\r\n", max(0, seen - 2)) >= 0 or head.find(b"\n\n", max(0, seen - 1)) >= 0
+                or len(head) >= self.door.head_limit):
+            self.door._hand_over(self)  # noqa: SLF001
+
+    # -- after: asyncio's transport, aiohttp's handler behind this protocol ----------------------
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        if not self.door._admit(self):  # noqa: SLF001 - the door's own bookkeeping
-            transport.write(_BUSY_ANSWER % (len(_TOO_MANY), _TOO_MANY))
-            transport.close()
+        if self.closed:  # evicted while its transport was made
+            transport.abort()
             return
-        self.live = True
+        self.inner = self.door.handler()
         self.inner.connection_made(transport)
+        head, self.head = self.head, None
+        if head:
+            self.inner.data_received(bytes(head))
 
     def data_received(self, data: bytes) -> None:
-        if self.live:
+        if self.inner is not None:
             self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.live else None
+        return self.inner.eof_received() if self.inner is not None else None
 
     def pause_writing(self) -> None:
-        if self.live:
+        if self.inner is not None:
             self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self.live:
+        if self.inner is not None:
             self.inner.resume_writing()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.door._conns.pop(self.transport, None)  # noqa: SLF001
-        if self.live:
-            self.live = False
-            self.inner.connection_lost(exc)
+        self.closed = True
+        self.door._conns.pop(self, None)  # noqa: SLF001
+        if self.inner is not None:
+            inner, self.inner = self.inner, None
+            inner.connection_lost(exc)
 
 
 _TOO_MANY = refusal("too_many_connections", "the front door holds its most connections, every one with a request "
@@ -176,7 +217,11 @@ class FrontDoor:
         self._log = RefusalLog(settings.http_log_interval_s)
         self.refused = self._log.total  # reason -> requests refused (connections, for too_many_connections)
         self._rate = DeviceRate(settings.http_device_reports_per_s, settings.http_device_burst)
-        self._conns: dict[Any, _Connection] = {}  # open connections, oldest first
+        self._conns: dict[_Connection, None] = {}  # open connections, oldest first
+        self._heading: dict[_Connection, None] = {}  # of those, the bare sockets before their headers, oldest first
+        self._handing: set[asyncio.Task[None]] = set()  # transports being made for them
+        self.head_limit = settings.http_max_header_bytes  # a first request's bytes gathered before aiohttp's parser
+        self.handler: Any = None  # aiohttp's request handlers' factory
         self.max_connections = settings.http_max_connections
         self.evicted = 0
         self.in_flight = 0
@@ -253,6 +298,7 @@ class FrontDoor:
         await runner.setup()
         listener: socket.socket | None = None
         ticker = asyncio.create_task(self._tick())
+        deadlines = asyncio.create_task(self._header_deadlines())
         accepting: asyncio.Task[None] | None = None
         try:
             handlers = runner.server
@@ -266,7 +312,8 @@ class FrontDoor:
                                     "--http-port") from None
                 raise
             listener.setblocking(False)
-            accepting = asyncio.create_task(self._accept(listener, lambda: _Connection(self, handlers())))
+            self.handler = handlers
+            accepting = asyncio.create_task(self._accept(listener))
             self._ready.set()
             await self._stopping.wait()
         finally:
@@ -277,17 +324,20 @@ class FrontDoor:
             if listener is not None:
                 listener.close()
             ticker.cancel()
+            deadlines.cancel()
+            for conn in list(self._heading):  # aiohttp's cleanup knows only its own handlers'
+                self._close(conn)
             await runner.cleanup()
             await self._producer.stop()
             self._say(self._log.flush())
 
-    async def _accept(self, listener: socket.socket, factory: Any) -> None:
+    async def _accept(self, listener: socket.socket) -> None:
         """The door's own accept loop (not asyncio's server: on EMFILE that retries its whole
         backlog at once and reports every failure -- 6,000 a second measured): a connection
-        at a time, handed to aiohttp; out of file descriptors, one failure counted and a pause
-        of 0.1 s (never a spin), the connections waiting in the kernel's backlog meanwhile."""
+        at a time, taken as a bare socket (:meth:`_take`); out of file descriptors, one failure
+        counted and a pause of 0.1 s (never a spin), the connections waiting in the kernel's
+        backlog meanwhile."""
         loop = asyncio.get_running_loop()
-        pending: set[asyncio.Task[Any]] = set()
         taken = 0
         while True:
             try:
@@ -300,19 +350,53 @@ class FrontDoor:
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
                     continue  # the client gave up before it was taken
                 raise
-            conn.setblocking(False)
-            task = asyncio.create_task(self._connect(loop, conn, factory))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            self._take(loop, conn)
             taken += 1
             if taken % 64 == 0:
                 await asyncio.sleep(0)  # a burst of connections does not hold the loop
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, factory: Any) -> None:
+    def _take(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        """A new connection: admitted (:meth:`_admit`) and read by the door until its first
+        request's headers are in, or answered 503 ``too_many_connections`` and closed."""
+        sock.setblocking(False)
+        conn = _Connection(self, sock)
+        if not self._admit(conn):
+            with contextlib.suppress(OSError):
+                sock.send(_BUSY_ANSWER % (len(_TOO_MANY), _TOO_MANY))
+            sock.close()
+            return
+        self._heading[conn] = None
+        loop.add_reader(sock.fileno(), conn.read_head)
+        conn.read_head()  # what has arrived with the handshake (a device's whole request, often): read at once
+
+    def _hand_over(self, conn: _Connection) -> None:
+        """A connection whose first request's headers are in (or past the limit): asyncio's
+        transport for its socket, aiohttp's handler behind (:meth:`_Connection.connection_made`)."""
+        del self._heading[conn]
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(conn.sock.fileno())
+        task = loop.create_task(self._connect(loop, conn))
+        self._handing.add(task)
+        task.add_done_callback(self._handing.discard)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, conn: _Connection) -> None:
         try:
-            await loop.connect_accepted_socket(factory, conn)
+            await loop.connect_accepted_socket(lambda: conn, conn.sock)
         except OSError:
-            conn.close()
+            self._close(conn)
+            conn.sock.close()
+
+    def _close(self, conn: _Connection) -> None:
+        """Close a connection at once: a bare socket before its headers, or its transport."""
+        conn.closed = True
+        self._conns.pop(conn, None)
+        if conn in self._heading:
+            del self._heading[conn]
+            conn.head = None
+            asyncio.get_running_loop().remove_reader(conn.sock.fileno())
+            conn.sock.close()
+        elif conn.transport is not None:
+            conn.transport.abort()
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """The door loop's errors counted per message, logged as the refusals are (one line with
@@ -330,6 +414,31 @@ class FrontDoor:
             await asyncio.sleep(min(1.0, self.s.http_log_interval_s))
             self._say(self._log.due(time.monotonic()))
 
+    async def _header_deadlines(self) -> None:
+        """Close, oldest first, the connections whose first request's headers are not complete
+        ``http_idle_timeout_s`` after their opening; sleep until the next one is due (a
+        connection opened later is due later). One task for every connection, never a timer each;
+        at most ``batch`` closed at a time, the loop's other work between (thousands opened in
+        the same second are due in the same second: closed at once, they held a fresh device's
+        request 2 s on a loaded core)."""
+        timeout, batch = self.s.http_idle_timeout_s, 128
+        while True:
+            now, closed = time.monotonic(), 0
+            heading = self._heading
+            while heading and closed < batch:
+                conn = next(iter(heading))
+                if conn.opened + timeout > now:
+                    break
+                self._close(conn)
+                closed += 1
+            if closed:
+                self._log.add("slow_headers", now, closed)
+            if closed == batch:
+                await asyncio.sleep(0)  # more may be due: the loop's other callbacks first
+                continue
+            due = next(iter(heading)).opened + timeout if heading else now + timeout
+            await asyncio.sleep(max(0.05, due - now))
+
     def _say(self, lines: list[tuple[str, int]]) -> None:
         for reason, n in lines:
             log.warning("front door: %d refused (%s) since this reason's last line", n, reason)
@@ -344,15 +453,14 @@ class FrontDoor:
         cap = self.max_connections if soft == resource.RLIM_INFINITY else min(self.max_connections,
                                                                               max(16, soft - FD_RESERVE))
         while len(self._conns) >= cap:
-            victim = next((c for c in self._conns.values() if not c.busy), None)
+            victim = next((c for c in self._conns if not c.busy), None)
             if victim is None:
                 self._refuse_reason("too_many_connections")
                 return False
-            del self._conns[victim.transport]
-            victim.transport.abort()
+            self._close(victim)
             self.evicted += 1
             self._refuse_reason("evicted_idle_connection")
-        self._conns[conn.transport] = conn
+        self._conns[conn] = None
         return True
 
     def _refuse_reason(self, reason: str) -> None:
@@ -377,7 +485,8 @@ class FrontDoor:
         if self.in_flight >= self.s.http_max_in_flight:
             return self._refuse(refusal("busy", f"{self.in_flight} requests in progress, at most "
                                                 f"{self.s.http_max_in_flight}"), _retry_after(1))
-        conn = self._conns.get(request.transport)
+        conn = request.transport.get_protocol() if request.transport is not None else None
+        conn = conn if isinstance(conn, _Connection) else None
         self.in_flight += 1
         if conn is not None:
             conn.busy += 1

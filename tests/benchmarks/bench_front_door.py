@@ -35,18 +35,15 @@ Attack scenarios (each against its own door, its shuffler's clock open for the e
   64 KiB bodies, ``--concurrency`` keep-alive connections each, then genuine requests: answers
   by (status, reason), requests/s, bytes sent, records written to the device topic, dead-letter
   records and bytes, the shuffler process's CPU and its log's size;
-* ``slow`` (``slow_nginx``: through deploy/nginx/nginx.conf run by a real nginx in front of
-  the door): ``--slow`` slowloris connections (one header byte a second each, from
-  ``--slow-procs`` processes: a process's file-descriptor limit), then fresh devices each on a
-  new connection: their latency (p50, max), 202s, how many slow connections the door closed
-  and how fast, the door process's CPU and peak RSS, its log's size, and its file-descriptor
-  limit (the connection cap is that less 512).
+* ``slow``, ``slow_nginx``: 20,000 slowloris connections against the door alone and through
+  deploy/nginx/nginx.conf, optionally on a machine made busy (``--load-procs``):
+  tests/benchmarks/bench_door_slow.py (run here by ``--only slow``, or there).
 
 Measured on 2 cores shared with other sessions (docs/operations.md, "Benchmarks", has the
 numbers and the load).
 
-Run: ``python tests/benchmarks/bench_front_door.py [--only h1,h2,verify,flood,slow] [--devices 20000]
-[--concurrency 64] [--flood-s 10] [--slow 20000] [--slow-procs 4]``
+Run: ``python tests/benchmarks/bench_front_door.py [--only h1,h2,verify,flood,slow,slow_nginx]
+[--devices 20000] [--concurrency 64] [--flood-s 10] [--slow 20000] [--slow-procs 4] [--load-procs 0]``
 """
 
 from __future__ import annotations
@@ -297,16 +294,6 @@ def _records(ss: ShufflerSettings, topic: str) -> tuple[int, int]:
         c.close()
 
 
-def _rss_peak_mb(pid: int | None) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return float("nan")
-
-
 async def _hammer(port: int, bodies: list[bytes], seconds: float, concurrency: int) -> tuple[dict[str, int], int, int]:
     """Post ``bodies`` round-robin for ``seconds`` on ``concurrency`` keep-alive connections:
     answers by "status reason", requests, bytes sent."""
@@ -397,155 +384,6 @@ def _split(body: bytes) -> list[bytes]:
     return got
 
 
-def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> None:
-    """A process holding ``n`` slow connections for ``seconds``: puts (opened, open_failed,
-    closed_by_server, seconds from the first open to each close's median)."""
-    import socket
-
-    socks, failed, t0 = [], 0, time.monotonic()
-    for _ in range(n):
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Slow: ")
-            s.setblocking(False)
-            socks.append(s)
-        except OSError:
-            failed += 1
-    closed_at: list[float] = []
-    live, end = list(socks), time.monotonic() + seconds
-    while live and time.monotonic() < end:
-        time.sleep(every_s)
-        still = []
-        for s in live:
-            try:
-                if s.recv(4096) == b"":
-                    raise ConnectionResetError
-            except BlockingIOError:
-                try:
-                    s.send(b"a")
-                    still.append(s)
-                    continue
-                except OSError:
-                    pass
-            except OSError:
-                pass
-            closed_at.append(time.monotonic() - t0)
-            s.close()
-        live = still
-    for s in live:
-        s.close()
-    closed_at.sort()
-    out.put((len(socks), failed, len(closed_at), closed_at[len(closed_at) // 2] if closed_at else None,
-             closed_at[-1] if closed_at else None))
-
-
-NGINX_CONF = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "nginx.conf"
-
-
-def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int, nginx: bool = False) -> dict[str, Any]:
-    """``n`` slowloris connections against one door (``nginx``: through an nginx in front of
-    it), then ``fresh`` devices on new connections (module docstring, ``slow``)."""
-    import http.client
-    import multiprocessing as mp
-    import shutil
-    import subprocess
-
-    from schemas.device_binary import encode_device
-
-    ss, shuffler, q, epoch = _door(broker, tmp, "slow")
-    port, proxy = ss.http_port, None
-    if nginx:
-        prefix = tmp / f"nginx-{uuid.uuid4().hex[:6]}"
-        prefix.mkdir()
-        port = free_port()
-        conf = NGINX_CONF.read_text().replace("listen 8080 ", f"listen 127.0.0.1:{port} ")
-        (prefix / "nginx.conf").write_text(conf.replace("server shuffler:8080;", f"server 127.0.0.1:{ss.http_port};"))
-        with (prefix / "error.log").open("wb") as fh:  # the shipped configuration: deploy/nginx/nginx.conf
-            proxy = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c",  # noqa: S603
-                                      str(prefix / "nginx.conf"), "-p", str(prefix), "-g",
-                                      f"daemon off; pid {prefix / 'nginx.pid'};"], stdout=fh, stderr=subprocess.STDOUT)
-        time.sleep(1.0)
-        if proxy.poll() is not None:
-            raise RuntimeError((prefix / "error.log").read_text()[-2000:])
-    e = ss.enrollment()
-    pid = shuffler.proc.pid if shuffler.proc else None
-    limit = Path(f"/proc/{pid}/limits").read_text() if pid else ""
-    nofile = next((ln.split()[3] for ln in limit.splitlines() if ln.startswith("Max open files")), "?")
-    load = os.getloadavg()[0]
-    cpu0 = _cpu_s(pid)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    hold_s = ss.http_idle_timeout_s + 30
-    workers = [ctx.Process(target=_slowloris, args=(port, n // procs, 1.0, hold_s, results), daemon=True)
-               for _ in range(procs)]
-    t0 = time.perf_counter()
-    for w in workers:
-        w.start()
-    time.sleep(min(20.0, n / 2000))  # the connections opening (the fresh devices come while they do and after)
-    latencies, statuses, attempts, slowest, connects = [], [], [], (0.0, 0.0, ""), []
-    for d in range(fresh):
-        body = frame([e.seal(encode_device(q.query_id, 1, epoch, r, value=r), 2000 + d) for r in (0, 1)])
-        t = time.perf_counter()
-        status, tries, what = 0, 0, []
-        while time.perf_counter() - t < 30:
-            tries += 1
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-                c0 = time.perf_counter()
-                conn.connect()
-                connects.append(time.perf_counter() - c0)
-                conn.request("POST", "/v1/reports", body=body, headers={"Content-Type": "application/octet-stream"})
-                r = conn.getresponse()
-                r.read()
-                status = r.status
-                conn.close()
-                what.append(f"{status} at {time.perf_counter() - t:.2f}s")
-                if status == 202:
-                    break
-            except OSError as exc:
-                status = -1
-                what.append(f"{type(exc).__name__} at {time.perf_counter() - t:.2f}s")
-            time.sleep(0.05)
-        latencies.append(time.perf_counter() - t)
-        statuses.append(status)
-        attempts.append(tries)
-        if latencies[-1] > slowest[0]:
-            slowest = (latencies[-1], t - t0, "; ".join(what))
-        time.sleep(0.2)
-    got = [results.get(timeout=hold_s + 120) for _ in workers]
-    for w in workers:
-        w.join(30)
-    cpu = _cpu_s(pid) - cpu0
-    rss = _rss_peak_mb(pid)
-    nginx_cpu = nginx_log = None
-    if proxy is not None:
-        kids = Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split()
-        nginx_cpu = round(sum(_cpu_s(int(k)) for k in kids), 1)
-        proxy.terminate()
-        proxy.wait(30)
-        nginx_log = (prefix / "error.log").stat().st_size
-    shuffler.stop()
-    lat = sorted(latencies)
-    text = shuffler.log.read_text()
-    return {"scenario": "slow_nginx" if nginx else "slow", "nginx_workers_cpu_s": nginx_cpu,
-            "nginx_error_log_bytes": nginx_log, "fresh_connect_max_s": round(max(connects), 3),
-            "slow_connections": n, "processes": procs, "door_nofile_limit": nofile,
-            "opened": sum(g[0] for g in got), "open_failed": sum(g[1] for g in got),
-            "closed_by_door": sum(g[2] for g in got),
-            "close_median_s_after_start": [None if g[3] is None else round(g[3], 1) for g in got],
-            "close_last_s_after_start": [None if g[4] is None else round(g[4], 1) for g in got],
-            "fresh_devices": fresh, "fresh_202": statuses.count(202), "fresh_p50_s": round(lat[len(lat) // 2], 3),
-            "fresh_max_s": round(lat[-1], 3), "fresh_attempts_max": max(attempts),
-            "slowest_fresh": {"latency_s": round(slowest[0], 3), "started_s_after_slow_start": round(slowest[1], 1),
-                              "attempts": slowest[2]},
-            "fresh_latencies_s": [round(x, 2) for x in latencies], "door_cpu_s": round(cpu, 1),
-            "wall_s": round(time.perf_counter() - t0, 1), "door_rss_peak_mb": rss,
-            "log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
-            "door_summary": next((ln for ln in text.splitlines() if ln.startswith("front door: ") and "accepted" in ln),
-                                 ""),
-            "load_average": round(load, 1)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="h1,h2")
@@ -556,6 +394,7 @@ def main() -> None:
     parser.add_argument("--slow", type=int, default=20_000, help="slowloris connections")
     parser.add_argument("--slow-procs", type=int, default=4, help="processes holding them (a process's fd limit)")
     parser.add_argument("--fresh", type=int, default=40, help="fresh devices under the slow connections")
+    parser.add_argument("--load-procs", type=int, default=0, help="CPU-spinning processes beside the slow scenarios")
     parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
@@ -574,11 +413,12 @@ def main() -> None:
                       flush=True)
             if "flood" in wanted:
                 print(json.dumps(flood(broker, Path(tmp_name), args.flood_s, args.concurrency)), flush=True)
-            if "slow" in wanted:
-                print(json.dumps(slow(broker, Path(tmp_name), args.slow, args.slow_procs, args.fresh)), flush=True)
-            if "slow_nginx" in wanted:
-                print(json.dumps(slow(broker, Path(tmp_name), args.slow, args.slow_procs, args.fresh, nginx=True)),
-                      flush=True)
+            for name in ("slow", "slow_nginx"):
+                if name in wanted:
+                    from tests.benchmarks.bench_door_slow import slow
+
+                    print(json.dumps(slow(broker, Path(tmp_name), args.slow, args.slow_procs, args.fresh,
+                                          nginx=name == "slow_nginx", load_procs=args.load_procs)), flush=True)
         finally:
             for s in _STARTED:
                 s.stop()
