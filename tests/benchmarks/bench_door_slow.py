@@ -5,12 +5,13 @@ connections. One JSON line per scenario.
   the door): ``--slow`` slowloris connections (one header byte a second each, from
   ``--slow-procs`` processes: a process's file-descriptor limit), then fresh devices each on a
   new connection: their latency (p50, max), 202s, how many slow connections the door closed
-  and how fast and how many bytes they sent, the door process's CPU (``door_cpu_s``, and
-  ``door_cpu_s_over_idle``: less what the process spends with no client -- its shuffler loop,
-  measured for 10 s after -- over the same wall time; per slow connection too) and peak RSS,
+  and how fast and how many bytes they sent, the door process's CPU (``door_cpu_s``: the
+  shuffler's front door runs in a process of its own; and ``door_cpu_s_over_idle``: less what
+  that process spends with no client, measured for 10 s after, over the same wall time; per
+  slow connection too) and peak RSS,
   its log's size, and its file-descriptor limit (the connection cap is that less 512).
 * ``--load-procs K``: a busy server -- K processes spinning Python on the last core, where the
-  door's process (and nginx's workers) are pinned too, from before the slow connections open
+  door's process, its shuffler's (and nginx's workers) are pinned too, from before the slow connections open
   until they are done: the server has at most a (K+1)-th of that core while the attacking
   processes and the fresh devices run on the other at full speed, as from other machines
   (spinning on every core slows the attack as much as the door: 20,000 connections took 80 s
@@ -44,6 +45,7 @@ from stream_app.cli.local_broker import LocalBroker, free_port
 from tests.benchmarks.bench_front_door import _door
 from tests.benchmarks.bench_shuffler import _cpu_s
 from tests.benchmarks.common import stop_children_on_signals
+from tests.processes import door_pid
 
 
 def _rss_peak_mb(pid: int | None) -> float:
@@ -59,16 +61,14 @@ def _rss_peak_mb(pid: int | None) -> float:
 
 def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> None:
     """A process holding ``n`` slow connections for ``seconds``: puts (opened, open_failed,
-    closed_by_server, seconds from the first open to each close's median)."""
-    import socket
+    closed_by_server, seconds from the first open to each close's median and last, header
+    bytes sent after the first)."""
+    from tests.slowloris import open_slow, tick
 
     socks, failed, t0 = [], 0, time.monotonic()
     for _ in range(n):
         try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Slow: ")
-            s.setblocking(False)
-            socks.append(s)
+            socks.append(open_slow(port))
         except OSError:
             failed += 1
     closed_at: list[float] = []
@@ -76,27 +76,11 @@ def _slowloris(port: int, n: int, every_s: float, seconds: float, out: Any) -> N
     live, end = list(socks), time.monotonic() + seconds
     while live and time.monotonic() < end:
         time.sleep(every_s)
-        still = []
-        for s in live:
-            try:
-                if s.recv(4096) == b"":
-                    raise ConnectionResetError
-            except BlockingIOError:
-                try:
-                    s.send(b"a")
-                    sent += 1
-                    still.append(s)
-                    continue
-                except OSError:
-                    pass
-            except OSError:
-                pass
-            closed_at.append(time.monotonic() - t0)
-            s.close()
-        live = still
+        live, closed = tick(live)
+        sent += len(live)
+        closed_at += [time.monotonic() - t0] * closed
     for s in live:
         s.close()
-    closed_at.sort()
     out.put((len(socks), failed, len(closed_at), closed_at[len(closed_at) // 2] if closed_at else None,
              closed_at[-1] if closed_at else None, sent))
 
@@ -148,13 +132,15 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
         if proxy.poll() is not None:
             raise RuntimeError((prefix / "error.log").read_text()[-2000:])
     e = ss.enrollment()
-    pid = shuffler.proc.pid if shuffler.proc else None
+    loop = shuffler.proc.pid if shuffler.proc else None
+    pid = door_pid(loop) if loop else None  # the door's own process (stream_app/shuffler/door_process.py)
     limit = Path(f"/proc/{pid}/limits").read_text() if pid else ""
     nofile = next((ln.split()[3] for ln in limit.splitlines() if ln.startswith("Max open files")), "?")
     server_cpus = sorted(os.sched_getaffinity(0))
     if load_procs:
         server_cpus = server_cpus[-1:]
         _pin(pid, server_cpus)
+        _pin(loop, server_cpus)
         if proxy is not None:
             for kid in Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split():
                 _pin(int(kid), server_cpus)

@@ -38,6 +38,7 @@ from stream_app.shuffler.door_policy import DeviceCheck
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed, signed_note
 from tests.paths import ROOT
+from tests.processes import door_pid
 from tests.slowloris import open_slow, tick
 from tests.system_tools import require_tool
 
@@ -582,15 +583,6 @@ def test_nginx_in_front_passes_the_doors_answers_and_times_out_slow_clients_itse
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def door_pid(shuffler_pid: int) -> int:
-    """The pid of a ``ptt shuffler``'s front door: its child process running the door
-    (stream_app/shuffler/door_process.py), not multiprocessing's resource tracker."""
-    kids = Path(f"/proc/{shuffler_pid}/task/{shuffler_pid}/children").read_text().split()
-    doors = [int(k) for k in kids if b"resource_tracker" not in Path(f"/proc/{k}/cmdline").read_bytes()]
-    assert len(doors) == 1, (kids, doors)
-    return doors[0]
 
 
 def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_cap(

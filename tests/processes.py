@@ -1,0 +1,37 @@
+"""Processes a test or a benchmark inspects by pid (Linux ``/proc``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["children", "door_pid"]
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (started from any of its threads)."""
+    kids: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return kids
+    for task in tasks:
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return kids
+
+
+def door_pid(shuffler_pid: int) -> int:
+    """The pid of a ``ptt shuffler --http-port``'s front door: its child process running the
+    door (stream_app/shuffler/door_process.py), not multiprocessing's resource tracker."""
+    doors = []
+    for k in children(shuffler_pid):
+        try:
+            if b"resource_tracker" not in Path(f"/proc/{k}/cmdline").read_bytes():
+                doors.append(k)
+        except OSError:
+            continue
+    if len(doors) != 1:
+        raise LookupError(f"process {shuffler_pid} has {len(doors)} front door processes, not one")
+    return doors[0]
