@@ -75,7 +75,7 @@ __all__ = ["FD_RESERVE", "FrontDoor", "connection_cap", "door_limits"]
 
 log = logging.getLogger(__name__)
 _HEADERS = [(KIND_HEADER, b"device_report")]
-FD_RESERVE = 512  # file descriptors kept for the broker connections, the state, the metrics server, logs
+FD_RESERVE = 512  # file descriptors the door keeps for its own: its broker connections, logs, the revocation list
 _BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
 
