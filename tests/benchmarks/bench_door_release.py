@@ -34,8 +34,14 @@ comparison line (runs interleaved, ``--runs clean,slow,clean,slow``: the shared 
 drifts) has ``median_lag_p90_over_clean_s`` (the median over slow runs of their p90 less the
 clean runs'; the bar: within 2 s) and ``median_lag_max_over_clean_s``.
 
+``--pin`` (the default) runs the whole demo -- broker, worker, shuffler and its door,
+Prometheus, the replay -- on the first core and the slowloris processes on the others, so the
+attack costs the server only what the door spends on it, as from other machines (unpinned, the
+attackers' own CPU -- 50 s a run, 3x the door's -- loads the same 2 cores).
+
 Run: ``python tests/benchmarks/bench_door_release.py [--speed 5] [--epochs 24] [--slow 20000]
-[--slow-procs 4] [--runs clean,slow,clean,slow]`` (through ``tests/benchmarks/record.py`` to keep the figures).
+[--slow-procs 4] [--runs clean,slow,clean,slow] [--no-pin]`` (through ``tests/benchmarks/record.py`` to
+keep the figures).
 """
 
 from __future__ import annotations
@@ -60,10 +66,13 @@ from stream_app.cli.local_broker import free_port
 SKIP_FIRST = 2  # epochs opened while everything starts
 
 
-def _slowloris(port: int, n: int, stop: Any, out: Any) -> None:
+def _slowloris(port: int, n: int, stop: Any, out: Any, cpus: list[int] | None = None) -> None:
     """Hold ``n`` slow connections to ``port`` until ``stop`` is set, opening a new one for
-    each the door closes; puts (opened, open_failed, closed_by_door)."""
+    each the door closes (on ``cpus`` if given); puts (opened, open_failed, closed_by_door)."""
     from tests.slowloris import open_slow, tick
+
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
     live: list[Any] = []
     opened = failed = closed = 0
@@ -174,7 +183,8 @@ class _Cpu(threading.Thread):
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            role = role or self._role(pid, parent)
+            known = self.seen.get(pid)  # a zombie's cmdline is empty: its role is the one first seen
+            role = role or (known[0] if known else self._role(pid, parent))
             self.seen[pid] = (role, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
             todo += [(k, "", role) for k in self._kids(pid)]
 
@@ -189,6 +199,14 @@ class _Cpu(threading.Thread):
         return dict(sorted(out.items()))
 
 
+def _cpus(pin: bool) -> tuple[list[int] | None, list[int] | None]:
+    """(the demo's cores, the attack's): with ``pin`` and two cores or more, the first and the
+    rest -- the attacker as from another machine, the system under test on one core -- else
+    no pinning."""
+    cores = sorted(os.sched_getaffinity(0))
+    return (cores[:1], cores[1:]) if pin and len(cores) > 1 else (None, None)
+
+
 def _quantile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -201,7 +219,9 @@ def run(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
            "--port", str(port), "--query-mechanisms", args.query_mechanisms]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
-    demo = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # noqa: S603
+    server, attack = _cpus(args.pin)
+    demo = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
+                            preexec_fn=(lambda: os.sched_setaffinity(0, server)) if server else None)
     assert demo.stdout is not None
     lines: list[str] = []
     door = None
@@ -219,8 +239,9 @@ def run(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         if line.startswith("replaying "):
             stamps.start()
             if name == "slow" and door is not None:
-                workers = [ctx.Process(target=_slowloris, args=(door, args.slow // args.slow_procs, stop, results),
-                                       daemon=True) for _ in range(args.slow_procs)]
+                each = args.slow // args.slow_procs
+                workers = [ctx.Process(target=_slowloris, args=(door, each, stop, results, attack), daemon=True)
+                           for _ in range(args.slow_procs)]
                 for w in workers:
                     w.start()
             break
@@ -257,7 +278,7 @@ def run(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
             "slow_closed_by_door": sum(g[2] for g in got), "replay_retries_line": retried,
             "shuffler_log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
             "door_summary": next((ln for ln in text.splitlines() if "reports accepted" in ln), ""),
-            "cpu_s": cpu.by_role(), "wall_s": round(wall, 1), "load_average": round(load, 1),
+            "pinned": args.pin, "cpu_s": cpu.by_role(), "wall_s": round(wall, 1), "load_average": round(load, 1),
             "tail": lines[-3:] if code else []}
 
 
@@ -270,6 +291,8 @@ def main() -> int:
     parser.add_argument("--slow-procs", type=int, default=4)
     parser.add_argument("--runs", default="clean,slow,clean,slow")
     parser.add_argument("--keep", type=Path, help="keep each run's demo output (logs) under this directory")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="the demo's processes on the first core, the attack's on the others (default)")
     args = parser.parse_args()
     if args.speed <= 0 or args.epochs <= SKIP_FIRST + 2:
         parser.error("--speed must be > 0 (a paced replay) and --epochs > 4")
