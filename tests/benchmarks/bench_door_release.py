@@ -37,10 +37,12 @@ clean runs'; the bar: within 2 s) and ``median_lag_max_over_clean_s``.
 ``--pin`` (the default) runs the whole demo -- broker, worker, shuffler and its door,
 Prometheus, the replay -- on the first core and the slowloris processes on the others, so the
 attack costs the server only what the door spends on it, as from other machines (unpinned, the
-attackers' own CPU -- 50 s a run, 3x the door's -- loads the same 2 cores).
+attackers' own CPU -- 50 s a run, 3x the door's -- loads the same 2 cores). ``--load-procs K``
+makes the server busy: K processes spin on the demo's core through every run, clean and slow
+alike.
 
 Run: ``python tests/benchmarks/bench_door_release.py [--speed 5] [--epochs 24] [--slow 20000]
-[--slow-procs 4] [--runs clean,slow,clean,slow] [--no-pin]`` (through ``tests/benchmarks/record.py`` to
+[--slow-procs 4] [--runs clean,slow,clean,slow] [--no-pin] [--load-procs 0]`` (through ``tests/benchmarks/record.py`` to
 keep the figures).
 """
 
@@ -62,6 +64,7 @@ from typing import Any
 
 from schemas.settings import KafkaSettings, source_topic
 from stream_app.cli.local_broker import free_port
+from tests.benchmarks.bench_door_slow import hogs_on, stop_hogs
 
 SKIP_FIRST = 2  # epochs opened while everything starts
 
@@ -213,13 +216,24 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def run(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One run (module docstring); the spinning processes of ``--load-procs`` are stopped
+    however it ends."""
+    server, attack = _cpus(args.pin)
+    hogs = hogs_on(args.load_procs, server or sorted(os.sched_getaffinity(0)))
+    try:
+        return _run(name, args, out, server, attack)
+    finally:
+        stop_hogs(hogs)
+
+
+def _run(name: str, args: argparse.Namespace, out: Path, server: list[int] | None, attack: list[int] | None
+         ) -> dict[str, Any]:
     port = free_port()
     cmd = [sys.executable, "-m", "stream_app.cli", "demo", "--via-shuffler", "--transport", "http",
            "--speed", f"{args.speed:g}", "--max-epochs", str(args.epochs), "--exit-when-done", "--out", str(out),
            "--port", str(port), "--query-mechanisms", args.query_mechanisms]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
-    server, attack = _cpus(args.pin)
     demo = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: S603
                             preexec_fn=(lambda: os.sched_setaffinity(0, server)) if server else None)
     assert demo.stdout is not None
@@ -278,7 +292,8 @@ def run(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
             "slow_closed_by_door": sum(g[2] for g in got), "replay_retries_line": retried,
             "shuffler_log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
             "door_summary": next((ln for ln in text.splitlines() if "reports accepted" in ln), ""),
-            "pinned": args.pin, "cpu_s": cpu.by_role(), "wall_s": round(wall, 1), "load_average": round(load, 1),
+            "pinned": args.pin, "load_procs": args.load_procs, "cpu_s": cpu.by_role(), "wall_s": round(wall, 1),
+            "load_average": round(load, 1),
             "tail": lines[-3:] if code else []}
 
 
@@ -291,6 +306,8 @@ def main() -> int:
     parser.add_argument("--slow-procs", type=int, default=4)
     parser.add_argument("--runs", default="clean,slow,clean,slow")
     parser.add_argument("--keep", type=Path, help="keep each run's demo output (logs) under this directory")
+    parser.add_argument("--load-procs", type=int, default=0,
+                        help="processes spinning on the demo's core(s) through each run: a busy server")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="the demo's processes on the first core, the attack's on the others (default)")
     args = parser.parse_args()

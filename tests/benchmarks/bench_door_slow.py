@@ -99,7 +99,7 @@ def slow(broker: LocalBroker, tmp: Path, n: int, procs: int, fresh: int, nginx: 
     try:
         return _slow(ss, shuffler, q, epoch, tmp, n, procs, fresh, nginx, load_procs, hogs, proxies)
     finally:
-        _stop(hogs)
+        stop_hogs(hogs)
         for proxy in proxies:
             if proxy.poll() is None:
                 proxy.kill()
@@ -144,7 +144,7 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
         if proxy is not None:
             for kid in Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split():
                 _pin(int(kid), server_cpus)
-    hogs.extend(_hogs(load_procs, server_cpus))
+    hogs.extend(hogs_on(load_procs, server_cpus))
     time.sleep(3.0 if load_procs else 0.0)  # the hogs spinning before the first slow connection
     load = os.getloadavg()[0]
     cpu0 = _cpu_s(pid)
@@ -196,7 +196,7 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
     time.sleep(10.0)  # every slow connection closed: the door's process with no client, for comparison
     idle_rate = (_cpu_s(pid) - idle0) / (time.perf_counter() - t_idle)
     load_end = os.getloadavg()[0]
-    _stop(hogs)
+    stop_hogs(hogs)
     rss = _rss_peak_mb(pid)
     nginx_cpu = nginx_log = None
     if proxy is not None:
@@ -232,7 +232,7 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
             "load_average_end": round(load_end, 1)}
 
 
-def _hogs(k: int, cpus: list[int]) -> list[subprocess.Popen[bytes]]:
+def hogs_on(k: int, cpus: list[int]) -> list[subprocess.Popen[bytes]]:
     """``k`` processes spinning ``cpus`` (a busy server), each until it is killed."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(k)]  # noqa: S603
     for h in hogs:
@@ -246,7 +246,7 @@ def _pin(pid: int | None, cpus: list[int]) -> None:
         os.sched_setaffinity(int(tid), cpus)
 
 
-def _stop(hogs: list[subprocess.Popen[bytes]]) -> None:
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
     for h in hogs:
         h.kill()
     for h in hogs:
