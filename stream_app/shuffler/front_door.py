@@ -37,8 +37,9 @@ It runs on its own thread and event loop (aiohttp, aiokafka) -- ``ptt shuffler``
 process of its own (:mod:`~stream_app.shuffler.door_process`), so what reaches the door never
 holds the shuffler's interpreter lock -- and :meth:`FrontDoor.stop` (the shuffler's
 SIGTERM/SIGINT) stops taking connections, lets requests in flight finish (at most
-``http_stop_grace_s``) and closes the producer. aiokafka's producer is not idempotent here: its InitProducerId fails on the
-embedded broker (tests/benchmarks/bench_produce.py); acks=all still makes a 202 durable.
+``http_stop_grace_s``) and closes the producer. aiokafka's producer is not idempotent here:
+its InitProducerId fails on the embedded broker (tests/benchmarks/bench_produce.py); acks=all
+still makes a 202 durable.
 
 Nothing it logs names a client: aiohttp's access log is off, and the server's own error lines
 have their arguments (the peer's address among them) blanked.
