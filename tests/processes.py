@@ -1,10 +1,11 @@
-"""Processes a test or a benchmark inspects by pid (Linux ``/proc``)."""
+"""Processes a test or a benchmark inspects: by pid (Linux ``/proc``), or a front door by its port."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 
-__all__ = ["children", "door_pid"]
+__all__ = ["children", "door_healthy", "door_pid"]
 
 
 def children(pid: int) -> list[int]:
@@ -35,3 +36,13 @@ def door_pid(shuffler_pid: int) -> int:
     if len(doors) != 1:
         raise LookupError(f"process {shuffler_pid} has {len(doors)} front door processes, not one")
     return doors[0]
+
+
+def door_healthy(port: int) -> bool:
+    """The front door (or nginx in front of it) on loopback ``port`` answers ``GET /v1/health``
+    with 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2) as r:  # noqa: S310 - loopback
+            return bool(r.status == 200)
+    except OSError:
+        return False

@@ -65,6 +65,7 @@ from typing import Any
 from schemas.settings import KafkaSettings, source_topic
 from stream_app.cli.local_broker import free_port
 from tests.benchmarks.bench_door_slow import hogs_on, stop_hogs
+from tests.processes import children
 
 SKIP_FIRST = 2  # epochs opened while everything starts
 
@@ -155,13 +156,6 @@ class _Cpu(threading.Thread):
         self.seen: dict[int, tuple[str, float]] = {}
         self.stop = threading.Event()
 
-    @staticmethod
-    def _kids(pid: int) -> list[int]:
-        try:
-            return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        except OSError:
-            return []
-
     def _role(self, pid: int, parent_role: str) -> str:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -179,7 +173,7 @@ class _Cpu(threading.Thread):
         return "other"
 
     def sample(self) -> None:
-        todo = [(self.root, "demo", "")] + [(k, "", "bench") for k in self._kids(os.getpid()) if k != self.root]
+        todo = [(self.root, "demo", "")] + [(k, "", "bench") for k in children(os.getpid()) if k != self.root]
         while todo:  # (pid, its role if known, its parent's role)
             pid, role, parent = todo.pop()
             try:
@@ -189,7 +183,7 @@ class _Cpu(threading.Thread):
             known = self.seen.get(pid)  # a zombie's cmdline is empty: its role is the one first seen
             role = role or (known[0] if known else self._role(pid, parent))
             self.seen[pid] = (role, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
-            todo += [(k, "", role) for k in self._kids(pid)]
+            todo += [(k, "", role) for k in children(pid)]
 
     def run(self) -> None:
         while not self.stop.wait(1.0):

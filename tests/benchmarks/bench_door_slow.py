@@ -5,11 +5,10 @@ connections. One JSON line per scenario.
   the door): ``--slow`` slowloris connections (one header byte a second each, from
   ``--slow-procs`` processes: a process's file-descriptor limit), then fresh devices each on a
   new connection: their latency (p50, max), 202s, how many slow connections the door closed
-  and how fast and how many bytes they sent, the door process's CPU (``door_cpu_s``: the
-  shuffler's front door runs in a process of its own; and ``door_cpu_s_over_idle``: less what
-  that process spends with no client, measured for 10 s after, over the same wall time; per
-  slow connection too) and peak RSS,
-  its log's size, and its file-descriptor limit (the connection cap is that less 512).
+  and how fast and how many bytes they sent, the door process's CPU (``door_cpu_s``, and
+  per slow connection: the shuffler's front door runs in a process of its own, which spends
+  nothing with no client) and peak RSS, its log's size, and its file-descriptor limit (the
+  connection cap is that less 512).
 * ``--load-procs K``: a busy server -- K processes spinning Python on the last core, where the
   door's process, its shuffler's (and nginx's workers) are pinned too, from before the slow connections open
   until they are done: the server has at most a (K+1)-th of that core while the attacking
@@ -45,7 +44,7 @@ from stream_app.cli.local_broker import LocalBroker, free_port
 from tests.benchmarks.bench_front_door import _door
 from tests.benchmarks.bench_shuffler import _cpu_s
 from tests.benchmarks.common import stop_children_on_signals
-from tests.processes import door_pid
+from tests.processes import children, door_healthy, door_pid
 
 
 def _rss_peak_mb(pid: int | None) -> float:
@@ -128,9 +127,11 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
                                       str(prefix / "nginx.conf"), "-p", str(prefix), "-g",
                                       f"daemon off; pid {prefix / 'nginx.pid'};"], stdout=fh, stderr=subprocess.STDOUT)
         proxies.append(proxy)
-        time.sleep(1.0)
-        if proxy.poll() is not None:
-            raise RuntimeError((prefix / "error.log").read_text()[-2000:])
+        deadline = time.monotonic() + 30
+        while not door_healthy(port):  # nginx up, passing the door's answer
+            if proxy.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("nginx did not answer: " + (prefix / "error.log").read_text()[-2000:])
+            time.sleep(0.1)
     e = ss.enrollment()
     loop = shuffler.proc.pid if shuffler.proc else None
     pid = door_pid(loop) if loop else None  # the door's own process (stream_app/shuffler/door_process.py)
@@ -142,10 +143,10 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
         _pin(pid, server_cpus)
         _pin(loop, server_cpus)
         if proxy is not None:
-            for kid in Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split():
-                _pin(int(kid), server_cpus)
+            for kid in children(proxy.pid):
+                _pin(kid, server_cpus)
     hogs.extend(hogs_on(load_procs, server_cpus))
-    time.sleep(3.0 if load_procs else 0.0)  # the hogs spinning before the first slow connection
+    _until(lambda: all(_cpu_s(h.pid) >= 0.2 for h in hogs), 30)  # the hogs spinning before the first slow one
     load = os.getloadavg()[0]
     cpu0 = _cpu_s(pid)
     ctx = mp.get_context("spawn")
@@ -156,7 +157,9 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
     t0 = time.perf_counter()
     for w in workers:
         w.start()
-    time.sleep(min(20.0, n / 2000))  # the connections opening (the fresh devices come while they do and after)
+    # the fresh devices come while the slow connections open and after: from half of them open
+    servers = [p for p in (pid, *(children(proxy.pid) if proxy is not None else [])) if p]
+    _until(lambda: sum(_open_fds(p) for p in servers) >= n // 2, 60)
     latencies, statuses, attempts, slowest, connects = [], [], [], (0.0, 0.0, ""), []
     for d in range(fresh):
         body = frame([e.seal(encode_device(q.query_id, 1, epoch, r, value=r), 2000 + d) for r in (0, 1)])
@@ -190,18 +193,13 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
     got = [results.get(timeout=hold_s + 120) for _ in workers]
     for w in workers:
         w.join(30)
-    cpu = _cpu_s(pid) - cpu0
-    cpu_wall = time.perf_counter() - t0
-    idle0, t_idle = _cpu_s(pid), time.perf_counter()
-    time.sleep(10.0)  # every slow connection closed: the door's process with no client, for comparison
-    idle_rate = (_cpu_s(pid) - idle0) / (time.perf_counter() - t_idle)
+    cpu = _cpu_s(pid) - cpu0  # the door's own process: with no client it spends nothing (measured 0.0 s/s)
     load_end = os.getloadavg()[0]
     stop_hogs(hogs)
     rss = _rss_peak_mb(pid)
     nginx_cpu = nginx_log = None
     if proxy is not None:
-        kids = Path(f"/proc/{proxy.pid}/task/{proxy.pid}/children").read_text().split()
-        nginx_cpu = round(sum(_cpu_s(int(k)) for k in kids), 1)
+        nginx_cpu = round(sum(_cpu_s(k) for k in children(proxy.pid)), 1)
         proxy.terminate()
         proxy.wait(30)
         nginx_log = (prefix / "error.log").stat().st_size
@@ -220,16 +218,27 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
             "slowest_fresh": {"latency_s": round(slowest[0], 3), "started_s_after_slow_start": round(slowest[1], 1),
                               "attempts": slowest[2]},
             "fresh_latencies_s": [round(x, 2) for x in latencies], "door_cpu_s": round(cpu, 1),
-            "door_idle_cpu_s_per_s": round(idle_rate, 3),
-            "door_cpu_s_over_idle": round(cpu - idle_rate * cpu_wall, 1),
-            "slow_bytes_sent": sum(g[5] for g in got),
-            "door_cpu_us_per_slow_connection_over_idle": round(1e6 * (cpu - idle_rate * cpu_wall) / n),
+            "slow_bytes_sent": sum(g[5] for g in got), "door_cpu_us_per_slow_connection": round(1e6 * cpu / n),
             "wall_s": round(time.perf_counter() - t0, 1), "door_rss_peak_mb": rss,
             "log_bytes": len(text.encode()), "tracebacks": text.count("Traceback"),
             "door_summary": next((ln for ln in text.splitlines() if ln.startswith("front door: ") and "accepted" in ln),
                                  ""),
             "load_procs": load_procs, "server_cpus": server_cpus, "load_average": round(load, 1),
             "load_average_end": round(load_end, 1)}
+
+
+def _until(holds: Any, timeout_s: float) -> None:
+    """Poll ``holds`` until it is true or ``timeout_s`` has passed (a benchmark goes on either way)."""
+    deadline = time.monotonic() + timeout_s
+    while not holds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _open_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
 
 
 def hogs_on(k: int, cpus: list[int]) -> list[subprocess.Popen[bytes]]:

@@ -77,7 +77,7 @@ from stream_app.shuffler.door_policy import Accepted
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.benchmarks.bench_shuffler import _cpu_s, _Shuffler
 from tests.benchmarks.common import load_scenario, stop_children_on_signals
-from tests.processes import door_pid
+from tests.processes import door_healthy, door_pid
 
 PAPER_FLEET = 47_719
 _STARTED: list[_Shuffler] = []
@@ -259,21 +259,11 @@ def _door(broker: LocalBroker, tmp: Path, name: str, **kw: Any) -> tuple[Shuffle
     _STARTED.append(shuffler)
     shuffler.start()
     deadline = time.time() + 60
-    while not _healthy(ss.http_port):
+    while not door_healthy(ss.http_port):
         if time.time() > deadline:
             raise RuntimeError("the door did not answer")
         time.sleep(0.2)
     return ss, shuffler, q, epoch
-
-
-def _healthy(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2) as r:  # noqa: S310 - loopback
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def _records(ss: ShufflerSettings, topic: str) -> tuple[int, int]:

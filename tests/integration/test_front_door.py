@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,7 +37,7 @@ from stream_app.shuffler.door_policy import DeviceCheck
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed, signed_note
 from tests.paths import ROOT
-from tests.processes import door_pid
+from tests.processes import door_healthy, door_pid
 from tests.slowloris import open_slow, tick
 from tests.system_tools import require_tool
 
@@ -47,14 +46,6 @@ from .stream_helpers import same_values, wait_for
 from .test_shuffler import ShufflerProcess, _drain_decoded, _hand_fed_query, _send_notes, _setup
 
 pytestmark = pytest.mark.integration
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2) as r:  # noqa: S310 - loopback
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def _door_settings(broker: str, tmp: Path, **kw: Any) -> ShufflerSettings:
@@ -66,7 +57,7 @@ def _start(ss: ShufflerSettings, log: Path) -> ShufflerProcess:
     door = ShufflerProcess(ss, log).start()
     proc = door.proc
     assert proc is not None
-    wait_for(lambda: _healthy(ss.http_port) or proc.poll() is not None, 90, "the front door to answer")
+    wait_for(lambda: door_healthy(ss.http_port) or proc.poll() is not None, 90, "the front door to answer")
     assert proc.poll() is None, log.read_text()[-3000:]
     return door
 
@@ -524,7 +515,7 @@ def _nginx(door_port: int, tmp: Path) -> Iterator[tuple[int, Path]]:
         proc = subprocess.Popen([nginx, "-c", str(conf), "-p", str(tmp), "-g",  # noqa: S603
                                  f"daemon off; pid {tmp / 'nginx.pid'};"], stdout=fh, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _healthy(port) or proc.poll() is not None, 30, "nginx to answer")
+        wait_for(lambda: door_healthy(port) or proc.poll() is not None, 30, "nginx to answer")
         assert proc.poll() is None, errors.read_text()
         yield port, errors
     finally:
