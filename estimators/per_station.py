@@ -157,10 +157,14 @@ class PerStation:
         n, v = sets.n_vehicles, self.n_stations
         p_nd = 1.0 - float(table[0, d])
         pos = bernoulli_positions(rng, n * v, p_nd)
-        if sets.station.size:  # a vehicle's own stations are drawn below with the Yes row
-            own = sets.vehicle * v + sets.station - 1  # sorted
-            at = np.minimum(np.searchsorted(own, pos), own.size - 1)
-            pos = pos[own[at] != pos]
+        if sets.station.size and pos.size:  # a vehicle's own stations are drawn below with the Yes row
+            own = sets.vehicle * v + sets.station - 1
+            at = np.searchsorted(pos, own)  # the few own cells into the many draws (pos is sorted): O(N log M)
+            inside = at < pos.size
+            at = at[inside]
+            keep = np.ones(pos.size, dtype=bool)
+            keep[at[pos[at] == own[inside]]] = False
+            pos = pos[keep]
         veh, st = _divmod_small(pos, v)
         del pos
         st += 1
