@@ -490,7 +490,8 @@ def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[fl
                       no_source_data=frozenset(st.no_source), retracted=st.retracted, span_s=st.rid.span_s,
                       epsilon_shuffled=None if st.unshuffled else st.epsilon_shuffled,
                       release=None if st.unreleased else st.release, blank=frozenset(st.no_source))
-    if res.withheld is not None or st.estimate is None or st.variance is None:
+    sums, variances = st.estimate, st.variance  # each converts the whole (k, V) fixed-point sums: once
+    if res.withheld is not None or sums is None or variances is None:
         if res.withheld is None:
             res.withheld, res.withheld_code = "internal: a rollup without sums", "internal"
         return res
@@ -498,8 +499,8 @@ def rollup_result(qe: QueryEstimators, st: RollupState, confidences: Sequence[fl
     blank = np.array(sorted(st.no_source), dtype=np.int64) - 1
     for j, name in enumerate(st.estimators):
         est = qe.estimators[name]
-        total = st.estimate[j]
-        sd = np.sqrt(np.maximum(st.variance[j], 0.0))
+        total = sums[j]
+        sd = np.sqrt(np.maximum(variances[j], 0.0))
         ints = [est.score_interval(total, n, c) for c in confidences]
         lower, upper = np.stack([lo for lo, _ in ints]), np.stack([hi for _, hi in ints])
         for a in (total, sd, lower.T, upper.T):  # no number where a station had no source data

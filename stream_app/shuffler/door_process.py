@@ -48,8 +48,8 @@ def _child(settings: ShufflerSettings, levels: tuple[int, int], conn: Connection
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    door = FrontDoor(settings)
     try:
+        door = FrontDoor(settings)  # reads the enrollment (and revocation list) anew: it can fail here too
         door.start()
     except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
         conn.send(("failed", (type(exc).__name__, str(exc))))

@@ -22,14 +22,17 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from schemas.wire import SHUFFLER_WITHHELD
+
 __all__ = ["ShufflerMonitor"]
 
-WITHHELD_REASONS = ("below_min_crowd", "no_reports")
+WITHHELD_REASONS = SHUFFLER_WITHHELD  # every reason a shuffler withholds an epoch for, on the wire
 DEAD_LETTER_REASONS = ("empty", "bad_encoding", "bad_json_record", "unknown_query", "outside_query_window",
-                       "misaligned_span", "outside_open_window", "untrusted_note", "unexpected_record", "bad_round",
+                       "misaligned_span", "outside_open_window", "untrusted_note", "note_from_future",
+                       "unexpected_record", "bad_round",
                        "wrong_layout", "out_of_range", "bad_pairs", "slot_full", "late",
                        # enrollment (schemas/enrollment.py): never a device id in a label
-                       "unauthenticated", "unknown_device", "bad_mac", "duplicate_report", "wrong_partition")
+                       "unauthenticated", "unknown_device", "bad_mac", "revoked", "duplicate_report", "wrong_partition")
 
 
 class ShufflerMonitor:

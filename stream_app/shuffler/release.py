@@ -112,7 +112,9 @@ def withheld_records(s: ShufflerSettings, out_parts: Sequence[int], out: Withhel
     """
     q = out.query
     stamp = (out.epoch + 1) * EPOCH_S * 1000
-    reason = next(r for r in SHUFFLER_WITHHELD if r == out.reason)  # StopIteration: a reason the wire lacks
+    if out.reason not in SHUFFLER_WITHHELD:
+        raise ValueError(f"withheld for {out.reason!r}, a reason the wire does not know ({SHUFFLER_WITHHELD})")
+    reason = out.reason
     return [_marker_set(s, part, stamp, tuple(EndOfEpoch(
         producer_id=s.transactional_id, producer_index=s.instance_index, producer_count=s.instance_count,
         query_id=q.query_id, query_version=q.version, epoch=out.epoch, round=r, partition=part,
