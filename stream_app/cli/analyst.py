@@ -17,7 +17,7 @@ from schemas.wire import json_safe
 from .base import add_settings_flags, param, settings_from_args
 from .errors import EXIT_USAGE, CliError
 
-__all__ = ["add_parser", "run", "vehicle_day", "vehicle_day_line"]
+__all__ = ["add_parser", "run", "vehicle_day"]
 
 _LIST_NOTE = (
     "local: what one device's report costs it, per epoch and over a day, whatever happens to the report. "
@@ -128,11 +128,6 @@ def vehicle_day(queries: list[Any], release: str, shuffle_size: int | None = Non
     return (f"a vehicle's day across its {which}: epsilon {day['shuffled']:.4g} at delta 1e-06 through the "
             f"shuffler's {release} release among n={n:,} (local, without it: {day['local']:.4g})" + caveat,
             day["shuffled"])
-
-
-def vehicle_day_line(queries: list[Any], release: str, shuffle_size: int | None = None) -> str:
-    """:func:`vehicle_day`'s line."""
-    return vehicle_day(queries, release, shuffle_size)[0]
 
 
 def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from schemas.settings import KafkaSettings
 from ..settings import WorkerSettings
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, ptt_command, settings_from_args
-from .demo_output import DropWhenClosed, ToTerminal, output_may_close
+from .demo_output import output_may_close
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings, demo_query_mechanisms
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, CliError, error_line
 from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
@@ -55,7 +55,7 @@ RUN_LOG = "run.log"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["RUN_LOG", "DemoError", "DropWhenClosed", "ToTerminal", "add_parser", "choose_port", "cut_epoch_note",
+__all__ = ["RUN_LOG", "DemoError", "add_parser", "choose_port", "cut_epoch_note",
            "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics", "secret_dir",
            "write_report"]
 

@@ -173,7 +173,8 @@ def test_a_port_the_demo_chose_for_its_shuffler_taken_before_the_shuffler_binds_
     can take one before the shuffler binds it. The shuffler then exits 4 at start, and the
     demo -- waiting for the shuffler to answer before it replays -- starts it again on new
     ports (as it does its worker and Prometheus), then runs to the end. Run in this process,
-    the port its first choice returns held by a listening socket. Before: the demo started the
+    the worker's and Prometheus's ports given, so the demo's first choice is the shuffler's
+    /metrics port: the port it returns is held by a listening socket. Before: the demo started the
     replay without waiting and ended with exit code 8 naming the shuffler."""
     import socket
 
@@ -181,6 +182,7 @@ def test_a_port_the_demo_chose_for_its_shuffler_taken_before_the_shuffler_binds_
     from stream_app.cli import main
 
     held = socket.create_server(("127.0.0.1", 0))
+    fixed = [str(free_port()), str(free_port())]  # the worker's and Prometheus's: no choice of the demo's
     chosen: list[int] = []
 
     def free() -> int:
@@ -191,11 +193,13 @@ def test_a_port_the_demo_chose_for_its_shuffler_taken_before_the_shuffler_binds_
     out = tmp_path / "out"
     try:
         code = main(["demo", "--via-shuffler", "--stations", "4", "--query-mechanisms", "alp", "--speed", "0",
-                     "--max-epochs", "3", "--exit-when-done", "--out", str(out)])
+                     "--max-epochs", "3", "--exit-when-done", "--out", str(out), "--metrics-port", fixed[0],
+                     "--prometheus-port", fixed[1]])
     finally:
         held.close()
     assert code == 0, capsys.readouterr().err[-3000:]
     run_log = (out / "run.log").read_text()
-    assert f":{chosen[0]}/" not in run_log and "metrics http://127.0.0.1:" in run_log, run_log[:2000]
+    assert len(chosen) >= 4, chosen  # the shuffler's two ports (the first one held), then two more
+    assert f":{chosen[0]}/" not in run_log and f"metrics http://127.0.0.1:{chosen[2]}/" in run_log, run_log[:2000]
     rows = (out / "estimates.jsonl").read_text().count("\n")
     assert rows == 3 * 4 * len(get_spec("alp").estimator_names), rows  # 3 epochs, 4 stations

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from stream_app.cli.demo import DropWhenClosed, output_may_close
+from stream_app.cli.demo_output import DropWhenClosed, output_may_close
 
 
 def test_a_closed_pipe_is_dropped_not_raised() -> None:
@@ -68,7 +68,7 @@ def test_with_stdout_and_stderr_both_gone_the_lines_reach_the_terminal() -> None
 
     script = """if True:
         import os
-        from stream_app.cli.demo import DropWhenClosed, ToTerminal
+        from stream_app.cli.demo_output import DropWhenClosed, ToTerminal
         def closed():
             r, w = os.pipe()
             os.close(r)

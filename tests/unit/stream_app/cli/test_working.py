@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-import threading
+from typing import Any
 
 import pytest
 
@@ -27,14 +27,30 @@ def test_a_quick_computation_prints_nothing_and_a_slow_one_says_what_and_clears_
 
 def test_not_a_terminal_means_no_line() -> None:
     out = io.StringIO()  # isatty() is False
-    with Working("planning", out, quiet_s=0.0, every_s=0.01):
-        threading.Event().wait(0.05)
+    with Working("planning", out, quiet_s=0.0, every_s=0.01) as w:
+        assert not w.enabled  # no line is started at all (nothing to wait for)
     assert out.getvalue() == ""
 
 
-def test_plan_json_stays_machine_readable(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("stream_app.cli.working.QUIET_S", 0.0)
-    assert main(["plan", "rr", "--population", "1000", "--expected-yes", "10", "--json"]) == 0
-    captured = capsys.readouterr()
-    json.loads(captured.out)
-    assert "planning" not in captured.err
+@pytest.mark.parametrize("argv", [["plan", "rr", "--population", "1000", "--expected-yes", "10"],
+                                  ["plan", "fleet", "--population", "899", "--expected-yes", "10", "--stations", "16"]],
+                         ids=["plan", "plan fleet"])
+def test_plan_json_stays_machine_readable(argv: list[str], capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under --json the sign of life is off whatever stderr is; without it, it follows the
+    terminal (``enabled`` None). Fails with the --json guard removed from either command."""
+    import stream_app.cli.working as working
+
+    asked: list[bool | None] = []
+
+    class Recording(working.Working):
+        def __init__(self, what: str, stream: Any = None, enabled: bool | None = None, **kw: Any) -> None:
+            asked.append(enabled)
+            super().__init__(what, stream, enabled, **kw)
+
+    monkeypatch.setattr(working, "Working", Recording)
+    assert main([*argv, "--json"]) == 0
+    json.loads(capsys.readouterr().out)
+    assert asked == [False]
+    assert main(argv) == 0
+    assert asked == [False, None]
