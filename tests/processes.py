@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from pathlib import Path
 
-__all__ = ["children", "door_healthy", "door_pid"]
+__all__ = ["children", "cpu_s", "door_healthy", "door_pid"]
 
 
 def children(pid: int) -> list[int]:
@@ -21,6 +22,17 @@ def children(pid: int) -> list[int]:
         except OSError:
             continue
     return kids
+
+
+def cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far; NaN for none or one gone."""
+    if pid is None:
+        return float("nan")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def door_pid(shuffler_pid: int) -> int:

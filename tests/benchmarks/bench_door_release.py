@@ -65,7 +65,7 @@ from typing import Any
 from schemas.settings import KafkaSettings, source_topic
 from stream_app.cli.local_broker import free_port
 from tests.benchmarks.bench_door_slow import hogs_on, stop_hogs
-from tests.processes import children
+from tests.processes import children, cpu_s
 
 SKIP_FIRST = 2  # epochs opened while everything starts
 
@@ -176,13 +176,12 @@ class _Cpu(threading.Thread):
         todo = [(self.root, "demo", "")] + [(k, "", "bench") for k in children(os.getpid()) if k != self.root]
         while todo:  # (pid, its role if known, its parent's role)
             pid, role, parent = todo.pop()
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
+            used = cpu_s(pid)
+            if used != used:  # NaN: gone
                 continue
             known = self.seen.get(pid)  # a zombie's cmdline is empty: its role is the one first seen
             role = role or (known[0] if known else self._role(pid, parent))
-            self.seen[pid] = (role, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+            self.seen[pid] = (role, used)
             todo += [(k, "", role) for k in children(pid)]
 
     def run(self) -> None:

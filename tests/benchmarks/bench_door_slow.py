@@ -42,9 +42,8 @@ from typing import Any
 from schemas.device_http import frame
 from stream_app.cli.local_broker import LocalBroker, free_port
 from tests.benchmarks.bench_front_door import _door
-from tests.benchmarks.bench_shuffler import _cpu_s
 from tests.benchmarks.common import stop_children_on_signals
-from tests.processes import children, door_healthy, door_pid
+from tests.processes import children, cpu_s, door_healthy, door_pid
 
 
 def _rss_peak_mb(pid: int | None) -> float:
@@ -146,9 +145,9 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
             for kid in children(proxy.pid):
                 _pin(kid, server_cpus)
     hogs.extend(hogs_on(load_procs, server_cpus))
-    _until(lambda: all(_cpu_s(h.pid) >= 0.2 for h in hogs), 30)  # the hogs spinning before the first slow one
+    _until(lambda: all(cpu_s(h.pid) >= 0.2 for h in hogs), 30)  # the hogs spinning before the first slow one
     load = os.getloadavg()[0]
-    cpu0 = _cpu_s(pid)
+    cpu0 = cpu_s(pid)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     hold_s = ss.http_idle_timeout_s + 30
@@ -193,13 +192,13 @@ def _slow(ss: Any, shuffler: Any, q: Any, epoch: int, tmp: Path, n: int, procs: 
     got = [results.get(timeout=hold_s + 120) for _ in workers]
     for w in workers:
         w.join(30)
-    cpu = _cpu_s(pid) - cpu0  # the door's own process: with no client it spends nothing (measured 0.0 s/s)
+    cpu = cpu_s(pid) - cpu0  # the door's own process: with no client it spends nothing (measured 0.0 s/s)
     load_end = os.getloadavg()[0]
     stop_hogs(hogs)
     rss = _rss_peak_mb(pid)
     nginx_cpu = nginx_log = None
     if proxy is not None:
-        nginx_cpu = round(sum(_cpu_s(k) for k in children(proxy.pid)), 1)
+        nginx_cpu = round(sum(cpu_s(k) for k in children(proxy.pid)), 1)
         proxy.terminate()
         proxy.wait(30)
         nginx_log = (prefix / "error.log").stat().st_size

@@ -75,9 +75,9 @@ from schemas.kafka_io import ensure_topics, publish_query
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.shuffler.door_policy import Accepted
 from stream_app.shuffler.settings import ShufflerSettings
-from tests.benchmarks.bench_shuffler import _cpu_s, _Shuffler
+from tests.benchmarks.bench_shuffler import _Shuffler
 from tests.benchmarks.common import load_scenario, stop_children_on_signals
-from tests.processes import door_healthy, door_pid
+from tests.processes import cpu_s, door_healthy, door_pid
 
 PAPER_FLEET = 47_719
 _STARTED: list[_Shuffler] = []
@@ -171,9 +171,9 @@ def run(name: str, broker: LocalBroker, tmp: Path, stations: int, limit: int, co
         pid = shuffler.proc.pid if shuffler.proc else None
         procs = {"shuffler": pid, "front_door": door_pid(pid) if pid else None, "client": os.getpid(),
                  "broker": broker.pid}
-        cpu0 = {k: _cpu_s(p) for k, p in procs.items()}
+        cpu0 = {k: cpu_s(p) for k, p in procs.items()}
         wall, latencies = _post_timed(client, requests)
-        cpu = {k: round(_cpu_s(p) - cpu0[k], 1) for k, p in procs.items()}
+        cpu = {k: round(cpu_s(p) - cpu0[k], 1) for k, p in procs.items()}
         behind_s = _wait_read(ss, sum(len(r) for r in requests), 120)
     finally:
         client.close()
@@ -342,12 +342,12 @@ def flood(broker: LocalBroker, tmp: Path, seconds: float, concurrency: int) -> d
     total_sent = 0
     try:
         for name, bodies in floods.items():
-            cpu0, t0 = _cpu_s(pid), time.perf_counter()
+            cpu0, t0 = cpu_s(pid), time.perf_counter()
             answers, n, size = asyncio.run(_hammer(ss.http_port, bodies, seconds, concurrency))
             wall = time.perf_counter() - t0
             total_sent += size
             out[name] = {"requests": n, "requests_per_s": round(n / wall), "bytes_sent": size, "answers": answers,
-                         "door_cpu_s": round(_cpu_s(pid) - cpu0, 1)}
+                         "door_cpu_s": round(cpu_s(pid) - cpu0, 1)}
         client = DeviceClient(f"http://127.0.0.1:{ss.http_port}", concurrency=16, attempts=3)
         try:
             wall, _ = _post_timed(client, [list(_split(b)) for b in genuine])

@@ -104,8 +104,8 @@ from stream_app.shuffler.settings import ShufflerSettings
 from tests.benchmarks.bench_scale import _closed_epochs, _dead, _scrape, _wait_url
 from tests.benchmarks.common import load_scenario, row_kind, stop_children_on_signals, unwatch, watch
 from tests.integration.stream_helpers import WorkerProcess, env_for
+from tests.processes import cpu_s
 
-_TICK = os.sysconf("SC_CLK_TCK")
 _SEND_MANY = ReportSink.send_many
 
 
@@ -133,17 +133,6 @@ def _children_cpu_s() -> float:
     processes, ``--replay-producers`` > 1: joined before :func:`replay` returns)."""
     got = resource.getrusage(resource.RUSAGE_CHILDREN)
     return got.ru_utime + got.ru_stime
-
-
-def _cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) a process has used so far, from /proc."""
-    if pid is None:
-        return float("nan")
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 class _Shuffler:
@@ -263,7 +252,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         shuffler.start()
     pids = {"shuffler": shuffler.proc.pid if shuffler and shuffler.proc else None,
             "worker": worker.proc.pid if worker.proc else None, "broker": broker_pid}
-    cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
+    cpu0 = {k: cpu_s(p) for k, p in pids.items()}
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     t0 = time.time()
     replay_cpu0 = time.process_time() + _children_cpu_s()
@@ -281,7 +270,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         if _closed_epochs(_scrape(worker, "ptt_epochs_closed_total")) >= epochs * len(queries):
             break
         time.sleep(0.5)
-    cpu.update({k: _cpu_s(p) - cpu0[k] for k, p in pids.items() if p is not None})
+    cpu.update({k: cpu_s(p) - cpu0[k] for k, p in pids.items() if p is not None})
     every = [(r.timestamp, r.value) for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)]
     spans = {q.query_id for q in queries if q.span_s != EPOCH_S}
     rows = [(t, v) for t, v in every if row_kind(v, spans) == "epoch"]  # rollups and span queries' rows apart

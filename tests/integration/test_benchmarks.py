@@ -17,24 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.paths import ROOT
+from tests.processes import children
 
 pytestmark = pytest.mark.integration
-
-
-def _children(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out |= {int(c) for c in (task / "children").read_text().split()}
-        except OSError:
-            pass
-    return out
 
 
 def _descendants(pid: int) -> dict[int, str]:
     """Every live descendant of ``pid``: its pid and command line."""
     found: dict[int, str] = {}
-    todo = list(_children(pid))
+    todo = list(children(pid))
     while todo:
         p = todo.pop()
         if p in found:
@@ -43,7 +34,7 @@ def _descendants(pid: int) -> dict[int, str]:
             found[p] = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        todo += _children(p)
+        todo += children(p)
     return found
 
 

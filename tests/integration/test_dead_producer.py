@@ -15,6 +15,7 @@ import pytest
 
 from producers.settings import ReplaySettings
 from schemas import EndOfEpochSet, decode_record
+from tests.processes import children
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
@@ -22,15 +23,10 @@ from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_esti
 pytestmark = pytest.mark.integration
 
 
-def _children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
 def _producers(pid: int) -> list[int]:
     """The replay's producer processes (multiprocessing spawn children, not its resource tracker), in start order."""
     out = []
-    for child in sorted(_children(pid)):
+    for child in sorted(children(pid)):
         try:
             cmd = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:

@@ -37,7 +37,7 @@ from stream_app.shuffler.door_policy import DeviceCheck
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed, signed_note
 from tests.paths import ROOT
-from tests.processes import door_healthy, door_pid
+from tests.processes import cpu_s, door_healthy, door_pid
 from tests.slowloris import open_slow, tick
 from tests.system_tools import require_tool
 
@@ -571,11 +571,6 @@ def test_nginx_in_front_passes_the_doors_answers_and_times_out_slow_clients_itse
     print(f"through nginx: fresh max {max(latencies):.3f} s; 2,000 slow closed {closed_after:.1f} s after opening")
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_cap(
         broker: str, tmp_path: Path) -> None:
     """The door's file-descriptor limit lowered under it (``prlimit`` on its process) to 200
@@ -596,14 +591,14 @@ def test_a_file_descriptor_limit_lowered_under_the_door_lowers_its_connection_ca
         limit = len(os.listdir(f"/proc/{pid}/fd")) + 200
         subprocess.run([prlimit, f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True, timeout=30)  # noqa: S603
         slow = _SlowClients(ss.http_port, 500, every_s=1.0)
-        cpu0, t0 = _cpu_s(pid), time.monotonic()
+        cpu0, t0 = cpu_s(pid), time.monotonic()
         try:
             slow.start()
             assert slow.opened.wait(60), "the slow connections did not open"
             wait_for(lambda: slow.closed + slow.open_failed >= slow.n, 90, "the door to close the slow connections")
         finally:
             slow.close()
-        busy = (_cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+        busy = (cpu_s(pid) - cpu0) / (time.monotonic() - t0)
         e = enrollment()
         records = [e.seal(encode_device("q", 1, 9_000_000, r, value=r), 11) for r in (0, 1)]
         fresh = http.client.HTTPConnection("127.0.0.1", ss.http_port, timeout=30)
