@@ -107,9 +107,12 @@ def connection_cap(wanted: int, reserve: int = FD_RESERVE) -> int:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             soft = hard
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(16, min(wanted, soft - reserve))
+    return _within(wanted, soft, reserve)
+
+
+def _within(wanted: int, soft: int, reserve: int = FD_RESERVE) -> int:
+    """``wanted`` connections under the soft file-descriptor limit ``soft`` less ``reserve``, at least 16."""
+    return wanted if soft == resource.RLIM_INFINITY else max(16, min(wanted, soft - reserve))
 
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -450,9 +453,7 @@ class FrontDoor:
         """A new connection: taken (at the cap, the longest-open connections without a request
         in progress are closed for it), or refused (every one is busy). The cap follows the
         file-descriptor limit as it is now (``prlimit`` may lower it under a running process)."""
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        cap = self.max_connections if soft == resource.RLIM_INFINITY else min(self.max_connections,
-                                                                              max(16, soft - FD_RESERVE))
+        cap = _within(self.max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         while len(self._conns) >= cap:
             victim = next((c for c in self._conns if not c.busy), None)
             if victim is None:
