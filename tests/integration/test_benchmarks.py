@@ -11,7 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -57,18 +58,39 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signalled_benchmark_leaves_no_child(sig: signal.Signals, tmp_path: Path) -> None:
+@contextmanager
+def _bench_scale(tmp_path: Path, epochs: int) -> Iterator[tuple[subprocess.Popen[bytes], Path, dict[int, str],
+                                                                dict[int, str | None]]]:
+    """bench_scale.py's p1-10 scenario running in the background: (the process, its log, its
+    descendants seen so far, their start times once recorded). However the test ends, the
+    benchmark is killed and so is every recorded descendant still alive (not a reused pid)."""
     log = tmp_path / "bench.log"
     with log.open("wb") as fh:
         bench = subprocess.Popen(  # noqa: S603 - the repository's own script
-            [sys.executable, "tests/benchmarks/bench_scale.py", "--only", "p1-10", "--epochs-p1", "3",
+            [sys.executable, "tests/benchmarks/bench_scale.py", "--only", "p1-10", "--epochs-p1", str(epochs),
              "--data-dir", str(tmp_path / "data")], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
     seen: dict[int, str] = {}
     started: dict[int, str | None] = {}
     try:
+        yield bench, log, seen, started
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait(timeout=10)
+        for p in _left(started):
+            os.kill(p, signal.SIGKILL)
+
+
+def _left(started: dict[int, str | None]) -> list[int]:
+    """The recorded descendants still alive (the same start time: not a reused pid)."""
+    return [p for p, t in started.items() if t is not None and _start_time(p) == t]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signalled_benchmark_leaves_no_child(sig: signal.Signals, tmp_path: Path) -> None:
+    with _bench_scale(tmp_path, 3) as (bench, log, seen, started):
         def broker_and_worker() -> bool:
             assert bench.poll() is None, f"the benchmark ended first ({bench.returncode}):\n{log.read_text()[-3000:]}"
             seen.update(_descendants(bench.pid))
@@ -81,18 +103,7 @@ def test_a_signalled_benchmark_leaves_no_child(sig: signal.Signals, tmp_path: Pa
         bench.wait(timeout=60)
         assert bench.returncode == 128 + sig, log.read_text()[-3000:]
         assert f"{sig.name}, stopping the broker and every child process" in log.read_text()
-
-        def none_left() -> bool:
-            return not [p for p, t in started.items() if t is not None and _start_time(p) == t]
-
-        _wait(none_left, 10, f"the benchmark's children to be gone: {seen}")
-    finally:
-        if bench.poll() is None:
-            bench.kill()
-            bench.wait(timeout=10)
-        for p, t in started.items():  # a failing run leaves nothing behind either (not a reused pid)
-            if t is not None and _start_time(p) == t:
-                os.kill(p, signal.SIGKILL)
+        _wait(lambda: not _left(started), 10, f"the benchmark's children to be gone: {seen}")
 
 
 def test_the_front_door_benchmark_prints_its_line(tmp_path: Path) -> None:
@@ -134,15 +145,7 @@ def test_a_benchmark_whose_worker_dies_stops_within_seconds_saying_so(tmp_path: 
     """The worker a benchmark started is killed mid-run: the benchmark ends within 10 s with
     exit code 8, one line naming the worker and its log, and no child left (it measured on
     without it, or waited for epochs that never closed, before)."""
-    log = tmp_path / "bench.log"
-    with log.open("wb") as fh:
-        bench = subprocess.Popen(  # noqa: S603 - the repository's own script
-            [sys.executable, "tests/benchmarks/bench_scale.py", "--only", "p1-10", "--epochs-p1", "30",
-             "--data-dir", str(tmp_path / "data")], cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    seen: dict[int, str] = {}
-    started: dict[int, str | None] = {}
-    try:
+    with _bench_scale(tmp_path, 30) as (bench, log, seen, started):
         def worker_up() -> bool:
             assert bench.poll() is None, f"the benchmark ended first ({bench.returncode}):\n{log.read_text()[-3000:]}"
             seen.update(_descendants(bench.pid))
@@ -159,15 +162,4 @@ def test_a_benchmark_whose_worker_dies_stops_within_seconds_saying_so(tmp_path: 
         text = log.read_text()
         assert bench.returncode == 8, text[-3000:]
         assert "bench_scale: error: the stream-app worker was killed by signal 9 (SIGKILL)" in text, text[-3000:]
-
-        def none_left() -> bool:
-            return not [p for p, t in started.items() if t is not None and _start_time(p) == t]
-
-        _wait(none_left, 10, f"the benchmark's children to be gone: {seen}")
-    finally:
-        if bench.poll() is None:
-            bench.kill()
-            bench.wait(timeout=10)
-        for p, t in started.items():
-            if t is not None and _start_time(p) == t:
-                os.kill(p, signal.SIGKILL)
+        _wait(lambda: not _left(started), 10, f"the benchmark's children to be gone: {seen}")
