@@ -38,6 +38,7 @@ import estimators.privacy as privacy
 from estimators.ledger import report_charge
 
 from .mechanisms import Mechanism
+from .planning import check_span_request
 from .registry import MechanismSpec, PlanError, default_query_mechanisms, get_spec, mechanism_names
 
 __all__ = ["FleetQuery", "fleet_plan", "parse_fleet_queries", "share_epsilon", "vehicle_day"]
@@ -90,12 +91,9 @@ def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S,
         q = (FleetQuery(name, span_s, max_passages) if m.group(2) is None else
              FleetQuery(name, int(m.group(2)), None if m.group(3) is None else int(m.group(3))))
         try:
-            budget.check_span(q.span_s, q.max_passages)
+            check_span_request(name, q.span_s, q.max_passages)
         except PlanError as exc:
             raise PlanError(f"{part.strip()}: {exc}") from exc
-        if q.span_s != budget.EPOCH_S and not get_spec(name).per_sensor:
-            raise PlanError(f"{part.strip()}: {name} reports one station per 30-s epoch; a span needs a per-sensor "
-                            f"mechanism")
         out.append(q)
     if not out:
         raise PlanError(f"name at least one query ({', '.join(known)})")

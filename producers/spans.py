@@ -41,6 +41,7 @@ import numpy.typing as npt
 from estimators import DayLedger
 from estimators.ledger import ShuffledDayLedger
 from estimators.per_station import StationSets
+from producers.fleet import query_truth_counts
 from schemas import Query
 from schemas.epochs import EPOCH_S
 
@@ -437,13 +438,7 @@ class SpanTracker:
         """Per station of ``query`` (its order) the distinct vehicles that passed it in its span
         that just ended: the span flow (the sum of its 30-s counts), uncapped."""
         flows = self._fleet_of_ended(query).flows()
-        position = {int(s): j for j, s in enumerate(self.data_stations)}
-        out = np.zeros(query.n_stations, dtype=np.int64)
-        for i, sensor in enumerate(query.sensors):
-            j = position.get(sensor)
-            if j is not None:
-                out[i] = flows[j]
-        return out
+        return query_truth_counts(np.r_[0, flows], self.data_stations, query)[1:]  # the data's order -> the query's
 
     def open_spans(self, epoch: int) -> list[tuple[Query, int, frozenset[int]]]:
         """The span queries active at ``epoch`` whose span has begun and not ended: (query, span
