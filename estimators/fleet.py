@@ -74,10 +74,10 @@ def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S,
 
     >>> [q.label for q in parse_fleet_queries("alp, unary, unary@3600, unary@3600/20")]
     ['alp', 'unary', 'unary@3600', 'unary@3600/20']
-    >>> parse_fleet_queries("krr@300")
+    >>> parse_fleet_queries("krr@300")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    estimators.registry.PlanError: krr@300: krr reports one station per 30-s epoch; a span needs a per-sensor mechanism
+    estimators.registry.PlanError: krr@300: krr reports one station per 30-s epoch: a span longer than 30 s needs...
     """
     known = mechanism_names(queryable_only=True)
     out: list[FleetQuery] = []
