@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["children", "cpu_s", "door_healthy", "door_pid"]
+__all__ = ["children", "cpu_s", "door_healthy", "door_pid", "frozen", "stopped"]
 
 
 def children(pid: int) -> list[int]:
@@ -58,3 +62,33 @@ def door_healthy(port: int) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
+
+
+def stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is stopped (state ``T``): a SIGSTOP has taken effect.
+
+    kill(2) returns once the signal is pending; the kernel wakes one thread to take it, and that
+    thread stops the others. On a busy machine that takes a while, and meanwhile the process's
+    other threads go on working."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
+    except OSError:
+        return False
+    return bool(states) and all(state in "Tt" for state in states)
+
+
+@contextmanager
+def frozen(pid: int, timeout_s: float = 30.0) -> Iterator[None]:
+    """Process ``pid`` stopped (SIGSTOP) for the body, every one of its threads: entered only
+    once /proc shows them all stopped; continued (SIGCONT) however the body ends."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not stopped(pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"process {pid} did not stop within {timeout_s:g}s of SIGSTOP")
+            time.sleep(0.005)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

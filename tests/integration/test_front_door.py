@@ -37,7 +37,7 @@ from stream_app.shuffler.door_policy import DeviceCheck
 from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed, signed_note
 from tests.paths import ROOT
-from tests.processes import cpu_s, door_healthy, door_pid
+from tests.processes import cpu_s, door_healthy, door_pid, frozen
 from tests.slowloris import open_slow, tick
 from tests.system_tools import require_tool
 
@@ -180,9 +180,6 @@ def test_a_broker_that_does_not_acknowledge_is_503_and_the_retry_is_accepted(tmp
     """The door's own broker frozen (SIGSTOP): a request is answered 503 ``broker_unavailable``
     within ``--http-ack-timeout-s``, never 202; once the broker runs again the same request
     is accepted."""
-    import os
-    import signal
-
     from stream_app.cli.local_broker import LocalBroker
 
     with LocalBroker(log_path=tmp_path / "broker.log") as own:
@@ -194,13 +191,10 @@ def test_a_broker_that_does_not_acknowledge_is_503_and_the_retry_is_accepted(tmp
         assert own.pid is not None
         try:
             assert _post(conn, frame(records))[0] == 202
-            os.kill(own.pid, signal.SIGSTOP)
-            try:
+            with frozen(own.pid):  # every broker thread stopped before the request is sent
                 t0 = time.monotonic()
                 status, answer, r = _post(conn, frame(records))
                 took = time.monotonic() - t0
-            finally:
-                os.kill(own.pid, signal.SIGCONT)
             assert (status, answer["reason"]) == (503, "broker_unavailable") and r.getheader("Retry-After"), answer
             assert took < 30, took
             deadline = time.monotonic() + 60

@@ -24,6 +24,7 @@ from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas import DecodedBatch, GroundTruth, Query, decode_record
 from schemas.kafka_io import publish_query, read_queries
+from tests.processes import frozen
 from tests.station_counts import pair_counts
 
 from .kafka_helpers import Decoded, drain, wait_for_marker
@@ -326,28 +327,24 @@ def test_a_second_ctrl_c_forces_quit(replay_settings: ReplaySettings, tmp_path: 
             proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "replay", "--speed", "0",  # noqa: S603
                                      "--max-epochs", "2880", "--quiet", "--broker-loss-timeout-s", "120"],
                                     env=_replay_env(s), stdout=subprocess.DEVNULL, stderr=err_file, text=True)
-        frozen = False
         try:
             wait_for_marker(s, s.reports_topic, proc, timeout_s=90)
-            os.kill(broker.pid, signal.SIGSTOP)
-            frozen = True
-            proc.send_signal(signal.SIGINT)
-            deadline = time.monotonic() + 30
-            while "Ctrl-C again to quit at once" not in err_path.read_text() and time.monotonic() < deadline:
-                assert proc.poll() is None, err_path.read_text()
-                time.sleep(0.05)
-            assert "Ctrl-C again to quit at once" in err_path.read_text()
-            assert proc.poll() is None  # the clean stop is still waiting for the frozen broker
-            t0 = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait(timeout=FORCE_QUIT_GRACE_S + 3)
-            assert time.monotonic() - t0 <= FORCE_QUIT_GRACE_S + 3
+            with frozen(broker.pid):
+                proc.send_signal(signal.SIGINT)
+                deadline = time.monotonic() + 30
+                while "Ctrl-C again to quit at once" not in err_path.read_text() and time.monotonic() < deadline:
+                    assert proc.poll() is None, err_path.read_text()
+                    time.sleep(0.05)
+                assert "Ctrl-C again to quit at once" in err_path.read_text()
+                assert proc.poll() is None  # the clean stop is still waiting for the frozen broker
+                t0 = time.monotonic()
+                proc.send_signal(signal.SIGINT)
+                code = proc.wait(timeout=FORCE_QUIT_GRACE_S + 3)
+                assert time.monotonic() - t0 <= FORCE_QUIT_GRACE_S + 3
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
-            if frozen:
-                os.kill(broker.pid, signal.SIGCONT)
     err = err_path.read_text()
     assert code == 130, err
     assert "Traceback" not in err
