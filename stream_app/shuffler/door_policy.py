@@ -89,14 +89,14 @@ class Accepted:
 
 
 _STATUS = {"too_large": 413, "unsupported_media_type": 415, "rate_limited": 429, "unauthenticated": 401,
-           "unknown_device": 403, "bad_mac": 403, "revoked": 403, "slow_body": 408, "busy": 503,
-           "too_many_connections": 503, "broker_unavailable": 503}
+           "unknown_device": 403, "bad_mac": 403, "revoked": 403, "slow_body": 408, "headers_too_large": 431,
+           "busy": 503, "too_many_connections": 503, "broker_unavailable": 503}
 
 
 def refusal(reason: str, detail: str) -> Refusal:
     """The refusal for ``reason`` with its status (401 unauthenticated; 403 unknown_device,
     bad_mac, revoked; 408 slow_body; 413 too large; 415 a body type not spoken; 429 the
-    device's rate; 503 busy, too_many_connections, broker_unavailable; 400 everything else)."""
+    device's rate; 431 headers_too_large; 503 busy, too_many_connections, broker_unavailable; 400 everything else)."""
     return Refusal(_STATUS.get(reason, 400), reason, detail)
 
 

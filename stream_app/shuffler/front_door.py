@@ -58,6 +58,7 @@ import secrets
 import socket
 import threading
 import time
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -77,8 +78,6 @@ __all__ = ["FD_RESERVE", "FrontDoor", "connection_cap", "door_limits"]
 log = logging.getLogger(__name__)
 _HEADERS = [(KIND_HEADER, b"device_report")]
 FD_RESERVE = 512  # file descriptors the door keeps for its own: its broker connections, logs, the revocation list
-_BUSY_ANSWER = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
 
 
 class _NoAddresses(logging.Filter):
@@ -118,6 +117,18 @@ def _within(wanted: int, soft: int, reserve: int = FD_RESERVE) -> int:
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, body=json.dumps(body).encode(), content_type="application/json",
                         headers=headers)
+
+
+def _closing_answer(r: Refusal, headers: bytes = b"") -> bytes:
+    """A refusal as the bytes of a whole HTTP/1.1 answer that closes its connection: what the
+    door sends on a bare socket itself, before aiohttp has it.
+
+    >>> _closing_answer(refusal("busy", "x")).split(b"\\r\\n")[0]
+    b'HTTP/1.1 503 Service Unavailable'
+    """
+    body = r.body()
+    return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n%sConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (r.status, HTTPStatus(r.status).phrase.encode(), headers, len(body), body))
 
 
 def _retry_after(seconds: float) -> dict[str, str]:
@@ -162,9 +173,10 @@ class _Connection(asyncio.Protocol):
         seen = len(head)
         head += data
         # the headers' end: a blank line (a bare LF ends a line for aiohttp's parser too)
-        if (head.find(b"\n\r\n", max(0, seen - 2)) >= 0 or head.find(b"\n\n", max(0, seen - 1)) >= 0
-                or len(head) >= self.door.head_limit):
+        if head.find(b"\n\r\n", max(0, seen - 2)) >= 0 or head.find(b"\n\n", max(0, seen - 1)) >= 0:
             self.door._hand_over(self)  # noqa: SLF001
+        elif len(head) >= self.door.head_limit:  # never handed over: aiohttp would wait for its headers' end unbounded
+            self.door._refuse_head(self)  # noqa: SLF001
 
     # -- after: asyncio's transport, aiohttp's handler behind this protocol ----------------------
 
@@ -202,8 +214,9 @@ class _Connection(asyncio.Protocol):
             inner.connection_lost(exc)
 
 
-_TOO_MANY = refusal("too_many_connections", "the front door holds its most connections, every one with a request "
-                                            "in progress; retry after Retry-After").body()
+_TOO_MANY = _closing_answer(refusal("too_many_connections", "the front door holds its most connections, every one "
+                                                             "with a request in progress; retry after Retry-After"),
+                            b"Retry-After: 1\r\n")
 
 
 class FrontDoor:
@@ -225,6 +238,8 @@ class FrontDoor:
         self._heading: dict[_Connection, None] = {}  # of those, the bare sockets before their headers, oldest first
         self._handing: set[asyncio.Task[None]] = set()  # transports being made for them
         self.head_limit = settings.http_max_header_bytes  # a first request's bytes gathered before aiohttp's parser
+        self._head_too_large = _closing_answer(refusal(
+            "headers_too_large", f"a request's headers end within {self.head_limit} bytes"))
         self.handler: Any = None  # aiohttp's request handlers' factory
         self.max_connections = settings.http_max_connections
         self.evicted = 0
@@ -366,12 +381,21 @@ class FrontDoor:
         conn = _Connection(self, sock)
         if not self._admit(conn):
             with contextlib.suppress(OSError):
-                sock.send(_BUSY_ANSWER % (len(_TOO_MANY), _TOO_MANY))
+                sock.send(_TOO_MANY)
             sock.close()
             return
         self._heading[conn] = None
         loop.add_reader(sock.fileno(), conn.read_head)
         conn.read_head()  # what has arrived with the handshake (a device's whole request, often): read at once
+
+    def _refuse_head(self, conn: _Connection) -> None:
+        """A first request whose headers have not ended within ``head_limit`` bytes: answered 431
+        ``headers_too_large`` and closed (aiohttp's parser would refuse a line that long, but
+        would wait, with no deadline, for the end of many lines each under it)."""
+        self._refuse_reason("headers_too_large")
+        with contextlib.suppress(OSError):
+            conn.sock.send(self._head_too_large)
+        self._close(conn)
 
     def _hand_over(self, conn: _Connection) -> None:
         """A connection whose first request's headers are in (or past the limit): asyncio's

@@ -91,7 +91,8 @@ class ShufflerSettings(EnrollmentSettings):
     http_body_timeout_s: float = Field(default=10.0, gt=0, le=600,
                                        description="a request's body must arrive within this (408 slow_body)")
     http_max_header_bytes: int = Field(default=4096, ge=256, le=65_536,
-                                       description="the request line and each header line, at most (400 above)")
+                                       description="a connection's first request's whole headers, at most (431 above); "
+                                                   "each header line of its later requests (400 above)")
     http_log_interval_s: float = Field(default=10.0, gt=0, le=3600,
                                        description="the front door logs each refusal reason at most once this "
                                                    "often, with its count")

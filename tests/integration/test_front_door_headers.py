@@ -5,6 +5,7 @@ then handed to aiohttp; headers never finished are closed at their deadline."""
 from __future__ import annotations
 
 import http.client
+import json
 import math
 import socket
 import time
@@ -64,12 +65,14 @@ def test_headers_in_pieces_are_served_and_headers_never_finished_are_closed_at_t
         broker: str, tmp_path: Path) -> None:
     """A new connection's bytes are gathered until its first request's headers end (no aiohttp
     handler before): a request whose headers arrive a byte at a time (the blank line split
-    across four reads) is answered 202, and so are two requests sent at once; a header line
-    past --http-max-header-bytes is refused at once (aiohttp's 4xx, as without the gathering),
-    not left to the deadline. A connection that sends nothing, and one that trickles a header
-    a byte every 0.1 s, are closed --http-idle-timeout-s (2 s) after their opening -- not
-    before -- and counted ``slow_headers``; a connection idle after its answer is still closed
-    by aiohttp's keep-alive timer, the idle timeout after that answer."""
+    across four reads) is answered 202, and so are two requests sent at once. Headers that have
+    not ended within --http-max-header-bytes -- one line past it, or 30 lines each well under
+    it -- are answered 431 ``headers_too_large`` at once and closed, neither left to the
+    deadline nor handed to aiohttp (whose parser has no deadline for them). A connection that
+    sends nothing, and one that trickles a header a byte every 0.1 s, are closed
+    --http-idle-timeout-s (2 s) after their opening -- not before -- and counted
+    ``slow_headers``; a connection idle after its answer is still closed by aiohttp's
+    keep-alive timer, the idle timeout after that answer."""
     from stream_app.shuffler.front_door import FrontDoor
 
     timeout = 2.0
@@ -109,12 +112,18 @@ def test_headers_in_pieces_are_served_and_headers_never_finished_are_closed_at_t
         two.sendall(_raw_request(records(22)) + _raw_request(records(23)))
         assert [_answer(two)[0], _answer(two)[0]] == [202, 202]
         two.close()
-        big = connect()
+        big = connect()  # one line past the limit
         big.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\nX-Big: " + b"b" * (ss.http_max_header_bytes + 100))
+        many = connect()  # 30 lines each well under it (aiohttp's parser would wait for their end)
+        many.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: door\r\n"
+                     + b"".join(b"X-Many-%d: %s\r\n" % (i, b"m" * 200) for i in range(30)))
         t_big = time.monotonic()
-        status, text = _answer(big)
-        assert status in (400, 431) and time.monotonic() - t_big < timeout / 2, (status, text)
-        big.close()
+        for sock in (big, many):
+            status, text = _answer(sock)
+            assert (status, json.loads(text)["reason"]) == (431, "headers_too_large"), (status, text)
+            assert time.monotonic() - t_big < timeout / 2
+            assert _closed_after(sock, time.monotonic(), 5) < 5  # the door closed it with its answer
+            sock.close()
         closed = {k: f.result() for k, f in closing.items()}
         for s in (silent, trickling, pieces):
             s.close()
@@ -125,5 +134,5 @@ def test_headers_in_pieces_are_served_and_headers_never_finished_are_closed_at_t
         door.stop()
     written = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
     assert written == Counter(records(21) + records(22) + records(23))
-    assert door.refused.get("slow_headers") == 2, door.refused
+    assert (door.refused.get("slow_headers"), door.refused.get("headers_too_large")) == (2, 2), door.refused
     print(f"closed after (s): {closed}")

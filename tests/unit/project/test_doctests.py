@@ -66,6 +66,7 @@ WITH_EXAMPLES = {
     "stream_app.rollups": 9,
     "stream_app.shuffler.columns": 5,
     "stream_app.shuffler.door_policy": 11,
+    "stream_app.shuffler.front_door": 1,
     "stream_app.shuffler.enrolled": 9,
     "stream_app.shuffler.metrics": 6,
     "stream_app.shuffler.notes": 5,
