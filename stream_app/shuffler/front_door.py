@@ -324,7 +324,9 @@ class FrontDoor:
             if handlers is None:
                 raise RuntimeError("aiohttp's runner has no server after setup")
             try:
-                listener = socket.create_server((s.http_host, s.http_port), backlog=1024)
+                # the kernel's queue of connections not yet taken: as deploy/nginx/nginx.conf's listen (a
+                # storm of reconnecting slow clients overflowed 1,024; the kernel caps it at net.core.somaxconn)
+                listener = socket.create_server((s.http_host, s.http_port), backlog=4096)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     raise PortInUse(f"the HTTP port {s.http_host}:{s.http_port} is already in use; give another "
