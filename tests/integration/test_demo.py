@@ -246,9 +246,7 @@ def test_make_run_ctrl_c_under_load_stops_within_seconds_and_says_so_past_a_clos
         (demo,) = [c for c in children if b"/ptt\x00demo\x00" in Path(f"/proc/{c}/cmdline").read_bytes()]
         helpers = _children(demo)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        t0 = time.monotonic()
         _wait(lambda: not any(_alive(c) for c in helpers), 3.0, "every helper exiting after Ctrl-C", log_path)
-        assert time.monotonic() - t0 <= 3.0
         _wait(lambda: "drawing the plots" in log_path.read_text(), 10.0, "the saved lines on stderr", log_path)
         os.killpg(proc.pid, signal.SIGINT)  # the second Ctrl-C: no plots, out now
         t1 = time.monotonic()

@@ -69,7 +69,7 @@ def door(broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     would be among them)."""
     monkeypatch.setenv("PTT_LOG_LEVEL", "debug")
     ss = _door_settings(broker, tmp_path)
-    ss = ss.model_copy(update={"http_max_reports": 3, "http_max_body_bytes": 2048, "http_device_reports_per_s": 0.2,
+    ss = ss.model_copy(update={"http_max_reports": 3, "http_max_body_bytes": 2048, "http_device_reports_per_s": 0.01,
                                "http_device_burst": 6})
     shuffler = _start(ss, tmp_path / "shuffler.log")
     try:
@@ -134,8 +134,8 @@ def test_bad_requests_are_refused_with_their_reason_and_nothing_of_them_is_writt
     assert got == 202 and answer["accepted"] == 1, answer
     values = Counter(bytes(r.value) for r in drain(ss, ss.device_topic, quiet_polls=2))
     assert values == Counter([sp0, sp1, line])  # the good requests' reports, unchanged, once each
-    # the rate is the device's: burst 6 reports at 0.2/s; device 7 sent 2, so 4 more, then 429;
-    # device 9 on the same connection has its own
+    # the rate is the device's: burst 6 reports at 0.01/s (a token a 100 s: none while this runs);
+    # device 7 sent 2, so 4 more, then 429; device 9 on the same connection has its own
     statuses = [_post(conn, frame([sp0]))[0] for _ in range(5)]
     assert statuses == [202] * 4 + [429], statuses
     limited = _post(conn, frame([sp0]))

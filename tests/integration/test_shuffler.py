@@ -10,9 +10,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -370,7 +372,8 @@ def test_bad_device_records_are_dead_lettered_small_crowds_withheld_order_permut
                 if x.epoch == small} == {(0, 0, 0), (1, 0, 0)}
         # its /metrics, scraped: what it read, released, refused and withheld, per committed step
         letters_wanted = {k: v for k, v in wanted.items() if k != "below_min_crowd"}
-        got = _scrape(ss)
+        got = _scrape_when(ss, lambda g: g.get(("ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)))
+                           == 1 and g.get(("ptt_shuffler_records_total", (("kind", "device_report"),))) == len(values))
         assert got["ptt_shuffler_records_total", (("kind", "device_report"),)] == len(values)
         assert {dict(k[1])["reason"]: v for k, v in got.items()
                 if k[0] == "ptt_shuffler_dead_letters_total" and v} == letters_wanted
@@ -444,12 +447,25 @@ def test_an_epoch_the_shuffler_withholds_ends_as_withheld_rows_with_its_reason(b
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
 
 
-def _scrape(ss: ShufflerSettings) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Scraped = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _scrape(ss: ShufflerSettings) -> Scraped:
     """The shuffler's /metrics over HTTP: (name, sorted labels) -> value."""
     with urllib.request.urlopen(f"http://{ss.metrics_host}:{ss.metrics_port}/metrics", timeout=10) as resp:  # noqa: S310
         text = resp.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _scrape_when(ss: ShufflerSettings, ready: Callable[[Scraped], bool], timeout_s: float = 30.0) -> Scraped:
+    """The shuffler's /metrics once ``ready`` holds of it, or its last scrape after ``timeout_s``
+    (for the caller's assertions to show). Its counters move after its transaction commits; a
+    test's reader (read_uncommitted) can see the transaction's records before."""
+    deadline = time.monotonic() + timeout_s
+    while not ready(got := _scrape(ss)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return got
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -701,7 +717,9 @@ def test_min_crowd_applies_per_instance(broker: str, tmp_path: Path) -> None:
         _, markers = _drain_decoded(ss)
         assert {(x.producer_index, x.producer_count, x.participants, x.epoch, x.withheld) for _, m in markers
                 for x in m.markers} == {(0, 2, 3, e, None), (1, 2, 0, e, "below_min_crowd")}
-        got = [_scrape(sh.settings) for sh in shufflers]
+        withheld = ("ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),))
+        got = [_scrape_when(sh.settings, lambda g, i=i: g.get(withheld) == i)  # type: ignore[misc]
+               for i, sh in enumerate(shufflers)]
         assert [g["ptt_shuffler_released_epochs_total", ()] for g in got] == [1, 0]
         assert [g["ptt_shuffler_withheld_epochs_total", (("reason", "below_min_crowd"),)] for g in got] == [0, 1]
     finally:
@@ -801,6 +819,7 @@ def test_a_query_fixed_to_another_release_is_never_served(broker: str, tmp_path:
         letters = [DeadLetter.model_validate_json(r.value) for r in drain(ss, ss.dead_letter_topic, quiet_polls=1)]
         assert [x.reason for x in letters] == ["release_mismatch"]
         assert "fixes the aggregate release; this shuffler releases permuted" in letters[0].detail
-        assert _scrape(ss)["ptt_shuffler_withheld_epochs_total", (("reason", "release_mismatch"),)] == 1
+        mismatch = ("ptt_shuffler_withheld_epochs_total", (("reason", "release_mismatch"),))
+        assert _scrape_when(ss, lambda g: g.get(mismatch) == 1)[mismatch] == 1
     finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]

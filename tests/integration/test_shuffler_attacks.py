@@ -52,6 +52,7 @@ from .test_shuffler import (
     _expected_rows,
     _hand_fed_query,
     _scrape,
+    _scrape_when,
     _send_notes,
     _setup,
 )
@@ -338,7 +339,8 @@ def test_one_device_floods_and_k_stolen_credentials_add_at_most_k_per_slot(broke
                 assert counts[e, r] == [want[0], want[1], want[2]], (e, r)
         assert {(x.epoch, x.round, x.participants, x.shuffle_size) for _, m in markers for x in m.markers} == {
             (e, r, n, n) for e, n in ((a, 40), (b, 41), (c, 40 + k)) for r in (0, 1)}
-        assert _scrape(ss)["ptt_shuffler_dead_letters_total", (("reason", "duplicate_report"),)] == duplicates
+        dup = ("ptt_shuffler_dead_letters_total", (("reason", "duplicate_report"),))
+        assert _scrape_when(ss, lambda g: g.get(dup) == duplicates)[dup] == duplicates
     finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]
 
@@ -485,7 +487,8 @@ def test_a_device_revoked_mid_day_is_refused_from_the_next_batch_on(broker: str,
                 assert counts[e, r] == [want[0], want[1], want[2]], (e, r)
         assert {(x.epoch, x.round, x.participants) for _, m in markers for x in m.markers} == {
             (e, r, n) for e, n in ((a, 30), (b, 29)) for r in (0, 1)}
-        assert _scrape(ss)["ptt_shuffler_dead_letters_total", (("reason", "revoked"),)] == 2
+        refused = ("ptt_shuffler_dead_letters_total", (("reason", "revoked"),))
+        assert _scrape_when(ss, lambda g: g.get(refused) == 2)[refused] == 2
         assert "re-read: 1 device ids revoked" in shuffler.log.read_text()
     finally:
         assert shuffler.stop() == 130, shuffler.log.read_text()[-3000:]

@@ -485,12 +485,12 @@ def test_producers_move_in_lockstep() -> None:
     released = threading.Event()
 
     def later() -> None:
-        time.sleep(0.2)
+        time.sleep(0.2)  # the peer's epoch finishing later, not a wait for an outcome
+        released.set()  # before the peer's count moves: the waiter cannot see the count first
         peers[1][EPOCHS_DONE] = 4
-        released.set()
 
-    threading.Thread(target=later).start()
     t0 = time.monotonic()
+    threading.Thread(target=later).start()
     wait_for_peers(peers, 5, stop)  # needs min >= 4
     assert released.is_set() and time.monotonic() - t0 >= 0.15
     stop.event.set()
