@@ -151,13 +151,13 @@ class Paced:
 
 
 @contextmanager
-def _paced(broker: str, tmp_path: Path, epochs: int) -> Iterator[Paced]:
+def _paced(broker: str, tmp_path: Path, epochs: int, speed: float = 10.0) -> Iterator[Paced]:
     """``ptt shuffler`` and a worker started and ready, then a replay of ``epochs`` epochs through
-    them at speed 10 (an epoch every 3 s: an attacker keeps up with it) in a thread, once its
+    them at ``speed`` (10: an epoch every 3 s, an attacker keeps up with it) in a thread, once its
     default queries are on the queries topic (the replay creates the device topic, then publishes
     them). Stops the worker and the shuffler (which must exit 130) at the end."""
     rs, ws, ss = _setup(broker, tmp_path, epochs)
-    rs = rs.model_copy(update={"speed": 10.0})
+    rs = rs.model_copy(update={"speed": speed})
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     worker = WorkerProcess(ws, tmp_path / "w.log").start()
     try:
@@ -174,7 +174,9 @@ def _paced(broker: str, tmp_path: Path, epochs: int) -> Iterator[Paced]:
 def test_forged_reports_outside_the_open_window_change_nothing(broker: str, tmp_path: Path) -> None:
     epochs = 6
     attacker: Attacker | None = None
-    with _paced(broker, tmp_path, epochs) as run:
+    # an epoch every 5 s: the flood for e + 4 must be in before note e + 2 opens it (10 s; its
+    # ~12,000 records took ~1 s on a loaded machine, sharing this process with the replay)
+    with _paced(broker, tmp_path, epochs, speed=6.0) as run:
         rs, ws, ss = run.rs, run.ws, run.ss
         try:
             # the attacker reads the replay's default queries once they are there
