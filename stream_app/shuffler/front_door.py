@@ -324,9 +324,10 @@ class FrontDoor:
             if handlers is None:
                 raise RuntimeError("aiohttp's runner has no server after setup")
             try:
-                # the kernel's queue of connections not yet taken: as deploy/nginx/nginx.conf's listen (a
-                # storm of reconnecting slow clients overflowed 1,024; the kernel caps it at net.core.somaxconn)
-                listener = socket.create_server((s.http_host, s.http_port), backlog=4096)
+                # not longer (bench_door_slow --load-procs 6: with 4,096 a fresh device waited behind
+                # thousands of reconnecting slow clients past its 10 s timeout; 1,024 drops the excess
+                # SYNs instead, retried by their clients a second later)
+                listener = socket.create_server((s.http_host, s.http_port), backlog=1024)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     raise PortInUse(f"the HTTP port {s.http_host}:{s.http_port} is already in use; give another "
