@@ -69,6 +69,23 @@ def _run(ws: WorkerSettings, tmp: Path, name: str = "w") -> WorkerProcess:
     return w
 
 
+_TASK_LINE = re.compile(r"read (\d+) committed (\d+) highwater (\d+) \(faust active True; aiokafka position "
+                        r"(\d+), paused False, awaiting reset False\)")
+
+
+def _partition_lines(url: str, topic: str) -> list[str]:
+    """The worker's /debug/tasks lines of ``topic``'s partitions."""
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310
+        page = r.read().decode()
+    return [line for line in page.splitlines() if line.strip().startswith(f"{topic}[")]
+
+
+def _all_committed(lines: list[str]) -> bool:
+    """Every partition line says its offset is committed at the partition's high-water mark."""
+    found = [_TASK_LINE.search(line) for line in lines]
+    return bool(lines) and all(m is not None and m.group(2) == m.group(3) for m in found)
+
+
 def _wait_estimates(ws: WorkerSettings, n: int, timeout_s: float = 120.0) -> None:
     wait_for(lambda: len(read_estimates(ws)) >= n, timeout_s, f"{n} estimates")
 
@@ -114,14 +131,15 @@ def test_end_to_end_matches_the_statistics_core(broker: str, tmp_path: Path) -> 
         assert {"ptt_estimate_vehicles", "ptt_records_total"} <= everything  # unrestricted: every family
         assert any(name.startswith("faust_") for name in everything)
         # /debug/tasks: every reports partition read to its end, asked for by Faust, and
-        # aiokafka's fetch position where the reading stopped
-        with urllib.request.urlopen(w.url.replace("/metrics", "/debug/tasks"), timeout=10) as r:  # noqa: S310
-            page = r.read().decode()
-        parts = [line for line in page.splitlines() if line.strip().startswith(f"{ws.reports_topic}[")]
-        assert len(parts) == rs.partitions, page
+        # aiokafka's fetch position where the reading stopped; the offsets are committed every
+        # few seconds after the estimates are out, so the page is read until they are in
+        tasks = w.url.replace("/metrics", "/debug/tasks")
+        wait_for(lambda: _all_committed(_partition_lines(tasks, ws.reports_topic)), 60.0,
+                 "every reports partition's offset committed at its end")
+        parts = _partition_lines(tasks, ws.reports_topic)
+        assert len(parts) == rs.partitions, parts
         for line in parts:
-            m = re.search(r"read (\d+) committed (\d+) highwater (\d+) \(faust active True; aiokafka position "
-                          r"(\d+), paused False, awaiting reset False\)", line)
+            m = _TASK_LINE.search(line)
             assert m is not None, line
             read_, committed, high, position = map(int, m.groups())
             assert read_ + 1 == committed == high == position, line
