@@ -75,9 +75,7 @@ class WorkerProcess:
             return f"\n-- {self.log.name}: not running"
         log_tail = (self.err or self.log).read_text(errors="replace").splitlines()[-15:]
         try:
-            with urllib.request.urlopen(self.url.replace("/metrics", "/debug/tasks"),  # noqa: S310 - loopback
-                                        timeout=10) as r:
-                tasks = own_frames(r.read().decode().splitlines())
+            tasks = own_frames(self.tasks().splitlines())
         except OSError as exc:
             tasks = [f"/debug/tasks did not answer: {exc}"]
         try:
@@ -91,6 +89,11 @@ class WorkerProcess:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.settings.web_port}/metrics"
+
+    def tasks(self) -> str:
+        """The /debug/tasks page: the consumer's state per partition, then every task and thread."""
+        with urllib.request.urlopen(self.url.replace("/metrics", "/debug/tasks"), timeout=10) as r:  # noqa: S310
+            return str(r.read().decode())
 
     def metrics(self, *names: str) -> str:
         """The /metrics page; with ``names``, only those series (``/metrics?name[]=...``)."""

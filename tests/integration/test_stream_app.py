@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -73,10 +72,8 @@ _TASK_LINE = re.compile(r"read (\d+) committed (\d+) highwater (\d+) \(faust act
                         r"(\d+), paused False, awaiting reset False\)")
 
 
-def _partition_lines(url: str, topic: str) -> list[str]:
-    """The worker's /debug/tasks lines of ``topic``'s partitions."""
-    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310
-        page = r.read().decode()
+def _partition_lines(page: str, topic: str) -> list[str]:
+    """The lines of the worker's /debug/tasks ``page`` about ``topic``'s partitions."""
     return [line for line in page.splitlines() if line.strip().startswith(f"{topic}[")]
 
 
@@ -133,10 +130,9 @@ def test_end_to_end_matches_the_statistics_core(broker: str, tmp_path: Path) -> 
         # /debug/tasks: every reports partition read to its end, asked for by Faust, and
         # aiokafka's fetch position where the reading stopped; the offsets are committed every
         # few seconds after the estimates are out, so the page is read until they are in
-        tasks = w.url.replace("/metrics", "/debug/tasks")
-        wait_for(lambda: _all_committed(_partition_lines(tasks, ws.reports_topic)), 60.0,
+        wait_for(lambda: _all_committed(_partition_lines(w.tasks(), ws.reports_topic)), 60.0,
                  "every reports partition's offset committed at its end")
-        parts = _partition_lines(tasks, ws.reports_topic)
+        parts = _partition_lines(w.tasks(), ws.reports_topic)
         assert len(parts) == rs.partitions, parts
         for line in parts:
             m = _TASK_LINE.search(line)
