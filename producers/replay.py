@@ -50,6 +50,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
+from schemas.connection import client_logs
 from schemas.enrollment import EnrollmentError
 from schemas.epochs import EPOCH_S
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
@@ -472,17 +473,17 @@ def send_markers(sink: ReportSink, producer_id: str, index: int, count: int, epo
 def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any, peers: list[Any],
            reason: Any = None, kafka_log_level: int = logging.WARNING, plan: StopPlan | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kafka").setLevel(kafka_log_level)  # as quiet as the parent's
+    client_logs(kafka_log_level)  # as quiet as the parent's
+    why = None
     try:
         _producer_loop(settings, index, count, t0, counters, peers=peers, plan=plan)
     except ReplayLost as exc:  # counted (counters[_LOST]); the parent reports it
-        if reason is not None:
-            reason.value = str(exc).encode()[:_REASON_BYTES - 1]
+        why = str(exc)
     except BrokerUnavailable as exc:  # lost before its loop (connecting, reading the queries): the same loss
         counters[_LOST] = 1
-        if reason is not None:
-            why = f"no answer from the broker: {str(exc).split(';')[0]}"
-            reason.value = str(broker_lost(settings, why)).encode()[:_REASON_BYTES - 1]
+        why = str(broker_lost(settings, f"no answer from the broker: {str(exc).split(';')[0]}"))
+    if why is not None and reason is not None:
+        reason.value = why.encode()[:_REASON_BYTES - 1]
 
 
 def _check_enrolled(settings: ReplaySettings, fleet: int) -> None:
@@ -513,8 +514,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
         for q in default_queries(day, fleet, settings.mechanisms, settings.flow_day_budget):
             publish_query(settings, q)
             have[(q.query_id, q.version)] = q
-    # span queries in play: a vehicle passes a station at most once a span, so the fleet holds the
-    # largest span flow; every producer process is given that size (one fleet for all)
+    # a vehicle passes a station at most once a span: the fleet holds the largest span flow (one for all producers)
     spans = {q.span_s for q in have.values()}
     fleet = fleet_size_for(day, settings, spans)
     basis = fleet_need(day.epochs, day.flows, settings.producers, spans)[1]

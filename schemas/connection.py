@@ -28,13 +28,14 @@ one producer for all its topics and takes ``compression_type``.
 
 from __future__ import annotations
 
+import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["ConnectionFields", "aiokafka_options", "compression_for", "faust_options", "kafka_python_options",
-           "librdkafka_options", "producer_options", "ssl_context"]
+__all__ = ["ConnectionFields", "aiokafka_options", "client_logs", "compression_for", "faust_options",
+           "kafka_python_options", "librdkafka_options", "producer_options", "ssl_context"]
 
 
 class _Secret(Protocol):
@@ -182,3 +183,48 @@ def faust_options(s: ConnectionFields) -> dict[str, Any]:
             credentials = faust.SSLCredentials(ctx)
     return {"broker": [f"kafka://{hp}" for hp in _servers(s)], "broker_credentials": credentials,
             "producer_compression_type": compression_for(s)}
+
+
+_CLIENT_LOGGERS = frozenset({"kafka", "aiokafka"})
+
+
+def client_logs(level: int) -> None:
+    """kafka-python's loggers (``kafka``) at ``level``; and unless a client's logger is at DEBUG,
+    what it or aiokafka logs with a traceback is one line. kafka-python logs a connection the
+    broker reset with ``log.exception`` (``kafka.net.transport``): a user would read its
+    traceback as a crash of ours, and a lost broker is already told in one line of its own.
+    Installed once per process (a record factory: whatever handlers Faust sets up later).
+
+    >>> import io
+    >>> before = logging.getLogRecordFactory(), logging.getLogger("kafka").level
+    >>> client_logs(logging.WARNING)
+    >>> out = io.StringIO()
+    >>> handler = logging.StreamHandler(out)
+    >>> log = logging.getLogger("kafka.net.transport")
+    >>> log.addHandler(handler)
+    >>> try:
+    ...     raise ConnectionResetError(104, "Connection reset by peer")
+    ... except OSError:
+    ...     log.exception("%s: Error receiving network data", "<transport>")
+    >>> log.removeHandler(handler)
+    >>> print(out.getvalue().strip())
+    <transport>: Error receiving network data (ConnectionResetError: [Errno 104] Connection reset by peer)
+    >>> logging.setLogRecordFactory(before[0]); logging.getLogger("kafka").setLevel(before[1])
+    """
+    logging.getLogger("kafka").setLevel(level)
+    factory = logging.getLogRecordFactory()
+    if getattr(factory, "one_line", False):
+        return
+
+    def one_line(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = factory(*args, **kwargs)
+        if record.exc_info and record.exc_info[1] is not None and record.name.partition(".")[0] in _CLIENT_LOGGERS \
+                and logging.getLogger(record.name).getEffectiveLevel() > logging.DEBUG:
+            exc = record.exc_info[1]
+            record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {exc})", ()
+            record.exc_info, record.exc_text = None, None
+        return record
+
+    marked: Callable[..., logging.LogRecord] = one_line
+    marked.one_line = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(marked)

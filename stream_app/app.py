@@ -51,7 +51,7 @@ from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 
 from schemas import GroundTruth, Query, decode_record
-from schemas.connection import faust_options
+from schemas.connection import client_logs, faust_options
 from schemas.kafka_io import BrokerLost, QueryReader, broker_lost
 
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
@@ -578,7 +578,7 @@ def run_worker(s: WorkerSettings, exit_lost: Callable[[BrokerLost], NoReturn]) -
     one-line error and exit code 7, ``stream_app/cli/worker.py``)."""
     from .faust_worker import QuickStopWorker
 
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    client_logs(logging.WARNING)
     topic_ids = ensure_stream_topics(s)
     app = create_app(s)
     guard: BrokerGuard = app.broker_guard  # type: ignore[attr-defined]

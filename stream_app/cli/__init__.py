@@ -15,6 +15,8 @@ import logging
 import os
 from collections.abc import Sequence
 
+from schemas.connection import client_logs
+
 from . import analyst, broker, demo, plan, replay, report, shuffler, subscribe, synth, worker
 from .base import Parser
 from .errors import EXIT_CODES, guarded
@@ -53,7 +55,7 @@ def _configure_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not debug:
-        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+        client_logs(logging.CRITICAL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

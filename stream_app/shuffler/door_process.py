@@ -29,6 +29,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from schemas.connection import client_logs
 from schemas.kafka_io import BrokerUnavailable
 
 from .settings import ShufflerSettings
@@ -43,7 +44,7 @@ def _child(settings: ShufflerSettings, levels: tuple[int, int], conn: Connection
     stop (the pipe, SIGTERM, or the parent gone), then send the door's summary line."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=levels[0], format=_FORMAT)
-    logging.getLogger("kafka").setLevel(levels[1])
+    client_logs(levels[1])
     from .front_door import FrontDoor
 
     stop = threading.Event()

@@ -42,7 +42,7 @@ WITH_EXAMPLES = {
     "producers.progress": 2,
     "producers.settings": 2,
     "producers.spans": 17,
-    "schemas.connection": 7,
+    "schemas.connection": 19,
     "schemas.device_binary": 15,
     "schemas.device_http": 3,
     "schemas.enrollment": 21,
