@@ -15,7 +15,7 @@ import pytest
 
 from producers.settings import ReplaySettings
 from schemas import EndOfEpochSet, decode_record
-from tests.processes import children
+from tests.processes import children, stopped
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
@@ -65,6 +65,7 @@ def test_a_producer_killed_before_its_first_epoch_leaves_no_epoch_absent(broker:
             # frozen at once (it is still loading the day), killed once producer 0 marked what the
             # lockstep lets it (epochs 0 and 1): producer 1 dies without sending anything
             subprocess.run(["kill", "-STOP", str(kids[1])], check=True)  # noqa: S603,S607
+            wait_for(lambda: stopped(kids[1]), 30, "producer 1 stopped, every thread")  # kill returns before
             wait_for(lambda: len({e for _, e in _marked(rs)}) >= 2 or proc.poll() is not None, 60,
                      "producer 0's first epochs")
             subprocess.run(["kill", "-KILL", str(kids[1])], check=True)  # noqa: S603,S607
