@@ -52,7 +52,8 @@ def _logged(name: str, level: int) -> str:
     log, out = logging.getLogger(name), io.StringIO()
     handler = logging.StreamHandler(out)
     log.addHandler(handler)
-    old, log.level = log.level, level
+    old = log.level
+    log.setLevel(level)  # not ``log.level =``: setLevel also clears the loggers' isEnabledFor cache
     try:
         try:
             raise ConnectionResetError(104, "Connection reset by peer")
