@@ -57,5 +57,5 @@ def _meta_row(row: list[str], col: dict[str, int]) -> StationMeta | str:
     return StationMeta(
         station=station, freeway=get("fwy"), direction=get("dir"), district=get("district"),
         lane_type=get("type"), lanes=int(lanes_text) if lanes_text.isdigit() else None, name=get("name"),
-        latitude=opt_float("latitude"), longitude=opt_float("longitude"),
+        latitude=opt_float("latitude"), longitude=opt_float("longitude"), abs_postmile=opt_float("abs_pm"),
     )

@@ -130,6 +130,7 @@ class StationMeta:
     name: str = ""
     latitude: float | None = None
     longitude: float | None = None
+    abs_postmile: float | None = None  # the file's ``Abs_PM``: miles along the freeway, increasing N/E
 
 
 @dataclass

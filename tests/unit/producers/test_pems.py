@@ -530,6 +530,7 @@ def test_metadata_parses(tmp_path: Path, gz: bool) -> None:
     a = meta[500001]
     assert (a.freeway, a.direction, a.district, a.lane_type, a.lanes, a.name) == ("5", "N", "7", "ML", 4, "Main St")
     assert a.latitude == pytest.approx(34.05) and a.longitude == pytest.approx(-118.25)
+    assert a.abs_postmile == pytest.approx(23.714)  # Abs_PM, not State_PM (R23.7)
     b = meta[500004]
     assert b.latitude is None and b.longitude is None and b.lanes is None
     assert (b.lane_type, b.name) == ("OR", "Ramp to I-5 N")
