@@ -70,6 +70,7 @@ without a reading in any of them, interrupted if any was).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ import numpy.typing as npt
 from schemas import DeviceReport, Query, SourceEpoch
 
 from ..decode import Rejected
+from .kept import KeptNotes
 from .notes import NoteBound
 from .payload import check_payload
 
@@ -150,7 +152,12 @@ class Withheld:
 
 
 class ShufflePolicy:
-    """Admit, hold, decide. ``partitions``: the input (device topic) partitions this instance reads."""
+    """Admit, hold, decide. ``partitions``: the input (device topic) partitions this instance reads.
+
+    Behind a backlog (the notes far ahead of the reports read) thousands of slots are open at
+    once: no step scans them all. The kept notes count the open slots covering each epoch
+    (:mod:`.kept`), the open slots wait in a heap by the epoch each waits for (:meth:`due`), the
+    held reports are a running count: a note costs O(log n), a slot O(its span)."""
 
     def __init__(self, min_crowd: int, lateness_epochs: int, idle_release_s: float,
                  partitions: Iterable[int], ahead_epochs: int = 2, note_lead_epochs: int = 3,
@@ -172,14 +179,20 @@ class ShufflePolicy:
         self._vouched: dict[int, dict[int, tuple[list[int], list[int]]]] = {}
         self.last_arrival = 0.0
         self._open: dict[EpochKey, _Open] = {}
+        self._held = 0  # device reports held in open slots (:meth:`held`)
+        self._waits: list[tuple[int, EpochKey]] = []  # (the epoch an open slot waits for, its key): a heap
         self.decided: set[EpochKey] = set()
         self._decided_epochs: set[int] = set()
-        self._notes: dict[int, tuple[frozenset[int], bool]] = {}  # epoch -> (stations without data, interrupted)
+        self._notes = KeptNotes()  # epoch -> (stations without data, interrupted), and the open slots covering it
         self.ended: int | None = None  # the epoch a replay's note said it ends with (spans past it: cut short)
 
     @property
     def open_epochs(self) -> list[EpochKey]:
-        return sorted(self._open, key=lambda k: (k[2], k[0], k[1]))
+        return sorted(self._open, key=_oldest_first)
+
+    def open_count(self) -> int:
+        """How many slots are open."""
+        return len(self._open)
 
     def clock_state(self) -> dict[str, Any]:
         """The trusted clock as a JSON-able dict (the state log's ``clock`` record)."""
@@ -194,7 +207,7 @@ class ShufflePolicy:
         self.clock = max(self.clock, int(state.get("clock", -1)))
         self.floor = int(state.get("floor", self.floor))
         self.passed = max(self.passed, int(state.get("passed", -1)))
-        self.ended = self.ended if state.get("ended") is None else int(state["ended"])
+        self._end_at(self.ended if state.get("ended") is None else int(state["ended"]))
         self.sources.update({int(k): int(e) for k, e in state.get("sources", {}).items()})
         self.source_count = int(state.get("count", self.source_count))
         self.ends.update({int(p): int(o) for p, o in state.get("ends", {}).items()})
@@ -209,8 +222,8 @@ class ShufflePolicy:
         return epoch in self._notes
 
     def held(self) -> int:
-        """Device reports held in open epochs."""
-        return sum(r.devices for o in self._open.values() for r in o.rounds)
+        """Device reports held in open epochs (every round's)."""
+        return self._held
 
     def in_window(self, epoch: int, clock: int | None = None) -> bool:
         """Whether the trusted clock has opened ``epoch``: from the clock's first epoch up to
@@ -315,7 +328,7 @@ class ShufflePolicy:
         ok &= epoch % query.epochs_per_span == 0  # a span query's reports name their span's first epoch
         ok &= (self.floor >= 0) & (epoch >= self.floor) & (epoch <= (self.clock if clock is None else clock)
                                                              + self.ahead_epochs)
-        decided = [k[2] for k in self.decided if k[0] == query.query_id and k[1] == query.version]
+        decided = [e for e in np.unique(epoch).tolist() if (query.query_id, query.version, e) in self.decided]
         if decided:
             ok &= ~np.isin(epoch, np.asarray(decided, np.int64))
         if value is not None:
@@ -338,6 +351,7 @@ class ShufflePolicy:
             return Rejected("slot_full", f"{query.record_key} epoch {key[2]} round {rnd} already holds "
                                          f"{r.devices} reports, the query's population")
         r.devices += 1
+        self._held += 1
         return None
 
     def room(self, key: EpochKey, rnd: int, query: Query) -> int:
@@ -351,6 +365,7 @@ class ShufflePolicy:
         if slot.rounds[rnd].devices + n > query.population:
             raise ValueError("reserve_many past the slot's room")
         slot.rounds[rnd].devices += n
+        self._held += n
 
     def add(self, key: EpochKey, rnd: int, counts: IntArray, now: float) -> None:
         """Add reserved reports' counts (the :class:`_Round` layout) to round ``rnd`` of ``key``."""
@@ -371,6 +386,7 @@ class ShufflePolicy:
         slot = self._new_slot(key, query)
         for r, got in zip(slot.rounds, rounds, strict=True):
             r.devices = int(got["devices"])
+            self._held += r.devices
             r.counts[np.asarray(got["index"], np.int64)] = np.asarray(got["count"], np.int64)
 
     def note_refusal(self, note: SourceEpoch, now: float, wall_epoch: int | None = None) -> Rejected | None:
@@ -394,13 +410,13 @@ class ShufflePolicy:
         if not note.opens and note.epoch in self._decided_epochs:
             return Rejected("late", f"source metadata of epoch {note.epoch}, already released or withheld")
         if not note.opens:
-            missing, interrupted = self._notes.get(note.epoch, (frozenset(), False))
-            self._notes[note.epoch] = (missing | frozenset(note.readings_missing), interrupted or note.interrupted)
+            self._notes.add(note.epoch, frozenset(note.readings_missing), note.interrupted)
             for k, o in self._open.items() if note.interrupted else ():  # the open slots it cuts
                 if k[2] <= note.epoch < k[2] + o.query.epochs_per_span and (o.cut is None or note.epoch < o.cut):
                     o.cut = note.epoch
+                    self._wait(k)
             if note.ends:
-                self.ended = note.epoch
+                self._end_at(note.epoch)
         done = note.epoch - 1 if note.opens else note.epoch
         for p, offset in note.device_offsets:
             if p in self.partitions:
@@ -415,9 +431,8 @@ class ShufflePolicy:
             self.advance(min(self.sources[k] for k in range(self.source_count)), active, dict(self.ends))
             self.notes.vouch(-1, self.clock, now)
         self.last_arrival = now
-        if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no report named, long past: dropped
-            for e in [e for e in self._notes if e < self.clock - EPOCHS_KEPT and not self._covered(e)]:
-                del self._notes[e]
+        if len(self._notes) > 4 * EPOCHS_KEPT:  # notes of epochs no open slot covers, long past: dropped
+            self._notes.sweep(before=self.clock - EPOCHS_KEPT)
         return None
 
     def advance(self, clock: int, active: Active, barrier: dict[int, int] | None = None) -> None:
@@ -455,9 +470,48 @@ class ShufflePolicy:
     def _new_slot(self, key: EpochKey, query: Query) -> _Open:
         """Open ``key``'s slot, cut at the first epoch of its span a kept note says was interrupted
         (a later note cuts it in :meth:`note`: :meth:`due` looks the cut up, never rescans the span)."""
-        cut = [e for e in range(key[2], key[2] + query.epochs_per_span) if e in self._notes and self._notes[e][1]]
-        slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)], min(cut, default=None))
+        span = range(key[2], key[2] + query.epochs_per_span)
+        if key in self._open:  # replaced (a restart's held counts)
+            self._held -= sum(r.devices for r in self._open[key].rounds)
+        else:
+            self._notes.cover(span)
+        slot = self._open[key] = _Open(query, [_round(query) for _ in range(query.n_rounds)],
+                                       self._notes.first_interrupted(span))
+        self._wait(key)
         return slot
+
+    def _drop_slot(self, key: EpochKey) -> _Open:
+        """Take ``key``'s open slot away (decided): the epochs it covered are covered by one slot
+        fewer, its reports are held no more (its entry in the waits goes stale)."""
+        slot = self._open.pop(key)
+        self._notes.uncover(range(key[2], key[2] + slot.query.epochs_per_span))
+        self._held -= sum(r.devices for r in slot.rounds)
+        return slot
+
+    def _end_at(self, epoch: int | None) -> None:
+        """The replay ends with ``epoch``: the open spans it ends inside wait for it, no longer."""
+        if epoch != self.ended:
+            self.ended = epoch
+            for k in [k for k, o in self._open.items() if o.query.epochs_per_span > 1]:
+                self._wait(k)
+
+    def _wait(self, key: EpochKey) -> None:
+        """Enter open ``key`` in the waits at the epoch it waits for now (an earlier entry goes stale)."""
+        heapq.heappush(self._waits, (self._last_epoch(key), key))
+        if len(self._waits) > 2 * len(self._open) + 64:  # mostly stale: rebuilt (amortized O(1))
+            self._waits = sorted((self._last_epoch(k), k) for k in self._open)
+
+    def _waiting(self, bound: int) -> list[EpochKey]:
+        """The open slots that wait for an epoch at most ``bound``: the entries popped below
+        it, stale ones dropped, the others entered again (a slot stays open until closed)."""
+        found: dict[EpochKey, int] = {}
+        while self._waits and self._waits[0][0] <= bound:
+            last, key = heapq.heappop(self._waits)
+            if key in self._open and self._last_epoch(key) == last:
+                found[key] = last
+        for key, last in found.items():
+            heapq.heappush(self._waits, (last, key))
+        return list(found)
 
     def due(self, now: float, caught_up: Collection[int], positions: dict[int, int] | None = None
             ) -> list[EpochKey]:
@@ -472,9 +526,9 @@ class ShufflePolicy:
         while self.barriers and all(positions.get(p, 0) >= o for p, o in self.barriers[0][1].items()):
             self.passed = max(self.passed, self.barriers.pop(0)[0])
         idle = self.partitions <= set(caught_up) and now - self.last_arrival >= self.idle_release_s
-        horizon = self.passed - self.lateness_epochs
-        last = {k: self._last_epoch(k) for k in self._open}
-        return [k for k in self.open_epochs if last[k] <= horizon or (idle and last[k] <= min(self.clock, self.passed))]
+        horizon = self.passed - self.lateness_epochs  # by event time; at the end of input, up to the clock
+        bound = max(horizon, min(self.clock, self.passed)) if idle else horizon
+        return sorted(self._waiting(bound), key=_oldest_first)
 
     def _last_epoch(self, key: EpochKey) -> int:
         """The epoch an open slot waits for: its own, or its span's last -- or the first epoch of
@@ -493,32 +547,16 @@ class ShufflePolicy:
         """The epochs an open slot covers: its own, or its span's."""
         return range(key[2], key[2] + self._open[key].query.epochs_per_span)
 
-    def _covered(self, epoch: int) -> bool:
-        """Whether an open slot covers ``epoch`` (its note is still needed)."""
-        return any(k[2] <= epoch < k[2] + o.query.epochs_per_span for k, o in self._open.items())
-
-    def _take_notes(self, epochs: range) -> tuple[frozenset[int], bool]:
-        """The notes of ``epochs`` (a decided slot's) joined; each dropped once no open slot covers it."""
-        missing: frozenset[int] = frozenset()
-        interrupted = False
-        for e in epochs:
-            m, i = self._notes.get(e, (frozenset(), False))
-            missing, interrupted = missing | m, interrupted or i
-        for e in epochs:
-            if not self._covered(e):
-                self._notes.pop(e, None)
-        return missing, interrupted
-
     def close(self, key: EpochKey, rng: np.random.Generator, release: str = "permuted") -> Released | Withheld:
         """Decide a due epoch: release its rounds -- ``"permuted"`` (the reports, by ``rng``) or
         ``"aggregate"`` (their counts; ``rng`` unused) -- or withhold it (too small a crowd, a
         refused note, a query that fixes another release: module docstring)."""
         span = self._span(key)
         cut_short = self._cut_short(key)
-        slot = self._open.pop(key)
+        slot = self._drop_slot(key)
         self._decide(key)
         devices = tuple(r.devices for r in slot.rounds)
-        no_data, interrupted = self._take_notes(span)  # a span's: any epoch of it
+        no_data, interrupted = self._notes.take(span)  # a span's: any epoch of it
         interrupted = interrupted or cut_short  # a span the replay ended inside: cut short, as a stop
         q = slot.query
         if q.release is not None and q.release != release:  # never released under another release
@@ -555,14 +593,20 @@ class ShufflePolicy:
 
     def mark_decided(self, key: EpochKey) -> None:
         """Restoring after a restart: this epoch was decided before (its held reports go)."""
-        span = self._span(key) if key in self._open else range(key[2], key[2] + 1)
-        self._open.pop(key, None)
+        span = range(key[2], key[2] + 1)
+        if key in self._open:
+            span = self._span(key)
+            self._drop_slot(key)
         self._decide(key)
-        self._take_notes(span)
+        self._notes.take(span)
 
     def _decide(self, key: EpochKey) -> None:
         self.decided.add(key)
         self._decided_epochs.add(key[2])
+
+
+def _oldest_first(key: EpochKey) -> tuple[int, str, int]:
+    return key[2], key[0], key[1]
 
 
 def _counts(query: Query, r: _Round) -> IntArray:

@@ -69,6 +69,7 @@ WITH_EXAMPLES = {
     "stream_app.shuffler.door_policy": 11,
     "stream_app.shuffler.front_door": 1,
     "stream_app.shuffler.enrolled": 9,
+    "stream_app.shuffler.kept": 7,
     "stream_app.shuffler.metrics": 6,
     "stream_app.shuffler.notes": 5,
     "stream_app.shuffler.payload": 5,
