@@ -80,6 +80,8 @@ __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 #: flood of them costs the dead-letter topic a bounded letter each, not a copy
 UNVOUCHED = frozenset({"unauthenticated", "bad_mac", "unknown_device", "revoked", "untrusted_note"})
 UNVOUCHED_PREFIX = 64
+#: seconds a step may spend reading the source notes ahead of the main consumer (Admission's catch-up)
+CATCH_UP_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +369,7 @@ class Shuffler:
                     self._admission.take(decode_batch([r.value for r in records], self.enrollment), records, step,
                                          time.monotonic)
             due = (self.policy.due(time.monotonic(), self._caught_up(), self._positions())
-                   if self.policy.open_epochs else [])
+                   if self.policy.open_count() else [])
             if not (step.admitted or step.letters or step.slots or due or self._salt_new):
                 continue
             self._live[self._step + 1] = (frozenset(step.slots), frozenset(step.notes))
@@ -402,20 +404,26 @@ class Shuffler:
 
     def _catch_up_notes(self, step: Step) -> None:
         """Read the source notes to their end as the broker says now, with a reader of their own,
-        then move the main consumer past them (it never returns them again)."""
-        c = self._consumer
+        for at most ``CATCH_UP_S`` -- checked before each note, so a backlog of notes cannot hold
+        the step (and its releases) longer -- then move the main consumer past the notes taken
+        (it never returns them again; those left it reads itself)."""
+        c, tp = self._consumer, self._notes_tp
         if self._notes_reader is None:
             self._notes_reader = connect("consumer", self.s, KafkaConsumer, group_id=None, enable_auto_commit=False,
                                          isolation_level="read_committed")
-            self._notes_reader.assign([self._notes_tp])
+            self._notes_reader.assign([tp])
         reader = self._notes_reader
-        reader.seek(self._notes_tp, c.position(self._notes_tp))
-        end = reader.end_offsets([self._notes_tp])[self._notes_tp]
-        deadline = time.monotonic() + 5.0
-        while reader.position(self._notes_tp) < end and time.monotonic() < deadline:
-            for rec in reader.poll(timeout_ms=100, max_records=1000).get(self._notes_tp, ()):
+        reader.seek(tp, c.position(tp))
+        end = reader.end_offsets([tp])[tp]
+        deadline = time.monotonic() + CATCH_UP_S
+        left: int | None = None  # the first note not taken, once the deadline passed within a poll
+        while left is None and reader.position(tp) < end and time.monotonic() < deadline:
+            for rec in reader.poll(timeout_ms=100, max_records=1000).get(tp, ()):
+                if time.monotonic() >= deadline:
+                    left = rec.offset
+                    break
                 self._take_note(rec, step)
-        c.skip_to(self._notes_tp, reader.position(self._notes_tp))
+        c.skip_to(tp, reader.position(tp) if left is None else left)
 
     def _positions(self) -> dict[int, int]:
         return {tp.partition: self._consumer.position(tp) for tp in self._tps}
