@@ -27,6 +27,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, ptt_command, settings_from_args
 from .demo_output import output_may_close
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings, demo_query_mechanisms
-from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, CliError, error_line
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, EXIT_UNPUBLISHED, CliError, error_line
 from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
 from .replay import delivery_failures_message, replay_summary_lines
 from .supervise import HelperFailed, Watch, how_it_ended, log_tail
@@ -55,9 +56,9 @@ RUN_LOG = "run.log"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["RUN_LOG", "DemoError", "add_parser", "choose_port", "cut_epoch_note",
+__all__ = ["RUN_LOG", "Closing", "DemoError", "add_parser", "choose_port", "cut_epoch_note",
            "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics", "secret_dir",
-           "write_report"]
+           "unpublished", "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -198,25 +199,68 @@ def expected_windows(queries: list[Query], epochs: Iterable[int]) -> int:
     return sum(sum(q.span_start(e) == e for q in active_queries(queries, epoch_start(e))) for e in epochs)
 
 
+@dataclass(frozen=True)
+class Closing:
+    """How far the worker got once the demo stopped waiting: the windows the replay marked (each
+    query's epochs, a span query's spans) and those it closed, the rollups the replay completes
+    and those it decided."""
+
+    windows: int
+    closed: int
+    rollups: int = 0
+    decided: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.closed >= self.windows and self.decided >= self.rollups
+
+
 def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0,
-                 check: Callable[[], None] = lambda: None) -> bool:
+                 check: Callable[[], None] = lambda: None) -> Closing:
     """After the replay: until the worker has closed every window the replay marked and decided
-    every rollup it completes (True), or a stop, or ``timeout_s`` without one more closed or
-    decided (False: a stalled pipeline; a busy one that still makes progress is waited for).
-    Each stage-2 partition closes its own epochs, so the newest closed epoch says nothing of the
+    every rollup it completes (complete), or a stop, or ``timeout_s`` without one more closed or
+    decided (a stalled pipeline; a busy one that still makes progress is waited for). Each
+    stage-2 partition closes its own epochs, so the newest closed epoch says nothing of the
     older ones: the closed epochs are counted."""
     decided = (b"ptt_rollups_total{", b"ptt_withheld_rollups_total{")
     progress = -1.0
     deadline = time.monotonic() + timeout_s
+    got = Closing(windows, 0, rollups, 0)
     while time.monotonic() < deadline and not stop.requested:
         check()  # a helper that exited meanwhile (:meth:`~.supervise.Watch.check`)
-        closed, done = _closed_epochs(metrics_url), _closed_epochs(metrics_url, decided)
-        if closed >= windows and done >= rollups:
-            return True
-        if closed + done > progress:
-            progress, deadline = closed + done, time.monotonic() + timeout_s
+        got = Closing(windows, int(_closed_epochs(metrics_url)), rollups, int(_closed_epochs(metrics_url, decided)))
+        if got.complete:
+            break
+        if got.closed + got.decided > progress:
+            progress, deadline = got.closed + got.decided, time.monotonic() + timeout_s
         stop.wait(0.5)
-    return False
+    return got
+
+
+def unpublished(closing: Closing, code: int, saved: int) -> tuple[int, str | None]:
+    """The demo's exit code and error line once it has saved what was published (``saved``
+    estimates): a replay with windows or rollups never published -- the pipeline stalled --
+    exits ``EXIT_UNPUBLISHED`` and says how many are missing, unless it exits otherwise already
+    (``code``: interrupted, delivery failures).
+
+    >>> code, line = unpublished(Closing(windows=11_808, closed=215, rollups=3_360, decided=60), EXIT_OK, 860)
+    >>> code == EXIT_UNPUBLISHED
+    True
+    >>> print(line)  # doctest: +NORMALIZE_WHITESPACE
+    ptt demo: error: 11,593 of the 11,808 windows the replay sent (each query's epochs, a span query's
+    spans) and 3,300 of its 3,360 rollups were never published (860 estimates saved); the worker or the
+    shuffler stalled: see worker.log and shuffler.log in the output folder
+    >>> unpublished(Closing(windows=20, closed=20), EXIT_OK, 100), unpublished(Closing(20, 3), EXIT_INTERRUPTED, 9)
+    ((0, None), (130, None))
+    """
+    if closing.complete or code != EXIT_OK:
+        return code, None
+    rollups = (f" and {closing.rollups - closing.decided:,} of its {closing.rollups:,} rollups"
+               if closing.decided < closing.rollups else "")
+    what = (f"{max(closing.windows - closing.closed, 0):,} of the {closing.windows:,} windows the replay sent (each "
+            f"query's epochs, a span query's spans){rollups} were never published ({saved:,} estimates saved)")
+    return EXIT_UNPUBLISHED, error_line("demo", what, "the worker or the shuffler stalled: see worker.log and "
+                                                      "shuffler.log in the output folder")
 
 
 def save_topics(settings: KafkaSettings, topics: dict[str, Path], idle_timeout_s: float = 1.0) -> dict[str, int]:
@@ -496,12 +540,13 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
         with StopFlag() as stop:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()
+            closing = Closing(0, 0)
             if not summary.interrupted and summary.epochs:
                 replayed = [int(e) for e in day.epochs[:summary.epochs]]
                 queries = read_queries(rs)
-                if not _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
-                                    rollups=expected_rollups(queries, replayed), check=watch.check) \
-                        and not stop.requested:
+                closing = _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
+                                       rollups=expected_rollups(queries, replayed), check=watch.check)
+                if not closing.complete and not stop.requested:
                     print("demo: the worker closed no further epoch for 60 s; saving what it has published",
                           file=sys.stderr, flush=True)
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
@@ -541,6 +586,9 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                 print("report      none (no estimate was published yet)", flush=True)
             print(f"log         {out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",
                   flush=True)
+            code, missing = unpublished(closing, code, counts[ws.estimates_topic])
+            if missing is not None:
+                print(missing, file=sys.stderr, flush=True)
         return code
     finally:
         if not stopped_children:

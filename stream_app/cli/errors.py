@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ERROR_LOG", "EXIT_BROKER", "EXIT_BROKER_LOST", "EXIT_CODES", "EXIT_EMPTY", "EXIT_FAILURE", "EXIT_HELPER",
-           "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PORT", "EXIT_USAGE", "CliError", "error_line", "guarded",
-           "input_paths", "validation_message"]
+           "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PORT", "EXIT_UNPUBLISHED", "EXIT_USAGE", "CliError",
+           "error_line", "guarded", "input_paths", "validation_message"]
 
 # The exit codes of every command (documented in the README).
 EXIT_OK = 0
@@ -29,6 +29,7 @@ EXIT_INPUT = 5  # an input file is missing, unreadable, or not in a readable com
 EXIT_EMPTY = 6  # the input holds no usable data
 EXIT_BROKER_LOST = 7  # the broker was lost mid-run (silent past --broker-loss-timeout-s, or its topics gone)
 EXIT_HELPER = 8  # a process the command started (the demo's helpers, the shuffler's front door) exited
+EXIT_UNPUBLISHED = 9  # the demo replayed epochs the worker never published (the pipeline stalled)
 EXIT_INTERRUPTED = 130  # Ctrl-C (or SIGTERM): what was sent is flushed and marked
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
@@ -42,6 +43,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_HELPER: "a process the command started (the demo's broker, worker, shuffler or Prometheus; the "
                  "shuffler's front door) exited while it should have been running (which one, how it ended and "
                  "the end of its log on stderr)",
+    EXIT_UNPUBLISHED: "ptt demo replayed epochs that were never published: the worker or the shuffler stalled "
+                      "(how many windows and rollups are missing on stderr)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
 ERROR_LOG = "ptt-error.log"

@@ -54,7 +54,8 @@ def test_every_option_of_every_command_has_help() -> None:
 
 def test_exit_codes_are_distinct_and_documented() -> None:
     codes = [errors.EXIT_OK, errors.EXIT_FAILURE, errors.EXIT_USAGE, errors.EXIT_BROKER, errors.EXIT_PORT,
-             errors.EXIT_INPUT, errors.EXIT_EMPTY, errors.EXIT_BROKER_LOST, errors.EXIT_HELPER, errors.EXIT_INTERRUPTED]
+             errors.EXIT_INPUT, errors.EXIT_EMPTY, errors.EXIT_BROKER_LOST, errors.EXIT_HELPER, errors.EXIT_UNPUBLISHED,
+             errors.EXIT_INTERRUPTED]
     assert len(set(codes)) == len(codes) == len(errors.EXIT_CODES)
     readme = (ROOT / "README.md").read_text()
     for code in codes:
