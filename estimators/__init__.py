@@ -32,16 +32,13 @@ from .aggregate_multi import (
 )
 from .budget import (
     EpochAccount,
-    Family,
-    can_fit,
     central_limit_sd,
+    check_day_cap,
     check_span,
     day_epsilon_of,
     dominating_envelope,
     epoch_account,
-    fit_budget,
     gaussian_delta,
-    headline_sd,
     local_day,
     pld_day_epsilon,
     pure_pld,
@@ -64,6 +61,7 @@ from .figures import (
     scale_word,
     uncertifiable,
 )
+from .fit import FAMILIES, Family, can_fit, fit_budget, headline_sd
 from .fleet import FleetQuery, fleet_plan, parse_fleet_queries, share_epsilon, vehicle_day
 from .ledger import (
     ShuffledDayLedger,
@@ -165,6 +163,7 @@ from .shuffle import (
 )
 
 __all__ = [
+    "FAMILIES",
     "ALP_BOTTOM",
     "Accountable",
     "ALP_NO",
@@ -217,6 +216,7 @@ __all__ = [
     "can_fit",
     "central_limit_sd",
     "charged_release",
+    "check_day_cap",
     "check_span",
     "check_span_request",
     "clone_pair",

@@ -60,11 +60,14 @@ import estimators.aggregate as aggregate
 from ._types import FloatArray
 from .shuffle import Pld
 
-__all__ = ["kary_histogram_pld", "kary_rates", "per_sensor_epoch_plds", "ternary_profiles", "ternary_rows",
+__all__ = ["BINARY_MINORITY_CAP", "TERNARY_N_CAP", "binary_crowd",
+           "kary_histogram_pld", "kary_rates", "per_sensor_epoch_plds", "ternary_profiles", "ternary_rows",
            "ternary_station_pld", "ternary_stride", "trinomial"]
 
 Rows = tuple[tuple[float, float, float], tuple[float, float, float]]
 
+TERNARY_N_CAP = 200_000  # a three-valued station's crowd is accounted at most at this (ALP at 10M: 8.5 min -> 14 s)
+BINARY_MINORITY_CAP = 200_000.0  # a binary station's crowd: expected minority answers at most this (binary_crowd)
 _SLACK = 1e-12  # added to every curve value: dominates the 2-D FFT's round-off
 _NEGLIGIBLE = 1e-20  # lattice points below this (under both rows) are not enumerated
 _TAIL = 1e-17  # each marginal's quantile left out of a multinomial's window, a side
@@ -311,11 +314,27 @@ def per_sensor_epoch_plds(tables: tuple[FloatArray, ...], n: int, stride: int | 
         if rates is not None:
             p1, p0 = rates
             if abs(p1 - p0) >= 1e-12:
-                out.extend(aggregate.station_pld(m, p1, p0, stride=stride))
+                out.extend(aggregate.station_pld(binary_crowd(m, p1, p0), p1, p0, stride=stride))
             continue
         rows = ternary_rows(t)
         if rows is None:
             return None
         if max(abs(y - z) for y, z in zip(*rows, strict=True)) >= 1e-12:
-            out.extend(ternary_station_pld(m, rows[0], rows[1], stride=stride))
+            out.extend(ternary_station_pld(min(m, TERNARY_N_CAP), rows[0], rows[1], stride=stride))
     return out
+
+
+def binary_crowd(m: int, p1: float, p0: float) -> int:
+    """The crowd a binary station's PLD is computed among: all ``m`` others while their expected
+    minority answers (``m`` times the smallest rate) stay under :data:`BINARY_MINORITY_CAP`, else
+    just enough others for that many (at least :data:`TERNARY_N_CAP`). The release among more
+    devices is a post-processing of the release among fewer (:func:`aggregate.covering_ks`), so
+    the figure stays a valid bound; it loosens only where the minority counts' noise (sd ~450) is
+    already far above one device's change, and the binomial windows stay small (a plan at ten
+    million devices and q = 0.3 would take ~10 s a PLD).
+
+    >>> binary_crowd(10_047_718, 0.9999, 0.0001), binary_crowd(10_047_718, 0.7, 0.3)
+    (10047718, 666666)
+    """
+    rare = min(p1, p0, 1.0 - p1, 1.0 - p0)
+    return int(min(m, max(TERNARY_N_CAP, BINARY_MINORITY_CAP / rare)))

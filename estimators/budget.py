@@ -27,8 +27,19 @@ that meet a whole-day budget.
   ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` (Dong, Roth and Su,
   "Gaussian Differential Privacy", Corollary 2.13). At P = span / 30 s, ``T min(2P, V)`` is
   5,760 for every span (V >= 2P): the curator's sd per span is the 30-s figure.
-* :func:`fit_budget`: the mechanism's parameters minimising the headline sd within a day
-  budget, over the one-parameter family :data:`FAMILIES` documents per mechanism.
+* **A day cap** (``day_cap`` = M, ``Query.max_passages_day``): a device names at most M
+  passages of the query a day (past M its reports name no station, still sent and randomized).
+  Two days of one vehicle then differ in ``a <= M`` answers Yes -> No and ``b <= M`` No -> Yes
+  over the whole day, whatever their spans. Under the exact aggregate release of a per-sensor
+  mechanism every (span, station) count is independent given the others' data, so the day is
+  each round's forward PLD composed M times and its backward PLD M times (a composition with
+  more parts dominates one with fewer) -- used where ``2M`` is below the uncapped day's
+  ``releases x min(2P, V)`` changed answers, where it is the smaller of the two (the uncapped
+  day's extra parts are envelopes that dominate both directions). Otherwise (a station-valued
+  mechanism's histogram, or the clone bound of a report) the releases that differ are at most
+  ``2M``: the release's PLDs are composed ``min(releases, 2M)`` times. The curator with the same
+  bound has L2 sensitivity ``sqrt(2M)`` over the day (:func:`central_limit_sd`).
+* :mod:`estimators.fit` chooses the parameters that meet a day budget.
 
 >>> round(central_limit_sd(2.5, 1e-6), 1), round(central_limit_sd(4.0, 1e-6), 1), round(central_limit_sd(8.0, 1e-6), 1)
 (138.2, 90.6, 49.6)
@@ -36,13 +47,14 @@ that meet a whole-day budget.
 [138.2, 138.2]
 >>> round(central_limit_sd(2.5, 1e-6, span_s=3600, passages=20, n_stations=3220), 1)  # a cap of 20 an hour
 56.4
+>>> [round(central_limit_sd(b, 1e-6, span_s=3600, passages=120, n_stations=3220, day_cap=40), 1) for b in (2.5, 1)]
+[16.3, 37.8]
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,10 +67,10 @@ from ._types import FloatArray
 from .mechanisms import Mechanism
 from .registry import MechanismSpec, PlanError
 
-__all__ = ["CLONE_MAX", "DAY_S", "EPOCH_S", "FAMILIES", "RELEASES", "EpochAccount", "Family", "can_fit",
-           "central_limit_sd", "check_span", "day_epsilon_of", "dominating_envelope", "epoch_account", "fit_budget",
-           "gaussian_delta", "headline_sd", "local_day", "pld_day_epsilon", "pure_pld", "release_figures",
-           "releases_in", "span_passages", "span_ratios", "span_round_epsilons"]
+__all__ = ["CLONE_MAX", "DAY_S", "EPOCH_S", "RELEASES", "EpochAccount", "central_limit_sd", "check_day_cap",
+           "check_span", "day_epsilon_of", "dominating_envelope", "epoch_account", "gaussian_delta", "local_day",
+           "pld_day_epsilon", "pure_pld", "release_figures", "releases_in", "span_passages", "span_ratios",
+           "span_round_epsilons"]
 
 RELEASES = ("aggregate", "permuted")
 NO_BOUND_NOTE = ("no shuffled bound: a report, or the rounds together, can be possible under one truth and "
@@ -100,6 +112,19 @@ def span_passages(span_s: int, max_passages: int | None, n_stations: int) -> int
     return max(1, min(max_passages or span_s // EPOCH_S, n_stations))
 
 
+def check_day_cap(day_cap: int | None) -> None:
+    """:class:`PlanError` unless ``day_cap`` (the most passages a device names a day) is None or >= 1.
+
+    >>> check_day_cap(40); check_day_cap(None)
+    >>> check_day_cap(0)
+    Traceback (most recent call last):
+    ...
+    estimators.registry.PlanError: a day cap (max passages a day) must be at least 1; got 0
+    """
+    if day_cap is not None and (not isinstance(day_cap, int) or day_cap < 1):
+        raise PlanError(f"a day cap (max passages a day) must be at least 1; got {day_cap}")
+
+
 def releases_in(epochs: int, span_s: int = EPOCH_S) -> int:
     """Span releases in ``epochs`` 30-s epochs (a started span counts whole).
 
@@ -122,19 +147,24 @@ def gaussian_delta(eps: float, mu: float) -> float:
 
 
 def central_limit_sd(budget: float, delta: float = 1e-6, epochs: int = 2880, share: float = 1.0,
-                     span_s: int = EPOCH_S, passages: int = 1, n_stations: int | None = None) -> float:
+                     span_s: int = EPOCH_S, passages: int = 1, n_stations: int | None = None,
+                     day_cap: int | None = None) -> float:
     """The curator's per-release (30-s epoch or span), per-station sd at a whole-day (budget, delta):
-    ``sqrt(T min(2P, V)) / mu`` with ``delta(budget; mu) = delta``, ``T`` the releases in ``epochs``
-    30-s epochs (:func:`releases_in`), ``P`` = ``passages`` (``V`` = ``n_stations``, unbounded if
-    None). ``share``: the fraction of mu^2 one query gets when a curator answers several (mu^2
-    adds under composition)."""
+    ``sqrt(C) / mu`` with ``delta(budget; mu) = delta`` and ``C`` the answers two days can differ
+    in: ``T min(2P, V)``, ``T`` the releases in ``epochs`` 30-s epochs (:func:`releases_in`), ``P`` =
+    ``passages`` (``V`` = ``n_stations``, unbounded if None), at most ``2 day_cap`` (L2 sensitivity
+    ``sqrt(2M)`` over the day). ``share``: the fraction of mu^2 one query gets when a curator answers
+    several (mu^2 adds under composition)."""
     from scipy.optimize import brentq
     if budget <= 0:
         raise PlanError("a day budget must be > 0")
     check_span(span_s)
-    changed = 2 * passages if n_stations is None else min(2 * passages, n_stations)
+    check_day_cap(day_cap)
+    changed = releases_in(epochs, span_s) * (2 * passages if n_stations is None else min(2 * passages, n_stations))
+    if day_cap is not None:
+        changed = min(changed, 2 * day_cap)
     mu = brentq(lambda m: gaussian_delta(budget, m) - delta, 1e-6, 100.0, xtol=1e-12)
-    return math.sqrt(releases_in(epochs, span_s) * changed) / (float(mu) * math.sqrt(share))
+    return math.sqrt(changed) / (float(mu) * math.sqrt(share))
 
 
 @dataclass(frozen=True)
@@ -142,7 +172,10 @@ class EpochAccount:
     """One release's PLDs for ``release`` (a 30-s epoch's report, or a span report): ``plds[i]``
     composed ``counts[i]`` times (empty ``counts``: once each); ``exact``: the aggregate release's
     own accounting (else the clone bound of the permuted release); ``local``: the release's local
-    epsilon, every round composed (a cap, and what a device's local ledger charges)."""
+    epsilon, every round composed (a cap, and what a device's local ledger charges).
+    ``day_cap`` (M): a device names at most M passages a day (module doc); ``stations``: each
+    round's (forward, backward) station PLDs, composed M times each at the cap (exact per-sensor
+    accounts); ``pair``: the local epsilon of one passage moved (a Yes and a No answer, every round)."""
 
     release: str
     plds: tuple[shuffle.Pld, ...]
@@ -151,15 +184,31 @@ class EpochAccount:
     counts: tuple[int, ...] = ()
     span_s: int = EPOCH_S
     passages: int = 1
+    changed: int = 2
+    day_cap: int | None = None
+    stations: tuple[shuffle.Pld, ...] = ()
+    pair: float = math.inf
 
     def parts(self, releases: int = 1) -> list[tuple[shuffle.Pld, int]]:
-        """``(pld, times)`` of ``releases`` releases composed."""
+        """``(pld, times)`` of ``releases`` releases composed (at most what the day cap allows)."""
         counts = self.counts or (1,) * len(self.plds)
-        return [(p, c * releases) for p, c in zip(self.plds, counts, strict=True) if c]
+        cap = self.day_cap
+        if cap is not None and self.stations and 2 * cap < self.changed * releases:
+            return [(p, cap) for p in self.stations]
+        differ = releases if cap is None else min(releases, 2 * cap)  # releases that can differ
+        return [(p, c * differ) for p, c in zip(self.plds, counts, strict=True) if c]
 
     def releases(self, epochs: int) -> int:
         """Releases of this query in ``epochs`` 30-s epochs."""
         return releases_in(epochs, self.span_s)
+
+    def local_day(self, releases: int, delta: float) -> float:
+        """The local figure of ``releases`` reports: optimal composition of the reports, or with a
+        day cap of the releases that can differ (at most 2M) or of M moved passages (``pair``)."""
+        if self.day_cap is None:
+            return local_day(self.local, releases, delta)
+        return min(local_day(self.local, min(releases, 2 * self.day_cap), delta),
+                   local_day(self.pair, self.day_cap, delta) if math.isfinite(self.pair) else math.inf)
 
     @property
     def note(self) -> str:
@@ -316,30 +365,43 @@ def _envelope_cached(fwd: shuffle.Pld, bwd: shuffle.Pld) -> shuffle.Pld:
 
 def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int, release: str,
                   ratios: tuple[shuffle.VariationRatio, ...] | None = None, span_s: int = EPOCH_S,
-                  passages: int = 1) -> EpochAccount:
+                  passages: int = 1, day_cap: int | None = None) -> EpochAccount:
     """The account of one release of a query: a 30-s epoch's report, or (``span_s`` > 30) one
-    span report of up to ``passages`` stations (P, capped at ``n_stations``); module doc.
+    span report of up to ``passages`` stations (P, capped at ``n_stations``), of a device that
+    names at most ``day_cap`` passages a day (None: no cap); module doc.
     ``ratios``: ``spec.shuffle_ratios(mech, n_stations)`` when the caller has them already (k-ary
     RR's over 3,220 stations take ~1 s; used for one-passage reports only).
 
     Unary RR through the aggregate release: an hourly report (P = 120) composes each station's
-    PLD 120 times per release, so 24 hours cost what 2,880 epochs do:
+    PLD 120 times per release, so 24 hours cost what 2,880 epochs do; a day cap of 40 passages
+    composes each 40 times over the whole day:
 
     >>> from estimators.registry import get_spec
     >>> spec = get_spec("unary"); mech = spec.build({"q": 0.3}, 300)
     >>> hour = epoch_account(spec, mech, 300, 1000, "aggregate", span_s=3600, passages=120)
     >>> hour.counts, [c for _, c in hour.parts(hour.releases(2880))]
     ((120, 120), [2880, 2880])
+    >>> capped = epoch_account(spec, mech, 300, 1000, "aggregate", span_s=3600, passages=120, day_cap=40)
+    >>> [c for _, c in capped.parts(24)], [c for _, c in capped.parts(1)]  # one hour too: at most 40 each way
+    ([40, 40], [40, 40])
     """
     if release not in RELEASES:
         raise PlanError(f"unknown release {release!r}; choose {' or '.join(RELEASES)}")
     check_span(span_s)
+    check_day_cap(day_cap)
     if passages < 1:
         raise PlanError("passages must be >= 1")
     if span_s != EPOCH_S and not spec.per_sensor:
         raise PlanError(f"{spec.name} reports one station per epoch: a span longer than {EPOCH_S} s needs a "
                         f"per-sensor mechanism")
     passages = min(passages, n_stations)
+    pair = sum(span_round_epsilons(spec, mech, max(2, n_stations), 1)) if spec.per_sensor else math.inf
+
+    def account(plds: tuple[shuffle.Pld, ...], exact: bool, counts: tuple[int, ...] = (),
+                stations: tuple[shuffle.Pld, ...] = ()) -> EpochAccount:
+        return EpochAccount(release, plds, exact, local, counts, span_s, passages,
+                            min(2 * passages, n_stations) if spec.per_sensor else 2, day_cap, stations, pair)
+
     if passages > 1:
         round_eps = span_round_epsilons(spec, mech, n_stations, passages)
         local = sum(round_eps)
@@ -348,17 +410,16 @@ def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int,
             ratios = spec.shuffle_ratios(mech, n_stations)
         local = sum(v.epsilon0 for v in ratios if v.beta > 0)
     if math.isinf(local):
-        return EpochAccount(release, (), False, local, (), span_s, passages)
+        return account((), False)
     if release == "aggregate":
         flat = spec.aggregate_plds(mech, n_stations, n)
         if flat is not None:
             if spec.per_sensor:
                 plds, counts = _span_parts(flat, n_stations, passages)
-            else:
-                plds, counts = tuple(flat), ()
-            return EpochAccount(release, plds, True, local, counts, span_s, passages)
+                return account(plds, True, counts, tuple(flat))
+            return account(tuple(flat), True)
     permuted = _permuted_plds(round_eps, n) if passages > 1 else shuffle.clone_plds(ratios or (), n)
-    return EpochAccount(release, tuple(permuted), False, local, (), span_s, passages)
+    return account(tuple(permuted), False)
 
 
 def day_epsilon_of(accounts: list[tuple[EpochAccount, int]], delta: float, coarse: float = 1.0) -> float:
@@ -400,197 +461,5 @@ def release_figures(acc: EpochAccount, epochs: int, delta: float) -> dict[str, A
     releases = acc.releases(epochs)
     day = day_epsilon_of([(acc, releases)], delta)
     return {"release": acc.release, "epsilon_shuffled": min(acc.local, epoch),
-            "epsilon_day_shuffled": min(local_day(acc.local, releases, delta), day),
+            "epsilon_day_shuffled": min(acc.local_day(releases, delta), day),
             "accounting": acc.note}
-
-
-def headline_sd(spec: MechanismSpec, mech: Mechanism, expected_yes: float, population: int) -> float:
-    ests = spec.estimators(mech, stations=np.array([1]), design=(float(expected_yes), float(population)))
-    return float(np.sqrt(ests[spec.headline].variance(expected_yes, population))[0])
-
-
-def _alp_mix(defaults: Mapping[str, float], lam: float) -> dict[str, float]:
-    """ALP's parameters whose Yes row is ``(1 - lam) Yes + lam No`` of the defaults' table: with
-    probability ``lam`` a device reports a fresh draw of a No vehicle's answer, a
-    truth-independent post-processing (``lam = 0``: the papers' values; ``lam = 1``: no signal).
-    The No row (``pisNo``, ``pi3``) is unchanged.
-
-    >>> p = _alp_mix({"pisYes1": 0.05, "pisYes2": 0.05, "pi1": 0.95, "pi2": 0.98, "pisNo": 0.05, "pi3": 0.98}, 0.5)
-    >>> round(p["pisYes1"], 6), round(p["pi1"], 6), round(p["pisYes2"], 6)
-    (0.05, 0.965, 0.025)
-    """
-    d = dict(defaults)
-    y1 = (1 - lam) * d["pisYes1"] + lam * d["pisNo"]
-    pi1 = ((1 - lam) * d["pisYes1"] * d["pi1"] + lam * d["pisNo"] * d["pi3"]) / y1
-    return {**d, "pisYes1": y1, "pi1": pi1, "pisYes2": (1 - lam) * d["pisYes2"]}
-
-
-@dataclass(frozen=True)
-class Family:
-    """A one-parameter family searched for a day budget: ``param`` from ``lo`` to ``hi`` with the
-    others at ``fixed`` (else the defaults), or ``to_params(defaults, value)`` when given.
-    ``bisect``: the day epsilon is monotone in ``param`` (decreasing if
-    ``private_when_larger``), so bisection finds the least private setting that fits;
-    otherwise the ``grid`` is scanned and the smallest sd that fits wins. ``fallback``: the
-    family searched when no member of this one fits."""
-
-    param: str
-    lo: float
-    hi: float
-    private_when_larger: bool
-    why: str
-    fixed: Mapping[str, float] = field(default_factory=dict)
-    bisect: bool = True
-    grid: tuple[float, ...] = ()
-    to_params: Callable[[Mapping[str, float], float], dict[str, float]] | None = None
-    fallback: Family | None = None  # searched when no member of this one fits
-
-
-FAMILIES: dict[str, Family] = {
-    "unary": Family("q", 1e-3, 0.499, True,
-                    "bisection on q: a larger q is a post-processing of a smaller one (flip again), so the day "
-                    "epsilon decreases in q and the sd increases"),
-    "rr": Family("pi1", 1e-3, 0.999, False,
-                 "pi2 = 1/2 (then two-coin RR is symmetric unary RR with q = (1 - pi1)/2), bisection on pi1",
-                 fixed={"pi2": 0.5}),
-    "krr": Family("epsilon", 1e-3, 12.0, False,
-                  "bisection on the per-report epsilon (a smaller one is a post-processing of a larger one)"),
-    "sp": Family("pis", 1e-4, 0.999, False, "bisection on pis (the truthful face's probability), pi0 as default"),
-    # ALP: its sampling rates are the accuracy knob (through the aggregate release's exact
-    # accounting the papers' s = 0.05 costs 0.33 a day; s = 0.45 about 2.4, sd 246), so the grid
-    # over s goes first; when even the smallest s exceeds the budget, mixing its Yes row toward
-    # its No row (a post-processing) takes the papers' setting further
-    "alp": Family("s", 0.0, 0.0, False,
-                  "a grid over the sampling rates pisYes1 = pisYes2 = pisNo = s, the rest at the papers' values",
-                  bisect=False, grid=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.45, 0.49),
-                  to_params=lambda d, v: {**d, "pisYes1": v, "pisYes2": v, "pisNo": v},
-                  fallback=Family("mix", 0.0, 0.99, True,
-                                  "bisection on mix: the Yes row mixed toward the No row (a device answers as a "
-                                  "No vehicle w.p. mix), a truth-independent post-processing of the papers' "
-                                  "mechanism, nested in mix", to_params=_alp_mix)),
-}
-
-
-def _params(spec: MechanismSpec, fam: Family, value: float) -> dict[str, float]:
-    if fam.to_params is not None:
-        return fam.to_params(spec.defaults, value)
-    return {**fam.fixed, fam.param: value}
-
-
-# the day epsilons evaluated so far, per (mechanism, stations, n, release, epochs, delta): a
-# later search (the fleet re-fitting a smaller share) starts from the tightest known bracket
-_DAYS: dict[tuple[Any, ...], dict[float, float]] = {}
-
-
-def _day_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, population: int, release: str,
-            epochs: int, delta: float, span_s: int = EPOCH_S, passages: int = 1) -> float:
-    """The (coarse-grid, still upper-bound) day epsilon of the family member ``value``, cached."""
-    if len(_DAYS) > 64:
-        _DAYS.clear()
-    seen = _DAYS.setdefault(_key(spec, fam, n_stations, population, release, epochs, delta, span_s, passages), {})
-    if value not in seen:
-        mech = spec.build(_params(spec, fam, value), n_stations)
-        acc = epoch_account(spec, mech, n_stations, population, release, span_s=span_s, passages=passages)
-        local = local_day(acc.local, acc.releases(epochs), delta)
-        seen[value] = min(local, day_epsilon_of([(acc, acc.releases(epochs))], delta, coarse=_COARSE))
-    return seen[value]
-
-
-def _key(spec: MechanismSpec, fam: Family, n_stations: int, population: int, release: str, epochs: int,
-         delta: float, span_s: int, passages: int) -> tuple[Any, ...]:
-    return (spec.name, fam.param, n_stations, population, release, epochs, delta, span_s,
-            min(passages, n_stations))
-
-
-def can_fit(spec: MechanismSpec, n_stations: int, population: int, budget_: float, release: str, epochs: int,
-            delta: float, span_s: int = EPOCH_S, passages: int = 1) -> tuple[bool, str]:
-    """Whether the family's most private member fits ``budget_`` alone (one day evaluation)."""
-    fam = FAMILIES.get(spec.name)
-    if fam is None:
-        return False, f"{spec.name}: no parameter family to search"
-    while fam.fallback is not None:  # the last family holds the most private setting
-        fam = fam.fallback
-    end = (fam.hi if fam.private_when_larger else fam.lo) if fam.bisect else min(fam.grid)
-    d = _day_of(spec, fam, end, n_stations, population, release, epochs, delta, span_s, passages)
-    if d <= budget_:
-        return True, ""
-    return False, (f"even its most private setting ({fam.param} = {end:g}) costs {d:.4g} over the day "
-                   f"through the {release} release, more than {budget_:g}")
-
-
-def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_yes: float, budget: float,
-               release: str, epochs: int, delta: float, tol: float = 1e-3, span_s: int = EPOCH_S,
-               passages: int = 1) -> dict[str, Any]:
-    """The family member with the smallest headline sd whose day epsilon (the release's, on the
-    search's coarse grid: a valid upper bound) is at most ``budget``; ``{"fits": False, ...}``
-    when none does. Bisection: Brent's method on the day epsilon, from the tightest bracket
-    earlier searches evaluated; the answer is the least private *evaluated* member that fits
-    (within ``tol`` of the root), so it fits by construction. ``span_s``, ``passages``: the
-    query's span report (:func:`epoch_account`); ``epochs`` stays the 30-s epochs of the day."""
-    fam = FAMILIES.get(spec.name)
-    if fam is None:
-        raise PlanError(f"{spec.name}: no parameter family to search for a day budget (families: "
-                        f"{', '.join(FAMILIES)})")
-    while True:
-        out = _fit_family(spec, fam, n_stations, population, expected_yes, budget, release, epochs, delta, tol,
-                          span_s, passages)
-        if out["fits"] or fam.fallback is None:
-            return out
-        fam = fam.fallback
-
-
-def _fit_family(spec: MechanismSpec, fam: Family, n_stations: int, population: int, expected_yes: float,
-                budget: float, release: str, epochs: int, delta: float, tol: float, span_s: int = EPOCH_S,
-                passages: int = 1) -> dict[str, Any]:
-    """:func:`fit_budget` within one family."""
-    from scipy.optimize import brentq
-
-    def day_of(value: float) -> float:
-        return _day_of(spec, fam, value, n_stations, population, release, epochs, delta, span_s, passages)
-
-    tried: list[dict[str, float]] = []
-    chosen: float | None = None
-    if fam.bisect:
-        private_end, loose_end = (fam.hi, fam.lo) if fam.private_when_larger else (fam.lo, fam.hi)
-        if day_of(private_end) > budget:
-            return {"fits": False, "search": fam.why, "why": f"even {fam.param} = {private_end:g} exceeds the budget"}
-        if day_of(loose_end) <= budget:
-            chosen = loose_end
-        else:
-            sign = 1.0 if fam.private_when_larger else -1.0  # sign * value grows toward the private end
-            seen = _DAYS[_key(spec, fam, n_stations, population, release, epochs, delta, span_s, passages)]
-            fits = [v for v, d in seen.items() if d <= budget and sign * (v - private_end) <= 0
-                    and sign * (v - loose_end) >= 0]
-            over = [v for v, d in seen.items() if d > budget and sign * (v - private_end) <= 0
-                    and sign * (v - loose_end) >= 0]
-            a, b = min(fits, key=lambda v: sign * v), max(over, key=lambda v: sign * v)
-
-            def gap(v: float) -> float:
-                d = day_of(v)
-                tried.append({fam.param: v, "epsilon_day": d})
-                return d - budget
-
-            brentq(gap, a, b, xtol=tol * 0.1, rtol=tol)
-            fits = [v for v, d in seen.items() if d <= budget and sign * (v - private_end) <= 0
-                    and sign * (v - loose_end) >= 0]
-            chosen = min(fits, key=lambda v: sign * v)  # the least private evaluated member that fits
-    else:
-        best: tuple[float, float] | None = None
-        for value in fam.grid:
-            try:
-                mech = spec.build(_params(spec, fam, value), n_stations)
-            except PlanError:
-                continue
-            d = day_of(value)
-            sd = headline_sd(spec, mech, expected_yes, population)
-            tried.append({fam.param: value, "epsilon_day": d, "sd": sd})
-            if d <= budget and (best is None or sd < best[1]):
-                best = (value, sd)
-        if best is None:
-            return {"fits": False, "search": fam.why, "tried": tried,
-                    "why": "no member of the family fits the budget"}
-        chosen = best[0]
-    params = _params(spec, fam, chosen)
-    mech = spec.build(params, n_stations)
-    return {"fits": True, "search": fam.why, "params": params, "chosen": {fam.param: chosen},
-            "sd": headline_sd(spec, mech, expected_yes, population), "tried": tried}

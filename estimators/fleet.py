@@ -7,14 +7,15 @@ queries' release PLDs (:func:`budget.epoch_account`: exact for the aggregate rel
 exists, else the clone bound) each composed over its releases (:func:`budget.day_epsilon_of`).
 Queries of different spans mix: a 30-s live query composes 2,880 times, an hourly one 24.
 
-Queries are named ``MECH[@SPAN[/P]]`` (:func:`parse_fleet_queries`): ``alp,unary,unary@3600``
+Queries are named ``MECH[@SPAN[/P[/M]]]`` (:func:`parse_fleet_queries`): ``alp,unary,unary@3600``
 plans ALP and unary RR every 30 s and unary RR hourly (P = 120 passages an hour by default;
-``unary@3600/20``: at most 20).
+``unary@3600/20``: at most 20; ``unary@3600/20/40`` or ``unary@3600//40``: and at most M = 40
+passages a day, the device's day cap, :class:`budget.EpochAccount`).
 
 With a day budget ``B`` the budget is split in the Gaussian sense: mu^2 adds under
 composition, so each of the ``Q`` queries gets the epsilon of ``mu_B / sqrt(Q)``-GDP at the
 same delta (``mu_B``: the mu whose (B, delta) curve point is met), its parameters are chosen
-for that share (:func:`budget.fit_budget`), and the chosen queries' PLDs are composed to
+for that share (:func:`estimators.fit.fit_budget`), and the chosen queries' PLDs are composed to
 check the whole day; if it exceeds ``B`` the shares shrink by the ratio of mu^2 between ``B`` and the
 composed day (a little more) and the search repeats from the brackets it has already evaluated. A
 query that cannot fit even alone is reported (``fits: false``, the reason) and left out of
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import estimators.budget as budget
+import estimators.fit as fitting
 import estimators.privacy as privacy
 from estimators.ledger import report_charge
 
@@ -44,36 +46,42 @@ from .registry import MechanismSpec, PlanError, default_query_mechanisms, get_sp
 __all__ = ["FleetQuery", "fleet_plan", "parse_fleet_queries", "share_epsilon", "vehicle_day"]
 
 _FLEET_TOL = 1e-2  # parameter precision of each query's fit (relative): ~1% of sd, a third of the time
-_QUERY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:@\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?$")
+_QUERY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:@\s*(\d+)\s*(?:/\s*(\d*)\s*(?:/\s*(\d+)\s*)?)?)?$")
 
 
 @dataclass(frozen=True)
 class FleetQuery:
-    """One query of a fleet plan: its mechanism, span (seconds) and passage cap (None: span / 30)."""
+    """One query of a fleet plan: its mechanism, span (seconds), passage cap per report (None: span
+    / 30) and day cap (the most passages a device names a day; None: no cap)."""
 
     mechanism: str
     span_s: int = budget.EPOCH_S
     max_passages: int | None = None
+    max_passages_day: int | None = None
 
     @property
     def label(self) -> str:
-        """How the plan names it: ``unary``, ``unary@3600``, ``unary@3600/20``."""
-        if self.span_s == budget.EPOCH_S and self.max_passages is None:
+        """How the plan names it: ``unary``, ``unary@3600``, ``unary@3600/20``, ``unary@3600//40``."""
+        if self.span_s == budget.EPOCH_S and self.max_passages is None and self.max_passages_day is None:
             return self.mechanism
         cap = "" if self.max_passages is None else f"/{self.max_passages}"
-        return f"{self.mechanism}@{self.span_s}{cap}"
+        day = "" if self.max_passages_day is None else f"{cap or '/'}/{self.max_passages_day}"
+        return f"{self.mechanism}@{self.span_s}{day or cap}"
 
     def passages(self, n_stations: int) -> int:
         return budget.span_passages(self.span_s, self.max_passages, n_stations)
 
 
-def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S,
-                        max_passages: int | None = None) -> tuple[FleetQuery, ...]:
-    """``MECH[@SPAN[/P]]``, comma-separated (a query without ``@SPAN`` takes ``span_s`` and
-    ``max_passages``), checked: registry names, spans a query can have, no query twice.
+def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S, max_passages: int | None = None,
+                        max_passages_day: int | None = None) -> tuple[FleetQuery, ...]:
+    """``MECH[@SPAN[/P[/M]]]``, comma-separated (a query without ``@SPAN`` takes ``span_s`` and
+    ``max_passages``; one without ``/M`` takes ``max_passages_day``), checked: registry names,
+    spans a query can have, no query twice.
 
-    >>> [q.label for q in parse_fleet_queries("alp, unary, unary@3600, unary@3600/20")]
-    ['alp', 'unary', 'unary@3600', 'unary@3600/20']
+    >>> [q.label for q in parse_fleet_queries("alp, unary, unary@3600, unary@3600/20, unary@300//40")]
+    ['alp', 'unary', 'unary@3600', 'unary@3600/20', 'unary@300//40']
+    >>> [q.label for q in parse_fleet_queries("alp, unary@3600/20", max_passages_day=40)]
+    ['alp@30//40', 'unary@3600/20/40']
     >>> parse_fleet_queries("krr@300")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -83,15 +91,17 @@ def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S,
     out: list[FleetQuery] = []
     for part in (p for p in text.split(",") if p.strip()):
         m = _QUERY.match(part)
-        if m is None:
-            raise PlanError(f"{part.strip()!r}: name a query as MECH, MECH@SPAN or MECH@SPAN/P (e.g. unary@3600/20)")
+        if m is None or (m.group(3) == "" and m.group(4) is None):
+            raise PlanError(f"{part.strip()!r}: name a query as MECH, MECH@SPAN, MECH@SPAN/P or MECH@SPAN/P/M "
+                            f"(e.g. unary@3600/20, or unary@3600//40 for at most 40 passages a day)")
         name = m.group(1)
         if name not in known:
             raise PlanError(f"unknown query mechanism {name!r}; choose from {', '.join(known)}")
-        q = (FleetQuery(name, span_s, max_passages) if m.group(2) is None else
-             FleetQuery(name, int(m.group(2)), None if m.group(3) is None else int(m.group(3))))
+        day = max_passages_day if m.group(4) is None else int(m.group(4))
+        q = (FleetQuery(name, span_s, max_passages, day) if m.group(2) is None else
+             FleetQuery(name, int(m.group(2)), int(m.group(3)) if m.group(3) else None, day))
         try:
-            check_span_request(name, q.span_s, q.max_passages)
+            check_span_request(name, q.span_s, q.max_passages, q.max_passages_day)
         except PlanError as exc:
             raise PlanError(f"{part.strip()}: {exc}") from exc
         out.append(q)
@@ -133,12 +143,26 @@ def _local_day(locals_: list[tuple[float, int]], delta: float) -> float:
     return privacy.day_epsilon([e for e, r in locals_ for _ in range(r)], delta)
 
 
+def _local_parts(accounts: list[budget.EpochAccount], charges: list[float], epochs: int,
+                 delta: float) -> list[tuple[float, int]]:
+    """Each query's local day as ``(epsilon, times)`` pure steps: its reports ``charges`` each,
+    or with a day cap the cheaper of its at most 2M differing reports and its M moved passages."""
+    out = []
+    for a, c in zip(accounts, charges, strict=True):
+        r = a.releases(epochs)
+        if a.day_cap is None:
+            out.append((c, r))
+            continue
+        options = [(c, min(r, 2 * a.day_cap)), (a.pair, a.day_cap)]
+        out.append(min(options, key=lambda o: budget.local_day(o[0], o[1], delta)))
+    return out
+
+
 def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float,
                  charges: list[float] | None = None) -> tuple[float, float]:
     """(local, through the release) day epsilon of a vehicle answering every account's query
     (``charges``: each query's local charge per report, default the account's own)."""
-    local = _local_day([(c, a.releases(epochs)) for a, c in
-                        zip(accounts, charges or [a.local for a in accounts], strict=True)], delta)
+    local = _local_day(_local_parts(accounts, charges or [a.local for a in accounts], epochs, delta), delta)
     if any(math.isinf(a.local) for a in accounts):  # a query with no shuffled bound: the day has none either
         return local, math.inf
     parts = [(a, a.releases(epochs)) for a in accounts if a.plds]
@@ -146,25 +170,27 @@ def _vehicle_day(accounts: list[budget.EpochAccount], epochs: int, delta: float,
     return local, shuffled
 
 
-QueryTuple = tuple[MechanismSpec, Mechanism, int] | tuple[MechanismSpec, Mechanism, int, int, int]
+QueryTuple = (tuple[MechanismSpec, Mechanism, int] | tuple[MechanismSpec, Mechanism, int, int, int]
+              | tuple[MechanismSpec, Mechanism, int, int, int, int | None])
 
 
 def vehicle_day(queries: Sequence[QueryTuple], n: int, release: str = "aggregate", epochs: int = 2880,
                 delta: float = 1e-6) -> dict[str, float]:
     """A vehicle's whole day answering every query of ``queries`` -- ``(spec, built mechanism,
-    stations)``, or ``(spec, mechanism, stations, span_s, passages)`` for a span query -- once per
+    stations)``, or ``(spec, mechanism, stations, span_s, passages[, day cap])`` for a span query or a
+    capped one -- once per
     release: ``local`` (what it sends, no shuffler: every round of every report) and ``shuffled``
     (through the shuffler's ``release`` among ``n`` reports, never above ``local``; ``release =
     "local"``: the local figure only). Infinite where some query has no shuffled bound (Sampling
     Privacy)."""
-    full = [(q[0], q[1], q[2], q[3] if len(q) == 5 else budget.EPOCH_S, q[4] if len(q) == 5 else 1)
-            for q in queries]
-    charges = [report_charge(s, m, v, min(p, v)) for s, m, v, _, p in full]
+    full = [(q[0], q[1], q[2], q[3] if len(q) > 3 else budget.EPOCH_S, q[4] if len(q) > 4 else 1,
+             q[5] if len(q) > 5 else None) for q in queries]
+    charges = [report_charge(s, m, v, min(p, v)) for s, m, v, _, p, _ in full]
+    accs = [budget.epoch_account(s, m, v, n, "permuted" if release == "local" else release, span_s=span,
+                                 passages=p, day_cap=cap) for s, m, v, span, p, cap in full]
     if release == "local":
-        local = _local_day([(c, budget.releases_in(epochs, span)) for c, (_, _, _, span, _) in
-                            zip(charges, full, strict=True)], delta)
+        local = _local_day(_local_parts(accs, charges, epochs, delta), delta)
         return {"local": local, "shuffled": local}
-    accs = [budget.epoch_account(s, m, v, n, release, span_s=span, passages=p) for s, m, v, span, p in full]
     local, shuffled = _vehicle_day(accs, epochs, delta, charges)
     return {"local": local, "shuffled": shuffled}
 
@@ -184,37 +210,37 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
     if len(by) < len(queries):
         raise PlanError("a query is named twice")
     names = list(by)
-    span = {k: (q.span_s, q.passages(stations)) for k, q in by.items()}
+    span = {k: (q.span_s, q.passages(stations), q.max_passages_day) for k, q in by.items()}
     out: dict[str, dict[str, Any]] = {}
     params: dict[str, dict[str, float]] = {n: {} for n in names}
-    fitting = list(names)
+    kept = list(names)
     factor = 1.0
     if day_budget is not None:
         for name in names:  # a query that cannot fit even the whole budget alone is left out, and said so
             spec = get_spec(by[name].mechanism)
-            ok, why = budget.can_fit(spec, stations, population, day_budget, release, epochs, delta, *span[name])
+            ok, why = fitting.can_fit(spec, stations, population, day_budget, release, epochs, delta, *span[name])
             if not ok:
                 out[name] = {"fits": False, "budget_share": day_budget, "why": why,
-                             "search": budget.FAMILIES[spec.name].why if spec.name in budget.FAMILIES else ""}
-        fitting = [n for n in names if n not in out]
+                             "search": fitting.FAMILIES[spec.name].why if spec.name in fitting.FAMILIES else ""}
+        kept = [n for n in names if n not in out]
         for _ in range(8):
-            share = factor / max(len(fitting), 1)
+            share = factor / max(len(kept), 1)
             target = share_epsilon(day_budget, share, delta)
             still: list[str] = []
-            for name in fitting:
-                fit = budget.fit_budget(get_spec(by[name].mechanism), stations, population, expected_yes, target,
+            for name in kept:
+                fit = fitting.fit_budget(get_spec(by[name].mechanism), stations, population, expected_yes, target,
                                         release, epochs, delta, tol=_FLEET_TOL, span_s=span[name][0],
-                                        passages=span[name][1])
+                                        passages=span[name][1], day_cap=span[name][2])
                 out[name] = {"fits": fit["fits"], "budget_share": target, "search": fit["search"]}
                 if fit["fits"]:
                     params[name] = fit["params"]
                     still.append(name)
                 else:
                     out[name]["why"] = fit["why"] + f" (its share: {target:.4g})"
-            if len(still) < len(fitting):  # re-split among those that fit
-                fitting = still
+            if len(still) < len(kept):  # re-split among those that fit
+                kept = still
                 continue
-            accs = [_account(by[n], params[n], stations, population, release) for n in fitting]
+            accs = [_account(by[n], params[n], stations, population, release) for n in kept]
             day = _vehicle_day(accs, epochs, delta)[1]
             if day <= day_budget:
                 break
@@ -226,7 +252,7 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
             raise PlanError("could not split the day budget so that the composed day fits; give a larger one")
     accounts: dict[str, budget.EpochAccount] = {}
     charges: dict[str, float] = {}
-    for name in fitting:
+    for name in kept:
         q = by[name]
         spec = get_spec(q.mechanism)
         mech = spec.build(params[name], stations)
@@ -234,15 +260,17 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
         accounts[name] = acc
         charges[name] = report_charge(spec, mech, stations, span[name][1])
         fig = budget.release_figures(acc, epochs, delta)
-        sd = budget.headline_sd(spec, mech, expected_yes, population)
+        sd = fitting.headline_sd(spec, mech, expected_yes, population)
         # the curator at exactly the budget this query got: its share of the day budget, or its own day
         reference = out[name]["budget_share"] if day_budget is not None else fig["epsilon_day_shuffled"]
         out.setdefault(name, {}).update({
             "fits": True, "mechanism": q.mechanism, "span_s": q.span_s, "max_passages": span[name][1],
+            "max_passages_day": q.max_passages_day,
             "releases": acc.releases(epochs), "params": dict(mech.params), "estimator": spec.headline, "sd": sd,
             "curator_budget": reference,
             "central_limit_sd": (budget.central_limit_sd(reference, delta, epochs, span_s=q.span_s,
-                                                         passages=span[name][1], n_stations=stations)
+                                                         passages=span[name][1], n_stations=stations,
+                                                         day_cap=q.max_passages_day)
                                  if 0 < reference < math.inf else math.nan),
             "epsilon": charges[name], **fig})
     local, shuffled = _vehicle_day(list(accounts.values()), epochs, delta, list(charges.values()))
@@ -266,4 +294,4 @@ def _account(q: FleetQuery, params: dict[str, float], stations: int, population:
              release: str) -> budget.EpochAccount:
     spec = get_spec(q.mechanism)
     return budget.epoch_account(spec, spec.build(params, stations), stations, population, release,
-                                span_s=q.span_s, passages=q.passages(stations))
+                                span_s=q.span_s, passages=q.passages(stations), day_cap=q.max_passages_day)

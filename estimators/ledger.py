@@ -135,14 +135,14 @@ class ShuffledDayLedger:
     _over: dict[str, list[Counts]] = field(default_factory=dict, repr=False)
 
     def account(self, key: Hashable, spec: MechanismSpec, mech: Mechanism, n_stations: int, passages: int = 1,
-                span_s: int = accounting.EPOCH_S,
-                release: str | None = None) -> tuple[float, accounting.EpochAccount | None]:
+                span_s: int = accounting.EPOCH_S, release: str | None = None,
+                day_cap: int | None = None) -> tuple[float, accounting.EpochAccount | None]:
         """``(local charge, release account)`` of one report of the query ``key`` (remembered: a
-        key is one query version, whose mechanism, span and release never change); the account is
-        None where no shuffled bound exists (Sampling Privacy)."""
+        key is one query version, whose mechanism, span, release and day cap never change); the
+        account is None where no shuffled bound exists (Sampling Privacy)."""
         if key not in self._accounts:
             acc = accounting.epoch_account(spec, mech, n_stations, self.min_crowd, charged_release(release),
-                                       span_s=span_s, passages=passages)
+                                           span_s=span_s, passages=passages, day_cap=day_cap)
             self._accounts[key] = (report_charge(spec, mech, n_stations, passages),
                                    acc if math.isfinite(acc.local) else None)
         return self._accounts[key]
@@ -150,7 +150,8 @@ class ShuffledDayLedger:
     def day_epsilon(self, counts: Counts) -> float:
         """The day's epsilon of ``counts`` reports per query: the releases' PLDs composed, never
         above the local figure (:func:`privacy.day_epsilon` of the local charges)."""
-        local = privacy.day_epsilon([self._accounts[k][0] for k, c in counts.items() for _ in range(c)], self.delta)
+        charges = [self._accounts[k][0] for k, c in counts.items() for _ in range(self._differ(k, c))]
+        local = privacy.day_epsilon(charges, self.delta)
         if any(self._accounts[k][1] is None for k, c in counts.items() if c):
             return local  # a query without a shuffled bound (Sampling Privacy): the local figure only
         accs = [(acc, c) for k, c in counts.items() if c and (acc := self._accounts[k][1]) is not None and acc.plds]
@@ -159,6 +160,12 @@ class ShuffledDayLedger:
         # one grid for the whole day, _COARSE times the planner's (a device's check, not a published
         # figure: still an upper bound, at most ~0.08 looser)
         return min(local, accounting.day_epsilon_of(accs, self.delta, coarse=_COARSE))
+    def _differ(self, key: Hashable, reports: int) -> int:
+        """Of ``reports`` reports of a query, how many can differ between two days: all of them, or
+        with a day cap M at most 2M (every other report names no station in both days)."""
+        acc = self._accounts[key][1]
+        return reports if acc is None or acc.day_cap is None else min(reports, 2 * acc.day_cap)
+
     def _fits_budget(self, day: str, v: Counts) -> bool:
         fits, over = self._fits.setdefault(day, []), self._over.setdefault(day, [])
         if any(_below(v, w) for w in fits):
@@ -190,11 +197,12 @@ class ShuffledDayLedger:
         return True
 
     def spend(self, day: str, key: Hashable, spec: MechanismSpec, mech: Mechanism, n_stations: int,
-              passages: int = 1, span_s: int = accounting.EPOCH_S, release: str | None = None) -> bool:
+              passages: int = 1, span_s: int = accounting.EPOCH_S, release: str | None = None,
+              day_cap: int | None = None) -> bool:
         """Charge one report of the query ``key`` (its mechanism ``mech`` over ``n_stations``; a span
         report of up to ``passages`` stations; served under ``release``, None: any, charged as
-        permuted)."""
-        self.account(key, spec, mech, n_stations, passages, span_s, release)
+        permuted; of a device that names at most ``day_cap`` passages a day)."""
+        self.account(key, spec, mech, n_stations, passages, span_s, release, day_cap)
         now = dict(self.counts.get(day, {}))
         now[key] = now.get(key, 0) + 1
         if not self._fits_budget(day, now):

@@ -16,6 +16,7 @@ import numpy as np
 
 import estimators.budget as budget
 import estimators.figures as figures
+import estimators.fit as fitting
 import estimators.ledger as ledger
 import estimators.privacy as privacy  # the submodule, not through the package (no import cycle)
 import estimators.shuffle as shuffle
@@ -40,7 +41,7 @@ def build_mechanism(name: str, params: Mapping[str, float], stations: int = 1) -
     return get_spec(name).build(params, stations)
 
 
-def check_span_request(name: str, span_s: int, max_passages: int | None) -> None:
+def check_span_request(name: str, span_s: int, max_passages: int | None, day_cap: int | None = None) -> None:
     """:class:`PlanError` (one line saying why) for a span a query of ``name`` cannot have: not a
     multiple of 30 s dividing a day, a passage cap outside 1..span/30, or a station-valued
     mechanism (one station per report) over a span longer than 30 s. Nothing is computed.
@@ -51,6 +52,7 @@ def check_span_request(name: str, span_s: int, max_passages: int | None) -> None
     estimators.registry.PlanError: krr reports one station per 30-s epoch: a span longer than 30 s needs a per-sensor...
     """
     budget.check_span(span_s, max_passages)
+    budget.check_day_cap(day_cap)
     spec = get_spec(name)
     if span_s != budget.EPOCH_S and not spec.per_sensor:
         per_sensor = ", ".join(n for n in MECHANISMS if REGISTRY[n].per_sensor and REGISTRY[n].queryable)
@@ -62,7 +64,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
          params: Mapping[str, float] | None = None, epochs: int = EPOCHS_PER_DAY,
          delta: float = 1e-6, daily_budget: float | None = None, shuffle_size: int | None = None,
          release: str = "permuted", day_budget: float | None = None, span_s: int = budget.EPOCH_S,
-         max_passages: int | None = None) -> dict[str, Any]:
+         max_passages: int | None = None, max_passages_day: int | None = None) -> dict[str, Any]:
     """Cost and accuracy of a query; the keys are the ``plan --json`` contract.
 
     ``span_s``: one report per span (a multiple of 30 s dividing a day) naming up to ``P``
@@ -70,6 +72,9 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     the span's expected flow, ``sd`` the span flow's, ``epochs`` still the day's 30-s epochs (its
     ``releases`` = epochs / (span / 30) reports are composed), and ``central_limit_sd`` the
     curator's at the same span, P and budget (:func:`budget.central_limit_sd`).
+    ``max_passages_day`` (M): a device names at most M passages of the query a day, so the day
+    composes each station's PLDs M times each way (:class:`budget.EpochAccount`) and the curator's
+    L2 sensitivity over the day is ``sqrt(2M)``.
 
     Sampling Privacy at the papers' defaults, 100 of 10,000 vehicles at the station: the
     difference estimator's sd is ``sqrt(Yes (1 - pis) / pis)`` = ``sqrt(100 * 0.55 / 0.45)``:
@@ -79,7 +84,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     (11.055, 21.67)
     """
     from scipy.stats import norm
-    check_span_request(name, span_s, max_passages)
+    check_span_request(name, span_s, max_passages, max_passages_day)
     if population < 1:
         raise PlanError("--population must be >= 1")
     if day_budget is not None and not 0 < day_budget < math.inf:
@@ -95,12 +100,13 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         raise PlanError("--stations must be >= 1")
     passages = budget.span_passages(span_s, max_passages, stations)
     releases = budget.releases_in(epochs, span_s)
+    differ = releases if max_passages_day is None else min(releases, 2 * max_passages_day)
     fit: dict[str, Any] | None = None
     if day_budget is not None:
         if params:
             raise PlanError("--day-budget chooses the parameters: give no --param with it")
-        fit = budget.fit_budget(spec, stations, shuffle_size or population, expected_yes, day_budget, release,
-                                epochs, delta, span_s=span_s, passages=passages)
+        fit = fitting.fit_budget(spec, stations, shuffle_size or population, expected_yes, day_budget, release,
+                                epochs, delta, span_s=span_s, passages=passages, day_cap=max_passages_day)
         if not fit["fits"]:
             raise PlanError(f"{name} cannot meet a day budget of {day_budget:g} through the {release} release: "
                             f"{fit['why']} ({fit['search']})")
@@ -130,10 +136,12 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         "epochs": epochs,
         "span_s": span_s,
         "max_passages": passages,
+        "max_passages_day": max_passages_day,
         "releases": releases,
         "delta": delta,
-        "epsilon_day_basic": privacy.basic_composition(epsilon, releases),
-        "epsilon_day_advanced": (privacy.advanced_composition(epsilon, releases, delta) if epsilon < 500
+        # with a day cap M at most 2M releases differ between two days of a vehicle
+        "epsilon_day_basic": privacy.basic_composition(epsilon, differ),
+        "epsilon_day_advanced": (privacy.advanced_composition(epsilon, differ, delta) if epsilon < 500
                                  else math.inf),  # e^eps overflows; basic composition is the figure there
         "sd": sd,
         "sd_by_estimator": sds,
@@ -142,7 +150,10 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         "lattice_step": float(ests[head].lattice_step[0]),
         "score_interval_95_at_expected": [float(lo[0]), float(hi[0])],
     }
-    out["epsilon_day_optimal"] = budget.local_day(epsilon, releases, delta)
+    out["epsilon_day_optimal"] = budget.local_day(epsilon, differ, delta)
+    if max_passages_day is not None and spec.per_sensor:  # M moved passages, each a Yes and a No answer
+        pair = sum(budget.span_round_epsilons(spec, mech, max(2, stations), 1))
+        out["epsilon_day_optimal"] = min(out["epsilon_day_optimal"], budget.local_day(pair, max_passages_day, delta))
     # the guarantee is the smallest valid bound, never a larger one
     out["epsilon_day"] = min(out["epsilon_day_basic"], out["epsilon_day_advanced"], out["epsilon_day_optimal"])
     n = shuffle_size or population
@@ -150,16 +161,16 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     ratios = (budget.span_ratios(spec, mech, stations, passages) if max(round_eps, default=0.0) <= budget.CLONE_MAX
               else None)
     if ratios is not None:
-        out.update(shuffled_figures(ratios, n, releases, delta))
+        out.update(shuffled_figures(ratios, n, differ, delta))
     else:  # a span report too revealing to amplify (a round's epsilon above CLONE_MAX): the local figures
         out.update({"shuffle_size": n, "epsilon_shuffled": sum(round_eps),
-                    "epsilon_day_shuffled": budget.local_day(sum(round_eps), releases, delta),
+                    "epsilon_day_shuffled": budget.local_day(sum(round_eps), differ, delta),
                     "shuffle_trust": shuffle.TRUST_ASSUMPTION})
     out["epsilon_day_shuffled_permuted"] = out["epsilon_day_shuffled"]
     out["release"] = release
     if release == "aggregate":
         acc = budget.epoch_account(spec, mech, stations, n, release, ratios if passages == 1 else None,
-                                   span_s=span_s, passages=passages)
+                                   span_s=span_s, passages=passages, day_cap=max_passages_day)
         out.update(budget.release_figures(acc, epochs, delta))
         # both are valid bounds for the counts (the permuted one by post-processing)
         out["epsilon_day_shuffled"] = min(out["epsilon_day_shuffled"], out["epsilon_day_shuffled_permuted"])
@@ -184,7 +195,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
     out["day_budget"] = day_budget
     reference = day_budget if day_budget is not None else out["epsilon_day_vehicle"]
     out["central_limit_sd"] = (budget.central_limit_sd(reference, delta, epochs, span_s=span_s, passages=passages,
-                                                       n_stations=stations)
+                                                       n_stations=stations, day_cap=max_passages_day)
                                if 0 < reference < math.inf else math.nan)  # NaN < x is False: NaN too
     if fit is not None:
         out["budget_search"] = {k: v for k, v in fit.items() if k not in ("params", "fits")}
@@ -229,7 +240,8 @@ def _warnings(out: Mapping[str, Any]) -> list[str]:
     if math.isinf(out["epsilon"]):
         warnings.append("epsilon is infinite: some report is possible under one truth and impossible under another")
     elif out["epsilon"] > 5:
-        warnings.append(f"weak privacy: per-epoch epsilon {out['epsilon']:.3g} (> 5)")
+        what = "per-epoch" if out["span_s"] == budget.EPOCH_S else f"per-report (one {out['span_s']}-s span's)"
+        warnings.append(f"weak privacy: {what} local epsilon {out['epsilon']:.3g} (> 5)")
     if math.isinf(out["epsilon_linked_rounds"]):
         warnings.append("the two rounds must never be linkable: a linked pair has infinite epsilon")
     return warnings

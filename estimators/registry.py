@@ -65,7 +65,7 @@ __all__ = ["AGGREGATE_N_CAP", "REGISTRY", "MechanismSpec", "PlanError", "SpecErr
 
 Layout = Literal["values", "pairs", "counts"]
 #: the largest crowd a per-sensor aggregate release is accounted at (a larger one: at this many, valid)
-AGGREGATE_N_CAP = 200_000
+AGGREGATE_N_CAP = aggregate_multi.TERNARY_N_CAP
 
 
 class PlanError(ValueError):
@@ -339,14 +339,16 @@ class MechanismSpec:
         the permuted release applies. ``stride``: see :func:`aggregate.covering_ks` (1: every
         assignment of the others searched directly).
 
-        A per-sensor crowd above :data:`AGGREGATE_N_CAP` is accounted at the cap: the release
-        among more devices is a post-processing of the release among fewer (the adversary adds
-        the extra devices' independent answers, as in :func:`aggregate.covering_ks`), so the
-        figure is a valid, slightly looser bound, and a plan at ten million devices takes seconds
-        instead of minutes (the binomial windows grow with the crowd)."""
+        A three-valued (ALP) crowd above :data:`AGGREGATE_N_CAP` is accounted at the cap, and a
+        binary one at :func:`aggregate_multi.binary_crowd`: the release among more devices is a
+        post-processing of the release among fewer (the adversary adds the extra devices'
+        independent answers, as in :func:`aggregate.covering_ks`), so the figure is a valid,
+        slightly looser bound, and a plan at ten million devices takes seconds instead of minutes
+        (the windows grow with the crowd). A binary answer at ten million devices and a flip
+        probability of 1e-4 is accounted among all of them: its noise is what a day cap buys."""
         if self.per_sensor:
             tables = tuple(m.output_table(0) for m in self.round_mechanisms(mech))
-            return aggregate_multi.per_sensor_epoch_plds(tables, min(int(n), AGGREGATE_N_CAP), stride)
+            return aggregate_multi.per_sensor_epoch_plds(tables, int(n), stride)
         if mech.n_rounds != 1:
             return None
         rates = aggregate_multi.kary_rates(mech.output_table(0))

@@ -139,7 +139,8 @@ def charge(ledger: DayLedger | ShuffledDayLedger, day: str, query: Query) -> boo
     shuffler's min_crowd. False: it would exceed the budget."""
     if isinstance(ledger, ShuffledDayLedger):
         return ledger.spend(day, query.record_key, query.spec, query.build(), query.n_stations,
-                            passages=query.passages, span_s=query.span_s, release=query.release)
+                            passages=query.passages, span_s=query.span_s, release=query.release,
+                            day_cap=query.max_passages_day)
     return ledger.spend(day, report_charge(query.spec, query.build(), query.n_stations, query.passages))
 
 

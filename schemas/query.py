@@ -82,6 +82,12 @@ class Query(BaseModel):
                                                  "default one per epoch of the span (span_s / 30, at most the "
                                                  "number of sensors); a vehicle that passed more reports a "
                                                  "uniformly random P of them")
+    max_passages_day: int | None = Field(default=None, ge=1, le=2 * DAY_S // EPOCH_S,
+                                         description="the day cap (M): the most passages a device names for this "
+                                                     "query in a (UTC) day; past M its reports name no station but "
+                                                     "are still sent and randomized, so two days of a vehicle differ "
+                                                     "in at most 2M answers and the day is charged that (null: no "
+                                                     "cap, a new station every epoch all day)")
     release: Literal["permuted", "aggregate"] | None = Field(
         default=None, description="the shuffler release this query is served under: a shuffler started with "
                                   "another --release refuses to serve it, and a device charges its ledger for this "
@@ -124,6 +130,11 @@ class Query(BaseModel):
         """P: the most stations one report names (``max_passages``, by default one per epoch
         of the span, never more than the sensors)."""
         return min(self.max_passages or self.epochs_per_span, self.n_stations)
+
+    @property
+    def is_span(self) -> bool:
+        """Whether one report covers more than one 30-s epoch."""
+        return self.span_s != EPOCH_S
 
     def span_start(self, epoch: int) -> int:
         """The first epoch of the span holding ``epoch`` (spans are aligned on the epoch clock:

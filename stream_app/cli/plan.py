@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from estimators import planning
-from estimators.budget import check_span
+from estimators.budget import check_day_cap, check_span
 from schemas.wire import json_safe
 
 from .base import param
@@ -72,14 +72,19 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-passages", type=int, default=None, metavar="P",
                    help="the most stations one span report names (default: one per epoch of the span, at most "
                         "--stations); a vehicle that passed more reports a uniformly random P of them")
+    p.add_argument("--max-passages-day", type=int, default=None, metavar="M",
+                   help="the day cap: the most passages a device names for the query in a day (past M its reports "
+                        "name no station, still sent and randomized); the day composes each station's PLDs M times "
+                        "each way and the curator's L2 is sqrt(2M) (fleet: of every query that names none)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.mechanism == COMPARE:
-        if args.span != 30 or args.max_passages is not None:
-            print("ptt plan compare: error: --span and --max-passages are for a query's plan", file=sys.stderr)
+        if args.span != 30 or args.max_passages is not None or args.max_passages_day is not None:
+            print("ptt plan compare: error: --span, --max-passages and --max-passages-day are for a query's plan",
+                  file=sys.stderr)
             return EXIT_USAGE
         return _run_compare(args)
     if args.day_budget is not None and not (math.isfinite(args.day_budget) and args.day_budget > 0):
@@ -88,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
     try:  # the span first: nothing is computed for one a query cannot have
         if args.mechanism == FLEET:
             check_span(args.span, args.max_passages)
+            check_day_cap(args.max_passages_day)
         else:
-            planning.check_span_request(args.mechanism, args.span, args.max_passages)
+            planning.check_span_request(args.mechanism, args.span, args.max_passages, args.max_passages_day)
     except planning.PlanError as exc:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -113,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                                    dict(args.param), epochs=args.epochs, delta=args.delta,
                                    daily_budget=args.daily_budget, shuffle_size=args.shuffle_size,
                                    release=args.release, day_budget=args.day_budget, span_s=args.span,
-                                   max_passages=args.max_passages)
+                                   max_passages=args.max_passages, max_passages_day=args.max_passages_day)
     except planning.PlanError as exc:
         print(f"ptt plan: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -137,6 +143,8 @@ def headline(r: dict[str, Any]) -> str:
         day, unit = f"{r['epochs']} epochs", "per epoch"
     else:
         day = f"{r['releases']} reports of {span} s, each naming up to {r['max_passages']} stations"
+    if r.get("max_passages_day") is not None:
+        day += f", at most {r['max_passages_day']} passages named a day"
         unit = f"per {span}-s flow"
     return (f"HEADLINE: epsilon_day_vehicle = {_fmt(r['epsilon_day_vehicle'])} at delta {r['delta']:g}: a vehicle's "
             f"whole day ({day}) of this query through the shuffler's {r['release']} release "

@@ -22,11 +22,12 @@ import time
 
 def _clear_caches() -> None:
     """Every cache a plan fills, so each span pays its own way (the station PLDs, the fits)."""
-    from estimators import aggregate, aggregate_multi, budget
+    from estimators import aggregate, aggregate_multi
+    from estimators import fit as fitting
 
     aggregate.station_pld.cache_clear()
     aggregate_multi.ternary_station_pld.cache_clear()
-    budget._DAYS.clear()  # noqa: SLF001 (a benchmark resets a module cache; no test imports it)
+    fitting._DAYS.clear()  # noqa: SLF001 (a benchmark resets a module cache; no test imports it)
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ from scipy.integrate import quad
 from scipy.stats import norm
 
 from estimators import budget, fleet
+from estimators import fit as fitting
 from estimators.registry import get_spec
 from stream_app.cli import main
 
@@ -43,7 +44,7 @@ def test_share_epsilon_splits_mu_squared() -> None:
 def test_unary_fit_is_within_budget_and_tight() -> None:
     spec = get_spec("unary")
     n, v, epochs, b = 2_000, 10, 100, 1.5
-    fit = budget.fit_budget(spec, v, n, 50, b, "aggregate", epochs, 1e-6)
+    fit = fitting.fit_budget(spec, v, n, 50, b, "aggregate", epochs, 1e-6)
     assert fit["fits"]
     q = fit["chosen"]["q"]
 
@@ -111,7 +112,7 @@ def test_a_budget_nothing_fits_is_a_clear_error(capsys: pytest.CaptureFixture[st
 def test_alp_family_mixes_the_yes_row_toward_the_no_row() -> None:
     """mix = 0 is the papers' ALP; at mix the Yes row is (1 - mix) Yes + mix No and the No row
     is unchanged (a truth-independent post-processing), so the day epsilon falls as mix grows."""
-    spec, fam = get_spec("alp"), budget.FAMILIES["alp"].fallback
+    spec, fam = get_spec("alp"), fitting.FAMILIES["alp"].fallback
     assert fam is not None and fam.to_params is not None and fam.private_when_larger and fam.bisect
     base = spec.build({}, 3).output_table(0)
     assert fam.to_params(spec.defaults, 0.0) == pytest.approx(dict(spec.defaults))
@@ -138,16 +139,16 @@ def test_alp_spends_a_larger_budget_on_its_sampling_rates_and_mixes_below_the_sm
         return budget.pld_day_epsilon(list(acc.plds), epochs, 1e-6, coarse=True)
 
     papers = day({})
-    loose = budget.fit_budget(spec, v, n, 20, 3 * papers, "aggregate", epochs, 1e-6, tol=1e-2)
+    loose = fitting.fit_budget(spec, v, n, 20, 3 * papers, "aggregate", epochs, 1e-6, tol=1e-2)
     assert loose["fits"] and loose["chosen"]["s"] > spec.defaults["pisYes1"]
     assert day(loose["params"]) <= 3 * papers
-    assert loose["sd"] < budget.headline_sd(spec, spec.build({}, v), 20, n)
-    fam = budget.FAMILIES["alp"]
+    assert loose["sd"] < fitting.headline_sd(spec, spec.build({}, v), 20, n)
+    fam = fitting.FAMILIES["alp"]
     smallest = day(fam.to_params(spec.defaults, min(fam.grid))) if fam.to_params else float("nan")
-    tight = budget.fit_budget(spec, v, n, 20, smallest / 2, "aggregate", epochs, 1e-6, tol=1e-2)
+    tight = fitting.fit_budget(spec, v, n, 20, smallest / 2, "aggregate", epochs, 1e-6, tol=1e-2)
     assert tight["fits"] and tight["chosen"]["mix"] > 0
     assert day(tight["params"]) <= smallest / 2
-    assert tight["sd"] > budget.headline_sd(spec, spec.build({}, v), 20, n)
+    assert tight["sd"] > fitting.headline_sd(spec, spec.build({}, v), 20, n)
 
 
 def test_fleet_plan_runs_the_default_queries_within_a_budget() -> None:

@@ -24,6 +24,7 @@ WITH_EXAMPLES = {
     "estimators.compare": 3,
     "estimators.consistency": 4,
     "estimators.figures": 7,
+    "estimators.fit": 2,
     "estimators.fleet": 1,
     "estimators.ledger": 3,
     "estimators.linear": 3,
