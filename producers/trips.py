@@ -19,14 +19,16 @@ data, and no vehicle passes there. A vehicle passes at most one station an epoch
    repeats rejected -- successive sampling, never a pass over the fleet (one only if the idle
    ones are too few to find by drawing, the exact fallback).
 3. **Trips go on or end.** After passing a station a vehicle leaves the freeway before the next
-   one with chance ``1 - exp(-miles / mean_trip_miles)`` (certainly at a corridor's end), else it
-   is on its way to the next station.
+   one with chance ``1 - exp(-miles / mean_trip_miles)`` (certainly at a corridor's end) -- by the
+   off-ramp there if the corridor has one (it passes that ramp's detector last) -- else it is on
+   its way to the next station.
 
-**At most once per hour at a station.** A trip runs along one direction of one freeway, so it
-never comes back to a station; after a trip ends (its vehicle left the freeway, or was turned
-away at a full station) the vehicle rests at least ``min_rest_s`` (default 3,600 s) before it may
-start another. So two passages of one vehicle at one station are at least ``min_rest_s`` apart,
-and an hour-aligned span never sees a vehicle twice at a station.
+**At most once per hour at a station.** A trip runs one way along one direction of one freeway
+(from an on-ramp onto it, off it by an off-ramp), so it never comes back to a station; after a
+trip ends (its vehicle left the freeway, or was turned away at a full station) the vehicle rests
+at least ``min_rest_s`` (default 3,600 s) before it may start another. So two passages of one
+vehicle at one station are at least ``min_rest_s`` apart, and an hour-aligned span never sees a
+vehicle twice at a station.
 
 **The model's assumptions** (docs/fleet-model.md): trip lengths in miles are exponential (a
 per-mile exit hazard; ``mean_trip_miles``, default 10 -- with mainline detectors about half a
@@ -220,21 +222,27 @@ class TripFleet:
             self._busy -= veh.size
 
     def _move_on(self, t: int, veh: IntArray, st: IntArray) -> None:
-        """After passing: leave the freeway (the trip ends) or travel to the next station."""
+        """After passing: leave the freeway (by the corridor's off-ramp there, if it has one:
+        :attr:`~producers.corridors.Corridors.exit_station`) or travel to the next station."""
         c = self.corridors
         leave = self._rng.random(st.size) < self._exit[st]
-        self._end(veh[leave], t)
-        veh, st = veh[~leave], st[~leave]
-        due = t + c.travel_epochs[st]
-        inside = due < self.counts.shape[0]  # arrivals after the day's last epoch are not simulated
-        veh, st, due = veh[inside], st[inside], due[inside]
+        out = leave & (c.exit_station[st] >= 0)
+        self._end(veh[leave & ~out], t)
+        self._schedule(t, veh[out], c.exit_station[st[out]], c.exit_epochs[st[out]])
+        self._schedule(t, veh[~leave], c.next_station[st[~leave]], c.travel_epochs[st[~leave]])
+
+    def _schedule(self, t: int, veh: IntArray, dest: IntArray, epochs: IntArray) -> None:
+        """Vehicles due at ``dest`` ``epochs`` after ``t`` (after the day's last epoch: not simulated)."""
+        due = t + epochs
+        inside = due < self.counts.shape[0]
+        veh, dest, due = veh[inside], dest[inside], due[inside]
         if not due.size:
             return
         order = np.argsort(due, kind="stable")
-        veh, nxt, due = veh[order], c.next_station[st[order]], due[order]
+        veh, dest, due = veh[order], dest[order], due[order]
         cut = np.flatnonzero(np.r_[True, due[1:] != due[:-1], True])
         for a, b in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True):
-            self._arrivals.setdefault(int(due[a]), []).append((veh[a:b], nxt[a:b], np.zeros(b - a, np.int64)))
+            self._arrivals.setdefault(int(due[a]), []).append((veh[a:b], dest[a:b], np.zeros(b - a, np.int64)))
 
     def _draw(self, n: int, t: int) -> IntArray:
         """``n`` distinct idle vehicles at ``t``, drawn with chance proportional to weight

@@ -52,15 +52,32 @@ def test_stations_without_usable_metadata_are_alone() -> None:
     assert c.n_corridors == 5 and sorted(c.lengths().tolist()) == [1, 1, 1, 1, 2]
 
 
-def test_ramps_stand_alone_and_hov_lanes_chain_apart() -> None:
+def test_ramps_lead_onto_and_off_the_chain_and_hov_lanes_chain_apart() -> None:
+    """Mainline 0 -> 3 -> 6 and HOV 2 -> 5 chain apart; the on-ramp at 0.5 leads to mainline 3
+    (the first at or past it), the off-ramp at 2.0 is the way out after mainline 3 (the last
+    before it). "alone": ramps linked to nothing; "in_chain": one chain of every lane type."""
     types = ["ML", "OR", "HV", "ML", "FR", "HV", "ML"]
     meta = {j: StationMeta(j, "110", "N", lane_type=t, abs_postmile=0.5 * j) for j, t in enumerate(types)}
     ids = np.arange(len(types))
     c = build_corridors(ids, meta)
-    assert c.next_station.tolist() == [3, -1, 5, 6, -1, -1, -1]
+    assert c.next_station.tolist() == [3, 3, 5, 6, -1, -1, -1]
+    assert c.exit_station.tolist() == [-1, -1, -1, 4, -1, -1, -1] and c.exit_epochs[3] == 1
+    assert c.travel_epochs[1] == 2  # on-ramp at 0.5 to mainline at 1.5: a mile
     assert corridor_key(meta[1]) is None and corridor_key(meta[2]) == ("110", "N", "HV")
-    plain = build_corridors(ids, meta, ramps_alone=False)  # one chain of every lane type
+    alone = build_corridors(ids, meta, ramps="alone")
+    assert alone.next_station.tolist() == [3, -1, 5, 6, -1, -1, -1] and np.all(alone.exit_station == -1)
+    plain = build_corridors(ids, meta, ramps="in_chain")
     assert plain.next_station.tolist() == [1, 2, 3, 4, 5, 6, -1] and plain.n_corridors == 1
+    with pytest.raises(ValueError, match="ramps"):
+        build_corridors(ids, meta, ramps="nowhere")  # type: ignore[arg-type]
+
+
+def test_the_nearest_off_ramp_is_the_way_out_and_ramps_past_the_chain_lead_nowhere() -> None:
+    types = {0: ("ML", 1.0), 1: ("FR", 1.6), 2: ("FR", 1.3), 3: ("OR", 5.0), 4: ("FR", 0.5), 5: ("ML", 2.0)}
+    meta = {j: StationMeta(j, "5", "N", lane_type=t, abs_postmile=p) for j, (t, p) in types.items()}
+    c = build_corridors(np.arange(6), meta)
+    assert c.exit_station.tolist() == [2, -1, -1, -1, -1, -1]  # 1.3 before 1.6; the off-ramp before any mainline: none
+    assert c.next_station.tolist() == [5, -1, -1, -1, -1, -1]  # the on-ramp past the last mainline station: none
 
 
 def test_travel_time_is_whole_epochs_at_the_given_speed() -> None:
@@ -81,8 +98,10 @@ def test_the_synthetic_days_metadata_makes_long_corridors(tmp_path: Path) -> Non
     meta, _ = read_metadata(sd.meta_path)
     assert all(m.abs_postmile is not None for m in meta.values())
     c = build_corridors(np.array(sd.stations), meta)
-    mainline = np.array([meta[s].lane_type == "ML" for s in sd.stations])
-    assert c.lengths().max() > 5 and np.all(c.next_station[~mainline] == -1)
-    linked = c.next_station >= 0
+    lane = np.array([meta[s].lane_type for s in sd.stations])
+    assert c.lengths().max() > 5 and np.all(c.next_station[lane == "FR"] == -1)
+    assert np.all(lane[c.next_station[lane == "OR"][c.next_station[lane == "OR"] >= 0]] == "ML")
+    assert np.all(lane[c.exit_station[c.exit_station >= 0]] == "FR") and np.count_nonzero(c.exit_station >= 0) > 10
+    linked = (c.next_station >= 0) & (lane == "ML")
     assert np.all(c.corridor[c.next_station[linked]] == c.corridor[linked])
     assert np.all(c.position[c.next_station[linked]] == c.position[linked] + 1)

@@ -210,6 +210,27 @@ def test_waiting_vehicles_arrive_late_by_at_most_max_wait(day: TrafficDay, corri
     assert np.array_equal(~np.r_[False, chained(strict, corridors, max_wait=0)], strict.started)
 
 
+def test_ramps_lead_onto_and_off_the_freeway() -> None:
+    """An on-ramp's vehicles go on along the mainline (every on-ramp passage starts a trip); an
+    off-ramp's are mostly vehicles leaving after the mainline station before it, and their trip
+    ends there (the vehicle's next passage starts a new one)."""
+    lanes = [("OR", 0.0, 5), ("ML", 0.5, 20), ("ML", 1.0, 20), ("FR", 1.2, 5), ("ML", 1.5, 20)]
+    meta = {j: StationMeta(j, "5", "N", lane_type=t, abs_postmile=p) for j, (t, p, _) in enumerate(lanes)}
+    corridors = build_corridors(np.arange(5), meta)
+    counts = np.random.default_rng(1).poisson([lam for *_, lam in lanes], (600, 5))
+    d = drive(TripFleet(counts, corridors, n_vehicles=30_000, seed=2, mean_trip_miles=2.0))
+    assert d.started[d.station == 0].all()
+    same = d.vehicle[1:] == d.vehicle[:-1]
+    at_fr = np.flatnonzero(d.station[1:] == 3) + 1  # off-ramp passages that have a previous one
+    came = at_fr[same[at_fr - 1] & ~d.started[at_fr]]
+    assert came.size > 0.5 * np.count_nonzero(d.station == 3)
+    assert np.all(d.station[came - 1] == 2) and np.all(d.epoch[came] - d.epoch[came - 1] <= 2)
+    after = np.flatnonzero((d.station[:-1] == 3) & same)
+    assert d.started[after + 1].all()
+    from_or = np.flatnonzero((d.station[:-1] == 0) & same & ~d.started[1:])
+    assert from_or.size > 0.5 * np.count_nonzero(d.station == 0) and np.all(d.station[from_or + 1] == 1)
+
+
 def test_the_default_fleet_is_the_papers_ratio() -> None:
     assert default_fleet_size(SYNTHETIC_3220_PASSAGES) == PAPERS_VEHICLES
     assert default_fleet_size(SYNTHETIC_3220_PASSAGES // 10) == round(PAPERS_VEHICLES / 10)
