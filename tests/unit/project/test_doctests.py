@@ -34,7 +34,7 @@ WITH_EXAMPLES = {
     "estimators.privacy": 9,
     "estimators.registry": 4,
     "estimators.shuffle": 6,
-    "producers.corridors": 6,
+    "producers.corridors": 9,
     "producers.devices": 4,
     "producers.http_client": 1,
     "producers.pems.decimals": 4,
