@@ -9,14 +9,15 @@ the day (``DayTally``, the device's own counter) and the trips' lengths (``TripL
 
 What to read: ``model_s`` (the fleet's steps alone) and ``x_real_time`` (86,400 s of data over
 that wall time; ``x_real_time_with_tally`` with the consumers), ``peak_rss_mb`` (the process:
-the day's grid too; ``model_rss_mb`` the growth while the fleet was built and drove), the
-passages-per-vehicle distribution, and ``dropped_share`` -- the share of the day's passages a
-per-day cap of M would drop (each vehicle names its first M). Those shares are properties of
-the model's assumptions (trip lengths, activity weights, rests: docs/fleet-model.md), not of
-real drivers.
+the day's grid and its reading too; ``model_rss_mb`` the growth while the fleet was built and
+drove), the passages-per-vehicle distribution, and ``dropped_share`` -- the share of the day's
+passages a per-day cap of M would drop (each vehicle names its first M). Those shares are
+properties of the model's assumptions (trip lengths, activity weights, rests:
+docs/fleet-model.md), not of real drivers; the flags vary them.
 
 Run: ``python tests/benchmarks/record.py tests/benchmarks/bench_trips.py [--stations 3220]
-[--vehicles N] [--ramps attached|alone|in_chain] [--max-wait 1]`` (one JSON line of figures).
+[--vehicles N] [--ramps attached|alone|in_chain] [--max-wait 1] [--sigma 1.0] [--trip-miles 10]
+[--day-dir DIR]`` (one JSON line of figures).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ import os
 import resource
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from producers.corridors import Ramps, build_corridors
-from producers.pems import read_metadata, read_station_raw
+from producers.pems import StationMeta, TrafficDay, read_metadata, read_station_raw
 from producers.synthetic import write_synthetic_day
 from producers.trip_stats import DEFAULT_CAPS, DayTally, TripLengths
 from producers.trips import TripFleet, default_fleet_size, usable_counts
@@ -69,18 +71,32 @@ def trip_figures(hist: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, float |
             "trip_passages_max": int(np.flatnonzero(hist).max())}
 
 
-def run(stations: int, vehicles: int | None, seed: int, ramps: Ramps, max_wait: int) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def load(stations: int, day_dir: str | None) -> tuple[TrafficDay, dict[int, StationMeta]]:
+    """The synthetic day (``ptt synth``'s defaults: seed, date, glitches), written to a temporary
+    folder, or to ``day_dir`` once and read from there again."""
     with tempfile.TemporaryDirectory() as tmp:
-        sd = write_synthetic_day(tmp, n_stations=stations)  # ptt synth's defaults: seed, date, glitches
-        day = read_station_raw(sd.raw_path)
-        meta, _ = read_metadata(sd.meta_path)
+        folder = Path(day_dir or tmp)
+        raw, meta = sorted(folder.glob("*_station_raw_*")), sorted(folder.glob("*_meta_*"))
+        if not (raw and meta):
+            sd = write_synthetic_day(folder, n_stations=stations)
+            raw, meta = [sd.raw_path], [sd.meta_path]
+        day = read_station_raw(raw[0])
+        if day.stations.size != stations:
+            raise SystemExit(f"{folder} holds a day of {day.stations.size} stations, not {stations}")
+        return day, read_metadata(meta[0])[0]
+
+
+def run(stations: int, vehicles: int | None, seed: int, ramps: Ramps, max_wait: int, sigma: float,
+        trip_miles: float, day_dir: str | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    day, meta = load(stations, day_dir)
     load_s = time.perf_counter() - t0
     counts = usable_counts(day.flows, day.has_truth)
     corridors = build_corridors(day.stations, meta, ramps=ramps)
     rss0 = rss_mb()
     t0 = time.perf_counter()
-    fleet = TripFleet(counts, corridors, vehicles, seed=seed, max_wait_epochs=max_wait)
+    fleet = TripFleet(counts, corridors, vehicles, seed=seed, max_wait_epochs=max_wait, activity_sigma=sigma,
+                      mean_trip_miles=trip_miles)
     build_s = time.perf_counter() - t0
     tally = DayTally(fleet.n_vehicles, day.stations.size, DEFAULT_CAPS)
     lengths = TripLengths(fleet.n_vehicles)
@@ -95,11 +111,12 @@ def run(stations: int, vehicles: int | None, seed: int, ramps: Ramps, max_wait: 
         "stations": int(day.stations.size), "epochs": int(counts.shape[0]), "passages": int(counts.sum()),
         "vehicles": fleet.n_vehicles, "default_vehicles": default_fleet_size(int(counts.sum())),
         "corridors": corridors.n_corridors, "longest_corridor": int(corridors.lengths().max()),
-        "ramps": ramps, "max_wait_epochs": max_wait, "load_s": round(load_s, 1),
+        "ramps": ramps, "max_wait_epochs": max_wait, "activity_sigma": sigma, "mean_trip_miles": trip_miles,
+        "load_s": round(load_s, 1),
         "model_s": round(model_s, 1), "build_s": round(build_s, 2), "consumers_s": round(consumers_s, 1),
         "x_real_time": round(span_s / model_s, 1), "x_real_time_with_tally": round(span_s / (model_s + consumers_s), 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "model_rss_mb": round(model_rss, 1), "exact_fallbacks": fleet.fallbacks,
+        "rss_before_model_mb": round(rss0, 1), "model_rss_mb": round(model_rss, 1), "exact_fallbacks": fleet.fallbacks,
         **trip_figures(lengths.histogram()),
         "per_vehicle": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in dist.to_json().items()
                         if k != "dropped_share"},
@@ -117,8 +134,11 @@ def main() -> None:
     ap.add_argument("--ramps", choices=["attached", "alone", "in_chain"], default="attached",
                     help="how ramp detectors join the corridors (producers.corridors)")
     ap.add_argument("--max-wait", type=int, default=1, help="epochs a vehicle may wait at a full station")
+    ap.add_argument("--sigma", type=float, default=1.0, help="the activity weights' lognormal sigma")
+    ap.add_argument("--trip-miles", type=float, default=10.0, help="mean trip length in miles (the exit hazard)")
+    ap.add_argument("--day-dir", default=None, help="keep the synthetic day here and read it again next time")
     a = ap.parse_args()
-    print(json.dumps(run(a.stations, a.vehicles, a.seed, a.ramps, a.max_wait)))
+    print(json.dumps(run(a.stations, a.vehicles, a.seed, a.ramps, a.max_wait, a.sigma, a.trip_miles, a.day_dir)))
 
 
 if __name__ == "__main__":
