@@ -21,6 +21,7 @@ from .aggregate import (
     station_profiles,
 )
 from .aggregate_multi import (
+    binary_crowd,
     kary_histogram_pld,
     kary_rates,
     per_sensor_epoch_plds,
@@ -211,6 +212,7 @@ __all__ = [
     "basic_composition",
     "bernoulli_cells",
     "bernoulli_positions",
+    "binary_crowd",
     "binary_rates",
     "build_mechanism",
     "can_fit",

@@ -96,10 +96,16 @@ class Device:
 
     epsilon_limit: float = 10.0
     blacklist: frozenset[int] = frozenset()
+    day_caps: bool = False  # whether it keeps a day's count of passages named (a fleet that drives all day)
 
     def accepts(self, query: Query) -> tuple[bool, str | None]:
         """The audit of ``epsilon_limit`` is per epoch: a span report (up to ``passages`` stations
-        over ``epochs_per_span`` epochs) is held to it at its epsilon per epoch it covers."""
+        over ``epochs_per_span`` epochs) is held to it at its epsilon per epoch it covers. A query
+        with a day cap is refused by a device that cannot keep it (its vehicle has no day's
+        identity, or the query is a 30-s one, whose cap the simulation does not keep yet)."""
+        if query.max_passages_day is not None and not (self.day_caps and query.is_span):
+            return False, (f"a day cap of {query.max_passages_day} passages this device cannot keep (it needs a "
+                           f"span query and a fleet that drives all day, --fleet-model trips)")
         result = audit_query(query.epsilon / query.epochs_per_span, query.sensors, self.epsilon_limit,
                              self.blacklist)
         return result.accepted, result.reason

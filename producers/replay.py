@@ -24,7 +24,6 @@ what was handed to the producer. A broker lost mid-run ends the replay within
 
 from __future__ import annotations
 
-import functools
 import logging
 import multiprocessing as mp
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from estimators import DayLedger, default_query_mechanisms
+from estimators import DayLedger
 from estimators.ledger import ShuffledDayLedger
 from estimators.registry import Layout
 from schemas import (
@@ -68,11 +67,14 @@ from .fleet import (
 from .http_client import DeviceClient
 from .pems import TrafficDay, epoch_start, load_cached, read_metadata
 from .progress import Progress, what_limits
+from .queries import default_queries, planned_flow_params
 from .settings import ReplaySettings
 from .sink import ReportSink
 from .spans import SpanTracker, fleet_need, span_reports
 from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_signals, pause_until
 from .synthetic import write_synthetic_day
+from .trip_spans import ProducerTrips
+from .trips import default_fleet_size
 
 __all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_fleet",
            "default_queries", "planned_flow_params",
@@ -117,7 +119,9 @@ def fleet_size_for(day: TrafficDay, settings: ReplaySettings, spans: Iterable[in
     """Fleet size: at least the day's peak total flow, and for span queries (``spans``: their
     ``span_s``) the largest span flow of a station with room (:func:`producers.spans.fleet_need`);
     grown by query expansion."""
-    need, why = fleet_need(day.epochs, day.flows, settings.producers, spans)
+    need, why = fleet_need(day.epochs, day.flows, settings.producers, () if settings.fleet_model == "trips" else spans)
+    if settings.fleet_model == "trips" and settings.fleet_size is None:  # the papers' vehicles per passage
+        need = max(need, default_fleet_size(int(np.where(day.has_truth, day.flows, 0).sum())))
     size = settings.fleet_size if settings.fleet_size is not None else need
     if size < need:
         raise FleetTooSmall(f"--fleet-size {size} is smaller than {why}")
@@ -128,45 +132,6 @@ def default_fleet(day: TrafficDay, settings: ReplaySettings) -> int:
     """The fleet for the day's default queries (``settings.mechanisms``): :func:`fleet_size_for`
     with the spans of its span queries (a vehicle passes a station once a span)."""
     return fleet_size_for(day, settings, settings.mechanism_spans)
-
-
-def default_queries(day: TrafficDay, population: int, mechanisms: tuple[str, ...] | None = None,
-                    flow_day_budget: float = 1.0) -> list[Query]:
-    """The demo's queries over all the day's stations, one per mechanism (default: those the
-    registry marks as default queries, ALP and symmetric unary RR; ``ReplaySettings.mechanisms``
-    chooses others), valid for the whole day. A 30-s query (``MECH``, id ``MECH-day``) runs at the
-    mechanism's default parameters; a span query (``MECH@SPAN[/P]``, id e.g. ``unary-hour``) at
-    the parameters ``ptt plan fleet`` chooses for it alone at a day of ``flow_day_budget``
-    (:func:`planned_flow_params`)."""
-    from estimators.fleet import parse_fleet_queries
-
-    sensors = tuple(int(s) for s in day.stations)
-    t0, t1 = epoch_start(int(day.epochs[0])), epoch_start(int(day.epochs[-1]) + 1)
-    common: dict[str, Any] = {"analyst_id": "demo", "version": 1, "sensors": sensors, "population": population,
-                              "t_start": t0, "t_end": t1}
-    out = []
-    for q in parse_fleet_queries(",".join(mechanisms or default_query_mechanisms())):
-        if q.span_s == EPOCH_S:
-            out.append(Query(query_id=f"{q.mechanism}-day", mechanism=q.mechanism, **common))
-            continue
-        span = {300: "5min", 900: "15min", 3600: "hour", 86_400: "whole-day"}.get(q.span_s, f"{q.span_s}s")
-        params = planned_flow_params(q.mechanism, q.span_s, q.max_passages, population, len(sensors), flow_day_budget)
-        out.append(Query(query_id=f"{q.mechanism}-{span}", mechanism=q.mechanism, params=params, span_s=q.span_s,
-                         max_passages=q.max_passages, **common))
-    return out
-
-
-@functools.lru_cache(maxsize=32)
-def planned_flow_params(mechanism: str, span_s: int, max_passages: int | None, population: int, stations: int,
-                        day_budget: float) -> dict[str, float]:
-    """The parameters ``ptt plan fleet --query-mechanisms MECH@SPAN[/P] --day-budget B`` chooses
-    for a span query alone through the shuffler's aggregate release at this crowd and station
-    count (seconds of planning: remembered per setting)."""
-    from estimators.fleet import FleetQuery, fleet_plan
-
-    q = FleetQuery(mechanism, span_s, max_passages)
-    plan = fleet_plan(population, min(population, 100), stations, queries=[q], day_budget=day_budget)
-    return {k: float(v) for k, v in plan["queries"][q.label]["params"].items()}
 
 
 @dataclass
@@ -235,7 +200,8 @@ def wait_for_peers(peers: list[Any], i: int, stop: StopFlag, plan: StopPlan | No
 def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any | None,
                 stop: StopFlag, day: TrafficDay, peers: list[Any], plan: StopPlan) -> ReplaySummary:
     fleet = fleet_size_for(day, settings)
-    device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist))
+    device = Device(settings.device_epsilon_limit, frozenset(settings.device_blacklist),
+                    day_caps=settings.fleet_model == "trips")
     # --via-shuffler: this producer's vehicles are the enrolled devices first_device .. + its share
     enrollment = settings.enrollment() if settings.via_shuffler else None
     first_device = sum(fleet_share(fleet, k, count) for k in range(index))
@@ -260,7 +226,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     reader = QueryReader(settings)
     reader.catch_up()
     summary = ReplaySummary(fleet_size=fleet, data_quality=day.quality.summary())
-    spans = SpanTracker(settings.seed, fleet_share(fleet, index, count), day.stations, index)
+    trips = (ProducerTrips(day, settings.start_epoch, fleet, settings.seed, index, count)
+             if settings.fleet_model == "trips" else None)
+    spans = SpanTracker(settings.seed, fleet_share(fleet, index, count), day.stations, index, trips)
     epochs = day.epochs[settings.start_epoch:]
     flows = day.flows[settings.start_epoch:]
     truth_rows = day.has_truth[settings.start_epoch:]  # missing readings and dead detectors: no truth
@@ -517,7 +485,8 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     # a vehicle passes a station at most once a span: the fleet holds the largest span flow (one for all producers)
     spans = {q.span_s for q in have.values()}
     fleet = fleet_size_for(day, settings, spans)
-    basis = fleet_need(day.epochs, day.flows, settings.producers, spans)[1]
+    basis = (fleet_need(day.epochs, day.flows, settings.producers, spans)[1] if settings.fleet_model == "spans" else
+             "the papers' vehicles per passage, vehicles driving trips all day (whatever the queries)")
     _check_enrolled(settings, fleet)
     settings = settings.model_copy(update={"fleet_size": fleet})
     total = day.epochs.size - settings.start_epoch

@@ -63,6 +63,12 @@ class ReplaySettings(EnrollmentSettings):
     seed: int = Field(default=1, description="seed of the fleet's devices")
     fleet_size: int | None = Field(default=None, ge=1, description="vehicles (default: the day's peak total flow, or "
                                       "for span queries the largest span flow of a station, with room)")
+    fleet_model: Literal["spans", "trips"] = Field(
+        default="spans", description="how vehicles move: 'spans' (each span query's vehicles placed at random, "
+                                     "identities kept through a span) or 'trips' (every vehicle keeps its identity "
+                                     "all day and drives trips along corridors, producers/trips.py; the fleet at "
+                                     "the papers' ratio of vehicles to passages; needed for a day cap, "
+                                     "MECH@SPAN/P/M)")
     expand_to: int | None = Field(default=None, ge=1, description="query expansion: grow the fleet to N vehicles")
     mode: Literal["per-vehicle", "tally"] = "per-vehicle"
     speed: float = Field(default=0.0, ge=0.0, description="1 = real time, k = k x faster, 0 = as fast as possible")
@@ -85,7 +91,9 @@ class ReplaySettings(EnrollmentSettings):
     query_mechanisms: str = Field(default=",".join(default_query_mechanisms()),
                                   description="the default queries' mechanisms, comma-separated registry names "
                                               "(e.g. sp,alp,unary; sp is opt-in: it has no whole-day bound), "
-                                              "MECH@SPAN[/P] for a span query (e.g. unary@3600: hourly flows)")
+                                              "MECH@SPAN[/P[/M]] for a span query (e.g. unary@3600: hourly flows; "
+                                              "unary@3600//40: at most 40 passages named a day, --fleet-model "
+                                              "trips)")
     flow_day_budget: float = Field(default=1.0, gt=0, description="a default span query's parameters are planned "
                                    "(ptt plan fleet) to cost a vehicle at most this over a whole day through the "
                                    "shuffler's aggregate release")
@@ -120,6 +128,19 @@ class ReplaySettings(EnrollmentSettings):
         from estimators.fleet import parse_fleet_queries
         return tuple(q.span_s for q in parse_fleet_queries(self.query_mechanisms) if q.span_s != 30)
 
+    def _check_day_caps(self) -> None:
+        """A day cap needs vehicles that keep their identity all day, and a span query."""
+        from estimators.fleet import parse_fleet_queries
+        for q in parse_fleet_queries(self.query_mechanisms):
+            if q.max_passages_day is None:
+                continue
+            if q.span_s == 30:
+                raise ValueError(f"{q.label}: the replay's devices enforce a day cap on span queries only; give "
+                                 f"it a span (e.g. {q.mechanism}@300//{q.max_passages_day})")
+            if self.fleet_model != "trips":
+                raise ValueError(f"{q.label}: a day cap needs vehicles that keep their identity all day: add "
+                                 f"--fleet-model trips")
+
     @property
     def source_topic(self) -> str:
         """--via-shuffler: where each producer's per-epoch source notes go (the shuffler's clock)."""
@@ -134,6 +155,7 @@ class ReplaySettings(EnrollmentSettings):
         if self.transport == "http" and not self.via_shuffler:
             raise ValueError("--transport http sends device reports to the shuffler's front door: it needs "
                              "--via-shuffler")
+        self._check_day_caps()
         if self.via_shuffler and self.mode != "per-vehicle":
             raise ValueError("--via-shuffler sends single device reports: it needs --mode per-vehicle")
         return self

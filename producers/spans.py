@@ -47,6 +47,7 @@ from schemas.epochs import EPOCH_S
 
 from .fleet import Device, EpochReports, FleetTooSmall, epoch_rng, privatize_sets, privatize_tally
 from .pems import epoch_start
+from .trip_spans import ProducerTrips, TripSpans
 
 __all__ = ["SpanDue", "SpanFleet", "SpanTracker", "cap_passages", "fleet_need", "span_fleet_need", "span_flows",
            "span_reports"]
@@ -350,14 +351,17 @@ class SpanTracker:
     ([], [63])
     """
 
-    def __init__(self, seed: int, n_vehicles: int, data_stations: IntArray, producer_index: int = 0) -> None:
+    def __init__(self, seed: int, n_vehicles: int, data_stations: IntArray, producer_index: int = 0,
+                 trips: ProducerTrips | None = None) -> None:
         self.seed, self.n, self.producer_index = seed, n_vehicles, producer_index
         self.data_stations = np.asarray(data_stations, dtype=np.int64)
-        self.fleets: dict[int, SpanFleet] = {}
+        self.trips = trips  # a fleet that drives all day (--fleet-model trips): spans read from it
+        self.fleets: dict[int, SpanFleet | TripSpans] = {}
         self.failed: dict[int, tuple[int, str]] = {}  # span_s -> (span start, why)
         self._open: dict[str, _Open] = {}
         self._ended: dict[int, int] = {}  # span_s -> the start of its span that just ended whole
         self._sets: dict[int, StationSets] = {}  # span_s -> that span's passages, read once when asked
+        self.day_dropped = 0  # the day cap's drops in the last span read (TripSpans)
 
     def step(self, epoch: int, queries: Sequence[Query], row: IntArray | None,
              no_data: Collection[int] = ()) -> list[SpanDue]:
@@ -376,8 +380,10 @@ class SpanTracker:
                 continue
             sf = self.fleets.get(span_s)
             if sf is None:
-                sf = self.fleets[span_s] = SpanFleet(self.seed, span_s, self.n, self.data_stations.size,
-                                                     self.producer_index, self.data_stations)
+                sf = self.fleets[span_s] = (
+                    SpanFleet(self.seed, span_s, self.n, self.data_stations.size, self.producer_index,
+                              self.data_stations) if self.trips is None else
+                    TripSpans(self.trips, self.seed, span_s, self.n, self.data_stations.size, self.producer_index))
             try:
                 sf.step(epoch, row)
             except FleetTooSmall as exc:
@@ -415,15 +421,20 @@ class SpanTracker:
             due.append(SpanDue(q, start, why is None, why, frozenset(op.gaps)))
         return due
 
-    def _fleet_of_ended(self, query: Query) -> SpanFleet:
+    def _fleet_of_ended(self, query: Query) -> SpanFleet | TripSpans:
         if query.span_s not in self._ended:
             raise ValueError(f"no whole span of {query.span_s} s has ended at this epoch")
         return self.fleets[query.span_s]
 
-    def truth(self, query: Query) -> StationSets:
+    def truth(self, query: Query, day: str = "") -> StationSets:
         """The set truths (query order, uncapped) of ``query``'s span that just ended whole (at the
-        epoch last stepped; its passages are read once per span length, when first asked)."""
+        epoch last stepped; its passages are read once per span length, when first asked). From a
+        fleet that drives all day: past the query's day cap (of UTC ``day``) dropped, the drops
+        counted in :attr:`day_dropped`."""
         sf = self._fleet_of_ended(query)
+        if isinstance(sf, TripSpans):
+            sets, self.day_dropped = sf.query_sets_capped(query, self.data_stations, day)
+            return sets
         if query.span_s not in self._sets:
             self._sets[query.span_s] = sf.passages()
         return sf.query_sets(self._sets[query.span_s], self.data_stations, query)
@@ -432,7 +443,8 @@ class SpanTracker:
         """Whether ``query``'s cap on passages may bind in its span that just ended (some vehicle
         passed more stations than the query's ``passages``); if not, its set truths' Yes counts
         are :meth:`yes_counts`, without reading the sets."""
-        return self._fleet_of_ended(query).most_passages() > query.passages
+        sf = self._fleet_of_ended(query)
+        return isinstance(sf, TripSpans) or sf.most_passages() > query.passages
 
     def yes_counts(self, query: Query) -> IntArray:
         """Per station of ``query`` (its order) the distinct vehicles that passed it in its span
@@ -508,6 +520,7 @@ def span_reports(q: Query, spans: SpanTracker, seed: int, index: int, start: int
     day = epoch_start(start).date().isoformat()
     if mode == "tally" and not spans.capped(q):  # the exact tally needs only the span flows: no sets read
         return privatize_tally(q, spans.yes_counts(q), spans.n, rng, device, ledger, day), 0
-    sets, dropped = cap_passages(spans.truth(q), q.passages, rng)
+    spans.day_dropped = 0
+    sets, dropped = cap_passages(spans.truth(q, day), q.passages, rng)
     er = privatize_sets(q, sets, rng, mode, device, ledger, day, mix_pairs)
-    return er, 0 if er.refused else dropped
+    return er, 0 if er.refused else dropped + spans.day_dropped

@@ -358,7 +358,8 @@ def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
 
 def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
                      enrolled: dict[str, Any] | None = None) -> ReplaySettings:
-    chosen: dict[str, Any] = {"query_mechanisms": demo.query_mechanisms or demo_query_mechanisms()}
+    chosen: dict[str, Any] = {"query_mechanisms": demo.query_mechanisms or demo_query_mechanisms(),
+                              "fleet_model": demo.fleet_model}
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,

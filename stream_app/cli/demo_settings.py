@@ -59,9 +59,16 @@ class DemoSettings(BaseSettings):
 
     query_mechanisms: str | None = Field(default=None,
                                          description="the demo queries' mechanisms, comma-separated registry names "
-                                                     "(e.g. sp,alp,unary), MECH@SPAN for a span query; default: "
+                                                     "(e.g. sp,alp,unary), MECH@SPAN for a span query, MECH@SPAN//M "
+                                                     "with a day cap of M passages; default: "
                                                      "PTT_QUERY_MECHANISMS, else the registry's default queries and "
                                                      "hourly flows (alp,unary,unary@3600)")
+
+    fleet_model: Literal["spans", "trips"] = Field(
+        default="spans", description="'trips': every vehicle keeps its identity all day and drives trips along "
+                                     "corridors, the fleet at the papers' vehicles per passage (needed for a day "
+                                     "cap, MECH@SPAN/P/M or MECH@SPAN//M); 'spans': a span query's vehicles placed "
+                                     "at random, identities kept through a span")
 
     @field_validator("query_mechanisms")
     @classmethod
