@@ -45,6 +45,7 @@ WITH_EXAMPLES = {
     "producers.settings": 2,
     "producers.spans": 17,
     "producers.trip_stats": 11,
+    "producers.trip_spans": 4,
     "producers.trips": 11,
     "schemas.connection": 19,
     "schemas.device_binary": 15,
