@@ -85,7 +85,7 @@ def test_producers_share_the_day_and_each_caps_its_own(day: TrafficDay) -> None:
     runs = [_run(day, i, 2, q, epochs) for i in range(2)]
     usable = np.where(day.has_truth, day.flows, 0)[:epochs]
     assert np.array_equal(runs[0][3] + runs[1][3], usable.sum(axis=0))
-    for trips, kept, dropped, _ in runs:
+    for trips, _, dropped, _ in runs:
         assert dropped == int(np.maximum(trips.passages.astype(np.int64) - M, 0).sum())
 
 
