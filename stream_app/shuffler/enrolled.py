@@ -20,6 +20,8 @@ nothing of its device, and one device's digests in two slots are unrelated.
 (None, 8)
 >>> seen.prune(lambda key: False); len(seen.take(slot, 7))  # its epoch decided: forgotten
 8
+>>> seen.forget(("q", 1, 9), rounds=2); seen.slots()  # ... or only the epoch decided now
+0
 """
 
 from __future__ import annotations
@@ -80,9 +82,16 @@ class SlotDevices:
             got.update(raw[i:i + DIGEST_BYTES] for i in range(0, len(raw), DIGEST_BYTES))
 
     def prune(self, is_open: Callable[[tuple[str, int, int]], bool]) -> None:
-        """Forget the slots of decided epochs (a report for them is refused as late anyway)."""
+        """Forget the slots of decided epochs (a report for them is refused as late anyway): every
+        slot looked at (a restart's); :meth:`forget` the epochs a step decided."""
         for slot in [s for s in self._seen if not is_open(s[:3])]:
             del self._seen[slot]
+
+    def forget(self, epoch: tuple[str, int, int], rounds: int) -> None:
+        """Forget the ``rounds`` slots of a decided epoch ``(query, version, epoch)``: the cost of
+        the epoch, not of every slot held (a backlog holds thousands)."""
+        for r in range(rounds):
+            self._seen.pop((*epoch, r), None)
 
     def slots(self) -> int:
         return len(self._seen)

@@ -41,6 +41,7 @@ class KeptNotes:
         self._cover: Counter[int] = Counter()  # epoch -> open slots covering it (absent: none)
         self._idle: set[int] = set()  # kept notes no open slot covers
         self._heap: list[int] = []  # the idle epochs, oldest first (entries of epochs since covered or dropped: stale)
+        self._dropped: list[int] = []  # epochs whose note was dropped, until :meth:`drain_dropped`
 
     def __contains__(self, epoch: int) -> bool:
         return epoch in self._notes
@@ -111,6 +112,12 @@ class KeptNotes:
             if len(self._heap) > 2 * len(self._idle) + 64:  # mostly stale: rebuilt (amortized O(1))
                 self._heap = sorted(self._idle)
 
+    def drain_dropped(self) -> list[int]:
+        """The epochs whose kept note was dropped since the last call."""
+        out, self._dropped = self._dropped, []
+        return out
+
     def _drop(self, epoch: int) -> None:
-        self._notes.pop(epoch, None)
+        if self._notes.pop(epoch, None) is not None:
+            self._dropped.append(epoch)
         self._idle.discard(epoch)

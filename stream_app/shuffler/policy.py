@@ -195,11 +195,11 @@ class ShufflePolicy:
         return len(self._open)
 
     def clock_state(self) -> dict[str, Any]:
-        """The trusted clock as a JSON-able dict (the state log's ``clock`` record)."""
+        """The trusted clock as a JSON-able dict (the state log's ``clock`` record); its
+        ``barriers`` are records of their own (the runtime's, :func:`.state.barrier_key`)."""
         return {"clock": self.clock, "floor": self.floor, "passed": self.passed, "ended": self.ended,
                 "sources": {str(k): e for k, e in self.sources.items()}, "count": self.source_count,
-                "ends": {str(p): o for p, o in self.ends.items()},
-                "barriers": [[c, {str(p): o for p, o in b.items()}] for c, b in self.barriers]}
+                "ends": {str(p): o for p, o in self.ends.items()}}
 
     def restore_clock(self, state: dict[str, Any]) -> None:
         """Restoring after a restart: the trusted clock as :meth:`clock_state` gave it (the
@@ -213,6 +213,12 @@ class ShufflePolicy:
         self.ends.update({int(p): int(o) for p, o in state.get("ends", {}).items()})
         self.barriers = [(int(c), {int(p): int(o) for p, o in b.items()}) for c, b in state.get("barriers", ())]
 
+    def restore_barriers(self, barriers: Iterable[tuple[int, dict[int, int]]]) -> None:
+        """Restoring after a restart: the clock's barriers logged apart from the clock, joined to
+        those :meth:`restore_clock` gave, in clock order."""
+        merged = dict(self.barriers) | dict(barriers)
+        self.barriers = sorted(merged.items())
+
     def is_open(self, key: EpochKey) -> bool:
         """Whether ``key``'s epoch still holds reports (not decided)."""
         return key in self._open
@@ -220,6 +226,11 @@ class ShufflePolicy:
     def has_note(self, epoch: int) -> bool:
         """Whether a replay's note of ``epoch`` is still kept (not yet used by every close)."""
         return epoch in self._notes
+
+    def dropped_notes(self) -> list[int]:
+        """The epochs whose kept note was dropped since the last call (the runtime asks each step:
+        the state records naming only those notes and decided slots are obsolete)."""
+        return self._notes.drain_dropped()
 
     def held(self) -> int:
         """Device reports held in open epochs (every round's)."""

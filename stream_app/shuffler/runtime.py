@@ -38,7 +38,7 @@ import secrets
 import signal
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -72,7 +72,18 @@ from .metrics import ShufflerMonitor
 from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .release import KIND_HEADER, Outgoing, release_records, withheld_records
 from .settings import ShufflerSettings
-from .state import StateRecord, decided_key, fold, from_kafka, headers, held_key, logged_step, step_key
+from .state import (
+    LiveSteps,
+    StateRecord,
+    barrier_key,
+    decided_key,
+    fold,
+    from_kafka,
+    headers,
+    held_key,
+    logged_step,
+    step_key,
+)
 
 __all__ = ["KIND_HEADER", "Shuffler", "ShufflerSummary", "shuffler_topics"]
 
@@ -139,7 +150,9 @@ class Shuffler:
         self._salt_new = False
         self._inc = secrets.token_hex(8)  # this incarnation, on every state record (module state.py)
         # the steps whose state record is live: the epoch keys and note epochs its records went to
-        self._live: dict[int, tuple[frozenset[EpochKey], frozenset[int]]] = {}
+        self._live = LiveSteps()
+        self._barriers_logged: deque[int] = deque()  # the clocks of the barrier records live in the state log
+        self._barriers_restored: list[int] = []  # those a restart read: the first step rewrites or tombstones them
 
     def stop(self) -> None:
         self._stop.set()
@@ -281,16 +294,24 @@ class Shuffler:
         live = fold(read, self._step)
         clock = next((r.value or {} for r in live if r.key == "clock"), {})
         self.policy.restore_clock(clock)  # first: the reports restored were admitted under it
+        barriers: list[tuple[int, dict[int, int]]] = []
         for record in live:
             value = record.value or {}
             if record.key == "clock":
+                continue
+            if "barrier" in value:
+                clock_at, barrier = value["barrier"]
+                self._barriers_restored.append(int(clock_at))
+                barriers.append((int(clock_at), {int(p): int(o) for p, o in barrier.items()}))
                 continue
             self._salt = value.get("salt") or self._salt
             self._seen.restore(value.get("seen", ()))
             slots, notes = self._apply(value)
             if value.get("admit") or value.get("seen"):
-                self._live[record.s] = (slots, notes)
+                self._live.add(record.s, slots, notes)  # each looked at in the first step
+        self.policy.restore_barriers(barriers)
         self.policy.reopen(self._active_fn())
+        self.policy.dropped_notes()  # what the restore dropped: every live step is looked at anyway
         self._seen.prune(self.policy.is_open)
         self._seek(clock.get("offsets", {}))
         if not self._salt:
@@ -372,9 +393,10 @@ class Shuffler:
                    if self.policy.open_count() else [])
             if not (step.admitted or step.letters or step.slots or due or self._salt_new):
                 continue
-            self._live[self._step + 1] = (frozenset(step.slots), frozenset(step.notes))
-            self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read, step.digests, step.slots)
-            self._seen.prune(self.policy.is_open)
+            self._live.add(self._step + 1, step.slots, step.notes)
+            for out in self._transaction(step.admitted, step.letters, due, fault_hold_s, step.read, step.digests,
+                                         step.slots):
+                self._seen.forget((out.query.query_id, out.query.version, out.epoch), out.query.n_rounds)
 
     def _take_note(self, rec: Any, step: Step) -> None:
         step.read[1] += 1
@@ -440,8 +462,10 @@ class Shuffler:
 
     def _transaction(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
                      due: list[EpochKey], fault_hold_s: float, read: list[int],
-                     digests: dict[Slot, list[bytes]] | None = None, touched: set[EpochKey] | None = None) -> None:
-        """One step, committed or (a Kafka error: counted, aborted unless the broker is lost) raised."""
+                     digests: dict[Slot, list[bytes]] | None = None, touched: set[EpochKey] | None = None,
+                     ) -> list[Released | Withheld]:
+        """One step, committed or (a Kafka error: counted, aborted unless the broker is lost) raised;
+        what its due epochs became."""
         p = self._producer
         self._step += 1
         p.begin_transaction()
@@ -473,6 +497,7 @@ class Shuffler:
                 withheld.append((outcome.reason, below))
         self.monitor.on_step(read[0], read[1], [why.reason for why, _ in letters], released, withheld,
                              self.policy.held())
+        return outcomes
 
     def _step_records(self, admitted: list[tuple[int, str]], letters: list[tuple[Rejected, Any]],
                       due: list[EpochKey], fault_hold_s: float, digests: dict[Slot, list[bytes]],
@@ -518,8 +543,8 @@ class Shuffler:
                                 value=None if value is None else json.dumps(value, separators=(",", ":")).encode())
 
         hdrs = headers(self._step, self._inc)
-        for step in [t for t, (slots, notes) in self._live.items() if self._obsolete(slots, notes)]:
-            del self._live[step]
+        self._live.touch([(q, v, e) for q, v, e in decided], self.policy.dropped_notes())
+        for step in self._live.obsolete(self.policy.is_open, self.policy.has_note):
             if step != self._step:  # this step's own records, all decided already, are not written
                 send(step_key(step), None)
         if self._step in self._live:
@@ -531,11 +556,34 @@ class Shuffler:
             send(decided_key(q, v, e), {"decided": [[q, v, e]]})
         if self._salt_new:
             send("salt", {"salt": self._salt})
+        self._log_barriers(send)
         offsets = {f"{tp.topic}:{tp.partition}": self._consumer.position(tp) for tp in [*self._tps, self._notes_tp]}
         send("clock", {**self.policy.clock_state(), "offsets": offsets})
 
-    def _obsolete(self, slots: frozenset[EpochKey], notes: frozenset[int]) -> bool:
-        return not any(self.policy.is_open(k) for k in slots) and not any(self.policy.has_note(e) for e in notes)
+    def _log_barriers(self, send: Callable[[str, dict[str, Any] | None], None]) -> None:
+        """The clock's barriers in the state log: a record each, written in the step that made it
+        and tombstoned in the step that passed it (clocks only grow: the new ones are at the end
+        of the policy's list, the passed ones were at its start); a restart's are rewritten or
+        tombstoned once."""
+        barriers = self.policy.barriers
+        if self._barriers_restored:
+            live = {c for c, _ in barriers}
+            for c in self._barriers_restored:
+                if c not in live:
+                    send(barrier_key(c), None)
+            self._barriers_restored = []
+            self._barriers_logged.clear()  # every live barrier written again below
+        logged = self._barriers_logged
+        while logged and (not barriers or logged[0] < barriers[0][0]):
+            send(barrier_key(logged.popleft()), None)
+        new = []
+        for c, b in reversed(barriers):
+            if logged and c <= logged[-1]:
+                break
+            new.append((c, b))
+        for c, b in reversed(new):
+            send(barrier_key(c), {"barrier": [c, {str(p): o for p, o in b.items()}]})
+            logged.append(c)
 
     def _slot_rng(self, key: EpochKey) -> np.random.Generator:
         """The permutation's generator: seeded by the instance's secret salt (128 bits from the

@@ -14,6 +14,11 @@ Every transaction (a *step*) writes, to the instance's state topic, beside what 
 * ``decided-<query>-<version>-<epoch>``: an epoch that was decided (late reports are refused).
 * ``salt``: the secret salt, once; ``clock``: the policy's epoch clock and the newest epoch
   each input partition showed (what the tombstoned steps' reports had advanced).
+* ``barrier-<clock>``: one of the clock's barriers (the input offsets below which every report
+  of the epochs up to ``clock`` lies), written once and tombstoned once the input is read past
+  it -- not every barrier in each step's ``clock`` record, which behind a backlog holds
+  thousands. (A ``clock`` record written before holds them all under ``barriers``; a restart
+  still reads it.)
 
 Each record carries two headers: ``s``, its step, and ``inc``, the writing process's random
 incarnation id. A restart keeps the records of committed steps (``s <= `` the step committed
@@ -37,12 +42,13 @@ record of their step.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LEGACY", "StateRecord", "compact", "decided_key", "fold", "from_kafka", "headers", "held_key",
-           "logged_step", "step_key"]
+__all__ = ["LEGACY", "LiveSteps", "StateRecord", "barrier_key", "compact", "decided_key", "fold", "from_kafka",
+           "headers", "held_key", "logged_step", "step_key"]
 
 LEGACY = "legacy"  # the incarnation of records written before the log was keyed
 
@@ -67,6 +73,10 @@ def held_key(query_id: str, version: int, epoch: int) -> str:
 
 def decided_key(query_id: str, version: int, epoch: int) -> str:
     return f"decided-{query_id}-{version}-{epoch}"
+
+
+def barrier_key(clock: int) -> str:
+    return f"barrier-{clock}"
 
 
 def headers(step: int, inc: str) -> list[tuple[str, bytes]]:
@@ -117,6 +127,70 @@ def logged_step(records: Sequence[StateRecord]) -> int:
         return 0
     last = records[-1].inc
     return max(0, max(r.s for r in records if r.inc == last) - 1)
+
+
+class LiveSteps:
+    """The steps whose ``step-<s>`` record is live: each with the slots (epoch keys) its reports
+    went to and the note epochs it took. A step is obsolete once none of its slots is open and
+    none of its notes kept; only the steps that name a slot just decided or a note just dropped
+    (:meth:`touch`), and those just added, are looked at -- not every live step at every step
+    (behind a backlog thousands are live).
+
+    >>> live = LiveSteps()
+    >>> live.add(1, {("q", 1, 10)}, {10}); live.add(2, {("q", 1, 11)}, set())
+    >>> live.obsolete(is_open=lambda k: True, has_note=lambda e: True)
+    []
+    >>> live.touch(slots=[("q", 1, 10)], notes=[])  # decided; its note still kept
+    >>> live.obsolete(is_open=lambda k: k != ("q", 1, 10), has_note=lambda e: True), 1 in live
+    ([], True)
+    >>> live.touch(slots=[], notes=[10])  # the note dropped
+    >>> live.obsolete(is_open=lambda k: k != ("q", 1, 10), has_note=lambda e: False), 1 in live
+    ([1], False)
+    """
+
+    def __init__(self) -> None:
+        self._steps: dict[int, tuple[frozenset[Any], frozenset[int]]] = {}
+        self._by: defaultdict[Hashable, set[int]] = defaultdict(set)  # ("slot", key) or ("note", epoch) -> steps
+        self._look: set[int] = set()  # the steps to look at next
+
+    def __contains__(self, step: int) -> bool:
+        return step in self._steps
+
+    def add(self, step: int, slots: Iterable[Any], notes: Iterable[int]) -> None:
+        """Step ``step``'s record is live (looked at the next time, as one that names nothing)."""
+        self._steps[step] = (frozenset(slots), frozenset(notes))
+        for ref in self._refs(step):
+            self._by[ref].add(step)
+        self._look.add(step)
+
+    def touch(self, slots: Iterable[Any], notes: Iterable[int]) -> None:
+        """These slots were decided and these notes dropped: the steps naming them are looked at."""
+        for ref in [*(("slot", k) for k in slots), *(("note", e) for e in notes)]:
+            self._look.update(self._by.get(ref, ()))
+
+    def touch_all(self) -> None:
+        """Every live step is looked at (a restart's: what was decided before it is unknown)."""
+        self._look.update(self._steps)
+
+    def obsolete(self, is_open: Callable[[Any], bool], has_note: Callable[[int], bool]) -> list[int]:
+        """The steps looked at that are obsolete now, in step order; they are live no more."""
+        gone = []
+        for step in sorted(self._look):
+            slots, notes = self._steps.get(step, (None, None))
+            if slots is None or notes is None or any(map(is_open, slots)) or any(map(has_note, notes)):
+                continue
+            for ref in self._refs(step):
+                self._by[ref].discard(step)
+                if not self._by[ref]:
+                    del self._by[ref]
+            del self._steps[step]
+            gone.append(step)
+        self._look.clear()
+        return gone
+
+    def _refs(self, step: int) -> list[Hashable]:
+        slots, notes = self._steps[step]
+        return [*(("slot", k) for k in slots), *(("note", e) for e in notes)]
 
 
 def compact(records: Iterable[StateRecord]) -> list[StateRecord]:

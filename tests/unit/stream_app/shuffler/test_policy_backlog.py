@@ -13,14 +13,18 @@ slots (an hour's, a day's) -- and thousands of notes are kept.
   the counts of covering slots, the sweep's heap or the waits' heap drift from the scans);
 * the work grows linearly: 10x the epochs (notes, slots, steps) costs under 20x the Python lines
   the policy executes (counted with a trace function, no clock), where the reference -- and the
-  policy before -- cost over 100x (checked on the policy before: it fails here).
+  policy before -- cost over 100x (checked on the policy before: it fails here);
+* the runtime's live step records (``state.LiveSteps``) look only at the steps naming a slot
+  just decided or a note just dropped: every note whose ``has_note`` turned false is among the
+  policy's ``dropped_notes``, and over random steps the steps found obsolete are those a scan
+  of every live step finds, step for step.
 """
 
 from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +37,7 @@ import pytest
 from schemas import DeviceReport, Query, SourceEpoch
 from stream_app.shuffler import policy as policy_module
 from stream_app.shuffler.policy import EpochKey, Released, ShufflePolicy
+from stream_app.shuffler.state import LiveSteps
 
 T0 = datetime(2026, 11, 18, tzinfo=UTC)  # midnight: every span starts here
 SENSORS = (1, 2, 3, 4)
@@ -145,7 +150,11 @@ def _outcome(out: object) -> tuple[object, ...]:
     return ("withheld", out.query.query_id, out.epoch, out.reason, out.devices, out.detail)  # type: ignore[attr-defined]
 
 
-def _drive(p: ShufflePolicy, epochs: int, observe: bool = True, seed: int = 7) -> list[object]:
+Check = Callable[[ShufflePolicy], None]
+
+
+def _drive(p: ShufflePolicy, epochs: int, observe: bool = True, seed: int = 7, check: Check | None = None
+           ) -> list[object]:
     """Two producers' notes of ``epochs`` epochs, a few reports an epoch, a step every 5 epochs
     with the input read to half the notes' offsets (a backlog), then the rest read and every
     slot decided; what the policy said and kept along the way (``observe``: its kept notes,
@@ -174,16 +183,19 @@ def _drive(p: ShufflePolicy, epochs: int, observe: bool = True, seed: int = 7) -
             why = p.admit(_report(q, epoch, rng), q, float(i))
             said.append(None if why is None else why.reason)
         if i % 5 == 4:
-            said += _step(p, float(i), offset // 2, idle=False, observe=observe)
+            said += _step(p, float(i), offset // 2, idle=False, observe=observe, check=check)
     for _ in range(3):  # the input read to its end, quiet: every slot decided
-        said += _step(p, float(epochs + 100), offset, idle=True, observe=observe)
+        said += _step(p, float(epochs + 100), offset, idle=True, observe=observe, check=check)
     return said
 
 
-def _step(p: ShufflePolicy, now: float, read: int, idle: bool, observe: bool) -> list[object]:
+def _step(p: ShufflePolicy, now: float, read: int, idle: bool, observe: bool, check: Check | None = None
+          ) -> list[object]:
     due = p.due(now, frozenset({0}) if idle else frozenset(), {0: read})
     said: list[object] = [("due", tuple(due))]
     said += [_outcome(p.close(key, np.random.default_rng(1), "aggregate")) for key in due]
+    if check is not None:
+        check(p)
     if observe:
         kept = tuple(e for e in range(S - 2, S + 3000) if p.has_note(e))
         said.append(("kept", kept, p.held(), tuple(p.open_epochs)))
@@ -252,3 +264,45 @@ def test_ten_times_the_epochs_cost_far_less_than_a_hundred_times_the_work() -> N
     except _Budget:
         pytest.fail(f"600 epochs took more than {bound:,} lines, 20x the {small[0]:,} of 60 epochs")
     assert large[0] > 2 * small[0]  # the count measures the run (a day-long slot costs its 2,880 epochs either way)
+
+
+@pytest.mark.usefixtures("small_sweep")
+def test_every_note_dropped_is_told() -> None:
+    kept: set[int] = set()
+    told = 0
+
+    def check(p: ShufflePolicy) -> None:
+        nonlocal kept, told
+        now = {e for e in range(S - 2, S + 3000) if p.has_note(e)}
+        dropped = p.dropped_notes()
+        assert kept - now <= set(dropped)
+        kept, told = now, told + len(dropped)
+
+    _drive(_policy(), 300, observe=False, check=check)
+    assert told >= 300  # every epoch's note, dropped once no slot covered it
+
+
+def test_live_steps_find_what_a_scan_of_every_step_finds() -> None:
+    """Random steps naming random slots and notes; random decisions and drops, each told to
+    :meth:`LiveSteps.touch` as the runtime does: the obsolete steps equal a full scan's."""
+    rng = random.Random(11)  # noqa: S311 -- reproducible test input, not a secret
+    live, scan = LiveSteps(), {}
+    open_slots: set[int] = set()
+    kept: set[int] = set()
+    for step in range(1, 600):
+        slots, notes = set(rng.sample(range(step, step + 40), rng.randint(0, 3))), set(rng.sample(range(300), 2))
+        open_slots |= slots
+        kept |= notes
+        live.add(step, slots, notes)
+        scan[step] = (slots, notes)
+        decided = set(rng.sample(sorted(open_slots), min(len(open_slots), rng.randint(0, 4))))
+        dropped = set(rng.sample(sorted(kept), min(len(kept), rng.randint(0, 3))))
+        open_slots -= decided
+        kept -= dropped
+        live.touch(decided, dropped)
+        got = live.obsolete(open_slots.__contains__, kept.__contains__)
+        expected = [t for t, (ss, ns) in scan.items() if not ss & open_slots and not ns & kept]
+        for t in expected:
+            del scan[t]
+        assert got == expected
+    assert len(scan) < 599
