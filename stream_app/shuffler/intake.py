@@ -11,7 +11,14 @@ group and never commits).
 
 A position is the offset of the next record to read: where the reader was assigned or sought,
 past every record it returned, and past the control records a transaction leaves
-(librdkafka's own position, once it has one).
+(librdkafka's own position, once it has one). A record below it is never returned again (one a
+paused partition's fetch had queued may come again once resumed).
+
+The partitions are fetched a little at a time (``fetch.max.bytes`` 1 MiB, 256 KiB a partition):
+a broker that fills a fetch from the first partition it names up to ``fetch.max.bytes`` (Tansu
+does; Kafka rotates them) otherwise has the whole backlog of one partition read before the next
+(measured: 1.5 of 1.5 million records from partition 0 of four at 64 MiB; a quarter each at
+1 MiB, and faster). The runtime pauses a partition that runs ahead all the same (:meth:`Intake.pause_only`).
 """
 
 from __future__ import annotations
@@ -50,18 +57,19 @@ class IntakeError(PyKafkaError):  # type: ignore[misc]
 class Intake:
     """A librdkafka consumer of assigned partitions; ``group_id``: whose committed offsets it reads."""
 
-    def __init__(self, settings: KafkaSettings, group_id: str, fetch_max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, settings: KafkaSettings, group_id: str, fetch_max_bytes: int = 1024 * 1024) -> None:
         self._consumer = Consumer({
             **librdkafka_options(settings),
             "group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-            "fetch.max.bytes": fetch_max_bytes, "max.partition.fetch.bytes": 16 * 1024 * 1024,
-            "receive.message.max.bytes": fetch_max_bytes + 1024 * 1024,
-            "queued.max.messages.kbytes": 256 * 1024,
+            "fetch.max.bytes": fetch_max_bytes, "max.partition.fetch.bytes": max(fetch_max_bytes // 4, 64 * 1024),
+            "receive.message.max.bytes": max(fetch_max_bytes, 64 * 1024 * 1024) + 1024 * 1024,  # batches come whole
+            "queued.max.messages.kbytes": 64 * 1024,
             "log_level": 2, "logger": log,
         })
         self._pos: dict[tuple[str, int], int] = {}
         self._skip: dict[tuple[str, int], int] = {}  # read elsewhere up to this offset: not returned again
+        self._paused: set[tuple[str, int]] = set()
 
     def partitions_for_topic(self, topic: str, timeout_s: float = 10.0) -> set[int]:
         meta = self._consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
@@ -81,6 +89,22 @@ class Intake:
                                for tp, o in offsets.items()])
         self._pos = {(tp.topic, tp.partition): max(o, 0) for tp, o in offsets.items()}
         self._skip = {}
+        self._paused = set()
+
+    def pause_only(self, tps: Iterable[TopicPartition]) -> None:
+        """Fetch nothing of these partitions until a later call leaves them out; fetch every
+        other one (what a paused partition had queued is fetched again: never returned twice)."""
+        want = {(tp.topic, tp.partition) for tp in tps}
+        pause, resume = want - self._paused, self._paused - want
+        if pause:
+            self._consumer.pause([CkPartition(t, p) for t, p in sorted(pause)])
+        if resume:
+            self._consumer.resume([CkPartition(t, p) for t, p in sorted(resume)])
+        self._paused = want
+
+    def paused(self) -> int:
+        """How many partitions are paused now."""
+        return len(self._paused)
 
     def skip_to(self, tp: TopicPartition, offset: int) -> None:
         """Records of ``tp`` below ``offset`` were read elsewhere: never returned; the position moves there."""
@@ -104,7 +128,7 @@ class Intake:
                 continue
             topic, part, off = m.topic() or "", m.partition() or 0, m.offset() or 0
             k = (topic, part)
-            if off < self._skip.get(k, -1):
+            if off < self._skip.get(k, -1) or off < self._pos.get(k, -1):  # read elsewhere, or returned already
                 continue
             tp = tps.get(k)
             if tp is None:

@@ -93,6 +93,8 @@ UNVOUCHED = frozenset({"unauthenticated", "bad_mac", "unknown_device", "revoked"
 UNVOUCHED_PREFIX = 64
 #: seconds a step may spend reading the source notes ahead of the main consumer (Admission's catch-up)
 CATCH_UP_S = 5.0
+#: a device partition read more epochs than this past the slowest one waits (paused) for it
+ABREAST_EPOCHS = 2
 
 log = logging.getLogger(__name__)
 
@@ -389,7 +391,9 @@ class Shuffler:
                 if tp != self._notes_tp:  # the decode step: columns, reasons, each device id and MAC checked
                     self._admission.take(decode_batch([r.value for r in records], self.enrollment), records, step,
                                          time.monotonic)
-            due = (self.policy.due(time.monotonic(), self._caught_up(), self._positions())
+            positions = self._positions()
+            self._abreast(positions)
+            due = (self.policy.due(time.monotonic(), self._caught_up(), positions)
                    if self.policy.open_count() else [])
             if not (step.admitted or step.letters or step.slots or due or self._salt_new):
                 continue
@@ -449,6 +453,19 @@ class Shuffler:
 
     def _positions(self) -> dict[int, int]:
         return {tp.partition: self._consumer.position(tp) for tp in self._tps}
+
+    def _abreast(self, positions: dict[int, int]) -> None:
+        """Read the device partitions abreast by the replay's clock: each is read up to the
+        newest epoch whose reports lie below its position (:meth:`~.policy.ShufflePolicy.window_clock`),
+        and one more than ``ABREAST_EPOCHS`` past the slowest is paused until that one catches up.
+        An epoch is released only once every partition is read past it: a partition read to its
+        end while another lags holds every release (a day's backlog: minutes, and its slots)."""
+        if self.s.clock != "source" or len(self._tps) < 2:
+            return
+        at = {tp: int(self.policy.window_clock(tp.partition, np.array([positions[tp.partition]], np.int64))[0])
+              for tp in self._tps}
+        slowest = min(at.values())
+        self._consumer.pause_only(tp for tp, epoch in at.items() if epoch > slowest + ABREAST_EPOCHS)
 
     def _caught_up(self) -> frozenset[int]:
         """The input partitions read to their end as the broker says now (a fetch's high-water
