@@ -74,6 +74,7 @@ from .spans import SpanTracker, fleet_need, span_reports
 from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_signals, pause_until
 from .synthetic import write_synthetic_day
 from .trip_spans import ProducerTrips
+from .trip_stats import DEFAULT_CAPS, PassageDistribution, cap_summary
 from .trips import default_fleet_size
 
 __all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_fleet",
@@ -142,7 +143,9 @@ class ReplaySummary:
     marked). ``fleet_basis``: why the fleet has the size it has (:func:`producers.spans.fleet_need`). Span
     queries (this producer's, with one producer the whole replay's): ``spans_sent`` span reports
     sent, ``spans_skipped`` spans not covered whole (``span_skip_reasons``), ``passages_dropped``
-    passages over the query's cap (``max_passages``), the cap's bias."""
+    passages over the query's caps (``max_passages``, ``max_passages_day``), the caps' bias.
+    ``vehicle_day`` (``--fleet-model trips``, one producer): the passages per vehicle of the
+    replayed day and the share of them a day cap would drop."""
 
     epochs: int = 0
     reports: int = 0
@@ -162,6 +165,7 @@ class ReplaySummary:
     spans_skipped: Counter[str] = field(default_factory=Counter)
     span_skip_reasons: dict[str, str] = field(default_factory=dict)
     passages_dropped: Counter[str] = field(default_factory=Counter)
+    vehicle_day: PassageDistribution | None = None
 
 
 class ReplayLost(BrokerLost):
@@ -362,6 +366,9 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                 _share(counters, summary, sink)
                 counters[_LOST] = int(lost is not None)
                 counters[_DONE] = 1
+    if trips is not None and count == 1 and trips.fleet.t:  # the whole fleet's day, read from the trips
+        caps = {q.max_passages_day for q in reader.queries.values() if q.max_passages_day is not None}
+        summary.vehicle_day = cap_summary(trips.passages, sorted(caps | set(DEFAULT_CAPS)))
     if lost is not None:
         raise ReplayLost(str(lost), summary) from None
     return summary

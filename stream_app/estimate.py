@@ -88,7 +88,8 @@ class EpochResult:
     shuffle_null: str | None = None
     span_s: int = EPOCH_S  # seconds covered: the query's span (30 s: an epoch), or a rollup's (stream_app.rollups)
     # station indices (1..V) published without a number (estimate, sd, bounds, consistent null): a
-    # rollup's stations with an epoch of no source data (stream_app.rollups, "Missing is not a flow")
+    # rollup's or a span query's stations with an epoch of no source data in the span
+    # (stream_app.rollups, "Missing is not a flow")
     blank: frozenset[int] = frozenset()
     release: str | None = None  # what the shuffler released ("permuted", "aggregate"); None: not attested
 
@@ -372,7 +373,9 @@ def epoch_results(qe: QueryEstimators, closed: Sequence[tuple[WindowState, Close
                           participants=n, reports=sum(per_round), round_reports=per_round,
                           late=w.late, refused=w.refused(), missing_batches=w.missing_batches(),
                           withheld=None if why is None else why[1], no_source_data=w.no_source_data(),
-                          withheld_code=None if why is None else why[0], span_s=q.span_s)
+                          withheld_code=None if why is None else why[0], span_s=q.span_s,
+                          # a span's flow over a reading gap: no number, as a rollup's ("Missing is not a flow")
+                          blank=w.no_source_data() if q.is_span else frozenset())
         res.epsilon_shuffled, res.shuffle_null, res.release = _shuffled(q, w, n_partitions, shuffled)
         results.append(res)
         if why is None:

@@ -535,6 +535,8 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
               + (f" (at least {summary.fleet_basis})" if summary.fleet_basis else "")
               + f" in {summary.elapsed_s:.1f}s"
               + (" (interrupted)" if summary.interrupted else ""), flush=True)
+        for line in replay_summary_lines(summary)[2:]:  # refusals, spans, the vehicles' days
+            print(line, flush=True)
         if summary.delivery_failures:  # exit code 1 (unless interrupted), said here, not only by the code
             print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)
         code = EXIT_INTERRUPTED if summary.interrupted else (EXIT_FAILURE if summary.delivery_failures else EXIT_OK)

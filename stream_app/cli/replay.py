@@ -55,6 +55,11 @@ def replay_summary_lines(summary: Any) -> list[str]:
               f"query's cap dropped" for qid, n in sorted(s.spans_sent.items())]
     lines += [f"spans: none of {qid} reported ({n:,} covered only in part: {s.span_skip_reasons.get(qid, '')})"
               for qid, n in sorted(s.spans_skipped.items()) if qid not in s.spans_sent]
+    if getattr(s, "vehicle_day", None) is not None:
+        d = s.vehicle_day
+        drops = ", ".join(f"{m}: {share:.1%}" for m, share in sorted(d.dropped_share.items()))
+        lines.append(f"vehicle days (trip fleet, a simulation diagnostic): passages per vehicle mean {d.mean:.1f}, p50 "
+                     f"{d.p50:g}, p90 {d.p90:g}, p99 {d.p99:g}, max {d.max:,}; a day cap of M passages drops ({drops})")
     return lines
 
 

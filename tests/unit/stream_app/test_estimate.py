@@ -1011,3 +1011,25 @@ def test_consistent_estimate_where_the_participants_cap_binds(mechanism: str, mo
         assert cons is not None
         np.testing.assert_allclose(cons.sum(), n, rtol=1e-12)
         assert cons.min() >= 0.0 and np.any(cons < np.maximum(res.values[name].estimate, 0.0))
+
+
+def test_a_span_flow_over_a_reading_gap_is_published_without_a_number() -> None:
+    """A span query's station with an epoch of no source reading in the span: its row carries no
+    number (estimate, sd, bounds and consistent null), flagged no_source_data, as a rollup's over
+    the same gap; the other stations' rows are unchanged. (It was published as a number.)"""
+    import dataclasses
+
+    q = Query.model_validate({**QUERIES["rr"].model_dump(), "span_s": 300})
+    _, w, _ = run(q)
+    for slot, m in dict(w.markers).items():
+        if slot[0] == 0:
+            w.markers[slot] = dataclasses.replace(m, readings_missing=(2,))
+    w.close("markers")
+    res = epoch_result(QueryEstimators.build(q), w, "markers", CONF, 1)
+    assert res.no_source_data == frozenset({2}) == res.blank
+    out = rendered(res)
+    gap = [e for e in out if e.station == q.sensors[1]]
+    assert gap and all(e.estimate is None and e.sd is None and e.data_quality == "no_source_data" for e in gap)
+    assert all(e.estimate is not None for e in out if e.station != q.sensors[1])
+    one_epoch = result(QUERIES["rr"], run(QUERIES["rr"])[1])
+    assert not one_epoch.blank  # a 30-s epoch's row keeps its number, flagged
