@@ -53,8 +53,16 @@ benchmark record, docs/benchmark-record.jsonl):
   the shuffler 26.3 vs 25.0, worker 4.2 vs 4.7. Both ``same_estimates`` (15,000 rows).
 
 * ``day10`` -- the real-day shape: a synthetic 10-station day (``--epochs-day``, default the
-  whole day's 2,880 epochs) of per-vehicle records, the direct path and through the shuffler in
-  one run (the bar: within 3x the direct path's wall time).
+  whole day's 2,880 epochs) of per-vehicle records with the queries ``--day-queries`` (default
+  ``alp,unary,unary@300,unary@3600``: two 30-s queries, a 5-minute and an hour's span), the
+  direct path and through the shuffler in one run, then one comparison line: ``direct_s`` and
+  ``shuffler_s`` (from the replay's start to the last row published, rollups and spans
+  included), ``shuffler_vs_direct`` (their ratio), ``rows_identical`` (every row of the direct
+  path published through the shuffler, equal but ``epsilon_shuffled`` and ``release``, and no
+  other) and ``meets_bar`` (rows identical within 3x the direct path's time). An unpaced replay
+  writes its source notes far ahead of the shuffler's reading, so thousands of slots are open
+  at once behind the backlog: the run that found the policy's scans of every open slot (the
+  shuffler released nothing for 37 minutes of a real day).
 
 ``--device-clients librdkafka,kafka-python`` runs each shuffler path once per way the replay
 hands device reports over: ``librdkafka`` (:meth:`producers.sink.ReportSink.send_many`, the
@@ -65,9 +73,13 @@ replay's) and ``kafka-python`` (one ``KafkaProducer.send`` per record, the repla
 ``--replay-producers N`` splits the fleet over N replay processes (``ptt replay --producers``);
 ``cpu_s.replay`` then counts them all.
 
+Every path waits after its replay until the worker has closed every window the replay marked and
+decided every rollup it completes (:func:`stream_app.cli.demo.expected_windows`, a span query's
+once a span; ``expected_rollups``), up to ``max(600, 20 x the replay's seconds)``.
+
 Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2,day10] [--epochs-s1 10] [--epochs-s2 5]
-[--direct-s2] [--epochs-day 2880] [--releases aggregate,permuted] [--device-clients librdkafka,kafka-python]
-[--replay-producers 1] [--profile]``
+[--direct-s2] [--epochs-day 2880] [--day-queries alp,unary,unary@300,unary@3600]
+[--releases aggregate,permuted] [--device-clients librdkafka,kafka-python] [--replay-producers 1] [--profile]``
 """
 
 from __future__ import annotations
@@ -77,6 +89,7 @@ import cProfile
 import json
 import os
 import pstats
+import re
 import resource
 import secrets
 import signal
@@ -98,10 +111,11 @@ from producers.sink import ReportSink
 from schemas.epochs import EPOCH_S
 from schemas.kafka_io import publish_query, read_to_end
 from stream_app.app import ensure_stream_topics
+from stream_app.cli.demo import expected_rollups, expected_windows
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
-from tests.benchmarks.bench_scale import _closed_epochs, _dead, _scrape, _wait_url
+from tests.benchmarks.bench_scale import _dead, _scrape, _wait_url
 from tests.benchmarks.common import load_scenario, row_kind, stop_children_on_signals, unwatch, watch
 from tests.integration.stream_helpers import WorkerProcess, env_for
 from tests.processes import cpu_s
@@ -215,13 +229,22 @@ def _topic_bytes(settings: ReplaySettings, topic: str) -> int:
     return sum(len(r.value or b"") for r in read_to_end(settings, topic, idle_timeout_s=2))
 
 
+def _outcomes(worker: WorkerProcess) -> float:
+    """Windows the worker closed and rollups it decided so far, every query and reason."""
+    metrics = _scrape(worker, "ptt_epochs_closed_total", "ptt_rollups_total", "ptt_withheld_rollups_total")
+    return sum(float(v) for v in
+               re.findall(r'ptt_(?:epochs_closed|rollups|withheld_rollups)_total\{[^}]*\} ([0-9.e+]+)', metrics))
+
+
 def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stations: int, epochs: int,
              vehicles: int | None, via_shuffler: bool, data_dir: Path, profile: bool = False,
              keep_rows: bool = False, release: str = "aggregate", device_client: str = "librdkafka",
-             replay_producers: int = 1) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
+             replay_producers: int = 1, mechanisms: str | None = None,
+             ) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
     tag = f"{name}-{'shuffler-' + release if via_shuffler else 'direct'}-{uuid.uuid4().hex[:8]}"
     use_device_client(device_client)
-    rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir, truth=False, default_queries=False,
+    chosen: dict[str, Any] = {"query_mechanisms": mechanisms} if mechanisms else {}  # else the default queries
+    rs = ReplaySettings(bootstrap_servers=broker, data_dir=data_dir, truth=False, default_queries=False, **chosen,
                         reports_topic=f"r-{tag}", queries_topic=f"q-{tag}", truth_topic=f"t-{tag}", partitions=4,
                         synthetic_stations=stations, mode="per-vehicle", max_epochs=epochs,
                         start_epoch=max(0, min(14 * 120, 2880 - epochs)), expand_to=vehicles, batch_size=50_000,
@@ -265,24 +288,27 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         replay_prof.dump_stats(tmp / f"replay-{tag}.prof")
     replay_s = time.time() - t0
     cpu = {"replay": time.process_time() + _children_cpu_s() - replay_cpu0}  # its producer processes too
+    replayed = [int(e) for e in day.epochs[rs.start_epoch:rs.start_epoch + epochs]]
+    outcomes = expected_windows(queries, replayed) + expected_rollups(queries, replayed)
     deadline = time.time() + max(600.0, 20 * replay_s)
-    while time.time() < deadline:
-        if _closed_epochs(_scrape(worker, "ptt_epochs_closed_total")) >= epochs * len(queries):
-            break
+    while time.time() < deadline and _outcomes(worker) < outcomes:
         time.sleep(0.5)
     cpu.update({k: cpu_s(p) - cpu0[k] for k, p in pids.items() if p is not None})
     every = [(r.timestamp, r.value) for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)]
     spans = {q.query_id for q in queries if q.span_s != EPOCH_S}
     rows = [(t, v) for t, v in every if row_kind(v, spans) == "epoch"]  # rollups and span queries' rows apart
     last_s = max(t for t, _ in rows) / 1000.0 - t0 if rows else float("nan")
+    last_row_s = max(t for t, _ in every) / 1000.0 - t0 if every else float("nan")
     total_cpu = sum(cpu.values())
     out: dict[str, Any] = {
         "scenario": name, "path": "shuffler" if via_shuffler else "direct",
         **({"release": release, "device_client": device_client} if via_shuffler else {}), "stations": stations,
-        "vehicles": fleet, "mode": "per-vehicle", "queries": [q.mechanism for q in queries], "epochs": epochs,
+        "vehicles": fleet, "mode": "per-vehicle", "queries": [q.mechanism for q in queries],
+        "query_mechanisms": rs.query_mechanisms, "epochs": epochs,
         "replay_producers": replay_producers,
         "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
-        "last_estimate_s": round(last_s, 2), "wall_s_per_epoch": round(last_s / epochs, 3),
+        "last_estimate_s": round(last_s, 2), "last_row_s": round(last_row_s, 2),
+        "wall_s_per_epoch": round(last_s / epochs, 3),
         "realtime_factor": round(epochs * 30 / last_s, 3), "estimates": len(rows), "expected_estimates": expected,
         "rollup_estimates": len(every) - len(rows),
         "dead_letters": int(_dead(_scrape(worker, "ptt_dead_letters_total"))),
@@ -307,10 +333,34 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     return out, (_estimate_rows(ws) if keep_rows else {})
 
 
+Rows = dict[tuple[Any, ...], dict[str, Any]]
+
+
+def _differing(d_rows: Rows, v_rows: Rows) -> list[tuple[Any, ...]]:
+    """The direct path's rows that the shuffler's run published otherwise or not at all."""
+    return [k for k, row in d_rows.items() if _without(v_rows.get(k)) != _without(row)]
+
+
+def _day_line(direct: dict[str, Any], d_rows: Rows, via: dict[str, Any], v_rows: Rows) -> dict[str, Any]:
+    """day10's comparison line: the time to the last row published on each path, their ratio,
+    whether every row is identical, and the bar (identical, within 3x)."""
+    differ = _differing(d_rows, v_rows)
+    ratio = round(via["last_row_s"] / direct["last_row_s"], 2)
+    identical = not differ and d_rows.keys() == v_rows.keys()
+    return {"scenario": "day10", "compare": "shuffler vs direct, same fleet and epochs, same run",
+            "queries": direct["query_mechanisms"], "epochs": direct["epochs"],
+            "device_records": via.get("device_records"),
+            "direct_s": direct["last_row_s"], "shuffler_s": via["last_row_s"], "shuffler_vs_direct": ratio,
+            "rows_direct": len(d_rows), "rows_shuffler": len(v_rows), "rows_differing": len(differ),
+            "rows_only_shuffler": len(v_rows.keys() - d_rows.keys()), "rows_identical": identical,
+            "example": list(differ[0]) if differ else None, "meets_bar": identical and ratio <= 3.0,
+            "load_average": via["load_average"]}
+
+
 def _compare(direct: dict[str, Any], d_rows: dict[tuple[Any, ...], dict[str, Any]], via: dict[str, Any],
              v_rows: dict[tuple[Any, ...], dict[str, Any]], profiled: bool) -> dict[str, Any]:
     """S1's comparison line: the shuffler's run (one release) against the direct path's."""
-    differ = [k for k, row in d_rows.items() if _without(v_rows.get(k)) != _without(row)]
+    differ = _differing(d_rows, v_rows)
     fields = Counter(f for k in differ for f in d_rows[k]
                      if f not in _SHUFFLE_FIELDS and d_rows[k].get(f) != v_rows.get(k, {}).get(f))
     example = ({f: [d_rows[differ[0]].get(f), v_rows.get(differ[0], {}).get(f)]
@@ -342,6 +392,8 @@ def main() -> None:
     parser.add_argument("--releases", default="aggregate,permuted",
                         help="the shuffler's --release values to run (s1: each against the direct path; s2: the first)")
     parser.add_argument("--epochs-day", type=int, default=2880, help="day10: epochs of the 10-station day")
+    parser.add_argument("--day-queries", default="alp,unary,unary@300,unary@3600",
+                        help="day10: the queries' mechanisms (MECH or MECH@SPAN, as ptt demo --query-mechanisms)")
     parser.add_argument("--device-clients", default="librdkafka",
                         help="how the replay hands device reports over, each a shuffler run (s1, s2, day10): "
                              "librdkafka (producers.bulk), kafka-python (one send per record, as before)")
@@ -370,20 +422,26 @@ def main() -> None:
                                                device_client=client, **kw)
                         print(json.dumps(via), flush=True)
                         print(json.dumps(_compare(direct, d_rows, via, v_rows, args.profile)), flush=True)
-            for name, stations, epochs, vehicles, direct_too in (
-                    ("s2", 3220, args.epochs_s2, 47_719, args.direct_s2), ("day10", 10, args.epochs_day, None, True)):
+            for name, stations, epochs, vehicles, direct_too, mechanisms in (
+                    ("s2", 3220, args.epochs_s2, 47_719, args.direct_s2, None),
+                    ("day10", 10, args.epochs_day, None, True, args.day_queries)):
                 if name not in wanted:
                     continue
-                kw = {"stations": stations, "epochs": epochs, "vehicles": vehicles, **common}
+                day = name == "day10"  # its rows are compared
+                kw = {"stations": stations, "epochs": epochs, "vehicles": vehicles, "mechanisms": mechanisms,
+                      "keep_rows": day, **common}
                 if direct_too:
-                    direct, _ = run_path(name, broker.bootstrap, broker.pid, tmp, via_shuffler=False, **kw)
+                    direct, d_rows = run_path(name, broker.bootstrap, broker.pid, tmp, via_shuffler=False, **kw)
                     print(json.dumps(direct), flush=True)
                 for client in clients:
-                    via, _ = run_path(name, broker.bootstrap, broker.pid, tmp, via_shuffler=True,
-                                      profile=args.profile, release=args.releases.split(",")[0],
-                                      device_client=client, **kw)
+                    via, v_rows = run_path(name, broker.bootstrap, broker.pid, tmp, via_shuffler=True,
+                                           profile=args.profile, release=args.releases.split(",")[0],
+                                           device_client=client, **kw)
                     print(json.dumps(via), flush=True)
-                    if direct_too:
+                    if day:
+                        print(json.dumps({**_day_line(direct, d_rows, via, v_rows), "device_client": client}),
+                              flush=True)
+                    elif direct_too:
                         print(json.dumps({"scenario": name, "compare": "shuffler vs direct, same run",
                                           "device_client": client, "load_average": via["load_average"],
                                           "shuffler_vs_direct": round(via["wall_s_per_epoch"]
