@@ -16,6 +16,7 @@ from .mechanisms import Mechanism
 __all__ = ["BitReports", "PerStation", "SparseReports", "StationSets", "bernoulli_cells", "bernoulli_positions"]
 
 _BIT_CHUNK = 4096  # vehicles whose unpacked bits (V bytes each) are built at a time
+_PAIR_BYTES = 8  # a (station, report) pair in the device layout (schemas.device_binary: two u32)
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,9 @@ class PerStation:
         The pairs of "No" vehicles form a Bernoulli process over the flattened
         vehicle x station grid; it is drawn by geometric skips, so the cost is proportional
         to the number of non-default reports, not to N x V. A :attr:`bit_valued` mechanism's
-        pairs are :meth:`sample_bits`' draws, by vehicle then station. The one-station case of
-        :meth:`sample_sparse_sets` (the same draws).
+        pairs are by vehicle then station: :meth:`sample_bits`' draws when its bitmaps are the
+        smaller encoding, else drawn by those skips (:meth:`sparse_bits`). The one-station case
+        of :meth:`sample_sparse_sets` (the same draws).
         """
         return self.sample_sparse_sets(rng, StationSets.of_truths(self._checked(truths)))
 
@@ -149,7 +151,7 @@ class PerStation:
         """:meth:`sample_sparse` for set truths (:class:`StationSets`, a span's multi-hot
         truth): a station in a vehicle's set answers from the Yes row, every other from the No
         row."""
-        if self.bit_valued:
+        if self.bit_valued and not self.sparse_bits():
             return self.sample_bits_sets(rng, sets).to_sparse()
         sets = sets.checked(self.n_stations)
         table = self.mechanism.output_table(0)
@@ -179,6 +181,11 @@ class PerStation:
             out_no = others[np.minimum(pick, others.size - 1)]
         yes_out = self._yes_draws(rng, sets.station.size)
         nd = yes_out != d
+        if self.bit_valued:  # by vehicle then station, as the bitmap's pairs: two sorted runs merged
+            cells = np.concatenate([veh * v + st - 1, sets.vehicle[nd] * v + sets.station[nd] - 1])
+            veh, st = _divmod_small(np.sort(cells, kind="stable"), v)
+            st += 1
+            return SparseReports(vehicle=veh, station=st, output=np.ones(veh.size, dtype=np.int64))
         return SparseReports(
             vehicle=np.concatenate([veh, sets.vehicle[nd]]),
             station=np.concatenate([st, sets.station[nd]]),
@@ -190,6 +197,38 @@ class PerStation:
         the Yes row, each on its own (the one definition of a Yes answer's draw)."""
         faces = self.mechanism.draw_faces(rng, np.ones(cells, dtype=np.int64))
         return self.mechanism.emit(0, faces, np.ones_like(faces))
+
+    def expected_ones(self, yes_stations: float = 1.0) -> float:
+        """A :attr:`bit_valued` report's expected number of 1 bits when its truth holds
+        ``yes_stations`` of the V stations: ``q (V - k) + p k`` (q, p: a No's and a Yes's chance of
+        a 1). At unary q = 1.7e-4 over 3,220 stations and k = 3: 3.4 of 3,220 bits.
+
+        >>> from estimators.mechanisms import symmetric_unary
+        >>> round(PerStation(symmetric_unary(0.01), 600).expected_ones(1), 2)
+        6.98
+        """
+        table = self.mechanism.output_table(0)
+        q, p = 1.0 - float(table[0, 0]), 1.0 - float(table[1, 0])
+        k = min(max(float(yes_stations), 0.0), float(self.n_stations))
+        return q * (self.n_stations - k) + p * k
+
+    def sparse_bits(self, yes_stations: float = 1.0) -> bool:
+        """Whether a :attr:`bit_valued` mechanism's reports are smaller as station ids (8 bytes a
+        (station, 1) pair in the device layout, :mod:`schemas.device_binary`) than as a bitmap of
+        ceil(V / 8) bytes, by :meth:`expected_ones` at ``yes_stations`` (by default one: the
+        mechanism's own figure; the samplers and the device path use that default) -- a choice
+        from the mechanism alone, the same for every device of a round and every round of a
+        query (an encoding chosen per device by its own count of ones would tell that count; one
+        chosen from the fleet's truths would tell something of them). Sparse,
+        :meth:`sample_sparse_sets` draws the 1 bits by geometric skips
+        (:func:`bernoulli_positions`: the cost follows the ones, not N x V); else it draws the
+        grid outright (:meth:`sample_bits_sets`) and the device path sends bitmaps.
+
+        >>> from estimators.mechanisms import symmetric_unary
+        >>> [PerStation(symmetric_unary(q), 3220).sparse_bits() for q in (0.2, 1.7e-4)]
+        [False, True]
+        """
+        return self.bit_valued and _PAIR_BYTES * self.expected_ones(yes_stations) < -(-self.n_stations // 8)
 
     @property
     def bit_valued(self) -> bool:

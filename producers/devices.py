@@ -108,16 +108,19 @@ def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_
     this producer's epoch is enrolled device ``first_device + v``), per round with the simulated
     vehicle behind each (its index in this producer's epoch); a per-sensor device with no
     non-default answer has an empty ``pairs`` (it still counts). A per-sensor query with outputs
-    {0, 1} and default 0 (unary RR, RR) sends a round as bitmaps when they are
-    smaller than its pairs on average (8 bytes a pair against ceil(V / 8))."""
+    {0, 1} and default 0 (unary RR, RR) sends a round as bitmaps unless its mechanism expects
+    so few ones that station ids are smaller (:meth:`~estimators.PerStation.sparse_bits`: 8
+    bytes a pair against ceil(V / 8); the same choice for every device of the round)."""
     out: list[tuple[np.ndarray, list[bytes]]] = []
+    if not er.participants:  # refused (audit or day budget): no device sends anything
+        return out
     bitmap_ok = q.per_station is not None and q.n_outputs == 2 and q.default_report == 0
-    nb = -(-q.n_stations // 8)
+    samplers = q.per_station
     for r in range(q.n_rounds):
         arrays = er.rounds[r]
         vehicles = np.asarray(er.vehicles[r]) if "value" in arrays else np.arange(er.participants)
         devices = (first_device + vehicles).tolist()
-        smaller = 8 * er.reports[r] > nb * er.participants  # bitmaps beat the pairs on average
+        smaller = bitmap_ok and samplers is not None and not samplers[r].sparse_bits()  # the mechanism's choice
         if "value" in arrays:
             messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
         elif "bitmap" in arrays and smaller:
