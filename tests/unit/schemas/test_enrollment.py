@@ -16,11 +16,14 @@ import pytest
 from schemas import DeviceReport, SourceEpoch, decode_device_record, encode_json
 from schemas.device_binary import MAC_BYTES, auth_message, encode_device, encode_device_values, strip_auth
 from schemas.enrollment import (
+    KEY_CACHE,
     NOTES_LABEL,
     PROTOCOL,
     Enrollment,
     EnrollmentError,
     Revocation,
+    hkdf_expand,
+    hkdf_extract,
     hkdf_sha256,
     note_message,
 )
@@ -74,6 +77,24 @@ def test_the_mac_is_rfc_2104_hmac_sha256_under_the_device_key() -> None:
             want = hmac.digest(E.key(device), m, "sha256")[:MAC_BYTES]
             assert E.mac(device, m) == want and E.mac(device, m) == want, (device, n)
     assert E.mac(1, b"x") != E.mac(2, b"x")
+
+
+def test_a_fleet_past_the_key_cache_seals_and_checks_the_same_macs() -> None:
+    """An enrollment of more devices than its caches hold (the papers' 10M vehicles) derives
+    each key afresh for every MAC: the keys are RFC 5869's HKDF (the library's one-shot HMAC),
+    and the MACs, the seals and their checks are those of a small enrollment under the secret."""
+    big = Enrollment(SECRET, devices=KEY_CACHE + 1)
+    assert big._cached is False and E._cached is True
+    rng = np.random.default_rng(8)
+    for device in (0, 17, 999):
+        assert big.key(device) == hkdf_expand(hkdf_extract(PROTOCOL, SECRET), PROTOCOL + b" device "
+                                              + device.to_bytes(4, "little")) == E.key(device)
+        for n in (0, 41, 64, 300):
+            m = rng.bytes(n)
+            assert big.mac(device, m) == E.mac(device, m) == hmac.digest(E.key(device), m, "sha256")[:MAC_BYTES]
+    sealed = big.seal_messages([b"\x01\x03\x01q" + bytes(13) + d.to_bytes(4, "little") for d in (5, 6)], [5, 6])
+    assert sealed == E.seal_messages([r[:-MAC_BYTES] for r in sealed], [5, 6])
+    assert big.check_sealed([5, 6], sealed) == [] and big.check_sealed([6], sealed[:1])[0][1].reason == "bad_mac"
 
 
 def test_seal_messages_equals_seal() -> None:
