@@ -216,14 +216,17 @@ class Closing:
 
 
 def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0,
-                 check: Callable[[], None] = lambda: None) -> Closing:
+                 check: Callable[[], None] = lambda: None, upstream: Callable[[], float] = lambda: 0.0) -> Closing:
     """After the replay: until the worker has closed every window the replay marked and decided
     every rollup it completes (complete), or a stop, or ``timeout_s`` without one more closed or
     decided (a stalled pipeline; a busy one that still makes progress is waited for). Each
     stage-2 partition closes its own epochs, so the newest closed epoch says nothing of the
-    older ones: the closed epochs are counted."""
+    older ones: the closed epochs are counted. ``upstream``: a count that grows while the stage
+    before the worker still works (--via-shuffler: the device reports the shuffler has read; an
+    hour's span of 10M reports is minutes of reading before its one window closes) -- its growth
+    is progress too."""
     decided = (b"ptt_rollups_total{", b"ptt_withheld_rollups_total{")
-    progress = -1.0
+    progress, read = -1.0, -1.0
     deadline = time.monotonic() + timeout_s
     got = Closing(windows, 0, rollups, 0)
     while time.monotonic() < deadline and not stop.requested:
@@ -231,8 +234,9 @@ def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: floa
         got = Closing(windows, int(_closed_epochs(metrics_url)), rollups, int(_closed_epochs(metrics_url, decided)))
         if got.complete:
             break
-        if got.closed + got.decided > progress:
-            progress, deadline = got.closed + got.decided, time.monotonic() + timeout_s
+        now_read = upstream()
+        if got.closed + got.decided > progress or now_read > read:
+            progress, read, deadline = got.closed + got.decided, now_read, time.monotonic() + timeout_s
         stop.wait(0.5)
     return got
 
@@ -547,10 +551,15 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
             if not summary.interrupted and summary.epochs:
                 replayed = [int(e) for e in day.epochs[:summary.epochs]]
                 queries = read_queries(rs)
+                shuffler_read = functools.partial(_closed_epochs, f"http://127.0.0.1:{shuffler_port}/metrics",
+                                                  (b'ptt_shuffler_records_total{kind="device_report"}',))
                 closing = _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
-                                       rollups=expected_rollups(queries, replayed), check=watch.check)
+                                       rollups=expected_rollups(queries, replayed), check=watch.check,
+                                       upstream=shuffler_read if demo.via_shuffler else lambda: 0.0)
                 if not closing.complete and not stop.requested:
-                    print("demo: the worker closed no further epoch for 60 s; saving what it has published",
+                    print("demo: the worker closed no further epoch for 60 s"
+                          + (" (nor did the shuffler read a report)" if demo.via_shuffler else "")
+                          + "; saving what it has published",
                           file=sys.stderr, flush=True)
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)

@@ -54,3 +54,16 @@ def test_the_wait_returns_the_counts_it_stalled_at(monkeypatch: pytest.MonkeyPat
     assert got == Closing(100, 33, 7, 7) and not got.complete and now[0] >= 60.0
     closed[b"ptt_epochs_closed_total{"] = 100.0
     assert demo._wait_closed("http://x/metrics", 100, stop, rollups=7).complete  # type: ignore[arg-type]
+
+
+def test_a_shuffler_still_reading_is_no_stall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--via-shuffler: no window closes while the shuffler reads an hour's 10M device reports
+    (minutes); its growing count of reports read defers the stall, which comes ``timeout_s``
+    after its last growth (here at 150 s: the wait ends at 210 s, not at 60)."""
+    now = [0.0]
+    monkeypatch.setattr(demo, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    stop = SimpleNamespace(requested=False, wait=lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(demo, "_closed_epochs", lambda url, families=(): 0.0)
+    got = demo._wait_closed("http://x/metrics", 1, stop, timeout_s=60.0,  # type: ignore[arg-type]
+                            upstream=lambda: min(now[0], 150.0) * 1e5)
+    assert not got.complete and 210.0 <= now[0] <= 211.0
