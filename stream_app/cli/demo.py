@@ -216,25 +216,21 @@ class Closing:
 
 
 def _wait_closed(metrics_url: str, windows: int, stop: StopFlag, timeout_s: float = 60.0, rollups: int = 0,
-                 check: Callable[[], None] = lambda: None, upstream: Callable[[], float] = lambda: 0.0) -> Closing:
+                 check: Callable[[], None] = lambda: None, shuffler_port: int | None = None) -> Closing:
     """After the replay: until the worker has closed every window the replay marked and decided
     every rollup it completes (complete), or a stop, or ``timeout_s`` without one more closed or
     decided (a stalled pipeline; a busy one that still makes progress is waited for). Each
     stage-2 partition closes its own epochs, so the newest closed epoch says nothing of the
-    older ones: the closed epochs are counted. ``upstream``: a count that grows while the stage
-    before the worker still works (--via-shuffler: the device reports the shuffler has read; an
-    hour's span of 10M reports is minutes of reading before its one window closes) -- its growth
-    is progress too."""
+    older ones: the closed epochs are counted; so are the records a shuffler (``shuffler_port``) read."""
     decided = (b"ptt_rollups_total{", b"ptt_withheld_rollups_total{")
-    progress, read = -1.0, -1.0
-    deadline = time.monotonic() + timeout_s
-    got = Closing(windows, 0, rollups, 0)
+    progress, read, deadline, got = -1.0, -1.0, time.monotonic() + timeout_s, Closing(windows, 0, rollups, 0)
     while time.monotonic() < deadline and not stop.requested:
         check()  # a helper that exited meanwhile (:meth:`~.supervise.Watch.check`)
         got = Closing(windows, int(_closed_epochs(metrics_url)), rollups, int(_closed_epochs(metrics_url, decided)))
         if got.complete:
             break
-        now_read = upstream()
+        now_read = (_closed_epochs(f"http://127.0.0.1:{shuffler_port}/metrics", (b"ptt_shuffler_records_total{",))
+                    if shuffler_port else 0.0)
         if got.closed + got.decided > progress or now_read > read:
             progress, read, deadline = got.closed + got.decided, now_read, time.monotonic() + timeout_s
         stop.wait(0.5)
@@ -551,15 +547,11 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
             if not summary.interrupted and summary.epochs:
                 replayed = [int(e) for e in day.epochs[:summary.epochs]]
                 queries = read_queries(rs)
-                shuffler_read = functools.partial(_closed_epochs, f"http://127.0.0.1:{shuffler_port}/metrics",
-                                                  (b'ptt_shuffler_records_total{kind="device_report"}',))
                 closing = _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
                                        rollups=expected_rollups(queries, replayed), check=watch.check,
-                                       upstream=shuffler_read if demo.via_shuffler else lambda: 0.0)
+                                       shuffler_port=shuffler_port if demo.via_shuffler else None)
                 if not closing.complete and not stop.requested:
-                    print("demo: the worker closed no further epoch for 60 s"
-                          + (" (nor did the shuffler read a report)" if demo.via_shuffler else "")
-                          + "; saving what it has published",
+                    print("demo: the worker closed no further epoch for 60 s; saving what it has published",
                           file=sys.stderr, flush=True)
             if not summary.interrupted and not demo.exit_when_done and not stop.requested:
                 print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)

@@ -63,7 +63,8 @@ def test_a_shuffler_still_reading_is_no_stall(monkeypatch: pytest.MonkeyPatch) -
     now = [0.0]
     monkeypatch.setattr(demo, "time", SimpleNamespace(monotonic=lambda: now[0]))
     stop = SimpleNamespace(requested=False, wait=lambda s: now.__setitem__(0, now[0] + s))
-    monkeypatch.setattr(demo, "_closed_epochs", lambda url, families=(): 0.0)
+    reads = "http://127.0.0.1:9/metrics"  # the worker closes nothing; the shuffler reads until 150 s
+    monkeypatch.setattr(demo, "_closed_epochs", lambda url, families=(): min(now[0], 150) * 1e5 if url == reads else 0)
     got = demo._wait_closed("http://x/metrics", 1, stop, timeout_s=60.0,  # type: ignore[arg-type]
-                            upstream=lambda: min(now[0], 150.0) * 1e5)
+                            shuffler_port=9)
     assert not got.complete and 210.0 <= now[0] <= 211.0
