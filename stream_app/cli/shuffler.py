@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -39,6 +40,26 @@ def exit_broker_lost(lost: BrokerLost) -> NoReturn:
     os._exit(EXIT_BROKER_LOST)
 
 
+GC_THRESHOLDS = (100_000, 20, 100)  # CPython's default (700, 10, 10)
+
+
+def quiet_gc() -> None:
+    """The cyclic garbage collector at :data:`GC_THRESHOLDS`, what was allocated so far frozen
+    out of its scans. An epoch's device reports are held until it is released: an hour's span at
+    10M vehicles is millions of objects alive at once, and at the default thresholds full
+    collections scan them again and again (a synthetic intake of 5M records held: 106 full
+    collections, 1.87 us a record against 0.59 here, 0.49 without the collector). Nothing the
+    shuffler holds is cyclic garbage it depends on freeing soon; the collector still runs.
+
+    >>> import gc
+    >>> before = gc.get_threshold(); quiet_gc(); gc.get_threshold()
+    (100000, 20, 100)
+    >>> gc.set_threshold(*before); gc.unfreeze()
+    """
+    gc.set_threshold(*GC_THRESHOLDS)
+    gc.freeze()
+
+
 def run(args: argparse.Namespace) -> int:
     from ..shuffler.runtime import Shuffler
     from .local_broker import PortInUse, port_free
@@ -59,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
                             "another --http-port")
     shuffler = Shuffler(settings, exit_lost=exit_broker_lost)
     shuffler.install_signals()
+    quiet_gc()
     door = None
     if settings.http_port:  # the door in a process of its own, started before the shuffler connects
         from ..shuffler.door_process import DoorProcess
