@@ -83,6 +83,7 @@ from schemas import DeviceReport, Query, SourceEpoch
 from ..decode import Rejected
 from .kept import KeptNotes
 from .notes import NoteBound
+from .outcome import Released, ReleasedRound, Withheld
 from .payload import check_payload
 
 __all__ = ["EpochKey", "Released", "ReleasedRound", "ShufflePolicy", "Withheld"]
@@ -117,47 +118,10 @@ class _Open:
     cut: int | None = None  # the first epoch of its span a replay's note says was interrupted
 
 
-@dataclass(frozen=True)
-class ReleasedRound:
-    """One round of a released epoch: the permuted arrays in the wire layout (``value``, or
-    ``station`` and ``output``) and how many reports (values or pairs) they hold -- or, released
-    as an aggregate, one array ``counts`` in the exact-tally layout and ``reports`` = its devices
-    (what a tally's header counts) -- and how many devices sent them (the markers' participants)."""
-
-    arrays: dict[str, IntArray]
-    reports: int
-    devices: int
-
-
-@dataclass(frozen=True)
-class Released:
-    """A decided epoch that gets markers: its rounds, the stations (sensor ids) the replay said
-    had no source reading, and whether the replay stopped in it (then the rounds carry no
-    reports: the worker withholds an interrupted epoch, so nothing of it is released)."""
-
-    query: Query
-    epoch: int
-    rounds: tuple[ReleasedRound, ...]
-    no_data: frozenset[int] = frozenset()
-    interrupted: bool = False
-
-
-@dataclass(frozen=True)
-class Withheld:
-    query: Query
-    epoch: int
-    reason: str  # schemas.wire.SHUFFLER_WITHHELD
-    devices: tuple[int, ...]  # per round
-    detail: str = ""  # for the operator's dead letter and log line
-
-
 class ShufflePolicy:
     """Admit, hold, decide. ``partitions``: the input (device topic) partitions this instance reads.
-
-    Behind a backlog (the notes far ahead of the reports read) thousands of slots are open at
-    once: no step scans them all. The kept notes count the open slots covering each epoch
-    (:mod:`.kept`), the open slots wait in a heap by the epoch each waits for (:meth:`due`), the
-    held reports are a running count: a note costs O(log n), a slot O(its span)."""
+    Behind a backlog thousands of slots are open, none scanned per note or step: the kept notes
+    count the slots covering each epoch (:mod:`.kept`), the slots wait in a heap by epoch (:meth:`due`)."""
 
     def __init__(self, min_crowd: int, lateness_epochs: int, idle_release_s: float,
                  partitions: Iterable[int], ahead_epochs: int = 2, note_lead_epochs: int = 3,

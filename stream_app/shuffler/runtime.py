@@ -38,7 +38,7 @@ import secrets
 import signal
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -73,9 +73,9 @@ from .policy import EpochKey, Released, ShufflePolicy, Withheld
 from .release import KIND_HEADER, Outgoing, release_records, withheld_records
 from .settings import ShufflerSettings
 from .state import (
+    BarrierLog,
     LiveSteps,
     StateRecord,
-    barrier_key,
     decided_key,
     fold,
     from_kafka,
@@ -153,8 +153,7 @@ class Shuffler:
         self._inc = secrets.token_hex(8)  # this incarnation, on every state record (module state.py)
         # the steps whose state record is live: the epoch keys and note epochs its records went to
         self._live = LiveSteps()
-        self._barriers_logged: deque[int] = deque()  # the clocks of the barrier records live in the state log
-        self._barriers_restored: list[int] = []  # those a restart read: the first step rewrites or tombstones them
+        self._barriers = BarrierLog()  # the clock's barriers in the state log
 
     def stop(self) -> None:
         self._stop.set()
@@ -303,7 +302,6 @@ class Shuffler:
                 continue
             if "barrier" in value:
                 clock_at, barrier = value["barrier"]
-                self._barriers_restored.append(int(clock_at))
                 barriers.append((int(clock_at), {int(p): int(o) for p, o in barrier.items()}))
                 continue
             self._salt = value.get("salt") or self._salt
@@ -312,6 +310,7 @@ class Shuffler:
             if value.get("admit") or value.get("seen"):
                 self._live.add(record.s, slots, notes)  # each looked at in the first step
         self.policy.restore_barriers(barriers)
+        self._barriers.restored(c for c, _ in barriers)
         self.policy.reopen(self._active_fn())
         self.policy.dropped_notes()  # what the restore dropped: every live step is looked at anyway
         self._seen.prune(self.policy.is_open)
@@ -573,34 +572,10 @@ class Shuffler:
             send(decided_key(q, v, e), {"decided": [[q, v, e]]})
         if self._salt_new:
             send("salt", {"salt": self._salt})
-        self._log_barriers(send)
+        for name, value in self._barriers.step(self.policy.barriers):  # each once, not all in every clock record
+            send(name, value)
         offsets = {f"{tp.topic}:{tp.partition}": self._consumer.position(tp) for tp in [*self._tps, self._notes_tp]}
         send("clock", {**self.policy.clock_state(), "offsets": offsets})
-
-    def _log_barriers(self, send: Callable[[str, dict[str, Any] | None], None]) -> None:
-        """The clock's barriers in the state log: a record each, written in the step that made it
-        and tombstoned in the step that passed it (clocks only grow: the new ones are at the end
-        of the policy's list, the passed ones were at its start); a restart's are rewritten or
-        tombstoned once."""
-        barriers = self.policy.barriers
-        if self._barriers_restored:
-            live = {c for c, _ in barriers}
-            for c in self._barriers_restored:
-                if c not in live:
-                    send(barrier_key(c), None)
-            self._barriers_restored = []
-            self._barriers_logged.clear()  # every live barrier written again below
-        logged = self._barriers_logged
-        while logged and (not barriers or logged[0] < barriers[0][0]):
-            send(barrier_key(logged.popleft()), None)
-        new = []
-        for c, b in reversed(barriers):
-            if logged and c <= logged[-1]:
-                break
-            new.append((c, b))
-        for c, b in reversed(new):
-            send(barrier_key(c), {"barrier": [c, {str(p): o for p, o in b.items()}]})
-            logged.append(c)
 
     def _slot_rng(self, key: EpochKey) -> np.random.Generator:
         """The permutation's generator: seeded by the instance's secret salt (128 bits from the

@@ -42,13 +42,13 @@ record of their step.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LEGACY", "LiveSteps", "StateRecord", "barrier_key", "compact", "decided_key", "fold", "from_kafka",
-           "headers", "held_key", "logged_step", "step_key"]
+__all__ = ["LEGACY", "BarrierLog", "LiveSteps", "StateRecord", "barrier_key", "compact", "decided_key", "fold",
+           "from_kafka", "headers", "held_key", "logged_step", "step_key"]
 
 LEGACY = "legacy"  # the incarnation of records written before the log was keyed
 
@@ -191,6 +191,49 @@ class LiveSteps:
     def _refs(self, step: int) -> list[Hashable]:
         slots, notes = self._steps[step]
         return [*(("slot", k) for k in slots), *(("note", e) for e in notes)]
+
+
+class BarrierLog:
+    """The clock's barriers as ``barrier-<clock>`` records: what a step writes, given the
+    policy's barriers then -- a record for each new one (clocks only grow: they are at the end
+    of the list) and a tombstone for each passed one (they were at its start); a restart's are
+    written again, or tombstoned, once.
+
+    >>> log = BarrierLog()
+    >>> log.step([(10, {0: 5}), (11, {0: 9})])
+    [('barrier-10', {'barrier': [10, {'0': 5}]}), ('barrier-11', {'barrier': [11, {'0': 9}]})]
+    >>> log.step([(11, {0: 9})]), log.step([(11, {0: 9})])  # 10 passed; then nothing changed
+    ([('barrier-10', None)], [])
+    """
+
+    def __init__(self) -> None:
+        self._logged: deque[int] = deque()  # the clocks whose records are live in the log
+        self._restored: list[int] = []
+
+    def restored(self, clocks: Iterable[int]) -> None:
+        """A restart read these barrier records."""
+        self._restored.extend(clocks)
+
+    def step(self, barriers: Sequence[tuple[int, dict[int, int]]]) -> list[tuple[str, dict[str, Any] | None]]:
+        """The records (key, value; None: a tombstone) that bring the log to ``barriers``."""
+        out: list[tuple[str, dict[str, Any] | None]] = []
+        if self._restored:
+            live = {c for c, _ in barriers}
+            out += [(barrier_key(c), None) for c in self._restored if c not in live]
+            self._restored = []
+            self._logged.clear()  # every live barrier written again below
+        logged = self._logged
+        while logged and (not barriers or logged[0] < barriers[0][0]):
+            out.append((barrier_key(logged.popleft()), None))
+        new = []
+        for c, b in reversed(barriers):
+            if logged and c <= logged[-1]:
+                break
+            new.append((c, b))
+        for c, b in reversed(new):
+            out.append((barrier_key(c), {"barrier": [c, {str(p): o for p, o in b.items()}]}))
+            logged.append(c)
+        return out
 
 
 def compact(records: Iterable[StateRecord]) -> list[StateRecord]:
