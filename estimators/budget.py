@@ -101,15 +101,18 @@ def check_span(span_s: int, max_passages: int | None = None) -> None:
                         f"passes at most one station per epoch); got {max_passages}")
 
 
-def span_passages(span_s: int, max_passages: int | None, n_stations: int) -> int:
+def span_passages(span_s: int, max_passages: int | None, n_stations: int, day_cap: int | None = None) -> int:
     """P: the most stations one span report names (``max_passages``, by default one per epoch of
-    the span), never more than the stations (as ``Query.passages``).
+    the span), never more than the stations (as ``Query.passages``) nor a day cap's M (a report
+    past it names fewer).
 
     >>> span_passages(3600, None, 3220), span_passages(3600, 20, 3220), span_passages(3600, None, 16)
     (120, 20, 16)
+    >>> span_passages(3600, None, 3220, day_cap=40)
+    40
     """
     check_span(span_s, max_passages)
-    return max(1, min(max_passages or span_s // EPOCH_S, n_stations))
+    return max(1, min(max_passages or span_s // EPOCH_S, n_stations, day_cap or n_stations))
 
 
 def check_day_cap(day_cap: int | None) -> None:

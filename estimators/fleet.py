@@ -69,7 +69,7 @@ class FleetQuery:
         return f"{self.mechanism}@{self.span_s}{day or cap}"
 
     def passages(self, n_stations: int) -> int:
-        return budget.span_passages(self.span_s, self.max_passages, n_stations)
+        return budget.span_passages(self.span_s, self.max_passages, n_stations, self.max_passages_day)
 
 
 def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S, max_passages: int | None = None,

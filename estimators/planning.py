@@ -98,7 +98,7 @@ def plan(name: str, population: int, expected_yes: float, stations: int = 1,
         raise PlanError(f"unknown release {release!r}; choose {' or '.join(budget.RELEASES)}")
     if stations < 1:
         raise PlanError("--stations must be >= 1")
-    passages = budget.span_passages(span_s, max_passages, stations)
+    passages = budget.span_passages(span_s, max_passages, stations, max_passages_day)
     releases = budget.releases_in(epochs, span_s)
     differ = releases if max_passages_day is None else min(releases, 2 * max_passages_day)
     fit: dict[str, Any] | None = None

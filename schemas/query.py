@@ -128,8 +128,9 @@ class Query(BaseModel):
     @property
     def passages(self) -> int:
         """P: the most stations one report names (``max_passages``, by default one per epoch
-        of the span, never more than the sensors)."""
-        return min(self.max_passages or self.epochs_per_span, self.n_stations)
+        of the span, never more than the sensors nor the day cap ``max_passages_day``)."""
+        return min(self.max_passages or self.epochs_per_span, self.n_stations,
+                   self.max_passages_day or self.n_stations)
 
     @property
     def is_span(self) -> bool:
