@@ -47,7 +47,7 @@ from schemas.epochs import EPOCH_S
 
 from .fleet import Device, EpochReports, FleetTooSmall, epoch_rng, privatize_sets, privatize_tally
 from .pems import epoch_start
-from .trip_spans import ProducerTrips, TripSpans
+from .trip_spans import ProducerTrips, TripSpans, query_lookup
 
 __all__ = ["SpanDue", "SpanFleet", "SpanTracker", "cap_passages", "fleet_need", "span_fleet_need", "span_flows",
            "span_reports"]
@@ -287,12 +287,7 @@ class SpanFleet:
         its station order (1..V of the query)."""
         if query.sensors == tuple(int(s) for s in data_stations):  # the data's stations in its order
             return sets
-        lookup = np.zeros(self.v + 1, dtype=np.int64)
-        position = {int(s): j for j, s in enumerate(data_stations)}
-        for i, sensor in enumerate(query.sensors):
-            j = position.get(sensor)
-            if j is not None:
-                lookup[j + 1] = i + 1
+        lookup = query_lookup(data_stations, query)
         st = lookup[sets.station]
         keep = st > 0
         veh, st = sets.vehicle[keep], st[keep]

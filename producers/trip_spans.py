@@ -36,7 +36,7 @@ from .corridors import build_corridors
 from .pems import TrafficDay
 from .trips import TripFleet
 
-__all__ = ["ProducerTrips", "TripSpans", "cap_day", "shuffled_rows"]
+__all__ = ["ProducerTrips", "TripSpans", "cap_day", "query_lookup", "shuffled_rows"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -55,6 +55,23 @@ def cap_day(sets: StationSets, when: IntArray, cap: int, named: npt.NDArray[np.i
     named += np.bincount(veh[keep], minlength=named.size).astype(np.int32)
     dropped = np.bincount(st[~keep] - 1, minlength=int(st.max(initial=0))).astype(np.int64)
     return StationSets(sets.n_vehicles, veh[keep], st[keep]), dropped
+
+
+def query_lookup(data_stations: IntArray, query: Query) -> IntArray:
+    """Data station index (1..V of the data; 0: none) -> the query's station index (1..V of the
+    query; 0: a station the query does not monitor).
+
+    >>> from types import SimpleNamespace
+    >>> query_lookup(np.array([11, 12, 13]), SimpleNamespace(sensors=(13, 11))).tolist()  # type: ignore[arg-type]
+    [0, 2, 0, 1]
+    """
+    lookup = np.zeros(len(data_stations) + 1, dtype=np.int64)
+    position = {int(s): j for j, s in enumerate(data_stations)}
+    for i, sensor in enumerate(query.sensors):
+        j = position.get(sensor)
+        if j is not None:
+            lookup[j + 1] = i + 1
+    return lookup
 
 
 def _cat(parts: list[IntArray]) -> IntArray:
@@ -151,13 +168,7 @@ class TripSpans:
         passages past the query's day cap dropped (:func:`cap_day`), rows in a fresh random order;
         with the passages the day cap dropped (per station: :attr:`last_dropped`)."""
         veh, st, when = self._pairs()
-        lookup = np.zeros(self.v + 1, dtype=np.int64)
-        position = {int(s): j for j, s in enumerate(data_stations)}
-        for i, sensor in enumerate(query.sensors):
-            j = position.get(sensor)
-            if j is not None:
-                lookup[j + 1] = i + 1
-        qs = lookup[st]
+        qs = query_lookup(data_stations, query)[st]
         keep = qs > 0
         veh, qs, when = veh[keep], qs[keep], when[keep]
         order = np.lexsort((qs, veh))
