@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["children", "cpu_s", "door_healthy", "door_pid", "frozen", "stopped"]
+__all__ = ["children", "cpu_s", "door_healthy", "door_pid", "frozen", "sigint_default", "stopped"]
 
 
 def children(pid: int) -> list[int]:
@@ -62,6 +62,19 @@ def door_healthy(port: int) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
+
+
+def sigint_default() -> None:
+    """The ``preexec_fn`` of every child a test sends SIGINT (Ctrl-C): SIGINT back to its default
+    action before the exec, whatever the test process inherited.
+
+    A background job of a non-interactive shell (``bash -c 'pytest ... & wait'``, as some CI
+    runners start jobs) starts with SIGINT ignored; Python keeps an ignored SIGINT ignored (it
+    puts its KeyboardInterrupt handler only over the default), and an ignored signal stays
+    ignored across fork and exec. The child would then never see the test's Ctrl-C, and a
+    make or shell under it could not even trap it. A handler, unlike ``SIG_IGN``, is reset by
+    the exec: the child starts as if from a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stopped(pid: int) -> bool:

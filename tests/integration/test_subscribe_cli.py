@@ -20,6 +20,7 @@ from schemas.kafka_io import ensure_topics
 from schemas.settings import KafkaSettings
 from stream_app.cli.errors import EXIT_BROKER_LOST, EXIT_INTERRUPTED, EXIT_USAGE
 from stream_app.cli.local_broker import LocalBroker
+from tests.processes import sigint_default
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +82,10 @@ def test_a_broker_stopped_mid_run_ends_it_with_one_line_within_30_s(own_broker: 
 
 
 def test_ctrl_c_exits_130_saying_so(own_broker: LocalBroker) -> None:
-    proc = _subscribe(own_broker.bootstrap)
+    # _subscribe's command, with SIGINT as a terminal leaves it (the test process may ignore it)
+    proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "subscribe",  # noqa: S603
+                             "--bootstrap-servers", own_broker.bootstrap],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=sigint_default)
     try:
         _header(proc)
         proc.send_signal(signal.SIGINT)

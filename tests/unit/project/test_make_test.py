@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.paths import ROOT
+from tests.processes import sigint_default
 
 HOUSE = str(ROOT / "tests" / "unit" / "project" / "test_house.py")
 
@@ -42,8 +43,10 @@ def test_ctrl_c_says_it_stopped_without_makes_error(tmp_path: Path) -> None:
                         "def test_waits_for_ctrl_c() -> None:\n"
                         f"    Path({str(started)!r}).write_text('running')\n"
                         "    threading.Event().wait()\n")
+    # SIGINT as a terminal leaves it, even under a test process that inherited it ignored
     proc = subprocess.Popen(_make_test(f"{blocking} {HOUSE}"), stdout=subprocess.PIPE,  # noqa: S603
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 240
         while not started.exists():
