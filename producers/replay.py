@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from kafka import KafkaAdminClient
 
 from estimators import DayLedger
 from estimators.ledger import ShuffledDayLedger
@@ -52,7 +53,15 @@ from schemas import (
 from schemas.connection import client_logs
 from schemas.enrollment import EnrollmentError
 from schemas.epochs import EPOCH_S
-from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, ensure_topics, publish_query
+from schemas.kafka_io import (
+    BrokerLost,
+    BrokerUnavailable,
+    QueryReader,
+    broker_lost,
+    connect,
+    ensure_topics,
+    publish_query,
+)
 
 from .devices import KIND_HEADER, DeviceRequests, device_records, send_device_reports, send_source_epoch
 from .fleet import (
@@ -77,7 +86,7 @@ from .trip_spans import ProducerTrips
 from .trip_stats import DEFAULT_CAPS, PassageDistribution, cap_summary
 from .trips import default_fleet_size
 
-__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "default_fleet",
+__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "check_broker", "default_fleet",
            "default_queries", "planned_flow_params",
            "device_records", "fleet_size_for", "load_day", "replay", "send_device_reports",
            "send_markers", "send_round", "wait_for_peers"]
@@ -470,12 +479,20 @@ def _check_enrolled(settings: ReplaySettings, fleet: int) -> None:
                                   f"--enrolled-devices {fleet} (the shuffler's too)")
 
 
+def check_broker(settings: ReplaySettings) -> None:
+    """The broker answers, or :class:`BrokerUnavailable` (exit 3): at once when nothing listens
+    there (:func:`schemas.kafka_io.connect`). Checked before the day is read -- a large PeMS file
+    is parsed for many seconds, a large synthetic day generated for minutes."""
+    connect("admin", settings, KafkaAdminClient).close()
+
+
 def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     """Replay the day with ``settings.producers`` producer processes; returns the totals."""
     started = time.time()
+    check_broker(settings)  # before the day: no parsing or generating for a broker that is not there
     day = load_day(settings)
     fleet = default_fleet(day, settings) if settings.default_queries else fleet_size_for(day, settings)
-    _check_enrolled(settings, fleet)  # before any connection
+    _check_enrolled(settings, fleet)  # before any topic is created
     ensure_topics(settings)
     if settings.via_shuffler:
         ensure_topics(settings, {settings.device_topic: settings.device_partitions, settings.source_topic: 1})
