@@ -9,10 +9,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pydantic.fields import FieldInfo  # noqa: E402
 from pydantic_settings import BaseSettings  # noqa: E402
 
 from producers.settings import ReplaySettings  # noqa: E402
-from schemas.settings import BrokerLossSettings, EnrollmentSettings, KafkaSettings  # noqa: E402
+from schemas.settings import BrokerLossSettings, EnrollmentSettings, KafkaSettings, cache_dir  # noqa: E402
 from stream_app.cli.demo_settings import DemoSettings  # noqa: E402
 from stream_app.settings import WorkerSettings  # noqa: E402
 from stream_app.shuffler.settings import ShufflerSettings  # noqa: E402
@@ -28,6 +29,19 @@ Generated from the settings classes by `docs/gen_configuration.py` (a test check
 | variable | flag | default | commands | meaning |
 | --- | --- | --- | --- | --- |
 """
+
+
+def shown_default(info: FieldInfo) -> str:
+    """A setting's default as the table shows it; the user's cache directory
+    (:func:`schemas.settings.cache_dir`, a default factory) as the rule, not this machine's path."""
+    factory = info.default_factory
+    if factory is not None:
+        if getattr(factory, "func", factory) is not cache_dir:
+            raise ValueError(f"no table entry for the default factory {factory!r}")
+        where = "/".join(("ptt", *getattr(factory, "args", ())))
+        return f"`$XDG_CACHE_HOME/{where}` (else `~/.cache/{where}`)"
+    default = info.default
+    return "—" if default is None else f"`{list(default) if isinstance(default, tuple) else default}`"
 
 
 def rows() -> list[str]:
@@ -46,8 +60,7 @@ def rows() -> list[str]:
         for name, info in model.model_fields.items():
             if name in skip:
                 continue
-            default = info.default
-            shown = "—" if default is None else f"`{list(default) if isinstance(default, tuple) else default}`"
+            shown = shown_default(info)
             meaning = info.description or name.replace("_", " ")
             out.append(f"| `{prefix}{name.upper()}` | `--{name.replace('_', '-')}` | {shown} | {commands} | "
                        f"{meaning} |")

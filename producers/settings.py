@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from estimators import default_query_mechanisms
 from estimators.registry import mechanism_names
-from schemas.settings import EnrollmentSettings, KafkaSettings, source_topic
+from schemas.settings import EnrollmentSettings, KafkaSettings, cache_dir, source_topic
 
 __all__ = ["KafkaSettings", "ReplaySettings", "parse_mechanisms"]
 
@@ -58,7 +58,8 @@ class ReplaySettings(EnrollmentSettings):
     synthetic_seed: int = 2026
     synthetic_date: date = date(2026, 11, 18)
     weekend: bool | None = Field(default=None, description="weekend traffic shape (default: from the date)")
-    data_dir: Path = Field(default=Path(".ptt-data"), description="where the synthetic day is written")
+    data_dir: Path = Field(default_factory=cache_dir, description="where the synthetic day is written and parsed "
+                           "days are cached (ptt demo: data/ in its --out)")
 
     seed: int = Field(default=1, description="seed of the fleet's devices")
     fleet_size: int | None = Field(default=None, ge=1, description="vehicles (default: the day's peak total flow, or "

@@ -4,6 +4,8 @@ so that reading settings and building the command line stay light)."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,11 +15,29 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from .connection import kafka_python_options
 from .enrollment import MIN_SECRET_BYTES, Enrollment, EnrollmentError
 
-__all__ = ["BrokerLossSettings", "Codec", "EnrollmentSettings", "KafkaSettings", "source_topic"]
+__all__ = ["BrokerLossSettings", "Codec", "EnrollmentSettings", "KafkaSettings", "cache_dir", "source_topic"]
 
 # the record-batch codecs that work end to end with the embedded broker (Tansu 0.6.0) and every
 # client here (docs/operations.md, "Compressed topics"); snappy needs python-snappy in kafka-python
 Codec = Literal["none", "gzip", "lz4", "zstd"]
+
+
+def cache_dir(*parts: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where ptt keeps what it can rebuild (parsed days, synthetic days, the worker's local files,
+    the benchmarks' data), never the working directory: the user's cache directory of the XDG
+    Base Directory spec, ``$XDG_CACHE_HOME/ptt`` (when set to an absolute path), else
+    ``~/.cache/ptt``; ``parts`` below it. Nothing is created here.
+
+    >>> cache_dir("worker", env={"XDG_CACHE_HOME": "/var/cache/alice", "HOME": "/home/alice"}).as_posix()
+    '/var/cache/alice/ptt/worker'
+    >>> cache_dir(env={"XDG_CACHE_HOME": "not/absolute", "HOME": "/home/alice"}).as_posix()
+    '/home/alice/.cache/ptt'
+    """
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_CACHE_HOME", "")
+    home = env.get("HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else (Path(home) if home else Path.home()) / ".cache"
+    return base.joinpath("ptt", *parts)
 
 
 class KafkaSettings(BaseSettings):

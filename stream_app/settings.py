@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from schemas.settings import BrokerLossSettings
+from schemas.settings import BrokerLossSettings, cache_dir
 
 __all__ = ["WorkerSettings"]
 
@@ -67,7 +68,8 @@ class WorkerSettings(BrokerLossSettings):
                                                    "worker's start task (its first read of the queries topic and "
                                                    "its producers' start) this long")
     store: str = Field(default="memory://", description="Faust table store (state is rebuilt from the changelog)")
-    worker_dir: Path = Field(default=Path(".ptt-data/worker"), description="the worker's local files (Faust datadir)")
+    worker_dir: Path = Field(default_factory=partial(cache_dir, "worker"),
+                             description="the worker's local files (Faust datadir; ptt demo: worker/ in its --out)")
     log_level: str = "info"
 
     @field_validator("confidences")

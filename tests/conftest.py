@@ -6,6 +6,9 @@ parallel workers (``make test`` runs pytest-xdist with ``--dist loadgroup``, see
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,13 @@ from .system_tools import require_tool
 # (tests/devices.py signs the tests' own device reports with it); a test of a missing secret
 # removes it
 os.environ["PTT_ENROLLMENT_SECRET"] = ENROLLMENT_SECRET
+
+# this test process's own directory (owner only), removed when the session ends, also by
+# Ctrl-C (pytest_unconfigure): what the tests start -- in this process or as children, which
+# inherit the environment -- keeps its caches there, never in the user's cache directory
+# (schemas.settings.cache_dir: a replay's synthetic day and parse cache, a worker's files)
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="ptt-tests-"))
+os.environ["XDG_CACHE_HOME"] = str(SESSION_DIR / "cache")
 
 
 @pytest.fixture
@@ -58,3 +68,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.unregister(reporter)
     reporter.pytest_runtest_logstart = lambda nodeid, location: None
     config.pluginmanager.register(reporter, "terminalreporter")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's own directory goes with the session (every worker's, under pytest-xdist)."""
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)

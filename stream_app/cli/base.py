@@ -92,7 +92,8 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseSettings
         flag = "--" + name.replace("_", "-")
         kind, _ = _base(info.annotation)
         env = f"{prefix}{name}".upper()
-        helptext = f"{info.description or name} (env {env}; default {info.default!r})"
+        default = info.get_default(call_default_factory=True)  # a factory's: this user's (schemas.settings.cache_dir)
+        helptext = f"{info.description or name} (env {env}; default {default!r})"
         kw: dict[str, Any] = {"default": None, "dest": name, "help": helptext.replace("%", "%%")}
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)

@@ -32,6 +32,7 @@ from producers.fleet import Device, privatize_tally
 from producers.replay import default_queries, fleet_size_for, load_day
 from producers.settings import ReplaySettings
 from schemas import Query
+from schemas.settings import cache_dir
 from stream_app.estimate import QueryEstimators, epoch_results
 from stream_app.records import BatchPartial, MarkerPartial, WindowId
 from stream_app.report.summary import truth_bin
@@ -122,7 +123,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--span", type=int, default=3600)
     p.add_argument("--day-budget", type=float, default=1.0)
-    p.add_argument("--data-dir", type=Path, default=Path(".ptt-data"))
+    p.add_argument("--data-dir", type=Path, default=cache_dir("bench"),
+                   help="where synthetic days and their parse cache are kept between runs")
     args = p.parse_args()
     out = run(args)
     print(json.dumps({k: v for k, v in out.items() if k != "coverage"}), flush=True)

@@ -72,6 +72,7 @@ from producers.settings import ReplaySettings
 from schemas import SourceEpoch, encode_json
 from schemas.device_http import FRAMED, frame
 from schemas.kafka_io import ensure_topics, publish_query
+from schemas.settings import cache_dir
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.shuffler.door_policy import Accepted
 from stream_app.shuffler.settings import ShufflerSettings
@@ -387,7 +388,7 @@ def main() -> None:
     parser.add_argument("--slow-procs", type=int, default=4, help="processes holding them (a process's fd limit)")
     parser.add_argument("--fresh", type=int, default=40, help="fresh devices under the slow connections")
     parser.add_argument("--load-procs", type=int, default=0, help="CPU-spinning processes beside the slow scenarios")
-    parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
+    parser.add_argument("--data-dir", type=Path, default=cache_dir("bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
     stop_children_on_signals("bench_front_door")

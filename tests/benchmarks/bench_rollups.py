@@ -27,6 +27,7 @@ import numpy as np
 from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
 from producers.replay import default_queries, fleet_size_for, load_day
 from producers.settings import ReplaySettings
+from schemas.settings import cache_dir
 from stream_app.estimate import EpochResult, QueryEstimators, epoch_results
 from stream_app.records import BatchPartial, MarkerPartial, WindowId
 from stream_app.rollups import RollupPolicy, RollupState, rollup_result, summary_of
@@ -133,7 +134,8 @@ def main() -> int:
     p.add_argument("--pems-raw", type=Path, default=None)
     p.add_argument("--meta", type=Path, default=None)
     p.add_argument("--day", default=None)
-    p.add_argument("--data-dir", type=Path, default=Path(".ptt-data"))
+    p.add_argument("--data-dir", type=Path, default=cache_dir("bench"),
+                   help="where synthetic days and their parse cache are kept between runs")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     args = p.parse_args()
     out = run(args)

@@ -72,6 +72,7 @@ from pydantic import SecretStr
 from producers.replay import replay
 from producers.settings import ReplaySettings
 from schemas.kafka_io import publish_query, read_to_end
+from schemas.settings import cache_dir
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.demo import expected_windows
 from stream_app.cli.local_broker import LocalBroker, free_port
@@ -209,7 +210,7 @@ def main() -> None:
     parser.add_argument("--start-epoch", type=int, default=14 * 120, help="the first (14:00), an hour's start")
     parser.add_argument("--device-epsilon-limit", type=float, default=1000.0)
     parser.add_argument("--profile", action="store_true", help="the replay and the shuffler under cProfile")
-    parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
+    parser.add_argument("--data-dir", type=Path, default=cache_dir("bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
     stop_children_on_signals("bench_s3")

@@ -69,6 +69,7 @@ from producers.replay import replay
 from producers.settings import ReplaySettings
 from schemas.epochs import EPOCH_S
 from schemas.kafka_io import ensure_topics, publish_query, read_to_end
+from schemas.settings import cache_dir
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.demo import expected_windows
 from stream_app.cli.local_broker import LocalBroker, free_port
@@ -479,7 +480,7 @@ def main() -> None:
                         help="P3 and P4: the worker's PTT_ESTIMATE_OUTPUT; with frames the delivered estimates are "
                              "counted from the frames (station x estimator values). Frames for >= 500 stations: a "
                              "day at 3,220 stations is ~30 GB of rows, far less as frames")
-    parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
+    parser.add_argument("--data-dir", type=Path, default=cache_dir("bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
     stop_children_on_signals("bench_scale")  # SIGTERM/SIGINT: the cleanup below still runs

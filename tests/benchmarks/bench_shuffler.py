@@ -110,6 +110,7 @@ from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas.epochs import EPOCH_S
 from schemas.kafka_io import publish_query, read_to_end
+from schemas.settings import cache_dir
 from stream_app.app import ensure_stream_topics
 from stream_app.cli.demo import expected_rollups, expected_windows
 from stream_app.cli.local_broker import LocalBroker, free_port
@@ -400,7 +401,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="the shuffler under cProfile (its figures are slower)")
     parser.add_argument("--replay-producers", type=int, default=1,
                         help="replay processes splitting the fleet (ptt replay --producers), every path")
-    parser.add_argument("--data-dir", type=Path, default=Path(".ptt-data/bench"),
+    parser.add_argument("--data-dir", type=Path, default=cache_dir("bench"),
                         help="where synthetic days and their parse cache are kept between runs")
     args = parser.parse_args()
     stop_children_on_signals("bench_shuffler")  # SIGTERM/SIGINT: the cleanup below still runs

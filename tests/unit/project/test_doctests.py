@@ -53,7 +53,7 @@ WITH_EXAMPLES = {
     "schemas.enrollment": 21,
     "schemas.epochs": 2,
     "schemas.kafka_io": 11,
-    "schemas.settings": 1,
+    "schemas.settings": 3,
     "schemas.wire": 6,
     "stream_app.cli.demo": 7,
     "stream_app.cli.errors": 1,

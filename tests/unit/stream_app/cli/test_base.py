@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from producers.settings import ReplaySettings
@@ -25,6 +27,25 @@ def test_env_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.seed, s.truth, s.mode, s.device_blacklist) == (5, False, "tally", (400001, 400002))
     s = _replay(["--seed", "9", "--truth", "--mode", "per-vehicle", "--device-blacklist", "7,8"])
     assert (s.seed, s.truth, s.mode, s.device_blacklist) == (9, True, "per-vehicle", (7, 8))
+
+
+def test_data_and_worker_dirs_default_to_the_users_cache_not_the_working_directory(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The replay's data (synthetic days, parsed days) and the worker's local files go to the
+    user's cache directory (schemas.settings.cache_dir): $XDG_CACHE_HOME/ptt, else ~/.cache/ptt,
+    read when the settings are made; a flag or PTT_* variable still wins."""
+    from stream_app.settings import WorkerSettings
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _replay([]).data_dir == tmp_path / "xdg" / "ptt"
+    assert WorkerSettings().worker_dir == tmp_path / "xdg" / "ptt" / "worker"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _replay([]).data_dir == tmp_path / "home" / ".cache" / "ptt"
+    assert WorkerSettings().worker_dir == tmp_path / "home" / ".cache" / "ptt" / "worker"
+    monkeypatch.setenv("PTT_DATA_DIR", str(tmp_path / "env"))
+    assert _replay([]).data_dir == tmp_path / "env"
+    assert _replay(["--data-dir", str(tmp_path / "flag")]).data_dir == tmp_path / "flag"
 
 
 def test_codec_settings_from_env_flags_and_back(monkeypatch: pytest.MonkeyPatch) -> None:
