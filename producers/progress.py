@@ -1,18 +1,52 @@
-"""The replay's progress line on stderr, and what it says when the replay falls behind the
-speed it was asked for (``--speed``): by how much, and what limits it."""
+"""The replay's progress line on stderr -- with, after its first epochs, when it expects to be
+done (:func:`eta_text`) -- and what it says when the replay falls behind the speed it was asked
+for (``--speed``): by how much, and what limits it."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from .settings import ReplaySettings
 
-__all__ = ["BEHIND_AFTER_S", "BEHIND_BELOW", "Progress", "behind_line", "what_limits"]
+__all__ = ["BEHIND_AFTER_S", "BEHIND_BELOW", "ETA_AFTER_EPOCHS", "Progress", "behind_line", "eta_text",
+           "what_limits"]
 
 BEHIND_AFTER_S = 10.0  # the replay's pace is judged once it has run this long (its start is not its pace)
 BEHIND_BELOW = 0.9  # behind: below this share of the requested epochs per second
+ETA_AFTER_EPOCHS = 3  # the expected end is said once this many epochs are done (the first one is not the pace)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{max(round(seconds), 1)} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def eta_text(epochs: int, total: int, elapsed_s: float, now: datetime) -> str:
+    """When a run of ``total`` epochs that has done ``epochs`` in ``elapsed_s`` seconds is done at
+    its pace so far: the time left and the wall-clock time (``now``'s zone), to the minute; empty
+    before :data:`ETA_AFTER_EPOCHS` epochs and once every epoch is done.
+
+    >>> eta_text(20, 100, 60.0, datetime(2026, 11, 18, 6, 48))
+    'done in ~4 min, at 06:52'
+    >>> eta_text(10, 2880, 20.0, datetime(2026, 11, 18, 23, 0))
+    'done in ~1 h 36 min, at 00:36 tomorrow'
+    >>> eta_text(3, 4, 1.5, datetime(2026, 11, 18, 6, 48, 10))
+    'done in ~1 s, at 06:48'
+    >>> eta_text(2, 100, 1.0, datetime(2026, 11, 18, 6, 48)), eta_text(100, 100, 9.0, datetime(2026, 11, 18))
+    ('', '')
+    """
+    if epochs < ETA_AFTER_EPOCHS or epochs >= total or elapsed_s <= 0:
+        return ""
+    left_s = (total - epochs) * elapsed_s / epochs
+    at = now + timedelta(seconds=left_s + 30)  # to the nearest minute
+    day = (at.date() - now.date()).days
+    when = f"{at:%H:%M}" + ("" if day == 0 else " tomorrow" if day == 1 else f" on {at:%Y-%m-%d}")
+    return f"done in ~{_duration(left_s)}, at {when}"
 
 
 def what_limits(settings: ReplaySettings) -> str:
@@ -49,7 +83,8 @@ def behind_line(speed: float, epochs: int, elapsed_s: float, limit: str) -> str 
 
 
 class Progress:
-    """A one-line progress bar on stderr: epochs, epochs/s, reports/s, failures; and, once, a
+    """A one-line progress bar on stderr: epochs, epochs/s, reports/s, failures and, after the
+    first epochs, when the replay expects to be done (:func:`eta_text`, local time); and, once, a
     line of its own when the replay falls behind its requested speed (:func:`behind_line`)."""
 
     def __init__(self, total: int, enabled: bool, speed: float = 0.0, limit: str = "",
@@ -63,6 +98,7 @@ class Progress:
         self.last = 0.0
         self.tty = sys.stderr.isatty()
         self.behind_said = False
+        self.width = 0  # the longest line written over (a terminal's line is rewritten in place)
 
     def update(self, epochs: int, reports: int, failures: int, force: bool = False) -> None:
         now = self.clock()
@@ -70,8 +106,12 @@ class Progress:
             return
         self.last = now
         dt = max(now - self.start, 1e-9)
+        eta = eta_text(epochs, self.total, dt, datetime.fromtimestamp(now, UTC).astimezone())
         line = (f"epoch {epochs}/{self.total} ({100 * epochs / max(self.total, 1):.0f}%)  "
-                f"{epochs / dt:.1f} epochs/s  {reports / dt:,.0f} reports/s  delivery failures {failures}")
+                f"{epochs / dt:.1f} epochs/s  {reports / dt:,.0f} reports/s  delivery failures {failures}"
+                + (f"  {eta}" if eta else ""))
+        if self.tty:  # a shorter line blanks what is left of the longer one
+            line, self.width = line.ljust(self.width), max(self.width, len(line))
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
         behind = None if self.behind_said or epochs >= self.total else behind_line(self.speed, epochs, dt, self.limit)
         if behind is not None:

@@ -41,7 +41,7 @@ WITH_EXAMPLES = {
     "producers.pems.grid": 5,
     "producers.pems.model": 1,
     "producers.pems.stamps": 3,
-    "producers.progress": 2,
+    "producers.progress": 6,
     "producers.settings": 2,
     "producers.spans": 17,
     "producers.trip_stats": 11,
