@@ -4,20 +4,24 @@ Inputs are the stream app's estimates (``schemas.estimates.Estimate``) and the r
 truth (``schemas.wire.GroundTruth``), read from their topics or from saved JSON lines (as
 written by ``ptt subscribe --json``). Outputs, in ``--out``:
 
+* one PNG per (query, span, estimator) of the flows -- a span query's rows first, then the
+  5-minute and hourly rollups of a 30-s query -- with a panel per station (the stations below):
+  the estimate, its bands and the span's truth, the sum of its epochs' truth (none, not 0, when
+  an epoch of the span has none); the title says what the flows are and what they spend (a
+  rollup: the epochs it sums, epsilon per epoch), a panel NOISE-DOMINATED in red;
 * one PNG per (query, station, estimator) of the 30-s epochs in the style of Anonymized Local
   Privacy Figure 1: the ground truth and the privatized estimate over the time of day, the 99%
   and 95% bounds as bands; only the busiest stations (by total truth) unless ``--station``
   names them;
-* one PNG per (query, span, estimator) of the flows -- the 5-minute and hourly rollups of a
-  30-s query and a span query's rows -- with a panel per station (the same stations): the
-  estimate, its bands and the span's truth, the sum of its epochs' truth (none, not 0, when
-  an epoch of the span has none);
-* ``summary.txt`` (also printed) and ``summary.json``: per (query, span, estimator) the number
-  of (station, epoch or span) cells, how often each confidence level's bounds cover the truth
-  (overall and by truth bin), the mean absolute error and bias, the mean band width per
-  level, epsilon, the shuffled epsilon (the largest over the epochs that carry one), and every
-  cell not scored with why (withheld and its code, no source data, no truth and why), then a
-  table of the flows by span; every record read and not kept is named too (unreadable,
+* ``summary.txt`` (also printed) and ``summary.json``: first a table of the flows, the span
+  queries' first, then the rollups of the 30-s queries (:mod:`.flows`), each with what it is
+  good for (per-station traffic, busy stations only, or NOISE-DOMINATED); then per (query,
+  span, estimator), in that order and the epochs last, the number of (station, epoch or span)
+  cells, how often each confidence level's bounds cover the truth (overall and by truth bin),
+  the mean absolute error and bias, the mean band width per level, epsilon, the shuffled
+  epsilon (the largest over the epochs that carry one; a rollup's is one epoch's, labelled per
+  epoch, with the epochs it sums), and every cell not scored with why (withheld and its code,
+  no source data, no truth and why); every record read and not kept is named too (unreadable,
   duplicate, or the filter that left it out).
 
 Loading (from any iterable of JSON lines), joining with the truth and the summary
@@ -36,6 +40,7 @@ from pathlib import Path
 
 from schemas.estimates import Estimate
 
+from .flows import KIND_ORDER, NOISE_WORD, flow_rank, flow_what, good_for, span_adjective
 from .plots import (
     DEFAULT_ESTIMATORS,
     FIG_HEIGHT_PX,
@@ -67,10 +72,12 @@ from .summary import (
     Selection,
     estimates_of_frames,
     estimates_of_long_table,
+    flows_first,
     format_summary,
     join,
     load_estimates,
     load_truth,
+    noise_dominated,
     sp_caveat,
     span_words,
     summarize,
@@ -81,6 +88,8 @@ from .summary import (
 
 __all__ = [
     "DEFAULT_ESTIMATORS",
+    "KIND_ORDER",
+    "NOISE_WORD",
     "NO_READING",
     "NO_TRUTH_GIVEN",
     "NO_TRUTH_RECORD",
@@ -102,15 +111,21 @@ __all__ = [
     "busiest_stations",
     "estimates_of_frames",
     "estimates_of_long_table",
+    "flow_rank",
+    "flow_what",
+    "flows_first",
     "format_summary",
+    "good_for",
     "join",
     "load_estimates",
     "load_truth",
+    "noise_dominated",
     "plot_flows",
     "sp_caveat",
     "plot_series",
     "plot_stations",
     "series_for",
+    "span_adjective",
     "span_words",
     "summarize",
     "summary_json",
@@ -160,10 +175,11 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
         if before_plots is not None:
             before_plots(out / "summary.txt")
         chosen = plot_stations(cells, selection.stations, stations)
-        plots = write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every)
-        if stations or selection.stations:  # --stations 0: no plots
+        plots: list[Path] = []
+        if stations or selection.stations:  # --stations 0: no plots; the flows first (the span queries' first)
             plots += write_flow_plots(cells, out, chosen, own_span=loaded.own_span, estimators=selection.estimators,
                                       every=every, busiest=stations)
+        plots += write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every)
         if plots:
             text = write_summary(plots)
     except OSError as exc:

@@ -2,7 +2,8 @@
 (or estimate frames, or a long-form Parquet/Arrow file), as small rows: :func:`load_estimates`
 (deduplicated, filtered by :class:`Selection`, every record not kept counted by why) and
 :func:`load_truth` (only cells that have a truth: missing is not zero); the bounded code of a
-withheld row's reason (:func:`withheld_code`). Functions of their arguments, testable without
+withheld row's reason (:func:`withheld_code`); the truth's epochs no estimate covers
+(:func:`unestimated_lines`). Functions of their arguments, testable without
 a broker.
 """
 
@@ -12,10 +13,11 @@ import math
 import re
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -34,6 +36,7 @@ __all__ = [
     "estimates_of_long_table",
     "load_estimates",
     "load_truth",
+    "unestimated_lines",
     "withheld_code",
 ]
 
@@ -331,3 +334,38 @@ def load_truth(values: Iterable[bytes | str], stations: Iterable[int] | None = N
         by_epoch[t.epoch] = {s: f for s, f in t.truth().items() if keep is None or s in keep}
     truth = {(epoch, s): f for epoch, flows in by_epoch.items() for s, f in flows.items()}
     return LoadedTruth(truth, len(by_epoch), read, invalid, frozenset(by_epoch))
+
+
+def _span(epochs: Sequence[int], tz: Any) -> str:
+    from schemas.epochs import epoch_start
+
+    first, last = (epoch_start(e).astimezone(tz).isoformat() for e in (epochs[0], epochs[-1]))
+    return first if len(epochs) == 1 else f"{first} .. {last}"
+
+
+def unestimated_lines(truth_epochs: frozenset[int], rows: Sequence[Row]) -> list[str]:
+    """Lines on the ground truth's epochs that no estimate covers (none: no line), and why (a
+    row of a longer span covers each of its epochs).
+
+    A replay sends an epoch's ground truth when it begins the epoch; the worker publishes the
+    epoch's estimates when it closes it, a little later. So the last epochs of a run stopped
+    (e.g. by Ctrl-C) while the worker was behind the replay have a truth and no estimate."""
+    estimated: set[int] = set()
+    for epoch, span_s in {(r.epoch, r.span_s) for r in rows}:
+        estimated.update(range(epoch, epoch + max(1, span_s // EPOCH_S)))
+    missing = sorted(truth_epochs - estimated)
+    if not missing:
+        return []
+    tz = rows[0].epoch_start.tzinfo
+    last = max(estimated)
+    after = [e for e in missing if e > last]
+    before = [e for e in missing if e <= last]
+    lines = []
+    if after:
+        lines.append(f"  the last {len(after):,} of them ({_span(after, tz)}) have no estimate: the worker had not "
+                     "closed them when the estimates were read (a run stopped, e.g. by Ctrl-C, while the worker was "
+                     "behind the replay)")
+    if before:
+        lines.append(f"  {len(before):,} earlier ones ({_span(before, tz)}) have no estimate: no query was active "
+                     "then, or their estimates were not read")
+    return lines

@@ -22,6 +22,7 @@ from typing import Any
 from estimators.registry import REGISTRY
 from schemas.epochs import EPOCH_S
 
+from .flows import flow_rank, flow_what
 from .summary import Cell, Row, _level, _mean, noise_note, sp_caveat, span_words
 
 __all__ = [
@@ -372,11 +373,14 @@ FLOW_HEAD_PX = 150  # title and legend
 
 
 def _flow_kind(span_s: int, own: int, eps: str) -> str:
+    """What the flows are and what they spend: a rollup names the epochs it composes and its
+    \u03b5 is per epoch (each of them), never the rollup's; a span query's is per span report."""
     if span_s > own:
         n = span_s // own
-        return (f"rollup: each flow the sum of the query's {n} estimates of {span_words(own)}, "
-                f"\u03b5 = {eps} per {span_words(own)}")
-    return f"span query: one report per device per span, \u03b5 = {eps} per span report"
+        return (f"{flow_what('rollup', span_s, own, short=True)}: each sums {n} epochs, \u03b5 = {eps} per epoch "
+                "(not per flow)")
+    return f"{flow_what('span', span_s, own, short=True)} of a span query: one report per device per span, " \
+           f"\u03b5 = {eps} per span report"
 
 
 def write_flow_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *,
@@ -388,7 +392,9 @@ def write_flow_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[in
     one panel per station -- ``stations`` that the query has at that span, else (none of them
     named) its ``busiest``. Each panel's subtitle gives the coverage and MAE over every span, and
     says NOISE-DOMINATED in red when the sd dwarfs the flows. ``own_span``: each query's own
-    span (default: its shortest among the cells); a longer one is its rollup."""
+    span (default: its shortest among the cells); a longer one is its rollup. Written (and
+    returned) the span queries' first, then the rollups, each the longest span first
+    (:func:`stream_app.report.flows.flow_rank`)."""
     flows = [c for c in cells if c.row.span_s != EPOCH_S]
     if not flows:
         return []
@@ -401,7 +407,12 @@ def write_flow_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[in
     for c in flows:
         groups[(c.row.query_id, c.row.span_s)].append(c)
     written: list[Path] = []
-    for (qid, span_s), group in sorted(groups.items()):
+
+    def rank(key: tuple[str, int]) -> tuple[int, int, str]:
+        kind = "rollup" if key[1] > own.get(key[0], EPOCH_S) else "span"
+        return (*flow_rank(kind, key[1]), key[0])
+
+    for (qid, span_s), group in sorted(groups.items(), key=lambda kv: rank(kv[0])):
         have = {c.row.station for c in group}
         chosen = [s for s in stations if s in have] or busiest_stations(group, busiest)
         for name in names_of[qid]:

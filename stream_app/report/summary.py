@@ -5,7 +5,8 @@ ground truth (:class:`schemas.wire.GroundTruth`) as any iterable of JSON lines. 
 per (query, span, estimator) the number of (station, epoch) cells, how often each confidence
 level's bounds cover the truth (overall and by truth bin), the mean absolute error and bias,
 the mean band width per level, epsilon, and every cell not scored and why
-(:func:`summarize`), as text (:func:`format_summary`, ``summary.txt``) and JSON
+(:func:`summarize`), as text (:func:`format_summary`, ``summary.txt``: the flows first, the
+span queries' before the rollups, each with what it is good for, :mod:`.flows`) and JSON
 (:func:`summary_json`, ``summary.json``). A flow (a row of a span longer than an epoch: a
 rollup, or a span query's) is held against the sum of its epochs' truth, and has none when
 any of them has none for its station (:func:`join`: missing is not zero).
@@ -30,6 +31,7 @@ from estimators import plain_words
 from schemas.epochs import EPOCH_S
 from schemas.wire import json_safe
 
+from .flows import flow_rank, flow_what, good_for
 from .loading import (
     LoadedEstimates,
     LoadedTruth,
@@ -41,6 +43,7 @@ from .loading import (
     estimates_of_long_table,
     load_estimates,
     load_truth,
+    unestimated_lines,
     withheld_code,
 )
 
@@ -57,12 +60,14 @@ __all__ = [
     "ReportError",
     "Row",
     "Selection",
+    "flows_first",
     "format_summary",
     "join",
     "estimates_of_frames",
     "estimates_of_long_table",
     "load_estimates",
     "load_truth",
+    "noise_dominated",
     "sp_caveat",
     "summarize",
     "span_words",
@@ -250,6 +255,11 @@ class GroupSummary:
     left_out: dict[str, int] = field(default_factory=dict)  # why -> cells not scored
     by_bin: tuple[BinScore, ...] = ()
     withheld_examples: dict[str, str] = field(default_factory=dict)  # withheld code -> one reason text
+    # scored cells with an sd, those of them noise-dominated (noise_dominated: sd >= half the truth), and
+    # the median of sd / truth over those with a truth above 0: what the flows are good for (flows.good_for)
+    judged: int = 0
+    noisy: int = 0
+    relative_sd: float | None = None
 
     @property
     def epsilon(self) -> float:
@@ -259,6 +269,16 @@ class GroupSummary:
     @property
     def is_flow(self) -> bool:
         return self.span_s != EPOCH_S
+
+    @property
+    def good_for(self) -> str:
+        """What its cells are good for (:func:`stream_app.report.flows.good_for`)."""
+        return good_for(self.judged, self.noisy, self.relative_sd, self.noise)
+
+    @property
+    def what(self) -> str:
+        """What it is: a span query's flows, a rollup with the epochs it composes, or epochs."""
+        return flow_what(self.kind, self.span_s)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -277,7 +297,8 @@ class GroupSummary:
             "withheld_reasons": dict(self.withheld_reasons),
             "left_out": dict(self.left_out),
             "epsilon_shuffled": self.epsilon_shuffled, "shuffled_epochs": self.shuffled_epochs,
-            "noise": self.noise,
+            "noise": self.noise, "what": self.what, "good_for": self.good_for, "judged_cells": self.judged,
+            "noise_dominated_cells": self.noisy, "median_relative_sd": self.relative_sd,
             "no_source_data": self.no_source_data,
         }
 
@@ -347,6 +368,8 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell], span_s: i
         if label in by_bin:
             cov, errs = _scores(by_bin[label], levels)
             bins.append(BinScore(label, len(by_bin[label]), cov, _mean([abs(e) for e in errs]), _mean(errs)))
+    judged = [c for c in scored if c.row.sd is not None and c.truth is not None]
+    relative = sorted(float(c.row.sd or 0.0) / c.truth for c in judged if c.truth)
     starts = [c.row.epoch_start for c in cells]
     shuffled = {c.row.epoch: c.row.epsilon_shuffled for c in cells if c.row.epsilon_shuffled is not None}
     return GroupSummary(
@@ -364,7 +387,9 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell], span_s: i
                          [float(c.truth) for c in scored if c.truth is not None],
                          "counts" if span_s == EPOCH_S else "flows"),
         no_source_data=len(no_source), span_s=span_s, kind=kind, left_out=dict(sorted(left_out.items())),
-        by_bin=tuple(bins), withheld_examples=dict(sorted(examples.items())),
+        by_bin=tuple(bins), withheld_examples=dict(sorted(examples.items())), judged=len(judged),
+        noisy=sum(noise_dominated(c.row.sd, c.truth) for c in judged),
+        relative_sd=relative[len(relative) // 2] if relative else None,
     )
 
 
@@ -390,6 +415,18 @@ def noise_note(sds: Sequence[float], truths: Sequence[float], what: str = "count
     return f"noise-dominated: sd {sd:.3g} against {what} up to {top:.3g}" if sd >= NOISE_RATIO * top else None
 
 
+def noise_dominated(sd: float | None, flow: float | None) -> bool:
+    """:func:`noise_note`'s rule for one estimate: its ``sd`` against the one ``flow`` (or count)
+    it estimates (a negative one counts as 0); False without either."""
+    return sd is not None and flow is not None and noise_note([sd], [max(float(flow), 0.0)]) is not None
+
+
+def flows_first(groups: Iterable[GroupSummary]) -> list[GroupSummary]:
+    """The groups in reading order (:func:`stream_app.report.flows.flow_rank`): the span queries'
+    flows, then the rollups (each the longest span first), then the epochs; then by query and estimator."""
+    return sorted(groups, key=lambda g: (*flow_rank(g.kind, g.span_s), g.query_id, g.estimator))
+
+
 def _f(v: float | None, spec: str = ".2f") -> str:
     return "n/a" if v is None else format(v, spec)
 
@@ -402,45 +439,11 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
-def _span(epochs: Sequence[int], tz: Any) -> str:
-    from schemas.epochs import epoch_start
-
-    first, last = (epoch_start(e).astimezone(tz).isoformat() for e in (epochs[0], epochs[-1]))
-    return first if len(epochs) == 1 else f"{first} .. {last}"
-
-
-def _unestimated(truth_epochs: frozenset[int], rows: Sequence[Row]) -> list[str]:
-    """Lines on the ground truth's epochs that no estimate covers (none: no line), and why (a
-    row of a longer span covers each of its epochs).
-
-    A replay sends an epoch's ground truth when it begins the epoch; the worker publishes the
-    epoch's estimates when it closes it, a little later. So the last epochs of a run stopped
-    (e.g. by Ctrl-C) while the worker was behind the replay have a truth and no estimate."""
-    estimated: set[int] = set()
-    for epoch, span_s in {(r.epoch, r.span_s) for r in rows}:
-        estimated.update(range(epoch, epoch + max(1, span_s // EPOCH_S)))
-    missing = sorted(truth_epochs - estimated)
-    if not missing:
-        return []
-    tz = rows[0].epoch_start.tzinfo
-    last = max(estimated)
-    after = [e for e in missing if e > last]
-    before = [e for e in missing if e <= last]
-    lines = []
-    if after:
-        lines.append(f"  the last {len(after):,} of them ({_span(after, tz)}) have no estimate: the worker had not "
-                     "closed them when the estimates were read (a run stopped, e.g. by Ctrl-C, while the worker was "
-                     "behind the replay)")
-    if before:
-        lines.append(f"  {len(before):,} earlier ones ({_span(before, tz)}) have no estimate: no query was active "
-                     "then, or their estimates were not read")
-    return lines
-
-
 def _kind_words(g: GroupSummary) -> str:
     n = g.span_s // EPOCH_S
     if g.kind == "rollup":
-        return f"rollup: the sum of the query's estimates over the span ({n} epochs); epsilon per epoch"
+        return (f"rollup: the sum of the query's estimates over {n} epochs, so a device in all of them spends {n} "
+                "reports; epsilon per epoch (not per rollup)")
     if g.kind == "span":
         return "span query: one report per device per span; epsilon per span report"
     return "epsilon per epoch"
@@ -457,36 +460,56 @@ def _estimates_lines(estimates: LoadedEstimates) -> list[str]:
 
 
 def _flows_table(groups: Sequence[GroupSummary]) -> list[str]:
-    """One line per flow group (span > 30 s): scored cells, MAE, bias, coverage per level."""
-    flows = [g for g in groups if g.is_flow]
+    """One line per flow group (span > 30 s), the span queries' first (:func:`flows_first`):
+    scored cells, MAE, bias, coverage per level, and what it is good for."""
+    flows = [g for g in flows_first(groups) if g.is_flow]
     if not flows:
         return []
     levels = sorted({lvl for g in flows for lvl in g.coverage})
     head = (f"{'query':<16} {'span':>6} {'kind':<6} {'estimator':<14} {'scored':>13} {'MAE':>9} {'bias':>9}  "
-            + "  ".join(f"{_level(lvl) + ' cov':>8}" for lvl in levels))
-    lines = ["", "flows by span (each against the sum of its epochs' ground truth; none where an epoch has none)",
-             "  " + head]
+            + "  ".join(f"{_level(lvl) + ' cov':>8}" for lvl in levels) + "  good for")
+    lines = ["", "flows by span, the span queries' first, then the rollups of 30-s queries (each against the sum of "
+                 "its epochs' ground truth; none where an epoch has none)", "  " + head]
     for g in flows:
         lines.append("  " + f"{g.query_id:<16} {span_words(g.span_s):>6} {g.kind:<6} {g.estimator:<14} "
                      f"{f'{g.with_truth:,}/{g.cells:,}':>13} {_f(g.mae, '.1f'):>9} {_f(g.bias, '+.1f'):>9}  "
-                     + "  ".join(f"{_pct(g.coverage.get(lvl)):>8}" for lvl in levels))
+                     + "  ".join(f"{_pct(g.coverage.get(lvl)):>8}" for lvl in levels)
+                     + f"  {flow_what(g.kind, g.span_s, short=True)}: {g.good_for}")
     return lines
+
+
+def _shuffled_words(g: GroupSummary, unit: str) -> str:
+    """The shuffled epsilon of a group, per what it is: an epoch's, a span report's, or -- for a
+    rollup -- one epoch's (the largest), labelled so, with the epochs the rollup composes."""
+    if g.epsilon_shuffled is None:
+        return f"not attested (no {unit} came through a shuffler that attests its shuffle size)"
+    assumes = ("(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
+               "of its epoch and round)")
+    if g.kind == "rollup":
+        n = g.span_s // EPOCH_S
+        return (f"at most {g.epsilon_shuffled:.4g} per epoch -- one epoch's figure, not the rollup's: each rollup sums "
+                f"{n} epochs, and a device in all of them spent {n} such reports (a vehicle's day, composed: ptt "
+                f"analyst list, ptt plan fleet) -- in {g.shuffled_epochs:,} of {g.epochs:,} rollups {assumes}")
+    per = "span report" if g.kind == "span" else unit
+    return f"at most {g.epsilon_shuffled:.4g} per {per}, in {g.shuffled_epochs:,} of {g.epochs:,} {unit}s {assumes}"
 
 
 def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
                    truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> str:
-    """The plain-text summary: what was read, then one block per (query, span, estimator), then
-    the flows (spans longer than an epoch) in a table."""
+    """The plain-text summary: what was read, the flows (spans longer than an epoch) in a table
+    with what each is good for, then one block per (query, span, estimator) -- both the span
+    queries' flows first, then the rollups, then the epochs (:func:`flows_first`)."""
     lines = []
     if estimates is not None:
         lines += _estimates_lines(estimates)
     if truth is not None:
         lines.append(f"ground truth: {truth.epochs:,} epochs ({truth.read:,} records, {truth.invalid:,} unreadable)")
         if estimates is not None and estimates.rows:
-            lines += _unestimated(truth.epoch_ids, estimates.rows)
+            lines += unestimated_lines(truth.epoch_ids, estimates.rows)
     else:
         lines.append("ground truth: none given (coverage and error not computed)")
-    for g in groups:
+    lines += _flows_table(groups)
+    for g in flows_first(groups):
         eps = ", ".join(f"v{v}: {e:.4g}" for v, e in g.epsilon_by_version.items())
         unit = "epoch" if not g.is_flow else "span"
         title = (f"{g.query_id} / {g.estimator} ({g.mechanism}; {_kind_words(g)} {eps})" if not g.is_flow else
@@ -499,15 +522,13 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             f"{g.epochs:,} {unit}s, {g.first_epoch_start.isoformat()} .. {g.last_epoch_start.isoformat()})",
             f"  withheld                 {g.withheld:,}",
         ]
+        if g.is_flow:
+            lines.insert(len(lines) - 2, f"  good for                 {flow_what(g.kind, g.span_s, short=True)}: "
+                                         f"{g.good_for}")
         lines += [f"    {n:,}  {code}" + ("" if g.withheld_examples.get(code, code) == code else
                                          f" (e.g. {g.withheld_examples[code]})")
                   for code, n in g.withheld_reasons.items()]
-        lines.append("  shuffled epsilon         " + (
-            f"not attested (no {unit} came through a shuffler that attests its shuffle size)"
-            if g.epsilon_shuffled is None else
-            f"at most {g.epsilon_shuffled:.4g} per {unit}, in {g.shuffled_epochs:,} of {g.epochs:,} {unit}s "
-            f"(assumes the shuffler does not collude with the analyst and mixed each report among the n reports "
-            f"of its epoch and round)"))
+        lines.append("  shuffled epsilon         " + _shuffled_words(g, unit))
         if (caveat := sp_caveat(g.mechanism)) is not None:
             lines.append(f"  caveat                   {caveat}")
         if g.noise is not None:
@@ -533,7 +554,6 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
     if groups:
         lines += ["", f"privacy: {plain_words()} A vehicle's day figure for these queries: ptt analyst list, or "
                       f"ptt plan fleet."]
-    lines += _flows_table(groups)
     if plots:
         lines += ["", f"plots: {len(plots)} PNG files"]
     return "\n".join(lines) + "\n"
@@ -557,8 +577,9 @@ def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | No
                  truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> dict[str, Any]:
     """The summary as a JSON-ready object (``summary.json``): ``groups`` (as
     :meth:`GroupSummary.to_json`; levels are keys like ``"0.95"``; one per query, span and
-    estimator), ``plots`` (file names), ``estimates`` and ``truth`` (what was read; ``truth`` is
-    null without ground truth); ``estimates.not_selected`` names the filter that left rows out."""
+    estimator, in ``groups``' order; each says ``what`` it is and what it is ``good_for``), ``plots`` (file names),
+    ``estimates`` and ``truth`` (what was read; ``truth`` is null without ground truth);
+    ``estimates.not_selected`` names the filter that left rows out."""
     out: dict[str, Any] = {"groups": [g.to_json() for g in groups], "plots": [p.name for p in plots]}
     if estimates is not None:
         out["estimates"] = {"read": estimates.read, "kept": len(estimates.rows), "duplicates": estimates.duplicates,

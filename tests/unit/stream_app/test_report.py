@@ -516,10 +516,12 @@ def test_every_row_left_out_is_named_with_its_reason() -> None:
     assert flow["cells"] == flow["with_truth"] + sum(flow["left_out"].values())
     assert flow["coverage_by_truth_bin"][0] == {"bin": "[10,50)", "cells": 2, "coverage": {"0.95": 1.0, "0.99": 1.0},
                                                 "mae": 1.5, "bias": -1.5}
-    # the flows table: one line per (query, span, estimator)
-    (line,) = [x.split() for x in text.splitlines()[text.splitlines().index(next(
-        x for x in text.splitlines() if x.startswith("flows by span"))) + 2:]]
+    # the flows table, before the groups' blocks: one line per (query, span, estimator), with what it is good for
+    lines = text.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("flows by span"))) + 2
+    (line,) = [x.split("  5-minute")[0].split() for x in lines[start:lines.index("", start)]]
     assert line == ["u", "5", "min", "rollup", "rr", "3/4", "7.7", "+5.7", "66.7%", "100.0%"]
+    assert start < lines.index(next(x for x in lines if x.startswith("u / rr")))
     assert "    [50,200)     cells       1   95%   0.0%   99% 100.0%   MAE 20.0   bias +20.0" in text
     all_groups = _flow_groups()
     assert "withheld: too_few_participants" in R.format_summary(list(all_groups.values()))
