@@ -19,26 +19,36 @@ from schemas.epochs import EPOCH_S
 from schemas.estimates import Estimate, EstimateBound  # noqa: F401 - EstimateBound: the doctest's
 from schemas.settings import KafkaSettings
 
+from .report.flows import NOISE_WORD
 from .report.summary import sp_caveat
+from .subscribe_flows import FlowOrder, Group, QueryBook, group_label, row_noisy, span_keys
 
-__all__ = ["FLOWS_HEADER", "FLOWS_NOTE", "HEADER", "LOSS_TIMEOUT_S", "NEGATIVE_NOTE", "SUMMARY_HEADER", "SUMMARY_KEY",
-           "WIDTH", "EpochGroups", "FrameCounts", "LongWriter", "MissingTopic", "flow_kind", "format_flow",
-           "format_row", "format_summary", "keep_frames", "latest_frames", "subscribe", "write_frames"]
+__all__ = ["EPS_NOTE", "FLOWS_HEADER", "FLOWS_NOTE", "HEADER", "LOSS_TIMEOUT_S", "NEGATIVE_NOTE", "SUMMARY_HEADER",
+           "SUMMARY_KEY", "WIDTH", "EpochGroups", "FlowOrder", "FrameCounts", "LongWriter", "MissingTopic",
+           "QueryBook", "flow_kind", "format_flow", "format_row", "format_summary", "keep_frames", "latest_frames",
+           "subscribe", "write_frames"]
 
 HEADER = f"{'epoch start':<25} {'query':<12} {'estimator':<14} {'station':>8} {'estimate':>10} {'95% bound':>20} " \
          f"{'N':>8} {'eps':>6} {'eps shuf':>8}"
 SUMMARY_HEADER = f"{'epoch start':<25} {'query':<12} {'stns':>4} {'N':>8} {'eps':>6} {'eps shuf':>8}  " \
                  f"{'estimator':<13} {'sum':>12} {'<0':>4} {'gaps':>4} notes"
+#: what the eps columns of the default table and of --rows are: per report, never a rollup's own figure
+EPS_NOTE = ("eps, eps shuf: a device's local and shuffled epsilon per report -- an epoch's, a span query's span "
+            "report's; a rollup shows one of its epochs' (per epoch, not the rollup's: it sums 10 or 120 epochs' "
+            "reports)")
 #: what the default table's columns mean, under its header (wrapped to :data:`WIDTH`)
 SUMMARY_KEY = ("sum: of the station estimates (the vehicles at all of them); <0: stations whose estimate is below 0; "
-               "gaps: stations without source data")
+               f"gaps: stations without source data; {EPS_NOTE}")
 WIDTH = 120  # the default table's and the flows view's lines fit a 120-column terminal
 NEGATIVE_NOTE = ("estimates are unbiased, so a quiet station's can fall below 0; its bounds are clipped at 0 (no count "
                  "is negative), so such an estimate lies below its own bound")
-FLOWS_HEADER = (f"{'span start':<25} {'query':<14} {'kind':<6} {'span':>6} {'station':>7} {'estimator':<13} "
+FLOWS_HEADER = (f"{'span start':<25} {'query':<14} {'kind':<6} {'span':>6} {'station':>7} "
                 f"{'flow':>9} {'95% bounds':>21} {'sd':>7}")
-FLOWS_NOTE = ("(vehicles per span; rollup: a 30-s query's estimates summed over it; span: a span query's own "
-              "reports)")
+#: under the flows view's header (lines within :data:`WIDTH`)
+FLOWS_NOTE = textwrap.fill(
+    "(vehicles per span, the headline estimator's unless --estimator; the span queries' flows first, then the rollups "
+    "of 30-s queries, each held until the span queries' flows of its hour are out; a line before each group says "
+    f"what it is and what it is good for; {NOISE_WORD}: an sd of at least half the flow)", WIDTH)
 IDLE_S = 2.0  # a (query, epoch) that got no row for this long is printed as it is (marked partial)
 #: a subscriber whose broker answered nothing for this long stops (it holds nothing to flush; exit code 7)
 LOSS_TIMEOUT_S = 15.0
@@ -86,9 +96,11 @@ def flow_kind(e: Estimate, shortest: int | None) -> str:
 
 def format_flow(e: Estimate, kind: str) -> str:
     """One line of the flows view (at most :data:`WIDTH` characters): the span's start, query,
-    ``kind`` (:func:`flow_kind`), span, station, estimator, then the flow, its 95% bounds and
-    sd -- or why there is none: withheld (its code) or no source data (an epoch of the span had
-    no reading: the sum is not a flow).
+    ``kind`` (:func:`flow_kind`), span, station, then the flow, its 95% bounds and sd, and
+    ``NOISE-DOMINATED`` when the sd is at least half the flow
+    (:func:`stream_app.subscribe_flows.row_noisy`) -- or why there is none: withheld (its code)
+    or no source data (an epoch of the span had no reading: the sum is not a flow). The
+    estimator is named on the group's line (:func:`stream_app.subscribe_flows.group_label`).
 
     >>> from datetime import UTC, datetime
     >>> e = Estimate(query_id="unary-day", query_version=1, mechanism="unary", estimator="unary", epoch=59832960,
@@ -97,10 +109,12 @@ def format_flow(e: Estimate, kind: str) -> str:
     ...              reports=9, participants=9, epsilon=1.0, closed_by="markers", round_count_mismatch=0, late=0,
     ...              refused=0, missing_batches=0)
     >>> format_flow(e, "rollup")[26:]
-    'unary-day      rollup    1 h  400001 unary            1234.5       [960.0, 1510.3]   141.2'
+    'unary-day      rollup    1 h  400001    1234.5       [960.0, 1510.3]   141.2'
+    >>> format_flow(e.model_copy(update={"estimate": 250.0}), "rollup")[-24:]  # sd 141.2 >= 250 / 2
+    '   141.2 NOISE-DOMINATED'
     """
     head = (f"{e.epoch_start.isoformat():<25} {_fit(e.query_id, 14):<14} {kind:<6} {_span_text(e.span_s):>6} "
-            f"{e.station:>7} {_fit(e.estimator, 13):<13}")
+            f"{e.station:>7}")
     if e.withheld:
         from .report.summary import withheld_code
 
@@ -110,7 +124,8 @@ def format_flow(e: Estimate, kind: str) -> str:
     b95 = next((b for b in e.bounds if abs(b.confidence - 0.95) < 1e-9), None)
     bound = f"[{b95.lower:.1f}, {b95.upper:.1f}]" if b95 else "-"
     sd = "-" if e.sd is None else f"{e.sd:.1f}"
-    return _fit(f"{head} {e.estimate or 0.0:>9.1f} {bound:>21} {sd:>7}", WIDTH)
+    flag = f" {NOISE_WORD}" if row_noisy(e) else ""
+    return _fit(f"{head} {e.estimate or 0.0:>9.1f} {bound:>21} {sd:>7}{flag}", WIDTH)
 
 
 def _eps(e: Estimate) -> str:
@@ -231,6 +246,13 @@ def _query_sizes(settings: KafkaSettings, station: int | None, estimator: str | 
     """How many estimates one (query, epoch) publishes that pass the filters (``headline``
     without ``estimator``: only the query's headline estimator's), from the queries topic (read
     again when a query version it has not seen appears); and a close function."""
+    book = _query_book(settings, station, estimator, headline)
+    return book.expected, book.close
+
+
+def _query_book(settings: KafkaSettings, station: int | None, estimator: str | None, headline: bool = True
+                ) -> QueryBook:
+    """:func:`_query_sizes`'s, with the query versions read so far (the flows view's span queries)."""
     from schemas.kafka_io import QueryReader
 
     reader = QueryReader(settings)
@@ -249,7 +271,18 @@ def _query_sizes(settings: KafkaSettings, station: int | None, estimator: str | 
             estimator is None and (not headline or n == q.spec.headline))]
         return stations * len(names)
 
-    return expected, reader.close
+    return QueryBook(expected, lambda: list(reader.queries.values()), reader.close)
+
+
+def _shows(q: Any, query: str | None, estimator: str | None) -> bool:
+    """Whether the flows view shows rows of query ``q`` (a :class:`schemas.Query`) at these filters."""
+    return (query is None or q.query_id == query) and (estimator is None or estimator in q.spec.estimator_names)
+
+
+def _print_flows(done: Iterable[Group], out: TextIO) -> None:
+    for kind, rows in done:
+        lines = [group_label(kind, rows, WIDTH), *(format_flow(e, kind) for e in rows)]
+        print("\n".join(lines), file=out, flush=True)
 
 
 def _records(settings: KafkaSettings, topic: str, from_beginning: bool, idle_timeout_s: float | None
@@ -357,8 +390,10 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
     (:func:`format_summary`), with ``rows`` every estimate (:func:`format_row`, grouped per
     (query, epoch) and ordered), with ``flows`` one line per flow -- a rollup's or a span
     query's row, the headline estimator's unless ``estimator`` -- (:func:`format_flow`, grouped
-    per (query, span, epoch) and ordered), with ``json_lines`` one JSON estimate per line as it
-    comes. Returns how many estimates were printed or summarized."""
+    per (query, span, epoch), each group after a line saying what it is and what it is good
+    for, the span queries' flows first: :mod:`stream_app.subscribe_flows`), with
+    ``json_lines`` one JSON estimate per line as it comes. Returns how many estimates were
+    printed or summarized."""
     from estimators.registry import REGISTRY
 
     out = out or sys.stdout
@@ -366,32 +401,29 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
     records = _polled(settings, topic, from_beginning, idle_timeout_s)
     close: Callable[[], None] = lambda: None  # noqa: E731
     shortest: dict[str, int] = {}  # query -> the shortest span seen (flows: a longer one is a rollup)
-    if json_lines:
-        groups = None
-    else:
-        expected, close = _query_sizes(settings, station, estimator, True) if flows else \
-            _query_sizes(settings, station, estimator)
+    order = groups = None
+    if flows:
+        book = _query_book(settings, station, estimator)
+        close, groups = book.close, EpochGroups(book.expected)
+        order = FlowOrder(lambda epoch: span_keys(book.queries(), epoch, lambda q: _shows(q, query, estimator)))
+        print(f"{FLOWS_HEADER}\n{FLOWS_NOTE}", file=out, flush=True)
+    elif not json_lines:
+        expected, close = _query_sizes(settings, station, estimator)
         groups = EpochGroups(expected)
-        if flows:
-            print(FLOWS_HEADER, file=out)
-            print(FLOWS_NOTE, file=out, flush=True)
-        else:
-            print(HEADER if rows else SUMMARY_HEADER, file=out)
-            key = f"({NEGATIVE_NOTE}{'' if rows else '; ' + SUMMARY_KEY + '; --rows: every estimate'})"
-            print(textwrap.fill(key, WIDTH), file=out, flush=True)
+        print(HEADER if rows else SUMMARY_HEADER, file=out)
+        key = f"({NEGATIVE_NOTE}; {EPS_NOTE if rows else SUMMARY_KEY + '; --rows: every estimate'})"
+        print(textwrap.fill(key, WIDTH), file=out, flush=True)
 
     cautioned: set[str] = set()  # Sampling Privacy's caveat: once, before its first estimate
 
     def emit(done: list[list[Estimate]]) -> None:
         assert groups is not None  # noqa: S101 - only in the table modes
+        if order is not None:  # the flows view: span queries' first, each group labelled; 120 columns, flows only
+            return _print_flows(order.add((flow_kind(g[0], shortest.get(g[0].query_id)), g) for g in done), out)
         for g in done:
-            if flows:
-                lines = [format_flow(e, flow_kind(e, shortest.get(e.query_id))) for e in g]
-            else:
-                rollup = flow_kind(g[0], shortest.get(g[0].query_id)) == "rollup"
-                lines = [format_row(e, rollup) for e in g] if rows else [
-                    format_summary(g, groups.expected(g[0]), rollup)]
-            if not flows and g[0].mechanism not in cautioned:  # the flows view: 120 columns, flows only
+            rollup = flow_kind(g[0], shortest.get(g[0].query_id)) == "rollup"
+            lines = [format_row(e, rollup) for e in g] if rows else [format_summary(g, groups.expected(g[0]), rollup)]
+            if g[0].mechanism not in cautioned:
                 cautioned.add(g[0].mechanism)
                 if (caveat := sp_caveat(g[0].mechanism)) is not None:
                     lines[:0] = textwrap.wrap(f"({caveat})", WIDTH)
@@ -426,6 +458,7 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
                 emit(groups.add(e, time.monotonic()))
         if groups is not None:
             emit(groups.rest())
+            _print_flows(order.rest() if order is not None else (), out)  # the flows still held: at the end
     finally:
         close()
     return n

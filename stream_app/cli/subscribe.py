@@ -25,8 +25,10 @@ def add_parser(sub: Any) -> None:
                        description="Tail the estimates: one line per closed (query, epoch) with the sum of its "
                                    "station estimates per estimator, a rollup on its own line marked '5-min sum' "
                                    "or '60-min sum' (--rows: every estimate, grouped per query and "
-                                   "epoch; --flows: one line per flow, a 5-minute or hourly rollup or a span query's "
-                                   "report, with its 95% bounds; --json: one JSON estimate per line as it comes). "
+                                   "epoch; --flows: one line per flow, the span queries' flows first, then the "
+                                   "5-minute and hourly rollups of 30-s queries, each with its 95% bounds, and a line "
+                                   "per group saying what it is and what it is good for; --json: one JSON estimate "
+                                   "per line as it comes). "
                                    f"Note: {NEGATIVE_NOTE}.")
     p.add_argument("--topic", default="ptt.estimates", help="estimates topic (default ptt.estimates)")
     out = p.add_mutually_exclusive_group()
@@ -34,9 +36,11 @@ def add_parser(sub: Any) -> None:
     out.add_argument("--rows", action="store_true",
                      help="every estimate as a table row, printed per closed (query, epoch), by estimator and station")
     out.add_argument("--flows", action="store_true",
-                     help="one line per flow (a 5-minute or hourly rollup, or a span query's row) with its 95%% "
-                          "bounds and sd, per (query, span, epoch) by station; the headline estimator's unless "
-                          "--estimator")
+                     help="one line per flow (a span query's row, or a 5-minute or hourly rollup of a 30-s query) "
+                          "with its 95%% bounds and sd, NOISE-DOMINATED when the sd is at least half the flow, per "
+                          "(query, span, epoch) by station after a line saying what the group is and what it is good "
+                          "for; the span queries' flows first (a rollup waits for the span queries' flows of its "
+                          "hour); the headline estimator's unless --estimator")
     out.add_argument("--arrow", type=Path, default=None, metavar="FILE",
                      help="keep the estimate frames (--frames-topic) in an Arrow IPC file, one row per query, "
                           "epoch, station and estimator")

@@ -163,16 +163,21 @@ def test_report_of_saved_files_plots_and_scores_flows_by_span(broker: str, tmp_p
         sub = _ptt(ws, "subscribe", "--json", "--from-beginning", "--idle-timeout", "3", "--topic",
                    ws.estimates_topic, "--bootstrap-servers", broker, stdout=fh)
     assert sub.returncode == 0, sub.stderr
-    # the flows view: one line per flow of each query's headline estimator, within 120 columns
+    # the flows view: one line per flow of each query's headline estimator, within 120 columns, each
+    # (query, span, epoch) after a line saying what it is (no span query here: the rollups as they close)
     flows = _ptt(ws, "subscribe", "--flows", "--from-beginning", "--idle-timeout", "3", "--topic",
                  ws.estimates_topic, "--bootstrap-servers", broker)
     assert flows.returncode == 0, flows.stderr
-    header, _, *lines = flows.stdout.splitlines()
+    header, *rest = flows.stdout.splitlines()
+    lines = [x for x in rest if x[:4].isdigit()]
+    labels = [x for x in rest if x.startswith("-- ")]
     assert header.startswith("span start") and all(len(x) <= 120 for x in flows.stdout.splitlines())
     headline = [json.loads(x) for x in saved.read_text().splitlines()]
     headline = [e for e in headline if e["span_s"] != 30 and e["estimator"] == FLOW_QUERIES[e["query_id"]]]
     assert len(lines) == len(headline) == 2 * STATIONS * (FLOW_EPOCHS // 10 + 1), len(lines)
     assert {(x[26:].split()[0], x[26:].split()[1]) for x in lines} == {(q, "rollup") for q in FLOW_QUERIES}
+    assert len(labels) == 2 * (FLOW_EPOCHS // 10 + 1) and all("rollups of a 30-s query (each sums " in x
+                                                               for x in labels), labels
     truth = tmp_path / "truth.jsonl"
     truth.write_bytes(b"\n".join(rec.value for rec in drain(rs, rs.truth_topic)) + b"\n")
     out = tmp_path / "report"

@@ -53,9 +53,9 @@ def test_filters_and_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sub.subscribe(KafkaSettings(), "t", rows=True, station=5, estimator="rr", out=out) == 1
     lines = out.getvalue().splitlines()
     assert lines[0] == sub.HEADER and sub.NEGATIVE_NOTE in " ".join(lines[1:3]) and " rr " in lines[-1]
-    assert f"({SP_CAVEAT})" == " ".join(x for x in lines if not x.startswith("2026")
-                                        and x not in (sub.HEADER,) and sub.NEGATIVE_NOTE[:20] not in x
-                                        and "bound)" not in x)  # the rows are Sampling Privacy's
+    caveat = next(i for i, x in enumerate(lines) if x.startswith(f"({SP_CAVEAT[:20]}"))
+    assert sub.EPS_NOTE in " ".join(lines[1:caveat])  # the eps columns: per report, never a rollup's own
+    assert f"({SP_CAVEAT})" == " ".join(x for x in lines[caveat:] if not x.startswith("2026"))  # Sampling Privacy's
 
 
 def _q(station: int, epoch: int, query: str = "sp-day", estimate: float = 41.7, estimator: str = "sp_difference",
@@ -140,9 +140,11 @@ def test_the_default_table_tells_a_span_query_from_a_rollup(monkeypatch: pytest.
 
 def test_the_flows_view_is_one_line_per_flow_within_120_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--flows``: the rollups and span-query rows only (no 30-s epoch), the headline estimator's
-    unless one is named, one line per (query, span, epoch) row ordered by station, each at most
-    120 characters whatever the query id, estimator, figures or withheld reason; a rollup (its
-    query has 30-s rows) is told from a span query's row; no flow printed for a sum with no source."""
+    unless one is named, one line per (query, span, epoch) row ordered by station after a line
+    naming the group (its estimator, what it is), each at most 120 characters whatever the query
+    id, estimator, figures or withheld reason; a rollup (its query has 30-s rows) is told from a
+    span query's row; no flow printed for a sum with no source. (The order of the groups, span
+    queries' first: tests/unit/stream_app/test_subscribe_order.py.)"""
     long_q = "a-very-long-query-name-for-hourly-flows"
     arriving = [
         _q(2, 0, "sp-day"), _q(1, 0, "sp-day"),  # epochs: not flows
@@ -158,23 +160,28 @@ def test_the_flows_view_is_one_line_per_flow_within_120_columns(monkeypatch: pyt
     monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter(records))
     sizes: list[tuple[object, ...]] = []
 
-    def query_sizes(*args: object) -> tuple[object, object]:
+    def query_book(*args: object) -> sub.QueryBook:
         sizes.append(args)
-        return (lambda e: {"sp-day": 3, "alp-day": 1}.get(e.query_id, 2)), (lambda: None)
+        return sub.QueryBook(lambda e: {"sp-day": 3, "alp-day": 1}.get(e.query_id, 2), lambda: ())
 
-    monkeypatch.setattr(sub, "_query_sizes", query_sizes)
+    monkeypatch.setattr(sub, "_query_book", query_book)
     out = io.StringIO()
     assert sub.subscribe(KafkaSettings(), "t", flows=True, out=out) == 6
-    assert sizes[0][1:] == (None, None, True)  # expected rows: the headline estimator's only
-    header, note, *lines = out.getvalue().splitlines()
-    assert header == sub.FLOWS_HEADER and note == sub.FLOWS_NOTE
-    assert all(len(x) <= sub.WIDTH for x in [header, note, *lines]), [len(x) for x in [header, note, *lines]]
-    assert len(lines) == 6 and not any("alp_gls" in x for x in lines)
+    assert sizes[0][1:] == (None, None)  # expected rows: the headline estimator's only (the default)
+    text = out.getvalue()
+    assert text.startswith(f"{sub.FLOWS_HEADER}\n{sub.FLOWS_NOTE}\n")
+    assert all(len(x) <= sub.WIDTH for x in text.splitlines()), [len(x) for x in text.splitlines()]
+    lines = [x for x in text.splitlines() if x.startswith("2026")]
+    labels = [x for x in text.splitlines() if x.startswith("-- ")]
+    assert len(lines) == 6 and not any("alp_gls" in x for x in text.splitlines())
+    assert len(labels) == 3 and "sp-day v1 sp_difference: 5-minute rollups of a 30-s query (each sums 10 epochs" in \
+        labels[[x.split()[1] for x in labels].index("sp-day")]
     cols = [x[26:].split() for x in lines]
     sp = [c for c in cols if c[0] == "sp-day"]
     assert [c[1:5] for c in sp] == [["rollup", "5", "min", "1"], ["rollup", "5", "min", "2"],
                                     ["rollup", "5", "min", "3"]]  # by station
-    assert sp[0][6:] == ["-12345678.9", "[30.1,", "55.2]", "6.9"] and sp[1][6] == "417.2"
+    assert sp[0][5:] == ["-12345678.9", "[30.1,", "55.2]", "6.9", "NOISE-DOMINATED"] and sp[1][5:] == [
+        "417.2", "[30.1,", "55.2]", "6.9"]  # an sd of at least half the flow says so
     assert lines[[c[0] for c in cols].index("sp-day") + 2].endswith("no source data: not a flow")
     (alp,) = [c for c in cols if c[0] == "alp-day"]
     assert alp[1:4] == ["span", "1", "h"]  # no 30-s row of alp-day came: its own span
@@ -184,7 +191,8 @@ def test_the_flows_view_is_one_line_per_flow_within_120_columns(monkeypatch: pyt
     gls = io.StringIO()
     monkeypatch.setattr(sub, "_polled", lambda *_, **__: iter(records))
     assert sub.subscribe(KafkaSettings(), "t", flows=True, estimator="alp_gls", out=gls) == 1
-    assert "alp_gls" in gls.getvalue().splitlines()[2]
+    (label,) = [x for x in gls.getvalue().splitlines() if x.startswith("-- ")]
+    assert label.startswith("-- alp-day v1 alp_gls: hourly flows of a span query")
 
 
 def _frames() -> list[bytes]:
