@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 __all__ = ["FORCE_QUIT_GRACE_S", "STOP_NOTICE", "STOP_NOTICE_TTY", "Halt", "StopFlag", "StopPlan", "Stops",
-           "children_ignore_stop_signals", "pause_until"]
+           "before_forced_quit", "children_ignore_stop_signals", "forced_quit", "pause_until"]
 
 
 FORCE_QUIT_GRACE_S = 2.0  # after a second Ctrl-C: time left for cleanup before the process ends regardless
@@ -44,13 +44,35 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
+_AT_FORCED_QUIT: list[Callable[[], None]] = []  # :func:`before_forced_quit`'s, newest last
+
+
+@contextlib.contextmanager
+def before_forced_quit(cleanup: Callable[[], None]) -> Iterator[None]:
+    """Within the block, a forced quit (:func:`forced_quit`: ``os._exit``, which runs no
+    ``finally`` and no ``atexit``) runs ``cleanup`` first -- for what must not outlive the
+    process, such as a secret on disk."""
+    _AT_FORCED_QUIT.append(cleanup)
+    try:
+        yield
+    finally:
+        _AT_FORCED_QUIT.remove(cleanup)
+
+
+def forced_quit(end: Callable[[int], object] = os._exit) -> None:
+    """The second Ctrl-C's end of the process, exit code 130: the cleanups registered with
+    :func:`before_forced_quit` (newest first; one that fails does not stop the others), then
+    ``end`` (the process's, ``os._exit``)."""
+    _say("ptt: forced quit (second Ctrl-C): what was not yet acknowledged or marked may be lost\n")
+    for cleanup in reversed(list(_AT_FORCED_QUIT)):
+        with contextlib.suppress(Exception):
+            cleanup()
+    end(_EXIT_INTERRUPTED)
+
+
 def _quit_after(seconds: float) -> None:
     """End the process with exit code 130 in ``seconds`` if it has not ended by then."""
-    def quit_now() -> None:
-        _say("ptt: forced quit (second Ctrl-C): what was not yet acknowledged or marked may be lost\n")
-        os._exit(_EXIT_INTERRUPTED)
-
-    timer = threading.Timer(seconds, quit_now)
+    timer = threading.Timer(seconds, forced_quit)
     timer.daemon = True
     timer.start()
 

@@ -23,9 +23,13 @@ os.environ["PTT_ENROLLMENT_SECRET"] = ENROLLMENT_SECRET
 # this test process's own directory (owner only), removed when the session ends, also by
 # Ctrl-C (pytest_unconfigure): what the tests start -- in this process or as children, which
 # inherit the environment -- keeps its caches there, never in the user's cache directory
-# (schemas.settings.cache_dir: a replay's synthetic day and parse cache, a worker's files)
+# (schemas.settings.cache_dir: a replay's synthetic day and parse cache, a worker's files),
+# and its secrets (XDG_RUNTIME_DIR: a demo's enrollment secret, stream_app/cli/private_dir.py),
+# never in the system's temporary directory, even when a test kills a demo with SIGKILL
 SESSION_DIR = Path(tempfile.mkdtemp(prefix="ptt-tests-"))
 os.environ["XDG_CACHE_HOME"] = str(SESSION_DIR / "cache")
+(SESSION_DIR / "run").mkdir(mode=0o700)
+os.environ["XDG_RUNTIME_DIR"] = str(SESSION_DIR / "run")
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ERROR_LOG", "EXIT_BROKER", "EXIT_BROKER_LOST", "EXIT_CODES", "EXIT_EMPTY", "EXIT_FAILURE", "EXIT_HELPER",
-           "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PORT", "EXIT_UNPUBLISHED", "EXIT_USAGE", "CliError",
-           "error_line", "guarded", "input_paths", "validation_message"]
+           "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PORT", "EXIT_UNPUBLISHED", "EXIT_USAGE", "SECRET_FLAGS",
+           "CliError", "error_line", "guarded", "input_paths", "redacted", "validation_message"]
 
 # The exit codes of every command (documented in the README).
 EXIT_OK = 0
@@ -48,6 +48,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM)",
 }
 ERROR_LOG = "ptt-error.log"
+# the flags of the settings' secrets (SecretStr): their values never reach the error log
+SECRET_FLAGS = ("--enrollment-secret", "--sasl-plain-password", "--ssl-password")
 
 
 class CliError(Exception):
@@ -88,8 +90,30 @@ def _error_log(args: argparse.Namespace | None) -> Path:
     return (Path(out) if out is not None else Path.cwd()) / ERROR_LOG
 
 
+def redacted(argv: list[str]) -> list[str]:
+    """A command line with the values of :data:`SECRET_FLAGS` (or of their abbreviations,
+    which argparse takes) hidden: what the error log keeps of it.
+
+    >>> redacted(["ptt", "replay", "--enrollment-secret", "s3cr3t", "--ssl-pass=pw", "--enrollment-secret-file", "f"])
+    ['ptt', 'replay', '--enrollment-secret', '***', '--ssl-pass=***', '--enrollment-secret-file', 'f']
+    """
+    def secret(flag: str) -> bool:
+        return len(flag) > 3 and any(name.startswith(flag) for name in SECRET_FLAGS)
+
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        flag, eq, _ = arg.partition("=")
+        if eq and secret(flag):
+            out.append(f"{flag}=***")
+        elif i and secret(argv[i - 1]) and "=" not in argv[i - 1]:
+            out.append("***")
+        else:
+            out.append(arg)
+    return out
+
+
 def _write_error_log(command: str, path: Path) -> Path:
-    text = f"ptt {command} failed; {' '.join(sys.argv)}\n{traceback.format_exc()}"
+    text = f"ptt {command} failed; {' '.join(redacted(sys.argv))}\n{traceback.format_exc()}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -56,7 +56,7 @@ WITH_EXAMPLES = {
     "schemas.settings": 3,
     "schemas.wire": 6,
     "stream_app.cli.demo": 7,
-    "stream_app.cli.errors": 1,
+    "stream_app.cli.errors": 2,
     "stream_app.cli.shuffler": 3,
     "stream_app.cli.supervise": 2,
     "stream_app.cli.working": 3,

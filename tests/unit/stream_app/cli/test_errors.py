@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
+import typing
 from datetime import date
 from pathlib import Path
 
@@ -193,6 +195,36 @@ def test_unexpected_failure_is_one_line_and_a_kept_log(capsys: pytest.CaptureFix
     assert str(log) in line
     text = log.read_text()
     assert "Traceback" in text and "something nobody expected" in text
+
+
+def test_the_error_log_keeps_no_secret(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log of an unexpected failure (in the working directory, or the system's temporary
+    directory when that is not writable) has the command line without its secrets' values;
+    SECRET_FLAGS are the flags of every SecretStr setting."""
+    from pydantic import SecretStr
+
+    from producers.settings import ReplaySettings
+    from stream_app.cli import replay
+    from stream_app.shuffler.settings import ShufflerSettings
+
+    secret_fields = {f"--{name.replace('_', '-')}" for model in (ReplaySettings, ShufflerSettings)
+                     for name, info in model.model_fields.items() if SecretStr in typing.get_args(info.annotation)}
+    assert secret_fields == set(errors.SECRET_FLAGS)
+
+    def boom(args: argparse.Namespace) -> int:
+        raise RuntimeError("something nobody expected")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(replay, "run", boom)
+    argv = ["replay", "--enrollment-secret", "operator-secret-0123456789abcdef0123456789",
+            "--sasl-plain-pass=hunter2-hunter2", "--ssl-password", "pem-passphrase-xyz"]
+    monkeypatch.setattr(sys, "argv", ["ptt", *argv])
+    code, err = _run(capsys, *argv)
+    assert code == errors.EXIT_FAILURE, err
+    text = (tmp_path / errors.ERROR_LOG).read_text()
+    assert "something nobody expected" in text and "--enrollment-secret ***" in text, text
+    assert not any(v in text for v in ("operator-secret", "hunter2", "pem-passphrase")), text
 
 
 def test_kafka_client_noise_is_silenced_unless_verbose(capsys: pytest.CaptureFixture[str], dead_port: int,
