@@ -63,7 +63,7 @@ from .figures import (
     uncertifiable,
 )
 from .fit import FAMILIES, Family, can_fit, fit_budget, headline_sd
-from .fleet import FleetQuery, fleet_plan, parse_fleet_queries, share_epsilon, vehicle_day
+from .fleet import FleetQuery, fleet_plan, parse_fleet_queries, round_down_2sig, share_epsilon, vehicle_day
 from .ledger import (
     ShuffledDayLedger,
     charged_release,
@@ -292,6 +292,7 @@ __all__ = [
     "rr_estimator",
     "sampling_privacy",
     "scale_word",
+    "round_down_2sig",
     "share_epsilon",
     "shuffled_day",
     "shuffled_epsilon",

@@ -43,7 +43,7 @@ from .mechanisms import Mechanism
 from .planning import check_span_request
 from .registry import MechanismSpec, PlanError, default_query_mechanisms, get_spec, mechanism_names
 
-__all__ = ["FleetQuery", "fleet_plan", "parse_fleet_queries", "share_epsilon", "vehicle_day"]
+__all__ = ["FleetQuery", "fleet_plan", "parse_fleet_queries", "round_down_2sig", "share_epsilon", "vehicle_day"]
 
 _FLEET_TOL = 1e-2  # parameter precision of each query's fit (relative): ~1% of sd, a third of the time
 _QUERY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:@\s*(\d+)\s*(?:/\s*(\d*)\s*(?:/\s*(\d+)\s*)?)?)?$")
@@ -111,6 +111,18 @@ def parse_fleet_queries(text: str, span_s: int = budget.EPOCH_S, max_passages: i
     if len(set(labels)) < len(labels):
         raise PlanError("a query is named twice")
     return tuple(out)
+
+
+def round_down_2sig(n: int) -> int:
+    """``n`` rounded DOWN to two significant digits (the shuffled epsilon's cache key).
+
+    >>> [round_down_2sig(n) for n in (1, 99, 100, 123, 999, 12_345, 1_000_001)]
+    [1, 99, 100, 120, 990, 12000, 1000000]
+    """
+    if n < 100:
+        return n
+    step = int(10 ** (len(str(n)) - 2))
+    return n // step * step
 
 
 def share_epsilon(total: float, share: float, delta: float) -> float:

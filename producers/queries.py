@@ -3,7 +3,11 @@ of the day, a span query's parameters planned for its day budget (``ptt plan fle
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
+from pathlib import Path
 from typing import Any
 
 from estimators import default_query_mechanisms
@@ -12,34 +16,97 @@ from schemas.epochs import EPOCH_S
 
 from .pems import TrafficDay, epoch_start
 
-__all__ = ["default_queries", "planned_flow_params"]
+__all__ = ["default_queries", "planned_day_params", "planned_flow_params"]
 
 
 def default_queries(day: TrafficDay, population: int, mechanisms: tuple[str, ...] | None = None,
-                    flow_day_budget: float = 1.0) -> list[Query]:
+                    flow_day_budget: float = 1.0, day_budget: float | None = None,
+                    plan_cache: Path | None = None) -> list[Query]:
     """The demo's queries over all the day's stations, one per mechanism (default: those the
     registry marks as default queries, ALP and symmetric unary RR; ``ReplaySettings.mechanisms``
     chooses others), valid for the whole day. A 30-s query (``MECH``, id ``MECH-day``) runs at the
     mechanism's default parameters; a span query (``MECH@SPAN[/P[/M]]``, id e.g. ``unary-hour``)
     at the parameters ``ptt plan fleet`` chooses for it alone at a day of ``flow_day_budget``
-    (:func:`planned_flow_params`), with its day cap M (``max_passages_day``) if it names one."""
-    from estimators.fleet import parse_fleet_queries
+    (:func:`planned_flow_params`), with its day cap M (``max_passages_day``) if it names one.
+    With ``day_budget``, every query (30-s ones too) runs at the parameters ``ptt plan fleet
+    --day-budget`` chooses for them together (:func:`planned_day_params`): a vehicle's whole day
+    across all of them then costs at most ``day_budget`` through the shuffler's aggregate release
+    (at the crowd the worker accounts with: ``population`` rounded down to 2 significant digits)."""
+    from estimators.fleet import parse_fleet_queries, round_down_2sig
 
     sensors = tuple(int(s) for s in day.stations)
     t0, t1 = epoch_start(int(day.epochs[0])), epoch_start(int(day.epochs[-1]) + 1)
     common: dict[str, Any] = {"analyst_id": "demo", "version": 1, "sensors": sensors, "population": population,
                               "t_start": t0, "t_end": t1}
     out = []
-    for q in parse_fleet_queries(",".join(mechanisms or default_query_mechanisms())):
+    names = ",".join(mechanisms or default_query_mechanisms())
+    together = (planned_day_params(names, round_down_2sig(population), len(sensors), day_budget, plan_cache)
+                if day_budget is not None else {})
+    for q in parse_fleet_queries(names):
         if q.span_s == EPOCH_S:
-            out.append(Query(query_id=f"{q.mechanism}-day", mechanism=q.mechanism, **common))
+            out.append(Query(query_id=f"{q.mechanism}-day", mechanism=q.mechanism, params=together.get(q.label, {}),
+                             **common))
             continue
         span = {300: "5min", 900: "15min", 3600: "hour", 86_400: "whole-day"}.get(q.span_s, f"{q.span_s}s")
-        params = planned_flow_params(q.mechanism, q.span_s, q.max_passages, population, len(sensors), flow_day_budget,
-                                     q.max_passages_day)
+        params = together.get(q.label) or planned_flow_params(q.mechanism, q.span_s, q.max_passages, population,
+                                                              len(sensors), flow_day_budget, q.max_passages_day)
         out.append(Query(query_id=f"{q.mechanism}-{span}", mechanism=q.mechanism, params=params, span_s=q.span_s,
                          max_passages=q.max_passages, max_passages_day=q.max_passages_day, **common))
     return out
+
+
+def planned_day_params(mechanisms: str, population: int, stations: int, day_budget: float,
+                       cache: Path | None = None) -> dict[str, dict[str, float]]:
+    """Each query's parameters, by label, as ``ptt plan fleet --query-mechanisms MECHANISMS
+    --population POPULATION --stations STATIONS --day-budget B`` chooses them together through the
+    shuffler's aggregate release (a minute or two at the papers' fleet on a busy machine:
+    remembered per setting, and in ``cache``, a folder, across runs -- a remembered plan is
+    used only if its composed day still fits the budget). :class:`~estimators.PlanError` when a
+    query cannot fit, saying which and why."""
+    key = (mechanisms, population, stations, day_budget)
+    path = cache / ("day-plan-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16] + ".json") if cache else None
+    if path is not None and path.is_file():
+        try:
+            kept = json.loads(path.read_text())
+            params = {str(k): {str(p): float(v) for p, v in d.items()} for k, d in kept["params"].items()}
+            if kept["key"] == list(key) and _day_of(mechanisms, params, population, stations) <= day_budget:
+                return params
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # planned again below
+    params = _planned_day_params(*key)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"key": list(key), "params": params}))
+    return params
+
+
+def _day_of(mechanisms: str, params: dict[str, dict[str, float]], population: int, stations: int) -> float:
+    """A vehicle's whole day through the aggregate release across ``mechanisms`` at ``params``."""
+    from estimators import get_spec, vehicle_day
+    from estimators.fleet import parse_fleet_queries
+
+    queries = []
+    for q in parse_fleet_queries(mechanisms):
+        spec = get_spec(q.mechanism)
+        queries.append((spec, spec.build(params[q.label], stations), stations, q.span_s, q.passages(stations),
+                        q.max_passages_day))
+    return float(vehicle_day(queries, population)["shuffled"])
+
+
+@functools.lru_cache(maxsize=8)
+def _planned_day_params(mechanisms: str, population: int, stations: int,
+                        day_budget: float) -> dict[str, dict[str, float]]:
+    from estimators import PlanError
+    from estimators.fleet import fleet_plan, parse_fleet_queries
+
+    plan = fleet_plan(population, min(population, 100), stations, queries=parse_fleet_queries(mechanisms),
+                      day_budget=day_budget)
+    if plan["left_out"]:
+        why = "; ".join(f"{k}: {plan['queries'][k].get('why', 'does not fit')}" for k in plan["left_out"])
+        raise PlanError(f"a whole day of {day_budget:g} cannot hold every query ({why}); give a larger day budget "
+                        "or fewer queries")
+    return {k: {p: float(v) for p, v in q["params"].items()} for k, q in plan["queries"].items()}
 
 
 @functools.lru_cache(maxsize=32)

@@ -62,6 +62,7 @@ from schemas.kafka_io import (
     ensure_topics,
     publish_query,
 )
+from schemas.settings import cache_dir
 
 from .devices import KIND_HEADER, DeviceRequests, device_records, send_device_reports, send_source_epoch
 from .fleet import (
@@ -503,7 +504,8 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     finally:
         reader.close()
     if not have and settings.default_queries:
-        for q in default_queries(day, fleet, settings.mechanisms, settings.flow_day_budget):
+        for q in default_queries(day, fleet, settings.mechanisms, settings.flow_day_budget,
+                                   settings.day_budget, cache_dir("plans")):
             publish_query(settings, q)
             have[(q.query_id, q.version)] = q
     # a vehicle passes a station at most once a span: the fleet holds the largest span flow (one for all producers)

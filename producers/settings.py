@@ -99,6 +99,11 @@ class ReplaySettings(EnrollmentSettings):
                                    "(ptt plan fleet) to cost a vehicle at most this over a whole day through the "
                                    "shuffler's aggregate release")
 
+    day_budget: float | None = Field(default=None, gt=0, description="plan every default query together (ptt plan "
+                                     "fleet --day-budget) so that a vehicle's whole day across all of them costs at "
+                                     "most this through the shuffler's aggregate release (default: none; a span "
+                                     "query alone at --flow-day-budget, the others at their defaults)")
+
     via_shuffler: bool = Field(default=False, description="send every device's report as its own record to the "
                                                          "device topic, for `ptt shuffler` (no batches, no markers)")
     device_topic: str = Field(default="ptt.device-reports", description="the shuffler's input topic (--via-shuffler)")

@@ -172,6 +172,12 @@ class Query(BaseModel):
     def _mechanism(self) -> Mechanism:
         return self.spec.build(self.params, self.n_stations)
 
+    @property
+    def accounting(self) -> tuple[MechanismSpec, Mechanism, int, int, int, int | None]:
+        """What every whole-day figure composes for this query (``estimators.vehicle_day``'s
+        tuple): its mechanism, stations, span, passages per report and day cap."""
+        return self.spec, self.build(), self.n_stations, self.span_s, self.passages, self.max_passages_day
+
     @cached_property
     def per_station(self) -> tuple[PerStation, ...] | None:
         """Per-sensor mechanisms: the sampler of each round (None for station-valued ones)."""

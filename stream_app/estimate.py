@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from estimators import LinearEstimator, project_capped_simplex
+from estimators.fleet import round_down_2sig
 from estimators.ledger import report_epsilon_shuffled
 from schemas import Query
 from schemas.epochs import EPOCH_S, epoch_start
@@ -145,18 +146,6 @@ class EpochResult:
                 out.append((keys[i], f'{prefix}{s},"estimate":{est[i]!r},"sd":{sd[i]!r},"bounds":[{bounds}]'
                                      f',"consistent":{cons[i]}{quality[i]}}}'.encode()))
         return out
-
-
-def round_down_2sig(n: int) -> int:
-    """``n`` rounded DOWN to two significant digits (the shuffled epsilon's cache key).
-
-    >>> [round_down_2sig(n) for n in (1, 99, 100, 123, 999, 12_345, 1_000_001)]
-    [1, 99, 100, 120, 990, 12000, 1000000]
-    """
-    if n < 100:
-        return n
-    step = int(10 ** (len(str(n)) - 2))
-    return n // step * step
 
 
 class ShuffledEpsilon:

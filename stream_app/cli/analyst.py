@@ -14,10 +14,13 @@ from schemas.query import MECHANISM_NAMES
 from schemas.settings import KafkaSettings
 from schemas.wire import json_safe
 
+from ..day_figure import unbounded as _unbounded
+from ..day_figure import vehicle_day
 from .base import add_settings_flags, param, settings_from_args
 from .errors import EXIT_USAGE, CliError
 
 __all__ = ["add_parser", "run", "vehicle_day"]
+
 
 _LIST_NOTE = (
     "local: what one device's report costs it, per epoch and over a day, whatever happens to the report. "
@@ -91,45 +94,6 @@ def add_parser(sub: Any) -> None:
     ls.set_defaults(func=run)
 
 
-def _unbounded(q: Any) -> bool:
-    """A query with no shuffled or whole-day bound (Sampling Privacy's rounds share one die)."""
-    from estimators import privacy
-
-    return not privacy.rounds_independent(q.build())
-
-
-def vehicle_day(queries: list[Any], release: str, shuffle_size: int | None = None) -> tuple[str, float | None]:
-    """A vehicle's whole day across every query it answers (the newest version of each), for
-    ``release``: through the shuffler among n reports (the smallest population, rounded down to
-    2 significant digits as the worker does), or ``local``; and the day's epsilon (None: none of
-    the queries has a bound). A query without a whole-day bound (Sampling Privacy) is left out
-    of the figure, and the line says so rather than print a number that is no bound."""
-    from estimators import SP_CAVEAT, planning
-    from estimators import vehicle_day as day_of
-
-    from ..estimate import round_down_2sig
-
-    newest = {q.query_id: q for q in sorted(queries, key=lambda q: q.version)}
-    answered = [newest[k] for k in sorted(newest)]
-    n = round_down_2sig(shuffle_size or min(q.population for q in answered))
-    bounded = [q for q in answered if not _unbounded(q)]
-    left_out = [q.query_id for q in answered if _unbounded(q)]
-    names = ", ".join(q.query_id for q in bounded)
-    which = f"{len(bounded)} {'query' if len(bounded) == 1 else 'queries'} ({names})"
-    caveat = (f"; not counting {', '.join(left_out)}, which has no whole-day bound ({SP_CAVEAT})"
-              if left_out else "")
-    if not bounded:
-        return f"a vehicle's day: no bound ({SP_CAVEAT})", None
-    day = day_of([(q.spec, q.build(), q.n_stations, q.span_s, q.passages) for q in bounded], n, release,
-                 planning.EPOCHS_PER_DAY)
-    if release == "local":
-        return (f"a vehicle's day across its {which}: epsilon {day['local']:.4g} at delta 1e-06, local (no shuffler)"
-                + caveat, day["local"])
-    return (f"a vehicle's day across its {which}: epsilon {day['shuffled']:.4g} at delta 1e-06 through the "
-            f"shuffler's {release} release among n={n:,} (local, without it: {day['local']:.4g})" + caveat,
-            day["shuffled"])
-
-
 def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:
     """A query's epsilon per epoch and per day, local and for ``release`` among ``asked`` reports
     rounded down to 2 significant digits, the size the worker computes its published
@@ -158,8 +122,7 @@ def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:
                                else report_epsilon_shuffled(q.spec, mech, q.n_stations, n, release,
                                                             passages=q.passages))
     if day:
-        out["epsilon_day_shuffled"] = day_of([(q.spec, mech, q.n_stations, q.span_s, q.passages)], n, release,
-                                             planning.EPOCHS_PER_DAY)["shuffled"]
+        out["epsilon_day_shuffled"] = day_of([q.accounting], n, release, planning.EPOCHS_PER_DAY)["shuffled"]
     return out
 
 

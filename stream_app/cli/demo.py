@@ -23,17 +23,16 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from producers.settings import ReplaySettings
 from schemas.epochs import EPOCH_S, epoch_start
-from schemas.settings import KafkaSettings
+from schemas.settings import KafkaSettings, cache_dir
 
 from ..settings import WorkerSettings
 from ..shuffler.settings import ShufflerSettings
@@ -42,6 +41,7 @@ from .demo_output import output_may_close
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings, demo_query_mechanisms
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, EXIT_UNPUBLISHED, CliError, error_line
 from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
+from .private_dir import private_dir
 from .replay import delivery_failures_message, replay_summary_lines
 from .supervise import HelperFailed, Watch, how_it_ended, log_tail
 
@@ -53,11 +53,14 @@ if TYPE_CHECKING:
 STOP_GRACE_S = 2.0
 #: every line the demo prints, also kept in the output directory (a `| tee` a Ctrl-C ended misses the last ones)
 RUN_LOG = "run.log"
+#: the queries the run answered, saved next to the estimates (``ptt report --queries``)
+QUERIES_FILE = "queries.jsonl"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["RUN_LOG", "Closing", "DemoError", "add_parser", "choose_port", "cut_epoch_note",
+__all__ = ["QUERIES_FILE", "RUN_LOG", "Closing", "DemoError", "add_parser", "choose_port", "cut_epoch_note",
            "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics", "secret_dir",
+           "start_index",
            "unpublished", "write_report"]
 
 
@@ -67,6 +70,9 @@ def add_parser(sub: Any) -> None:
                                    "synthetic day (or a PeMS file), and save the estimates, ground truth and a "
                                    "report into --out when it ends (done, --exit-when-done, or Ctrl-C).")
     add_settings_flags(d, DemoSettings)
+    d.add_argument("--no-shuffler", dest="via_shuffler", action="store_const", const=False,
+                   help="replay straight into the worker's topic, without the shuffler: only the local figure "
+                        "holds (the same as --no-via-shuffler)")
     d.set_defaults(func=run)
 
 
@@ -297,12 +303,14 @@ def read_frames(settings: KafkaSettings, topic: str, idle_timeout_s: float = 1.0
         return []
 
 
-def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], None] | None = None) -> str:
+def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], None] | None = None,
+                 queries: Sequence[Query] = ()) -> str:
     """The report of the saved files (``ptt report``'s defaults), in process; returns one line
     saying what it wrote, or why there is none. The summary is written first and ``say`` told
     of it; the plots follow (about a second each on a busy machine), and a Ctrl-C while they
     are drawn (a KeyboardInterrupt) skips the rest: the line then gives the command that
-    draws them."""
+    draws them. ``queries``: those the run answered (the summary and the plots' titles give a
+    vehicle's whole day across them)."""
     from .. import report
     from .report import read_file
 
@@ -315,14 +323,14 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
     try:
         truth_lines = read_file(str(truth)) if truth.exists() and truth.stat().st_size else None
         _, plots = report.write_report(read_file(str(estimates)), truth_lines, out, where=str(estimates),
-                                       before_plots=before_plots)
+                                       before_plots=before_plots, queries=queries)
     except (CliError, report.ReportError) as exc:
         return f"no report: {error_line('report', str(exc))}"
     except KeyboardInterrupt:
         if not summary.exists():
             return f"none {REPORT_INTERRUPTED}"
         return (f"{summary}; plots skipped {REPORT_INTERRUPTED}: `ptt report --estimates {estimates} --truth {truth} "
-                f"--out {out}` draws them")
+                f"--queries {estimates.parent / QUERIES_FILE} --out {out}` draws them")
     return f"{summary} and {len(plots)} plots in {out}/"
 
 
@@ -347,19 +355,40 @@ def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
     from estimators import plain_words
     from producers.replay import default_fleet, default_queries
 
-    from .analyst import vehicle_day
+    from ..day_figure import vehicle_day
 
     release = (demo.release or ShufflerSettings().release) if demo.via_shuffler else "local"
-    line, epsilon_day = vehicle_day(default_queries(day, default_fleet(day, rs), rs.mechanisms, rs.flow_day_budget),
+    line, epsilon_day = vehicle_day(default_queries(day, default_fleet(day, rs), rs.mechanisms, rs.flow_day_budget,
+                                                    rs.day_budget, cache_dir("plans")),
                                     release)
-    line += "" if demo.via_shuffler else "; --via-shuffler: through the shuffler's release"
+    line += ("" if demo.via_shuffler else
+             f"; --no-shuffler: only this local figure holds (the planned day of {demo.day_budget:g} needs the "
+             "shuffler)")
     return line + "\n" + " " * 12 + plain_words(epsilon_day)
 
 
+def start_index(first_epoch: int, start_s: int) -> int:
+    """The index, in a day starting at ``first_epoch``, of the first epoch at or after ``start_s``
+    seconds past midnight (Pacific).
+
+    >>> from schemas.epochs import epoch_of
+    >>> from datetime import datetime
+    >>> from schemas.epochs import PACIFIC
+    >>> midnight = epoch_of(datetime(2026, 11, 18, tzinfo=PACIFIC))
+    >>> start_index(midnight, 6 * 3600), start_index(midnight + 10, 0), start_index(midnight + 10, 60)
+    (720, 0, 0)
+    """
+    local = epoch_start(first_epoch)
+    into = local.hour * 3600 + local.minute * 60 + local.second
+    return max(0, -(-(start_s - into) // EPOCH_S))
+
+
 def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
-                     enrolled: dict[str, Any] | None = None) -> ReplaySettings:
-    chosen: dict[str, Any] = {"query_mechanisms": demo.query_mechanisms or demo_query_mechanisms(),
-                              "fleet_model": demo.fleet_model}
+                     enrolled: dict[str, Any] | None = None, start_epoch: int = 0) -> ReplaySettings:
+    chosen: dict[str, Any] = {"start_epoch": start_epoch, "fleet_model": demo.fleet_model,
+                              "day_budget": demo.day_budget if demo.plan_day else None,
+                              "flow_day_budget": demo.day_budget,
+                              "query_mechanisms": demo.query_mechanisms or demo_query_mechanisms()}
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,
@@ -371,11 +400,11 @@ def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
 def secret_dir() -> Iterator[Path]:
     """A directory for the run's secrets, owner only (0700), outside the output directory (which
     is for sharing) -- under ``$XDG_RUNTIME_DIR`` (memory, per user) when set, else the system's
-    temporary directory -- and removed when the demo ends, however it ends."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = runtime if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="ptt-demo-", dir=base) as d:
-        yield Path(d)
+    temporary directory -- and removed when the demo ends, however it ends (:mod:`.private_dir`:
+    SIGTERM and SIGHUP end the demo as Ctrl-C does, a forced quit removes it first, a killed
+    demo's is removed by the next)."""
+    with private_dir("ptt-demo-") as d:
+        yield d
 
 
 def _enroll(where: Path, fleet: int) -> dict[str, Any]:
@@ -419,6 +448,10 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     (out / "enrollment-secret").unlink(missing_ok=True)  # where an earlier version of the demo left it
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
+    start = start_index(int(day.epochs[0]), demo.start_s)
+    if start >= day.epochs.size:
+        raise CliError(f"the day has no epoch at or after --start-time {demo.start_time}; give an earlier one")
+    rs_check = _replay_settings(demo, "127.0.0.1:1", start_epoch=start)
     enrolled = _enroll(secrets_at, default_fleet(day, rs_check)) if demo.via_shuffler else {}
     privacy_line = _vehicle_day(demo, rs_check, day)
     ptt = ptt_command()
@@ -519,8 +552,10 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
         print(f"output      {out}/ (logs now; estimates.jsonl, estimates.parquet, truth.jsonl and report/ when "
               "the demo ends)")
         pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"
-        print(f"replaying {source} {pace}; Ctrl-C stops", flush=True)
-        rs = _replay_settings(demo, broker.bootstrap, http_port, enrolled)
+        epochs = min(day.epochs.size - start, demo.max_epochs or day.epochs.size)
+        print(f"replaying {source} from {epoch_start(int(day.epochs[start])):%H:%M}, {epochs:,} epochs "
+              f"({epochs * EPOCH_S / 3600:g} h), {pace}; Ctrl-C stops", flush=True)
+        rs = _replay_settings(demo, broker.bootstrap, http_port, enrolled, start)
         try:
             with watch.interrupting():  # a helper that exits stops the replay within a second
                 summary = replay(rs, progress=True)
@@ -545,7 +580,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                 stop.event.set()
             closing = Closing(0, 0)
             if not summary.interrupted and summary.epochs:
-                replayed = [int(e) for e in day.epochs[:summary.epochs]]
+                replayed = [int(e) for e in day.epochs[start:start + summary.epochs]]
                 queries = read_queries(rs)
                 closing = _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
                                        rollups=expected_rollups(queries, replayed), check=watch.check,
@@ -568,6 +603,8 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
             again = " (Ctrl-C again quits without them)" if stop.requested else ""
             print(f"saving the estimates and the ground truth into {out}/{again}", flush=True)
             counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
+            answered = read_queries(rs)  # the run's queries, for the day figure of summary.txt and the plots
+            (out / QUERIES_FILE).write_text("".join(q.model_dump_json() + "\n" for q in answered))
             frame_values = read_frames(rs, ws.frames_topic)
             # the worker's graceful stop (its producers closed, no error logged) takes about half a second
             terminate_all([shuffler, worker, prom], timeout_s=max(STOP_GRACE_S - (time.monotonic() - asked), 0.1))
@@ -582,7 +619,8 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                   "(one row per query, epoch, station and estimator)", flush=True)
             if counts[ws.estimates_topic]:
                 stop.event.set()  # from here a Ctrl-C raises KeyboardInterrupt: it skips the plots
-                done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True))
+                done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True),
+                                    queries=answered)
                 if REPORT_INTERRUPTED in done:
                     code = EXIT_INTERRUPTED
                 print(f"report      {done}", flush=True)

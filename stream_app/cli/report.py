@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from schemas import Query
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
 
@@ -24,7 +25,7 @@ from .. import report
 from .base import add_settings_flags, settings_from_args
 from .errors import EXIT_BROKER, EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 
-__all__ = ["add_arguments", "add_parser", "read_file", "read_topic", "run"]
+__all__ = ["add_arguments", "add_parser", "read_file", "read_queries_file", "read_topic", "run"]
 
 
 def add_parser(sub: Any) -> None:
@@ -152,6 +153,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--truth", metavar="FILE",
                      help="ground truth, one GroundTruth JSON per line. Without it: the truth topic with "
                           "--from-topic or an explicit --truth-topic, else none")
+    src.add_argument("--queries", metavar="FILE",
+                     help="the queries the run answered, one Query JSON per line (ptt demo's queries.jsonl): the "
+                          "summary and the plots' titles then give a vehicle's whole day across them, for the path "
+                          "the estimates took (the shuffler's release they attest, or local)")
     src.add_argument("--no-truth", action="store_true",
                      help="no ground truth (a real deployment): no coverage or error, only widths and counts")
     src.add_argument("--idle-timeout", type=float, default=3.0, metavar="SECONDS",
@@ -203,7 +208,22 @@ def _truth_source(args: argparse.Namespace) -> str:
     return "topic" if args.from_topic or args.from_frames or getattr(args, "truth_topic", None) else "none"
 
 
+def read_queries_file(path: str) -> list[Query]:
+    """The queries of a JSON-lines file (``ptt demo``'s ``queries.jsonl``); a line that is no
+    query is exit 5, naming it."""
+    out = []
+    for i, line in enumerate(read_file(path), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Query.model_validate_json(line))
+        except ValidationError as exc:
+            raise CliError(f"{path} line {i} is not a query: {exc.errors()[0].get('msg', exc)}", EXIT_INPUT) from exc
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
+    queries = read_queries_file(args.queries) if getattr(args, "queries", None) else None
     selection = report.Selection(frozenset(_flatten(args.query)), frozenset(_flatten(args.station)),
                                  frozenset(_flatten(args.estimator)), frozenset(_flatten(args.span)))
     truth_source = _truth_source(args)
@@ -228,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     try:
         text, plots = report.write_report(raw, truth, out, selection=selection, where=where, stations=args.stations,
-                                          every=args.every or None, with_gls=args.with_gls)
+                                          every=args.every or None, with_gls=args.with_gls, queries=queries)
     except report.ReportError as exc:
         hint = ("; a worker with PTT_ESTIMATE_OUTPUT=frames publishes frames only: read them with --from-frames"
                 if args.from_topic and "(0 records read" in str(exc) else "")

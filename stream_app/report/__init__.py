@@ -35,11 +35,14 @@ pyplot, never a window).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
+from schemas import Query
 from schemas.estimates import Estimate
 
+from ..day_figure import day_title, release_of, vehicle_day
 from .flows import KIND_ORDER, NOISE_WORD, flow_rank, flow_what, good_for, span_adjective
 from .plots import (
     DEFAULT_ESTIMATORS,
@@ -140,7 +143,8 @@ __all__ = [
 def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[bytes | str] | None, out: Path, *,
                  selection: Selection | None = None, where: str = "the estimates", stations: int = 6,
                  every: int | None = None, with_gls: bool = False,
-                 before_plots: Callable[[Path], None] | None = None) -> tuple[str, list[Path]]:
+                 before_plots: Callable[[Path], None] | None = None,
+                 queries: Sequence[Query] | None = None) -> tuple[str, list[Path]]:
     """Read the estimates (JSON lines; ``where`` names them in errors), then the ground truth
     of their stations (``None``: none), and write ``summary.txt`` and ``summary.json``, then
     the plots of the ``stations`` busiest stations (all of ``selection.stations`` if it names
@@ -149,7 +153,9 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
     path)`` is called between the two (the plots take about a second each): whatever stops
     the plots (a KeyboardInterrupt it raises, or one from the plotting) leaves the summary
     written. Returns the summary text and the plots written. :class:`ReportError` when no
-    estimate matches or ``out`` cannot be written."""
+    estimate matches or ``out`` cannot be written. ``queries`` (the queries the run answered):
+    the summary and every plot's title give a vehicle's whole day across them, for the path the
+    estimates took (:mod:`stream_app.day_figure`)."""
     selection = selection or Selection()
     loaded = load_estimates(estimates, selection)
     if not loaded.rows:
@@ -161,11 +167,18 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
     cells = (join(loaded.rows, loaded_truth.truth, loaded_truth.epoch_ids) if loaded_truth is not None
              else join(loaded.rows, None))
     groups = summarize(cells, loaded.own_span)
+    day: dict[str, Any] | None = None
+    title = ""
+    if queries:
+        release = release_of(r.release for r in loaded.rows)
+        line, epsilon = vehicle_day(list(queries), release)
+        day = {"line": line, "epsilon": epsilon, "release": release}
+        title = day_title(epsilon, release)
 
     def write_summary(plots: list[Path]) -> str:
-        text = format_summary(groups, loaded, loaded_truth, plots)
+        text = format_summary(groups, loaded, loaded_truth, plots, day=day)
         (out / "summary.txt").write_text(text)
-        doc = summary_json(groups, loaded, loaded_truth, plots)
+        doc = summary_json(groups, loaded, loaded_truth, plots, day=day)
         (out / "summary.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return text
 
@@ -178,8 +191,9 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
         plots: list[Path] = []
         if stations or selection.stations:  # --stations 0: no plots; the flows first (the span queries' first)
             plots += write_flow_plots(cells, out, chosen, own_span=loaded.own_span, estimators=selection.estimators,
-                                      every=every, busiest=stations)
-        plots += write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every)
+                                      every=every, busiest=stations, day=title)
+        plots += write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every,
+                             day=title)
         if plots:
             text = write_summary(plots)
     except OSError as exc:

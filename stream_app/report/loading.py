@@ -122,6 +122,7 @@ class Row:
     sd: float | None = None
     no_source_data: bool = False  # data_quality "no_source_data": the source had no reading, nothing to score
     span_s: int = EPOCH_S  # 30: one epoch; longer: a flow (a rollup of the query's estimates, or a span query's)
+    release: str | None = None  # the shuffler's release the estimate attests (null: the direct path)
 
     @classmethod
     def of(cls, e: Estimate, starts: dict[tuple[datetime, timedelta | None], datetime] | None = None) -> Row:
@@ -134,7 +135,7 @@ class Row:
                    e.epoch, start, e.station, e.estimate, tuple((b.confidence, b.lower, b.upper) for b in e.bounds),
                    math.inf if e.epsilon is None else e.epsilon,  # null on the wire = infinite
                    e.participants, None if e.withheld is None else sys.intern(e.withheld), e.epsilon_shuffled, e.sd,
-                   e.data_quality == "no_source_data", e.span_s)
+                   e.data_quality == "no_source_data", e.span_s, None if e.release is None else sys.intern(e.release))
 
     @property
     def key(self) -> tuple[str, int, int, int, int, str]:

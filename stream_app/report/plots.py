@@ -192,15 +192,16 @@ def _eps_text(eps: Sequence[float]) -> str:
     return f"{eps[0]:.3g}" if len(eps) == 1 else f"{eps[0]:.3g}\u2013{eps[-1]:.3g}"
 
 
-def plot_series(series: Series, path: Path, overlay: Series | None = None) -> Path:
-    """Draw one Figure-1 style plot (1,200 x 500 px PNG) and return its path."""
+def plot_series(series: Series, path: Path, overlay: Series | None = None, day: str = "") -> Path:
+    """Draw one Figure-1 style plot (1,200 x 500 px PNG) and return its path; ``day``: the run's
+    whole-day figure (:func:`stream_app.day_figure.day_title`), under the title."""
     fig = _figure(FIG_HEIGHT_PX)
     ax = fig.add_subplot()
     _draw(ax, series, overlay)
     _legend(fig, ax, series)
     fig.suptitle(f"Station {series.station} \u2014 query {series.query_id} ({series.mechanism}), "
-                 f"estimator {series.estimator}, \u03b5 = {_eps_text(series.epsilons)} per epoch",
-                 fontsize=13, fontweight="bold")
+                 f"estimator {series.estimator}, \u03b5 = {_eps_text(series.epsilons)} per epoch report"
+                 + (f"\n{day}" if day else ""), fontsize=13, fontweight="bold")
     caveat = sp_caveat(series.mechanism)
     ax.set_title(_facts(series) + ("" if caveat is None else "\n" + textwrap.fill(caveat, 130)), fontsize=10,
                  color="#444444" if series.noise is None else "#b00020")
@@ -319,7 +320,8 @@ def plot_stations(cells: Sequence[Cell], chosen: Iterable[int] | None, n: int) -
 
 
 def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *,
-                estimators: Iterable[str] = (), with_gls: bool = False, every: int | None = None) -> list[Path]:
+                estimators: Iterable[str] = (), with_gls: bool = False, every: int | None = None,
+                day: str = "") -> list[Path]:
     """One PNG per (query, station, estimator drawn) of the epochs (30 s; flows:
     :func:`write_flow_plots`): ``estimators`` if given, else the mechanism's headline estimator
     (:data:`DEFAULT_ESTIMATORS`, or every estimator of a query that has none of those).
@@ -344,7 +346,7 @@ def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *
                 if with_gls and name != OVERLAY_ESTIMATOR and OVERLAY_ESTIMATOR in present[qid]:
                     overlay = series_for(group, qid, station, OVERLAY_ESTIMATOR, s.every)
                 path = out_dir / f"{_safe(qid)}_{station}_{name}.png"
-                written.append(plot_series(s, path, overlay))
+                written.append(plot_series(s, path, overlay, day))
     return written
 
 
@@ -385,7 +387,7 @@ def _flow_kind(span_s: int, own: int, eps: str) -> str:
 
 def write_flow_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *,
                      own_span: Mapping[str, int] | None = None, estimators: Iterable[str] = (),
-                     every: int | None = None, busiest: int = 6) -> list[Path]:
+                     every: int | None = None, busiest: int = 6, day: str = "") -> list[Path]:
     """One PNG per (query, span, estimator drawn) of the flows (spans longer than an epoch: the
     5-minute and hourly rollups, a span query's rows): the ground truth (the sum of the span's
     epochs' truth; a gap where an epoch has none) and the estimate with its 99% and 95% bands,
@@ -422,7 +424,7 @@ def write_flow_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[in
                 continue
             path = out_dir / f"{_safe(qid)}_flows_{span_s}s_{name}.png"
             kind = _flow_kind(span_s, own.get(qid, EPOCH_S), _eps_text(series[0].epsilons))
-            written.append(plot_flows(series, path, kind))
+            written.append(plot_flows(series, path, kind + (f"; {day}" if day else "")))
     return written
 
 

@@ -494,12 +494,10 @@ def _shuffled_words(g: GroupSummary, unit: str) -> str:
     return f"at most {g.epsilon_shuffled:.4g} per {per}, in {g.shuffled_epochs:,} of {g.epochs:,} {unit}s {assumes}"
 
 
-def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
-                   truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> str:
-    """The plain-text summary: what was read, the flows (spans longer than an epoch) in a table
-    with what each is good for, then one block per (query, span, estimator) -- both the span
-    queries' flows first, then the rollups, then the epochs (:func:`flows_first`)."""
-    lines = []
+def _head_lines(estimates: LoadedEstimates | None, truth: LoadedTruth | None,
+                day: Mapping[str, Any] | None) -> list[str]:
+    """The summary's first lines: the run's day figure, what was read, the ground truth."""
+    lines = [] if day is None else [f"privacy: {day['line']}"]
     if estimates is not None:
         lines += _estimates_lines(estimates)
     if truth is not None:
@@ -508,7 +506,17 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
             lines += unestimated_lines(truth.epoch_ids, estimates.rows)
     else:
         lines.append("ground truth: none given (coverage and error not computed)")
-    lines += _flows_table(groups)
+    return lines
+
+
+def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
+                   truth: LoadedTruth | None = None, plots: Sequence[Path] = (),
+                   day: Mapping[str, Any] | None = None) -> str:
+    """The plain-text summary: what was read, the flows (spans longer than an epoch) in a table
+    with what each is good for, then one block per (query, span, estimator) -- both the span
+    queries' flows first, then the rollups, then the epochs (:func:`flows_first`). ``day``: a
+    vehicle's whole day across the run's queries (:mod:`stream_app.day_figure`), its own line."""
+    lines = _head_lines(estimates, truth, day) + _flows_table(groups)
     for g in flows_first(groups):
         eps = ", ".join(f"v{v}: {e:.4g}" for v, e in g.epsilon_by_version.items())
         unit = "epoch" if not g.is_flow else "span"
@@ -552,8 +560,9 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
         if g.left_out:
             lines.append("  not scored               " + "; ".join(f"{n:,} {why}" for why, n in g.left_out.items()))
     if groups:
-        lines += ["", f"privacy: {plain_words()} A vehicle's day figure for these queries: ptt analyst list, or "
-                      f"ptt plan fleet."]
+        lines += ["", f"privacy: {plain_words()} " + ("A vehicle's day figure for these queries: the first line." if day
+                                                      else "A vehicle's day figure for these queries: ptt analyst "
+                                                           "list, or ptt report --queries.")]
     if plots:
         lines += ["", f"plots: {len(plots)} PNG files"]
     return "\n".join(lines) + "\n"
@@ -574,13 +583,15 @@ def sp_caveat(mechanism: str) -> str | None:
 
 
 def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
-                 truth: LoadedTruth | None = None, plots: Sequence[Path] = ()) -> dict[str, Any]:
+                 truth: LoadedTruth | None = None, plots: Sequence[Path] = (),
+                 day: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The summary as a JSON-ready object (``summary.json``): ``groups`` (as
     :meth:`GroupSummary.to_json`; levels are keys like ``"0.95"``; one per query, span and
     estimator, in ``groups``' order; each says ``what`` it is and what it is ``good_for``), ``plots`` (file names),
     ``estimates`` and ``truth`` (what was read; ``truth`` is null without ground truth);
     ``estimates.not_selected`` names the filter that left rows out."""
-    out: dict[str, Any] = {"groups": [g.to_json() for g in groups], "plots": [p.name for p in plots]}
+    out: dict[str, Any] = {"groups": [g.to_json() for g in groups], "plots": [p.name for p in plots],
+                           "vehicle_day": None if day is None else dict(day)}
     if estimates is not None:
         out["estimates"] = {"read": estimates.read, "kept": len(estimates.rows), "duplicates": estimates.duplicates,
                             "filtered_out": estimates.filtered_out, "not_selected": dict(estimates.not_selected),

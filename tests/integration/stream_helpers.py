@@ -457,3 +457,11 @@ def same_values(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b) and type(a) is type(b)
+
+
+#: ``ptt demo`` quick to start, for tests of other things than its defaults: a fleet placed at
+#: random per span (not the trip fleet at the papers' ratio), replayed from midnight, each query
+#: at its own defaults (no joint plan for the day budget: a minute of planning saved)
+QUICK_DEMO = ("--fleet-model", "spans", "--start-time", "00:00", "--no-plan-day")
+#: the same, straight into the worker's topic (no shuffler)
+DIRECT_DEMO = ("--no-shuffler", *QUICK_DEMO)

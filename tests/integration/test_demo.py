@@ -27,6 +27,7 @@ from stream_app.cli.local_broker import free_port
 from tests.paths import ROOT
 
 from ..system_tools import require_tool
+from .stream_helpers import DIRECT_DEMO
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +137,7 @@ def held_defaults() -> Iterator[None]:
 def test_demo_on_busy_default_ports_saves_estimates_and_report(tmp_path: Path, held_defaults: None) -> None:
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "20",  # noqa: S603
-                           "--exit-when-done", "--stations", "4", "--out", str(out)],
+                           "--exit-when-done", "--stations", "4", "--out", str(out), *DIRECT_DEMO],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text
@@ -326,7 +327,7 @@ def test_demo_says_which_records_the_broker_refused(tmp_path: Path) -> None:
     err_path, out_path = tmp_path / "demo.err", tmp_path / "demo.out"
     with err_path.open("w") as err, out_path.open("w") as printed:
         proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0",  # noqa: S603
-                                 "--max-epochs", "2", "--stations", "4", "--out", str(out),
+                                 "--max-epochs", "2", "--stations", "4", "--out", str(out), *DIRECT_DEMO,
                                  "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
                                 stdout=printed, stderr=err, cwd=tmp_path, start_new_session=True,
                                 env={**os.environ, "SCHEMA_REGISTRY": "file://./registry"})
@@ -376,7 +377,7 @@ def test_demo_saves_its_estimates_as_parquet_equal_to_the_rows(tmp_path: Path) -
     out = tmp_path / "ptt-demo-out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "8",  # noqa: S603
                            "--exit-when-done", "--pems-raw", str(raw), "--meta", str(meta), "--out", str(out),
-                           *_own_ports()],
+                           *_own_ports(), *DIRECT_DEMO],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = assert_long_table_is_the_rows(out / "estimates.parquet", out / "estimates.jsonl")

@@ -42,7 +42,7 @@ from tests.slowloris import open_slow, tick
 from tests.system_tools import require_tool
 
 from .kafka_helpers import drain
-from .stream_helpers import same_values, wait_for
+from .stream_helpers import QUICK_DEMO, same_values, wait_for
 from .test_shuffler import ShufflerProcess, _drain_decoded, _hand_fed_query, _send_notes, _setup
 
 pytestmark = pytest.mark.integration
@@ -280,7 +280,7 @@ def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, A
     out = tmp / "out"
     tmp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "20",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *flags,
+                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO, *flags,
                            # the 30-s queries only: an hourly span needs a fleet of its hourly flows (8x)
                            "--query-mechanisms", "alp,unary",
                            "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
@@ -296,8 +296,8 @@ def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path)
     row equals the direct demo's, field for field but ``epsilon_shuffled`` and ``release``
     (null on the direct path, which attests no shuffle) -- counts, participants and reports
     exactly, floats to the last bits (:func:`~tests.integration.stream_helpers.same_values`); nothing withheld."""
-    plain = _demo(tmp_path / "direct")
-    via = _demo(tmp_path / "http", "--via-shuffler", "--transport", "http")
+    plain = _demo(tmp_path / "direct", "--no-shuffler")
+    via = _demo(tmp_path / "http", "--transport", "http")
     from estimators import default_query_mechanisms
 
     estimators = sum(len(get_spec(m).estimator_names) for m in default_query_mechanisms())

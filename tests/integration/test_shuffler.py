@@ -46,7 +46,15 @@ from stream_app.shuffler.state import decided_key, fold, from_kafka
 from tests.devices import signed_json, signed_note
 
 from .kafka_helpers import drain
-from .stream_helpers import WorkerProcess, core_estimates, env_for, pipeline_settings, read_estimates, wait_for
+from .stream_helpers import (
+    QUICK_DEMO,
+    WorkerProcess,
+    core_estimates,
+    env_for,
+    pipeline_settings,
+    read_estimates,
+    wait_for,
+)
 from .test_dashboards import Prometheus
 
 pytestmark = pytest.mark.integration
@@ -601,8 +609,8 @@ def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker:
 def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
     out = tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *flags,
-                           "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
+                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO,
+                           *flags, "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
                           capture_output=True, text=True, timeout=240, cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
@@ -610,16 +618,16 @@ def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], d
 
 
 def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
-    """``ptt demo --via-shuffler`` (the demo starts the shuffler, the replay sends single device
-    reports) publishes for the same seeded fleet the same estimates as the demo without it, under
+    """``ptt demo`` (the demo starts the shuffler, the replay sends single device reports)
+    publishes for the same seeded fleet the same estimates as ``ptt demo --no-shuffler``, under
     the default release (aggregate) and ``--release permuted`` alike: every field of every row --
     ``data_quality`` too (the replay's per-epoch ``SourceEpoch`` carries the stations without a
     source reading through the shuffler), ``reports`` too (per-sensor: the non-default answers,
     pairs or counted) -- except ``epsilon_shuffled`` and ``release`` (null on the direct path,
     which attests no shuffle; through the shuffler its release and that release's epsilon), and
     nothing withheld -- the default queries (ALP, unary RR) and the opt-in Sampling Privacy and RR
-    included. ``--release`` without ``--via-shuffler`` is refused before anything starts."""
-    runs = {"direct": (), "aggregate": ("--via-shuffler",), "permuted": ("--via-shuffler", "--release", "permuted")}
+    included. ``--release`` with ``--no-shuffler`` is refused before anything starts."""
+    runs = {"direct": ("--no-shuffler",), "aggregate": (), "permuted": ("--release", "permuted")}
     got = {}
     for name, flags in runs.items():
         (tmp_path / name).mkdir()
@@ -644,8 +652,9 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     # the case is exercised: 4 station-epochs of the synthetic day's 16 stations have no source reading
     assert Counter(e["data_quality"] for e in plain.values())["no_source_data"] == 4 * 7  # x 7 estimators
     bad = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--release", "aggregate",  # noqa: S603
-                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
-    assert bad.returncode == 2 and "--via-shuffler" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+                          "--no-shuffler", "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert bad.returncode == 2 and "--no-shuffler" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     assert not (tmp_path / "bad").exists()
 
 

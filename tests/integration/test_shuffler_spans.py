@@ -23,7 +23,7 @@ from producers.settings import ReplaySettings
 from stream_app.estimate import round_down_2sig
 from stream_app.settings import WorkerSettings
 
-from .stream_helpers import same_values
+from .stream_helpers import QUICK_DEMO, same_values
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def _start_demo(tmp: Path, *flags: str) -> subprocess.Popen[str]:
     tmp.mkdir()
     return subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0",  # noqa: S603
                              "--max-epochs", str(EPOCHS), "--exit-when-done", "--stations", "16",
-                             "--out", str(tmp / "out"), "--query-mechanisms", MECHANISMS, *flags],
+                             "--out", str(tmp / "out"), "--query-mechanisms", MECHANISMS, *QUICK_DEMO, *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
 
 
@@ -65,8 +65,8 @@ def test_a_span_query_through_the_shuffler_is_released_once_per_span_with_its_sp
     ``interrupted`` (the demo does not wait for it in vain); and every row, the 30-s query's
     too, equals the direct demo's of the same seed but ``epsilon_shuffled`` and ``release``."""
     started = time.monotonic()
-    direct = _start_demo(tmp_path / "direct")
-    via = _start_demo(tmp_path / "via", "--via-shuffler")
+    direct = _start_demo(tmp_path / "direct", "--no-shuffler")
+    via = _start_demo(tmp_path / "via")
     rs = ReplaySettings(synthetic_stations=16, data_dir=tmp_path / "data", query_mechanisms=MECHANISMS)
     day = load_day(rs)  # the demo's day and queries, from the same settings (planned while the demos run)
     fleet = default_fleet(day, rs)

@@ -1,6 +1,7 @@
-"""The house's size limits (docs/layout.md): no module of the four packages is longer than
-600 lines, and no function of the worker's runtime (``stream_app/app.py``: read, call the pure
-parts, write, emit) is longer than 40."""
+"""The house's size limits (docs/layout.md): no function of the four packages is longer than 60
+lines, except the few named below with why (each held at its length today: it may shrink, not
+grow), and no function of the worker's runtime (``stream_app/app.py``: read, call the pure parts,
+write, emit) is longer than 40. Files split where their ideas split, not at a line count."""
 
 from __future__ import annotations
 
@@ -9,14 +10,55 @@ import ast
 from tests.paths import ROOT
 
 PACKAGES = ("estimators", "schemas", "producers", "stream_app")
-MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
 MAX_APP_FUNCTION_LINES = 40
 
+#: the functions allowed over MAX_FUNCTION_LINES, at most this long, and why (open work: split them)
+LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
+    "stream_app/cli/demo.py::_run_demo": (215, "the demo's start, replay, wait and save in order: to become a "
+                                               "list of helper processes (one way to run a process)"),
+    "producers/replay.py::_run_epochs": (171, "the replay's epoch loop with its transports inline: to become a "
+                                              "pure epoch_outputs and a Transport per path"),
+    "producers/replay.py::replay": (106, "the replay's set-up: to become a frozen plan built once"),
+    "estimators/planning.py::plan": (148, "ptt plan's figures, one mechanism's every figure in one dict (the "
+                                          "--json contract)"),
+    "producers/synthetic.py::write_synthetic_day": (126, "the synthetic day's generator, one vectorised pass"),
+    "producers/pems/fast.py::fast_chunk": (105, "the PeMS parser's hot loop, kept in one frame for speed"),
+    "estimators/fleet.py::fleet_plan": (93, "the day budget's split and its check, then the plan fleet --json "
+                                            "contract"),
+    "stream_app/windows.py::apply": (91, "the window policy's one transition function, every event kind"),
+    "stream_app/shuffler/columns.py::decode_batch": (88, "the device batch decoder, one vectorised pass"),
+    "stream_app/subscribe.py::subscribe": (81, "ptt subscribe's read loop"),
+    "producers/pems/decimals.py::_short_decimals": (70, "the PeMS parser's decimal fast path"),
+    "stream_app/report/plots.py::series_for": (68, "one plot's series, every kind of row"),
+    "stream_app/shuffler/front_door.py::_serve": (65, "the front door's request loop"),
+    "stream_app/metrics.py::__init__": (61, "the monitor declares every metric family in one place"),
+}
 
-def test_no_module_is_longer_than_600_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+def _function_lengths() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for n in ast.walk(ast.parse(path.read_text())):
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno is not None:
+                    key = f"{path.relative_to(ROOT)}::{n.name}"
+                    out[key] = max(out.get(key, 0), n.end_lineno - n.lineno + 1)
+    return out
+
+
+def test_no_function_is_longer_than_60_lines_but_the_named_ones() -> None:
+    long = {k: n for k, n in _function_lengths().items()
+            if n > LONG_FUNCTIONS.get(k, (MAX_FUNCTION_LINES, ""))[0]}
+    assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (or over their named length): {long}; split them "
+                      "where their ideas split")
+
+
+def test_every_named_long_function_still_exists_and_is_long() -> None:
+    """The list shrinks as functions are split: a name that is gone or short again is taken off."""
+    lengths = _function_lengths()
+    stale = [k for k in LONG_FUNCTIONS if lengths.get(k, 0) <= MAX_FUNCTION_LINES]
+    assert not stale, f"take these off LONG_FUNCTIONS (gone, or within {MAX_FUNCTION_LINES} lines now): {stale}"
 
 
 def test_no_function_of_the_worker_runtime_is_longer_than_40_lines() -> None:
