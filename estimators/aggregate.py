@@ -50,12 +50,13 @@ import numpy as np
 from ._types import FloatArray
 from .shuffle import Pld, compose
 
-__all__ = ["EXACT_NOTE", "FALLBACK_NOTE", "StationCurves", "binary_rates", "compose_epoch", "connect_the_dots",
-           "count_window", "covering_ks", "default_stride", "epoch_plds", "epsilon_of", "hockey_rows", "loss_grid",
-           "station_pld", "station_profiles"]
+__all__ = ["BLANKET_NOTE", "EXACT_NOTE", "FALLBACK_NOTE", "StationCurves", "binary_rates", "compose_epoch",
+           "connect_the_dots", "count_window", "covering_ks", "default_stride", "epoch_plds", "epsilon_of",
+           "hockey_rows", "loss_grid", "station_pld", "station_profiles"]
 
-EXACT_NOTE = ("exact: the counts' privacy-loss distribution, worst case over the other devices' data (k-ary RR's "
-              "histogram: through the privacy blanket, an upper bound)")
+EXACT_NOTE = "exact: the counts' privacy-loss distribution, worst case over the other devices' data"
+#: k-ary RR's histogram: one PLD through the privacy blanket
+BLANKET_NOTE = "the histogram's privacy-loss distribution through the privacy blanket: an upper bound"
 FALLBACK_NOTE = ("the clone bound of the permuted release (valid for the counts by post-processing); "
                  "no exact accounting of this mechanism's counts yet")
 

@@ -191,6 +191,7 @@ class EpochAccount:
     day_cap: int | None = None
     stations: tuple[shuffle.Pld, ...] = ()
     pair: float = math.inf
+    blanket: bool = False  # k-ary RR's histogram: through the privacy blanket (an upper bound), not exact
 
     def parts(self, releases: int = 1) -> list[tuple[shuffle.Pld, int]]:
         """``(pld, times)`` of ``releases`` releases composed (at most what the day cap allows)."""
@@ -219,7 +220,9 @@ class EpochAccount:
             return NO_BOUND_NOTE
         if self.release == "permuted":
             return "the clone bound of the permuted release"
-        return aggregate.EXACT_NOTE if self.exact else aggregate.FALLBACK_NOTE
+        if not self.exact:
+            return aggregate.FALLBACK_NOTE
+        return aggregate.BLANKET_NOTE if self.blanket else aggregate.EXACT_NOTE
 
 
 # a span report's epsilon above this is charged its pure-DP PLD, not the clone bound: at 47,719 devices the
@@ -403,7 +406,8 @@ def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int,
     def account(plds: tuple[shuffle.Pld, ...], exact: bool, counts: tuple[int, ...] = (),
                 stations: tuple[shuffle.Pld, ...] = ()) -> EpochAccount:
         return EpochAccount(release, plds, exact, local, counts, span_s, passages,
-                            min(2 * passages, n_stations) if spec.per_sensor else 2, day_cap, stations, pair)
+                            min(2 * passages, n_stations) if spec.per_sensor else 2, day_cap, stations, pair,
+                            blanket=exact and not spec.per_sensor)
 
     if passages > 1:
         round_eps = span_round_epsilons(spec, mech, n_stations, passages)
