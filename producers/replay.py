@@ -85,7 +85,7 @@ from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_sign
 from .synthetic import write_synthetic_day
 from .trip_spans import ProducerTrips
 from .trip_stats import DEFAULT_CAPS, PassageDistribution, cap_summary
-from .trips import default_fleet_size
+from .trips import default_fleet_size, trip_fleet_need
 
 __all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "check_broker", "default_fleet",
            "default_queries", "planned_flow_params",
@@ -131,8 +131,9 @@ def fleet_size_for(day: TrafficDay, settings: ReplaySettings, spans: Iterable[in
     ``span_s``) the largest span flow of a station with room (:func:`producers.spans.fleet_need`);
     grown by query expansion."""
     need, why = fleet_need(day.epochs, day.flows, settings.producers, () if settings.fleet_model == "trips" else spans)
-    if settings.fleet_model == "trips" and settings.fleet_size is None:  # the papers' vehicles per passage
-        need = max(need, default_fleet_size(int(np.where(day.has_truth, day.flows, 0).sum())))
+    if settings.fleet_model == "trips" and settings.fleet_size is None:  # the papers' vehicles per passage,
+        passages = np.where(day.has_truth, day.flows, 0).sum(axis=1)  # or the peak hour's trips if more
+        need = max(need, default_fleet_size(int(passages.sum())), trip_fleet_need(passages))
     size = settings.fleet_size if settings.fleet_size is not None else need
     if size < need:
         raise FleetTooSmall(f"--fleet-size {size} is smaller than {why}")
@@ -512,7 +513,8 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     spans = {q.span_s for q in have.values()}
     fleet = fleet_size_for(day, settings, spans)
     basis = (fleet_need(day.epochs, day.flows, settings.producers, spans)[1] if settings.fleet_model == "spans" else
-             "the papers' vehicles per passage, vehicles driving trips all day (whatever the queries)")
+             "the papers' vehicles per passage or, if more, the peak hour's trips; vehicles driving trips all day "
+             "(whatever the queries)")
     _check_enrolled(settings, fleet)
     settings = settings.model_copy(update={"fleet_size": fleet})
     total = day.epochs.size - settings.start_epoch

@@ -72,7 +72,7 @@ from .corridors import Corridors
 from .fleet import FleetTooSmall
 
 __all__ = ["PAPERS_VEHICLES", "SYNTHETIC_3220_PASSAGES", "EpochPassages", "FleetTooSmall", "TripFleet",
-           "default_fleet_size", "usable_counts"]
+           "default_fleet_size", "trip_fleet_need", "usable_counts"]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -93,6 +93,24 @@ def default_fleet_size(total_passages: int) -> int:
     (10047719, 59027)
     """
     return max(1, round(total_passages * PAPERS_VEHICLES / SYNTHETIC_3220_PASSAGES))
+
+
+def trip_fleet_need(total_passages: npt.ArrayLike, min_rest_s: int = 3600, slack_epochs: int = 20) -> int:
+    """The fewest vehicles the trip model can drive a day with, ``total_passages`` per epoch (all
+    stations): a trip holds its vehicle while it drives and ``min_rest_s`` after, and starts with
+    a passage, so no more trips start in any window of the rest (and ``slack_epochs`` of
+    driving) than the window's passages: that many vehicles, and 5% more for the draws.
+    Monitoring a few stations of a district, a vehicle passes one of them a day or so, not the
+    papers' 17: the papers' vehicles per passage is then too few for the peak hour.
+
+    >>> trip_fleet_need([10] * 200, min_rest_s=600)  # 20 + 20 epochs of 10 passages, and 5%
+    420
+    """
+    per_epoch = np.asarray(total_passages, np.int64).ravel()
+    window = -(-int(min_rest_s) // EPOCH_S) + int(slack_epochs)
+    cum = np.concatenate([[0], np.cumsum(per_epoch)])
+    busiest = int((cum[window:] - cum[:-window]).max()) if per_epoch.size > window else int(cum[-1])
+    return -(-busiest * 105 // 100)
 
 
 def usable_counts(flows: npt.ArrayLike, has_truth: npt.ArrayLike | None = None) -> IntArray:

@@ -27,6 +27,7 @@ from producers.trips import (
     EpochPassages,
     TripFleet,
     default_fleet_size,
+    trip_fleet_need,
     usable_counts,
 )
 
@@ -242,3 +243,23 @@ def test_counts_without_data_are_zero() -> None:
     assert got.tolist() == [[5, 0, 0, 0]] and got.dtype == np.int64
     with pytest.raises(ValueError, match="stations"):
         TripFleet(np.zeros((2, 3)), build_corridors(np.arange(2), {}))
+
+
+def test_a_few_stations_need_the_peak_hours_trips_not_the_papers_ratio(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Four stations scattered over a district (each its own corridor): a vehicle passes about one
+    of them a trip, so the papers' vehicles per passage (17 passages a vehicle a day) cannot
+    drive the morning peak -- every vehicle is on a trip or resting its hour -- while
+    :func:`trip_fleet_need`'s fleet drives the whole day (a bound with room: a little fewer may
+    do)."""
+    sd = write_synthetic_day(tmp_path_factory.mktemp("few"), n_stations=4, seed=2026)
+    few = read_station_raw(sd.raw_path)
+    counts = counts_of(few)
+    lone = build_corridors(few.stations, {int(s): StationMeta(int(s), str(j), "N", lane_type="ML", abs_postmile=0.0)
+                                          for j, s in enumerate(few.stations)})
+    need = trip_fleet_need(counts.sum(axis=1))
+    assert default_fleet_size(int(counts.sum())) < need
+    with pytest.raises(FleetTooSmall):
+        drive(TripFleet(counts, lone, default_fleet_size(int(counts.sum())), seed=3))
+    d = drive(TripFleet(counts, lone, need, seed=3))
+    assert int(d.counts.sum()) == int(counts.sum())
