@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The main job: embedded broker + replay of the synthetic day (DEMO_ARGS to change, e.g.
+# The main job: embedded broker + shuffler + worker + replay of the synthetic day (DEMO_ARGS to change, e.g.
 # DEMO_ARGS="--speed 0 --max-epochs 120"). `make plan` prints the planner at the papers' settings.
 # Ctrl-C is the demo's normal end: it saves, stops and exits 130 (a clean stop). The recipe's
 # shell waits for it (the trap keeps the shell alive; the demo still gets the default SIGINT)
@@ -53,7 +53,7 @@ run: setup
 plan: $(STAMP)  # the papers' settings: about 40 s on a busy 2-core machine
 	$(BIN)/ptt plan sp --population 47719 --expected-yes 100 --stations 3220
 	@echo
-	$(BIN)/ptt plan alp --population 48719 --expected-yes 100
+	$(BIN)/ptt plan alp --population 47719 --expected-yes 100 --stations 3220
 	@echo
 	$(BIN)/ptt plan alp --population 10047719 --expected-yes 100 --param pisNo=0.000025
 

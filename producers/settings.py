@@ -76,8 +76,9 @@ class ReplaySettings(EnrollmentSettings):
     producers: int = Field(default=1, ge=1, le=64, description="producer processes sharing the fleet")
     batch_size: int = Field(default=20_000, ge=1, description="reports per Kafka record")
     truth: bool = Field(default=True, description="publish ground truth on the evaluation topic")
-    device_epsilon_limit: float = Field(default=10.0, gt=0, description="a device refuses a query whose epsilon "
-                                                                      "per epoch exceeds this")
+    device_epsilon_limit: float = Field(default=10.0, gt=0, description="a device refuses a query whose local "
+                                        "epsilon per 30-s epoch exceeds this: a 30-s report's epsilon, a span "
+                                        "report's divided by the epochs its span covers (an hourly report: by 120)")
     device_daily_budget: float | None = Field(default=None, gt=0, description="a device's daily privacy budget: a "
                                               "query whose next epoch would take the day's composed epsilon over "
                                               "it is refused (default: none)")

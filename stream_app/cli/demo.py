@@ -453,6 +453,9 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
         raise CliError(f"the day has no epoch at or after --start-time {demo.start_time}; give an earlier one")
     rs_check = _replay_settings(demo, "127.0.0.1:1", start_epoch=start)
     enrolled = _enroll(secrets_at, default_fleet(day, rs_check)) if demo.via_shuffler else {}
+    if demo.plan_day:
+        print(f"planning    the queries together for a whole day of {demo.day_budget:g} (ptt plan fleet "
+              "--day-budget: a minute or more the first time on a busy machine, then remembered)", flush=True)
     privacy_line = _vehicle_day(demo, rs_check, day)
     ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None
