@@ -64,6 +64,7 @@ from schemas.kafka_io import (
 )
 from schemas.settings import cache_dir
 
+from .corridors import build_corridors
 from .devices import KIND_HEADER, DeviceRequests, device_records, send_device_reports, send_source_epoch
 from .fleet import (
     Device,
@@ -132,8 +133,9 @@ def fleet_size_for(day: TrafficDay, settings: ReplaySettings, spans: Iterable[in
     grown by query expansion."""
     need, why = fleet_need(day.epochs, day.flows, settings.producers, () if settings.fleet_model == "trips" else spans)
     if settings.fleet_model == "trips" and settings.fleet_size is None:  # the papers' vehicles per passage,
-        passages = np.where(day.has_truth, day.flows, 0).sum(axis=1)  # or the peak hour's trips if more
-        need = max(need, default_fleet_size(int(passages.sum())), trip_fleet_need(passages))
+        counts = np.where(day.has_truth, day.flows, 0)  # or what the peak hour's trips need, if more
+        need = max(need, default_fleet_size(int(counts.sum())),
+                   trip_fleet_need(counts, build_corridors(day.stations, day.meta)))
     size = settings.fleet_size if settings.fleet_size is not None else need
     if size < need:
         raise FleetTooSmall(f"--fleet-size {size} is smaller than {why}")

@@ -60,6 +60,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -95,22 +96,37 @@ def default_fleet_size(total_passages: int) -> int:
     return max(1, round(total_passages * PAPERS_VEHICLES / SYNTHETIC_3220_PASSAGES))
 
 
-def trip_fleet_need(total_passages: npt.ArrayLike, min_rest_s: int = 3600, slack_epochs: int = 20) -> int:
-    """The fewest vehicles the trip model can drive a day with, ``total_passages`` per epoch (all
-    stations): a trip holds its vehicle while it drives and ``min_rest_s`` after, and starts with
-    a passage, so no more trips start in any window of the rest (and ``slack_epochs`` of
-    driving) than the window's passages: that many vehicles, and 5% more for the draws.
-    Monitoring a few stations of a district, a vehicle passes one of them a day or so, not the
-    papers' 17: the papers' vehicles per passage is then too few for the peak hour.
+def trip_fleet_need(counts: npt.ArrayLike, corridors: Corridors, min_rest_s: int = 3600,
+                    mean_trip_miles: float = 10.0, slack_epochs: int = 20) -> int:
+    """About the fewest vehicles :class:`TripFleet` can drive the day of ``counts`` (``(epochs,
+    stations)``) with: a trip holds its vehicle while it drives and ``min_rest_s`` after, so the
+    fleet must hold the trips that start in any window of the rest (and ``slack_epochs`` of
+    driving). A passage starts a trip unless it continues one from the corridor's previous
+    station (the share that stays on, as the fleet draws it); that many vehicles, and a tenth
+    more. Monitoring a few scattered stations of a district, nearly every passage starts a trip,
+    so the papers' vehicles per passage (17 passages a vehicle a day over 3,220 stations) is too
+    few for the peak hour; over dense corridors it is plenty.
 
-    >>> trip_fleet_need([10] * 200, min_rest_s=600)  # 20 + 20 epochs of 10 passages, and 5%
-    420
+    >>> from producers.corridors import build_corridors
+    >>> from producers.pems import StationMeta
+    >>> lone = build_corridors([1, 2], {1: StationMeta(1, "5", "N", lane_type="ML", abs_postmile=0.0),
+    ...                                 2: StationMeta(2, "10", "W", lane_type="ML", abs_postmile=0.0)})
+    >>> trip_fleet_need([[5, 5]] * 200, lone, min_rest_s=600)  # 40 epochs of 10 trip starts, and a tenth
+    440
     """
-    per_epoch = np.asarray(total_passages, np.int64).ravel()
+    c = usable_counts(counts).astype(np.float64)
+    arriving = np.zeros_like(c)
+    has_next = corridors.next_station >= 0
+    stay = np.where(has_next, np.exp(-corridors.link_miles / float(mean_trip_miles)), 0.0)
+    for tt in np.unique(corridors.travel_epochs[has_next]).tolist():
+        src = np.flatnonzero(has_next & (corridors.travel_epochs == tt))
+        if 0 < tt < c.shape[0]:
+            np.add.at(arriving, (slice(tt, None), corridors.next_station[src]), c[:-tt, src] * stay[src])
+    starts = np.maximum(c - arriving, 0.0).sum(axis=1)
     window = -(-int(min_rest_s) // EPOCH_S) + int(slack_epochs)
-    cum = np.concatenate([[0], np.cumsum(per_epoch)])
-    busiest = int((cum[window:] - cum[:-window]).max()) if per_epoch.size > window else int(cum[-1])
-    return -(-busiest * 105 // 100)
+    cum = np.concatenate([[0.0], np.cumsum(starts)])
+    busiest = float((cum[window:] - cum[:-window]).max()) if starts.size > window else float(cum[-1])
+    return int(math.ceil(round(busiest * 1.1, 6)))
 
 
 def usable_counts(flows: npt.ArrayLike, has_truth: npt.ArrayLike | None = None) -> IntArray:

@@ -257,9 +257,19 @@ def test_a_few_stations_need_the_peak_hours_trips_not_the_papers_ratio(
     counts = counts_of(few)
     lone = build_corridors(few.stations, {int(s): StationMeta(int(s), str(j), "N", lane_type="ML", abs_postmile=0.0)
                                           for j, s in enumerate(few.stations)})
-    need = trip_fleet_need(counts.sum(axis=1))
+    need = trip_fleet_need(counts, lone)
     assert default_fleet_size(int(counts.sum())) < need
     with pytest.raises(FleetTooSmall):
         drive(TripFleet(counts, lone, default_fleet_size(int(counts.sum())), seed=3))
     d = drive(TripFleet(counts, lone, need, seed=3))
     assert int(d.counts.sum()) == int(counts.sum())
+
+
+def test_over_dense_corridors_the_papers_ratio_is_plenty(day: TrafficDay, corridors: Corridors) -> None:
+    """Two corridors of 15 stations half a mile apart: most passages continue a trip, so the
+    need is far below the passages of the peak hour, and the fleet it names drives the day."""
+    counts = counts_of(day)
+    need = trip_fleet_need(counts, corridors)
+    hour = np.convolve(counts.sum(axis=1), np.ones(HOUR + 20, np.int64), "valid").max()
+    assert need < hour / 2
+    assert int(drive(TripFleet(counts, corridors, need, seed=3)).counts.sum()) == int(counts.sum())
