@@ -205,17 +205,22 @@ def _fit_family(spec: MechanismSpec, fam: Family, n_stations: int, population: i
                     and sign * (v - loose_end) >= 0]
             chosen = min(fits, key=lambda v: sign * v)  # the least private evaluated member that fits
     else:
-        best: tuple[float, float] | None = None
+        # the member of least sd that fits: the sds first (cheap), then the days (a composition
+        # each) in order of sd, up to the first that fits -- the same choice as trying them all
+        sds: list[tuple[float, float]] = []
         for value in fam.grid:
             try:
                 mech = spec.build(_params(spec, fam, value), n_stations)
             except PlanError:
                 continue
+            sds.append((headline_sd(spec, mech, expected_yes, population), value))
+        best: tuple[float, float] | None = None
+        for sd, value in sorted(sds):
             d = day_of(value)
-            sd = headline_sd(spec, mech, expected_yes, population)
             tried.append({fam.param: value, "epsilon_day": d, "sd": sd})
-            if d <= budget and (best is None or sd < best[1]):
+            if d <= budget:
                 best = (value, sd)
+                break
         if best is None:
             return {"fits": False, "search": fam.why, "tried": tried,
                     "why": "no member of the family fits the budget"}
