@@ -515,8 +515,7 @@ def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
     spans = {q.span_s for q in have.values()}
     fleet = fleet_size_for(day, settings, spans)
     basis = (fleet_need(day.epochs, day.flows, settings.producers, spans)[1] if settings.fleet_model == "spans" else
-             "the papers' vehicles per passage or, if more, the peak hour's trips; vehicles driving trips all day "
-             "(whatever the queries)")
+             "the papers' vehicles per passage or the peak hour's trips, if more; vehicles drive trips all day")
     _check_enrolled(settings, fleet)
     settings = settings.model_copy(update={"fleet_size": fleet})
     total = day.epochs.size - settings.start_epoch

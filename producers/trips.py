@@ -121,7 +121,8 @@ def trip_fleet_need(counts: npt.ArrayLike, corridors: Corridors, min_rest_s: int
     for tt in np.unique(corridors.travel_epochs[has_next]).tolist():
         src = np.flatnonzero(has_next & (corridors.travel_epochs == tt))
         if 0 < tt < c.shape[0]:
-            np.add.at(arriving, (slice(tt, None), corridors.next_station[src]), c[:-tt, src] * stay[src])
+            rows = np.arange(tt, c.shape[0])[:, None]
+            np.add.at(arriving, (rows, corridors.next_station[src][None, :]), c[:-tt, src] * stay[src])
     starts = np.maximum(c - arriving, 0.0).sum(axis=1)
     window = -(-int(min_rest_s) // EPOCH_S) + int(slack_epochs)
     cum = np.concatenate([[0.0], np.cumsum(starts)])

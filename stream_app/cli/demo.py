@@ -53,15 +53,17 @@ if TYPE_CHECKING:
 STOP_GRACE_S = 2.0
 #: every line the demo prints, also kept in the output directory (a `| tee` a Ctrl-C ended misses the last ones)
 RUN_LOG = "run.log"
+#: from this many stations the demo's worker publishes estimate frames only (docs/operations.md:
+#: a 3,220-station day of rows is ~32 GB); the report is then drawn from ``estimates.parquet``
+FRAMES_ONLY_STATIONS = 500
 #: the queries the run answered, saved next to the estimates (``ptt report --queries``)
 QUERIES_FILE = "queries.jsonl"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["QUERIES_FILE", "RUN_LOG", "Closing", "DemoError", "add_parser", "choose_port", "cut_epoch_note",
-           "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics", "secret_dir",
-           "start_index",
-           "unpublished", "write_report"]
+__all__ = ["FRAMES_ONLY_STATIONS", "QUERIES_FILE", "RUN_LOG", "Closing", "DemoError", "add_parser", "choose_port",
+           "cut_epoch_note", "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics",
+           "secret_dir", "start_index", "unpublished", "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -322,7 +324,9 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
 
     try:
         truth_lines = read_file(str(truth)) if truth.exists() and truth.stat().st_size else None
-        _, plots = report.write_report(read_file(str(estimates)), truth_lines, out, where=str(estimates),
+        rows = (report.estimates_of_long_table(estimates) if estimates.suffix == ".parquet"
+                else read_file(str(estimates)))
+        _, plots = report.write_report(rows, truth_lines, out, where=str(estimates),
                                        before_plots=before_plots, queries=queries)
     except (CliError, report.ReportError) as exc:
         return f"no report: {error_line('report', str(exc))}"
@@ -332,6 +336,13 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
         return (f"{summary}; plots skipped {REPORT_INTERRUPTED}: `ptt report --estimates {estimates} --truth {truth} "
                 f"--queries {estimates.parent / QUERIES_FILE} --out {out}` draws them")
     return f"{summary} and {len(plots)} plots in {out}/"
+
+
+def _report(estimates: Path, truth: Path, out: Path, queries: Sequence[Query], code: int) -> int:
+    """The report of the saved run, said in one line; the exit code (130 if a Ctrl-C cut it)."""
+    done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True), queries=queries)
+    print(f"report      {done}", flush=True)
+    return EXIT_INTERRUPTED if REPORT_INTERRUPTED in done else code
 
 
 def cut_epoch_note(replayed: int, truth_epochs: int) -> str:
@@ -388,7 +399,7 @@ def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
     chosen: dict[str, Any] = {"start_epoch": start_epoch, "fleet_model": demo.fleet_model,
                               "day_budget": demo.day_budget if demo.plan_day else None,
                               "flow_day_budget": demo.day_budget,
-                              "query_mechanisms": demo.query_mechanisms or demo_query_mechanisms()}
+                              "query_mechanisms": demo.query_mechanisms or demo_query_mechanisms(demo.fleet_model)}
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,
@@ -448,6 +459,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     (out / "enrollment-secret").unlink(missing_ok=True)  # where an earlier version of the demo left it
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
+    frames_only = day.stations.size >= FRAMES_ONLY_STATIONS
     start = start_index(int(day.epochs[0]), demo.start_s)
     if start >= day.epochs.size:
         raise CliError(f"the day has no epoch at or after --start-time {demo.start_time}; give an earlier one")
@@ -474,7 +486,8 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
         worker_log = out / "worker.log"
         for attempt in range(3):  # a default port can be taken between the check and the worker's bind
             ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
-                                worker_dir=out / "worker", estimate_output="both", instance_token=token)
+                                worker_dir=out / "worker", instance_token=token,
+                                estimate_output="frames" if frames_only else "both")
             with worker_log.open("wb") as log:
                 worker = started = subprocess.Popen(  # noqa: S603
                     [sys.executable, "-m", "stream_app.cli", "worker"], env={**os.environ, **ws.to_env()}, stdout=log,
@@ -615,23 +628,21 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
             stopped_children = True
             table = out / "estimates.parquet"  # written with every helper gone (pyarrow: ~0.5 s under load)
             frames = write_frames(frame_values, table, "parquet")
-            print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates} and "
-                  f"{counts[rs.truth_topic]:,} ground-truth epochs to {truth}"
+            published = frames.rows if frames_only else counts[ws.estimates_topic]
+            print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates}"
+                  + (f" (at {day.stations.size:,} stations the worker publishes frames only)" if frames_only else "")
+                  + f" and {counts[rs.truth_topic]:,} ground-truth epochs to {truth}"
                   f"{cut_epoch_note(summary.epochs, counts[rs.truth_topic])}", flush=True)
-            print(f"saved the same {frames.rows:,} estimates from {frames.frames:,} estimate frames to {table} "
-                  "(one row per query, epoch, station and estimator)", flush=True)
-            if counts[ws.estimates_topic]:
+            print(f"saved {'the same ' if not frames_only else ''}{frames.rows:,} estimates from {frames.frames:,} "
+                  f"estimate frames to {table} (one row per query, epoch, station and estimator)", flush=True)
+            if published:
                 stop.event.set()  # from here a Ctrl-C raises KeyboardInterrupt: it skips the plots
-                done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True),
-                                    queries=answered)
-                if REPORT_INTERRUPTED in done:
-                    code = EXIT_INTERRUPTED
-                print(f"report      {done}", flush=True)
+                code = _report(table if frames_only else estimates, truth, out, answered, code)
             else:
                 print("report      none (no estimate was published yet)", flush=True)
             print(f"log         {out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",
                   flush=True)
-            code, missing = unpublished(closing, code, counts[ws.estimates_topic])
+            code, missing = unpublished(closing, code, published)
             if missing is not None:
                 print(missing, file=sys.stderr, flush=True)
         return code

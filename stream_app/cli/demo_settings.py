@@ -112,12 +112,14 @@ class DemoSettings(BaseSettings):
         return self
 
 
-def demo_query_mechanisms() -> str:
+def demo_query_mechanisms(fleet_model: str = "trips") -> str:
     """The demo's queries when none are chosen: ``PTT_QUERY_MECHANISMS``, else hourly flows by
     symmetric unary RR, each vehicle naming at most 40 passages a day (``unary@3600//40``), and
     the mission's 30-s counts by ALP's averaged Yes/bottom estimator (``alp``), planned together
     for the demo's ``--day-budget``: where a 30-s count is noise at that budget, an hour's flow
-    is traffic."""
+    is traffic. A fleet that does not drive all day (``spans``) cannot keep a day cap: its
+    hourly flows then have none."""
     import os
 
-    return os.environ.get("PTT_QUERY_MECHANISMS") or "unary@3600//40,alp"
+    return os.environ.get("PTT_QUERY_MECHANISMS") or ("unary@3600//40,alp" if fleet_model == "trips" else
+                                                       "unary@3600,alp")

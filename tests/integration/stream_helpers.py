@@ -460,8 +460,11 @@ def same_values(a: Any, b: Any) -> bool:
 
 
 #: ``ptt demo`` quick to start, for tests of other things than its defaults: a fleet placed at
-#: random per span (not the trip fleet at the papers' ratio), replayed from midnight, each query
-#: at its own defaults (no joint plan for the day budget: a minute of planning saved)
-QUICK_DEMO = ("--fleet-model", "spans", "--start-time", "00:00", "--no-plan-day")
+#: random per span (not the trip fleet of the peak hour), replayed from midnight, the queries
+#: it asked before the day budget (30-s ALP and unary RR, hourly flows), each at its own
+#: defaults (no joint plan for the day budget: a minute of planning saved). A test's own
+#: ``--query-mechanisms`` goes after these.
+QUICK_DEMO = ("--fleet-model", "spans", "--start-time", "00:00", "--no-plan-day",
+              "--query-mechanisms", "alp,unary,unary@3600")
 #: the same, straight into the worker's topic (no shuffler)
 DIRECT_DEMO = ("--no-shuffler", *QUICK_DEMO)
