@@ -415,6 +415,47 @@ def _withheld_count(text: str, qid: str) -> float:
     return sum(_withheld_by_code(text, qid).values())
 
 
+# A restarted worker's waits have no fixed deadline: on 2 cores at load ~10 (two busy loops and
+# other tests) the same steps took 2-3x longer than on a quiet machine, and its event loop ran
+# one batch for 5-9 s (Faust's timers drifted as much) -- its /metrics page then did not answer
+# within 5 s, which failed the test 4 runs in 5 although every step completed. A wait moves on
+# while the worker does: it fails once the worker has neither read a record nor published an
+# estimate for QUIET_S, which is 4x the longest pause its own rules make (an epoch the watermark
+# passed waits watermark_idle_s = 20 s of its tick clock, ticks late by up to ~9 s under load).
+QUIET_S = 120.0
+CAP_S = 900.0  # a worker that keeps moving but never gets there
+
+
+def _page(w: WorkerProcess) -> str | None:
+    """The worker's /metrics page, or None while it is too busy to answer in time (its event
+    loop runs a batch); a worker that has exited fails the test."""
+    try:
+        return w.metrics()
+    except OSError:
+        if w.proc is not None and w.proc.poll() is not None:
+            raise AssertionError(f"the worker exited ({w.proc.returncode}):\n{w.log.read_text()[-3000:]}") from None
+        return None
+
+
+def _until(w: WorkerProcess, ws: WorkerSettings, done: Callable[[str | None], bool], what: str) -> None:
+    """Until ``done(page)`` (``page``: the worker's /metrics, None when it did not answer in
+    time): failed once the worker has gone QUIET_S without reading a record
+    (``ptt_records_total``) or publishing an estimate (the estimates topic), or after CAP_S."""
+    t0 = moved = time.monotonic()
+    rows, records = _rows(ws), None
+    while not done(page := _page(w)):
+        now = time.monotonic()
+        rows_now = _rows(ws)
+        records_now = None if page is None else metric(page, "ptt_records_total")
+        if rows_now != rows or (records_now is not None and records_now != records):
+            moved, rows, records = now, rows_now, records_now if records_now is not None else records
+        stalled = now - moved > QUIET_S
+        if stalled or now - t0 > CAP_S:
+            why = f"nothing read or published for {QUIET_S:.0f} s" if stalled else f"not there after {CAP_S:.0f} s"
+            raise AssertionError(f"waiting for {what}: {why} ({rows} estimate records)" + w.diagnosis())
+        time.sleep(0.5)
+
+
 # -- the clean run itself ---------------------------------------------------------------------
 
 def test_clean_run_matches_the_statistics_core(scenario: Scenario) -> None:
@@ -571,9 +612,10 @@ def test_worker_restarts_keep_the_watermark_and_the_estimates(broker: str, scena
         want_dead = _send_dead_producer_epochs(sc, sink, d_queries, range(DEAD_AT + 1), dead_ids)
         sink.flush()
         r_ids = [f"r-{m}" for m in MECHS]
-        wait_for(lambda: published(r_ids, DEAD_AT), 120, "r-* of the dead producer's epoch")
-        wait_for(lambda: all(metric(w.metrics(), "ptt_reports_total", query=f"d-{m}") >= want_dead[m] for m in MECHS),
-                 60, "the dead producer's partial epoch counted")
+        _until(w, ws, lambda page: published(r_ids, DEAD_AT), "r-* of the dead producer's epoch")
+        _until(w, ws, lambda page: page is not None and all(
+            metric(page, "ptt_reports_total", query=f"d-{m}") >= want_dead[m] for m in MECHS),
+            "the dead producer's partial epoch counted")
         w = restart("second")  # (1) the dead producer's epoch is open, with data and no markers
 
         send_r(DEAD_AT + 1)
@@ -584,9 +626,9 @@ def test_worker_restarts_keep_the_watermark_and_the_estimates(broker: str, scena
         for s in d_half:
             s.batches(max(1, len(s.chunks) // 2))
         sink.flush()
-        wait_for(lambda: published(r_ids + [f"d-{m}" for m in MECHS], DEAD_AT + 1), 120, "the epoch after")
-        wait_for(lambda: all(metric(w.metrics(), "ptt_newest_seen_epoch", query=q) >= sc.epoch(mid)
-                             for q in queries), 60, "half an epoch counted")
+        _until(w, ws, lambda page: published(r_ids + [f"d-{m}" for m in MECHS], DEAD_AT + 1), "the epoch after")
+        _until(w, ws, lambda page: page is not None and all(
+            metric(page, "ptt_newest_seen_epoch", query=q) >= sc.epoch(mid) for q in queries), "half an epoch counted")
         w = restart("third")  # (2) in the middle of an epoch
 
         for s in [*halves, *d_half]:
@@ -596,15 +638,16 @@ def test_worker_restarts_keep_the_watermark_and_the_estimates(broker: str, scena
             send_r(i)
             _send_dead_producer_epochs(sc, sink, d_queries, range(i, i + 1), dead_ids)
         sink.flush()
-        wait_for(lambda: metric(w.metrics(), "ptt_last_closed_epoch", query="r-sp") >= sc.epoch(N_REF - 3), 120,
-                 "progress before the third kill")
+        _until(w, ws, lambda page: page is not None and
+               metric(page, "ptt_last_closed_epoch", query="r-sp") >= sc.epoch(N_REF - 3),
+               "progress before the third kill")
         w = restart("fourth")  # (3) right after the markers of the last epochs went out
 
         send_r(N_REF - 1)
         _send_dead_producer_epochs(sc, sink, d_queries, range(N_REF - 1, N_REF), dead_ids)
         sink.flush()
         total = N_REF * 2 * sum(ROWS.values())
-        wait_for(lambda: sum(len(v) for v in estimates_by_query(ws).values()) >= total, 180, f"{total} estimates")
+        _until(w, ws, lambda page: _rows(ws) >= total, f"{total} estimates")
         text = w.metrics()
     finally:
         w.stop()
