@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup sysdeps run plan test lint bench clean
+.PHONY: setup sysdeps run plan test test-fast lint bench clean
 
 setup: $(STAMP) sysdeps
 
@@ -57,11 +57,14 @@ plan: $(STAMP)  # the papers' settings: about 40 s on a busy 2-core machine
 	@echo
 	$(BIN)/ptt plan alp --population 10047719 --expected-yes 100 --param pisNo=0.000025
 
+# mypy checks modules that do not import each other on parallel worker processes (from a clean
+# clone, with no .mypy_cache yet: 26 CPU-s, about half the wall time on this 2-core machine)
+MYPY_WORKERS ?= 2
 lint: setup
 	@echo "== ruff: lint every Python file"
 	$(BIN)/ruff check .
-	@echo "== mypy --strict: type-check estimators, producers, stream_app, schemas (~1 min)"
-	$(BIN)/mypy
+	@echo "== mypy --strict: type-check estimators, producers, stream_app, schemas (~1 min; seconds once cached)"
+	$(BIN)/mypy --num-workers $(MYPY_WORKERS)
 
 # The whole test suite: lint, types, then every test, on TEST_WORKERS parallel pytest-xdist
 # workers (each with its own broker, ports, topics and temporary directory; tests/conftest.py
@@ -78,6 +81,14 @@ test: lint
 	@trap : INT; $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v $(PYTEST_ARGS) || { code=$$?; \
 	  if [ $$code -eq 2 ]; then echo "make test: stopped by Ctrl-C (the results so far are above)" >&2; \
 	  else exit $$code; fi; }
+
+# The fast inner loop while working: the unit tests but those marked slow (a second or more each:
+# the planner at the papers' scale, subprocesses, Monte Carlo batteries; see pyproject.toml), with
+# no lint and no integration tests -- about a minute here. `make test` runs everything.
+test-fast: setup
+	@echo "$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -q -m 'not slow' tests/unit $(PYTEST_ARGS)"
+	@trap : INT; $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -q -m 'not slow' tests/unit $(PYTEST_ARGS) || { \
+	  code=$$?; if [ $$code -eq 2 ]; then echo "make test-fast: stopped by Ctrl-C" >&2; else exit $$code; fi; }
 
 # Every benchmark script in tests/benchmarks/ (bench_*.py), one after the other, each run
 # appended to the benchmark record (docs/benchmark-record.jsonl: command, machine, date, figures).

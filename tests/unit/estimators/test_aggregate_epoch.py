@@ -112,6 +112,7 @@ def _converged(name: str, n: int) -> float:
     return compose(plds, 1, step=2e-7).epsilon(DELTA)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "n"), [("alp", 2000), ("unary", 2000)])
 def test_published_epoch_figure_is_within_the_bar_of_the_converged_one(name: str, n: int) -> None:
     converged = _converged(name, n)

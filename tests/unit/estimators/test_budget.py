@@ -57,6 +57,7 @@ def test_unary_fit_is_within_budget_and_tight() -> None:
     assert fit["sd"] == pytest.approx(math.sqrt(n * q * (1 - q)) / (1 - 2 * q), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_fleet_day_is_within_budget() -> None:
     r = fleet.fleet_plan(3_000, 50, 5, release="aggregate", epochs=40, delta=1e-6, day_budget=2.0,
                          mechanisms=("alp", "rr"))
@@ -100,6 +101,7 @@ def test_plan_cli_release_and_headline(capsys: pytest.CaptureFixture[str]) -> No
     assert "give no --param" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_budget_nothing_fits_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "alp", "--population", "200", "--expected-yes", "5", "--stations", "3", "--epochs", "2880",
             "--day-budget", "0.01"]
@@ -126,6 +128,7 @@ def test_alp_family_mixes_the_yes_row_toward_the_no_row() -> None:
     assert days[0] > days[1] > days[2] > 0
 
 
+@pytest.mark.slow
 def test_alp_spends_a_larger_budget_on_its_sampling_rates_and_mixes_below_the_smallest() -> None:
     """Through the aggregate release's exact accounting ALP's sampling rate s is the accuracy
     knob: a budget above the papers' day is spent on a larger s (a smaller sd, never above the
@@ -151,6 +154,7 @@ def test_alp_spends_a_larger_budget_on_its_sampling_rates_and_mixes_below_the_sm
     assert tight["sd"] > fitting.headline_sd(spec, spec.build({}, v), 20, n)
 
 
+@pytest.mark.slow
 def test_fleet_plan_runs_the_default_queries_within_a_budget() -> None:
     """With no --query-mechanisms the fleet is the registry's default queries (those with a
     whole-day bound): the vehicle's day meets the budget with each query's sd and curator sd."""

@@ -151,6 +151,7 @@ def test_best_case_instead_of_worst_fails(name: str, params: dict[str, float]) -
     assert np.all(right >= exact - 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "params", "span"), [("unary", {"q": 0.3}, 3600), ("alp", {}, 300)])
 def test_a_day_of_span_reports_is_the_30s_day(name: str, params: dict[str, float], span: int) -> None:
     """P = span / 30 and V >= 2P: 86,400 / span releases of 2P station PLDs are 2,880 x 2 station

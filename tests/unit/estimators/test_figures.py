@@ -20,6 +20,7 @@ from estimators import figures, planning
 from estimators.registry import get_spec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["alp", "unary", "krr", "sp"])
 @pytest.mark.parametrize("release", ["permuted", "aggregate"])
 def test_the_plan_and_the_worker_state_the_same_figure(name: str, release: str) -> None:

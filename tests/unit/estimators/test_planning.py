@@ -27,6 +27,7 @@ def _plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, obje
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism", planning.MECHANISMS)
 def test_every_mechanism_has_the_contract_keys(mechanism: str, capsys: pytest.CaptureFixture[str]) -> None:
     stations = str(E.get_spec(mechanism).max_stations or 3)
@@ -42,6 +43,7 @@ def test_every_mechanism_has_the_contract_keys(mechanism: str, capsys: pytest.Ca
     assert out["halfwidth_99"] == pytest.approx(norm.ppf(0.995) * sd)
 
 
+@pytest.mark.slow
 def test_alp_matches_the_estimators_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
     """The reference's sobering number: sd ≈ 980 for Yes = 100 at 48,719 vehicles."""
     out = _plan_json(capsys, "alp", "--population", "48719", "--expected-yes", "100")
@@ -66,6 +68,7 @@ def test_alp_matches_the_estimators_and_warns(capsys: pytest.CaptureFixture[str]
     assert "WARNING: not a useful setting" in text and "980.9" in text
 
 
+@pytest.mark.slow
 def test_sp_at_paper_scale(capsys: pytest.CaptureFixture[str]) -> None:
     """3,220 stations, pis = 0.45: epsilon ≈ 7.9 (eq. 29) and sd = sqrt(Yes (1-pis)/pis)."""
     out = _plan_json(capsys, "sp", "--population", "47719", "--expected-yes", "300", "--stations", "3220")
@@ -77,6 +80,7 @@ def test_sp_at_paper_scale(capsys: pytest.CaptureFixture[str]) -> None:
     assert not any("not a useful" in w for w in out["warnings"])  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mechanism,stations", [("alp", "3220"), ("rr", "3"), ("krr", "3220")])
 def test_the_plan_prints_the_shuffled_figures_beside_the_local_ones(mechanism: str, stations: str,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -108,6 +112,7 @@ def test_the_plan_prints_the_shuffled_figures_beside_the_local_ones(mechanism: s
     assert "--shuffle-size must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_params_override_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     out = _plan_json(capsys, "rr", "--population", "1000", "--expected-yes", "10",
                      "--param", "pi1=0.5", "--param", "pi2=0.5")
@@ -131,6 +136,7 @@ def test_expected_yes_above_population_is_refused(capsys: pytest.CaptureFixture[
     assert "--expected-yes" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_is_installed() -> None:
     exe = shutil.which("ptt", path=str(Path(sys.executable).parent))
     assert exe is not None, "the ptt console script is not installed next to the interpreter"

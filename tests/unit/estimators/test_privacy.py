@@ -313,6 +313,7 @@ def test_sp_closed_form_paper_scale_3220_stations(sp_3220: E.Mechanism) -> None:
     assert brute == pytest.approx(7.8772, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_sp_3220_stations_linked_rounds_infinite_without_the_dense_table(sp_3220: E.Mechanism) -> None:
     with pytest.raises(ValueError, match="too large"):
         sp_3220.joint_table()

@@ -66,6 +66,7 @@ def test_a_symmetric_mechanism_doubles() -> None:
     assert E.per_sensor_report_epsilon(table, 3) == pytest.approx(LN(9))
 
 
+@pytest.mark.slow
 def test_plan_bars(capsys: pytest.CaptureFixture[str]) -> None:
     alp = _plan(capsys, "alp", "--population", "47719", "--expected-yes", "100", "--stations", "3220")
     assert isinstance(alp, dict)
@@ -87,6 +88,7 @@ def test_the_day_is_the_smallest_valid_bound(eps: float) -> None:
     assert E.day_epsilon([eps] * 2880, 1e-6) == pytest.approx(min(basic, advanced, optimal))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eps,k", [(LN(3), 2880), (0.1, 2880), (1.3068, 2880), (0.5, 50), (7.88, 2880)])
 def test_optimal_composition_agrees_with_googles_pld_accountant(eps: float, k: int) -> None:
     """dp_accounting's privacy-loss-distribution accountant discretizes pessimistically: its
@@ -112,6 +114,7 @@ def test_optimal_composition_matches_its_theorem_at_small_k() -> None:
     assert E.optimal_composition(eps, 2, 1e-12) == pytest.approx(2 * eps, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", E.mechanism_names())
 def test_every_plan_takes_the_smallest_day(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     stations = str(get_spec(name).max_stations or 3)
@@ -153,6 +156,7 @@ def test_a_small_daily_budget_refuses_later_epochs_with_the_reason() -> None:
 
 
 # -- equal epsilon ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_compare_bars(capsys: pytest.CaptureFixture[str]) -> None:
     rows = _plan(capsys, "compare", "--epsilon", "1.0986", "--population", "47719", "--expected-yes", "100",
                  "--stations", "3220")
@@ -178,6 +182,7 @@ def test_kary_formula_equals_the_core(eps: float, n: int, yes: float, k: int) ->
     assert formula == pytest.approx(core, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_sp_at_equal_epsilon_is_the_core_where_it_can_be_built() -> None:
     rows = {r["mechanism"]: r for r in E.compare(2.0, 5000, 40, 50)}
     pis = rows["sp"]["params"]["pis"]

@@ -44,6 +44,7 @@ def test_the_variation_ratio_bound_lies_between_the_reference_codes_bounds(point
     assert point["lower"] - 2 * point["search_resolution"] <= ours <= point["upper"] + 1e-9
 
 
+@pytest.mark.slow
 def test_the_reference_brackets_tell_a_wrong_pair_apart() -> None:
     """The bracket tests can fail: a clone probability off by a factor of 1.5, or a beta taken
     as the generic one, lands outside every bracket."""
@@ -137,6 +138,7 @@ def test_the_pld_holds_all_the_mass() -> None:
             assert np.all(np.diff(d.loss) >= 0)
 
 
+@pytest.mark.slow
 def test_epsilon_never_grows_with_the_shuffle() -> None:
     v = S.VariationRatio(3.69, 0.05, 3.69)
     eps = [S.shuffled_epsilon((v,), n) for n in (10, 100, 1_000, 10_000, 47_719, 200_000)]
@@ -144,6 +146,7 @@ def test_epsilon_never_grows_with_the_shuffle() -> None:
     assert eps[0] <= math.log(3.69) + 1e-12  # never above the local epsilon
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eps0,n,delta", [(0.5, 10_000, 1e-6), (1.0, 47_719, 1e-6), (1.3068, 200_000, 1e-8)])
 def test_the_numerical_clone_bound_is_below_its_closed_form(eps0: float, n: int, delta: float) -> None:
     """Feldman-McMillan-Talwar's closed form (Thm 3.1) bounds the same pair, more loosely."""
@@ -190,6 +193,7 @@ def _rr_pld(eps: float) -> S.Pld:
     return S.Pld(np.array([-eps, eps]), np.array([1 - p, p]), 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eps,k", [(0.1, 2880), (0.5, 50), (0.01, 2880)])
 def test_composition_matches_the_exact_composition_theorem(eps: float, k: int) -> None:
     """A pure eps-DP release's worst case is randomized response (Kairouz-Oh-Viswanath): the

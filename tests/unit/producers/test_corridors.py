@@ -91,6 +91,7 @@ def test_travel_time_is_whole_epochs_at_the_given_speed() -> None:
         build_corridors(np.arange(5), meta, speed_mph=0.0)
 
 
+@pytest.mark.slow
 def test_the_synthetic_days_metadata_makes_long_corridors(tmp_path: Path) -> None:
     """The synthetic day's metadata (random freeway, direction and Abs_PM per station) read back
     through the reader: its mainline stations chain into (freeway, direction) corridors."""

@@ -896,6 +896,7 @@ def test_cache_hit_returns_the_same_day_and_a_change_invalidates(tmp_path: Path)
     assert changed.stations.tolist() == [5, 6] and int(changed.flows.sum()) == 48 + 9
 
 
+@pytest.mark.slow
 def test_threads_loading_one_day_at_once_all_get_it(tmp_path: Path) -> None:
     """A replay thread and its caller load the same synthetic day at once (the flake of the
     SIGKILL test): writing the day and its parse cache under names per process *and thread*,

@@ -161,6 +161,7 @@ def test_chunk_boundaries_and_threads_change_nothing(tmp_path: Path, monkeypatch
             _same(read_station_raw(path), reference)
 
 
+@pytest.mark.slow
 def test_synthetic_day_in_small_chunks_and_threads_equals_row_logic(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     sd = write_synthetic_day(tmp_path, n_stations=24, seed=SEED)

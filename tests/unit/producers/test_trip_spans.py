@@ -67,6 +67,7 @@ def _run(day: TrafficDay, index: int, count: int, q: Query, epochs: int) -> tupl
     return trips, kept, dropped, truth
 
 
+@pytest.mark.slow
 def test_a_device_names_at_most_m_passages_a_day_and_the_rest_is_counted(day: TrafficDay) -> None:
     q = _query(day)
     trips, kept, dropped, truth = _run(day, 0, 1, q, day.epochs.size)

@@ -95,6 +95,7 @@ def chained(d: Drive, corridors: Corridors, max_wait: int = 1) -> npt.NDArray[np
     return out
 
 
+@pytest.mark.slow
 def test_every_cell_holds_exactly_its_count_of_distinct_vehicles(day: TrafficDay, driven: Drive) -> None:
     """The truth stays the data: at every (epoch, station) exactly its count of vehicles, none
     where the grid has no truth (the day's missing cells and dead detector)."""
@@ -127,6 +128,7 @@ def repeats_within_an_hour(d: Drive) -> tuple[int, int]:
     return close, in_span
 
 
+@pytest.mark.slow
 def test_no_vehicle_passes_a_station_twice_within_an_hour(day: TrafficDay, corridors: Corridors,
                                                           driven: Drive) -> None:
     """A trip never comes back to a station and a vehicle rests an hour after one: two passages

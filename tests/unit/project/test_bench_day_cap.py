@@ -12,11 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.paths import ROOT
 
 BINS = ["[0,50)", "[50,200)", "[200,1000)", "[1000,3000)", ">=3000"]
 
 
+@pytest.mark.slow
 def test_the_day_cap_benchmark_prints_sane_figures(tmp_path: Path) -> None:
     # 20 stations make short corridors: the papers' ratio of vehicles is too few to drive them
     proc = subprocess.run(  # noqa: S603 - the repository's own script

@@ -1141,6 +1141,7 @@ def _granted(calls: list[list[str]]) -> list[Grant]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_acls_grant_what_the_code_uses_and_nothing_more(services: dict[str, dict[str, Any]],
                                                         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

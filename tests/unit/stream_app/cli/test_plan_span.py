@@ -52,6 +52,7 @@ def test_fleet_query_names_are_checked(capsys: pytest.CaptureFixture[str]) -> No
         assert why in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_hourly_plan_is_the_30s_plan_per_hour(capsys: pytest.CaptureFixture[str]) -> None:
     """At P = 120 (V >= 240) an hourly report's day composes what 120 epochs do, so a day budget
     chooses the same parameters and the hourly flow's sd is the 30-s count's; the curator is the
@@ -72,6 +73,7 @@ def test_an_hourly_plan_is_the_30s_plan_per_hour(capsys: pytest.CaptureFixture[s
     assert hour["epsilon_day_vehicle"] == pytest.approx(thirty["epsilon_day_vehicle"], abs=1e-9)
 
 
+@pytest.mark.slow
 def test_a_passage_cap_lowers_the_curators_limit_and_the_plans_sd(capsys: pytest.CaptureFixture[str]) -> None:
     """P = 20 an hour: L2 sqrt 40 instead of sqrt 240, so both sds drop by about sqrt 6."""
     argv = ["unary", "--release", "aggregate", "--population", "2000", "--expected-yes", "50", "--stations", "300",
@@ -82,6 +84,7 @@ def test_a_passage_cap_lowers_the_curators_limit_and_the_plans_sd(capsys: pytest
     assert capped["central_limit_sd"] <= capped["sd"] <= 1.1 * capped["central_limit_sd"]
 
 
+@pytest.mark.slow
 def test_a_fleet_is_compared_with_curators_at_the_budget_each_query_got(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 33's bar: no query's sd below its curator's. Without a day budget each query's
     curator is at that query's own day (computed at a share of it, ALP's sd 133.8 read as better

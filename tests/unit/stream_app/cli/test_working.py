@@ -32,6 +32,7 @@ def test_not_a_terminal_means_no_line() -> None:
     assert out.getvalue() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["plan", "rr", "--population", "1000", "--expected-yes", "10"],
                                   ["plan", "fleet", "--population", "899", "--expected-yes", "10", "--stations", "16"]],
                          ids=["plan", "plan fleet"])
