@@ -50,7 +50,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shared wider than one test but narrower than the session (module, package or class scope,
     e.g. test_adversarial's one pipeline for 16 tests) is put in the group of its file, so that
     fixture is built once, as in a serial run. Session fixtures (the broker) are built once per
-    worker: each worker has its own broker, ports, topics and temporary directory."""
+    worker: each worker has its own broker, ports, topics and temporary directory.
+
+    The long tests start first (:func:`_start_order`): xdist hands out the groups first (the
+    largest first), then the other tests in this order, so the run ends on short unit tests that
+    fill in around the last long ones, not on a long one that started last."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
@@ -58,6 +62,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         defs = info.name2fixturedefs.values() if info is not None else ()
         if any(d and d[-1].scope in ("module", "package", "class") for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if getattr(config.option, "numprocesses", None):
+        items.sort(key=_start_order)  # stable: the same order on every worker, as xdist requires
+
+
+def _start_order(item: pytest.Item) -> int:
+    """0: the integration tests (seconds to minutes each: real brokers, workers, shufflers);
+    1: the unit tests marked ``slow``; 2: the rest (most take milliseconds)."""
+    if Path(__file__).parent / "integration" in item.path.parents:
+        return 0
+    return 1 if item.get_closest_marker("slow") is not None else 2
 
 
 @pytest.hookimpl(trylast=True)

@@ -23,9 +23,13 @@ as they were (no ``@``), ``<!--flows.queries.unary@3600.sd-->`` was silently not
 markers this test does not read fails on that. So do docs/statistics.md's ``ptt plan fleet``
 figures (2.393 -> 2.394 for ``fleet.epsilon_day_vehicle``: "quotes 2.394 ... it prints 2.39263...").
 
-Each command runs once per module (a module-scoped fixture, so pytest-xdist keeps the file on one
-worker); a command with ``--day-budget`` runs in a fresh process, since the budget search's choice
-depends on the searches that ran before it in the same process.
+Each command runs once (cached per process). A command with ``--day-budget`` runs in a fresh
+process, since the budget search's choice depends on the searches that ran before it in the same
+process; the others run in this one, all on one pytest-xdist worker (one group), where they share
+the accounting's caches (the ALP station PLD at 3,220 stations and 47,719 devices is computed once
+for every command that needs it). The figures of each fresh-process command are a group of their
+own: those commands (``plan fleet --day-budget`` searches ALP's whole grid: tens of CPU-seconds
+each) run on whichever worker is free, not one after another on the worker that runs the rest.
 """
 
 from __future__ import annotations
@@ -56,10 +60,14 @@ FIGURE = re.compile(r"(?P<value>none|[0-9][0-9,]*(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)
 MARKER = re.compile(r"<!--[\w-]+\.[^>]*?-->")  # anything shaped like a figure marker
 
 
+def _fresh_process(command: str) -> bool:
+    return "--day-budget" in shlex.split(command)
+
+
 @cache
 def _output(command: str) -> Any:
     argv = shlex.split(command)[1:] + ["--json"]
-    if "--day-budget" in argv:
+    if _fresh_process(command):
         # the budget search starts from the brackets earlier searches in the same process evaluated
         # (estimators.budget.fit_budget), so its choice depends on what ran before it (after the
         # other fleet plan, fleet3's 30-s unary sd came out 245.1, not the 246.3 `ptt plan` prints):
@@ -75,9 +83,9 @@ def _output(command: str) -> Any:
     return json.loads(out.getvalue())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def run() -> Callable[[str], Any]:
-    """The command's JSON, each command run once (module scope: one xdist worker runs the file)."""
+    """The command's JSON, each command run once per process (:func:`_output` is cached)."""
     return _output
 
 
@@ -136,6 +144,21 @@ def _marked(path: Path) -> tuple[dict[str, str], list[tuple[str, str, str, int]]
 QUOTED = [(p, *f) for p in DOCS for f in _marked(p)[1]]
 
 
+def _groups() -> dict[str, str]:
+    """Each command's pytest-xdist group (``make test`` runs ``--dist loadgroup``): a fresh-process
+    command's own, named after its first marker (a command quoted in two docs still runs once); the
+    other commands' is one for them all."""
+    groups: dict[str, str] = {}
+    for path in DOCS:
+        for name, command in _marked(path)[0].items():
+            groups.setdefault(command, f"quoted-figures-{name}" if _fresh_process(command) else "quoted-figures")
+    return groups
+
+
+GROUPS = _groups()
+COMMANDS = {p: _marked(p)[0] for p in DOCS}
+
+
 def test_the_docs_quote_figures_and_every_command_has_one() -> None:
     assert any(p.name == "README.md" for p, *_ in QUOTED) and any(p.name == "statistics.md" for p, *_ in QUOTED)
     for path in DOCS:
@@ -151,7 +174,11 @@ def test_the_docs_quote_figures_and_every_command_has_one() -> None:
         assert not unread, f"{path.name}: markers this test does not read (no number before them?): {unread}"
 
 
-@pytest.mark.parametrize(("path", "quoted", "name", "key", "line"), QUOTED,
+@pytest.mark.slow
+@pytest.mark.parametrize(("path", "quoted", "name", "key", "line"),
+                         [pytest.param(*q, marks=pytest.mark.xdist_group(GROUPS.get(COMMANDS[q[0]].get(q[2], ""),
+                                                                                  "quoted-figures")))
+                          for q in QUOTED],
                          ids=[f"{p.name}:{line}:{name}.{key}" for p, _, name, key, line in QUOTED])
 def test_a_quoted_figure_is_what_its_command_prints(run: Callable[[str], Any], path: Path, quoted: str, name: str,
                                                      key: str, line: int) -> None:
