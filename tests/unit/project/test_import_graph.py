@@ -14,6 +14,7 @@ of a parent package that Python does before any submodule is not an edge (else e
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 from tests.paths import ROOT
@@ -67,8 +68,12 @@ def _imports(module: str, path: Path, type_checking: bool = False) -> set[str]:
     return found
 
 
-GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
-TYPING_GRAPH = {module: _imports(module, path, type_checking=True) for module, path in MODULES.items()}
+@cache
+def _graphs() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(the import graph, the type checker's), built when a test first asks: parsing every module
+    at import time cost each pytest-xdist worker ~1.5 s of its collection."""
+    return ({module: _imports(module, path) for module, path in MODULES.items()},
+            {module: _imports(module, path, type_checking=True) for module, path in MODULES.items()})
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -115,13 +120,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read() -> None:
     """The graph holds edges it must hold: a reader that found nothing would pass the rest."""
+    graph = _graphs()[0]
     assert {"stream_app.app", "stream_app.cli", "stream_app.cli.errors", "producers.replay"} <= set(MODULES)
-    assert "stream_app.guard" in GRAPH["stream_app.app"]  # from .guard import ...
-    assert "producers.replay" in GRAPH["stream_app.cli.replay"]  # lazy, inside run()
-    assert "stream_app.app" in GRAPH["stream_app.cli.worker"]  # from ..app import run_worker
-    assert {"stream_app.cli.worker", "stream_app.cli.demo"} <= GRAPH["stream_app.cli"]  # from . import ...
-    assert "estimators.registry" in GRAPH["schemas.query"]
-    assert "schemas.connection" in GRAPH["schemas.settings"]  # KafkaSettings.client_kwargs
+    assert "stream_app.guard" in graph["stream_app.app"]  # from .guard import ...
+    assert "producers.replay" in graph["stream_app.cli.replay"]  # lazy, inside run()
+    assert "stream_app.app" in graph["stream_app.cli.worker"]  # from ..app import run_worker
+    assert {"stream_app.cli.worker", "stream_app.cli.demo"} <= graph["stream_app.cli"]  # from . import ...
+    assert "estimators.registry" in graph["schemas.query"]
+    assert "schemas.connection" in graph["schemas.settings"]  # KafkaSettings.client_kwargs
 
 
 def test_cycle_finder_finds_a_cycle() -> None:
@@ -131,18 +137,18 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_no_import_cycle() -> None:
-    assert _cycles(GRAPH) == []
+    assert _cycles(_graphs()[0]) == []
 
 
 def test_no_import_cycle_for_the_type_checker() -> None:
     """Not even through ``if TYPE_CHECKING:`` imports: schemas.connection reads its settings
     through a protocol (ConnectionFields), not by importing schemas.settings, which imports it."""
-    assert _cycles(TYPING_GRAPH) == []
+    assert _cycles(_graphs()[1]) == []
 
 
 def test_only_the_command_line_imports_producers() -> None:
     outside = {module: sorted(d for d in deps if d.split(".")[0] == "producers")
-               for module, deps in GRAPH.items()
+               for module, deps in _graphs()[0].items()
                if module.split(".")[0] != "producers"
                and module != COMPOSITION_ROOT and not module.startswith(COMPOSITION_ROOT + ".")}
     assert {m: deps for m, deps in outside.items() if deps} == {}
