@@ -34,7 +34,7 @@ from schemas.device_binary import (
 )
 from schemas.enrollment import Enrollment
 
-from .http_client import DeliveryFailed, DeviceClient, FrontDoorUnavailable, Offsets
+from .http_client import DeliveryFailed, DeviceClient, FrontDoorUnavailable, NotSent, Offsets
 from .settings import ReplaySettings
 from .sink import ReportSink
 from .stopping import Stops
@@ -69,9 +69,10 @@ class DeviceRequests:
                 self.devices[v].append(record)
 
     def send(self, client: DeviceClient, sink: ReportSink, device_topic: str, stop: Stops) -> None:
-        """Send every device's request (a stop cuts between chunks); what the front door
-        acknowledged is counted in ``sink`` (reports, records, the device topic's acked ends),
-        what failed as its delivery failures."""
+        """Send every device's request (a stop cuts between chunks, and within one: no request is
+        sent, or sent again, after it); what the front door acknowledged is counted in ``sink``
+        (reports, records, the device topic's acked ends), what failed as its delivery failures,
+        what a stop left unsent not at all."""
         todo = [d for d in self.devices if d]
         for at in range(0, len(todo), CHUNK_DEVICES):
             if stop.requested:
@@ -80,11 +81,15 @@ class DeviceRequests:
             n = sum(len(d) for d in chunk)
             sink.sent_reports += n
             sink.sent_batches += n
-            answers = client.send_many(chunk)
+            answers = client.send_many(chunk, stop)
             if all(isinstance(got, DeliveryFailed) for got in answers):  # not one got through: it is gone
                 client.check()
                 raise FrontDoorUnavailable(f"no request of {len(chunk)} got through to {client.url}: {answers[0]}")
             for device, got in zip(chunk, answers, strict=True):
+                if isinstance(got, NotSent):  # the stop came first: an interrupted epoch's unsent share
+                    sink.sent_reports -= len(device)
+                    sink.sent_batches -= len(device)
+                    continue
                 if isinstance(got, BaseException):
                     sink.failed += len(device)
                     sink.failure_reasons[type(got).__name__] += len(device)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["children", "cpu_s", "door_healthy", "door_pid", "frozen", "sigint_default", "stopped"]
+__all__ = ["children", "cpu_s", "door_healthy", "door_pid", "frozen", "sigint_default", "stopped", "unread_at"]
 
 
 def children(pid: int) -> list[int]:
@@ -105,3 +105,15 @@ def frozen(pid: int, timeout_s: float = 30.0) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def unread_at(port: int) -> int:
+    """What a TCP listener on loopback ``port`` (IPv4) has not taken in yet: the connections in its
+    accept queue and the bytes waiting on the connections it accepted (``/proc/net/tcp``'s
+    rx_queue of each socket on that port). Above 0 at a frozen server: a client waits on it."""
+    waiting = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port:
+            waiting += int(fields[4].split(":")[1], 16)
+    return waiting

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -24,7 +25,9 @@ import pytest
 from estimators import get_spec
 from stream_app.cli.errors import EXIT_HELPER
 from stream_app.cli.local_broker import free_port
+from tests.processes import door_pid, frozen, unread_at
 
+from .stream_helpers import QUICK_DEMO
 from .test_demo import _alive, _children, _metrics, _wait
 
 pytestmark = pytest.mark.integration
@@ -49,6 +52,7 @@ def _demo(out: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     err, printed = out.parent / "demo.err", out.parent / "demo.out"
     with err.open("wb") as e, printed.open("wb") as p:
         proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--stations", "4",  # noqa: S603
+                                 *QUICK_DEMO,
                                  "--query-mechanisms", "alp,unary",  # the 30-s queries: no span-sized fleet
                                  "--out", str(out), "--prometheus-port", str(free_port()), *args],
                                 stdout=p, stderr=e, start_new_session=True, cwd=out.parent)
@@ -97,7 +101,7 @@ def test_worker_port_taken_after_the_check_ends_the_demo_naming_the_worker(
     worker's and replayed on in silence."""
     port = free_port()
     out = tmp_path / "out"
-    proc, err, _ = _demo(out, "--speed", "2", "--max-epochs", "50", "--metrics-port", str(port))
+    proc, err, _ = _demo(out, "--speed", "2", "--max-epochs", "50", "--metrics-port", str(port), "--no-shuffler")
     stopper.append(proc)
     _wait(lambda: (out / "broker.log").exists() or proc.poll() is not None, 60, "the broker's log", err)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _LookAlike)  # fails if the worker won the race
@@ -133,7 +137,8 @@ def test_worker_killed_mid_replay_ends_the_demo_within_10_s(tmp_path: Path,
     """Before: the demo noticed only after the replay (here 100 epochs at 1.5 s each)."""
     metrics_port = free_port()
     out = tmp_path / "out"
-    proc, err, printed = _demo(out, "--speed", "20", "--max-epochs", "100", "--metrics-port", str(metrics_port))
+    proc, err, printed = _demo(out, "--speed", "20", "--max-epochs", "100", "--metrics-port", str(metrics_port),
+                               "--no-shuffler")
     stopper.append(proc)
     _replaying(proc, printed, err, metrics_port)
     helpers = _children(proc.pid)
@@ -147,9 +152,15 @@ def test_worker_killed_mid_replay_ends_the_demo_within_10_s(tmp_path: Path,
 
 def test_shuffler_front_door_killed_mid_replay_ends_the_demo_within_10_s(
         tmp_path: Path, stopper: list[subprocess.Popen[bytes]]) -> None:
+    """Killed while the replay waits on the front door: the replay uploads as fast as it can
+    (--speed 0), the door is frozen until a device's request waits unread at it, then the
+    shuffler is killed and the door let go (it stops, its parent gone). Before: the watch saw the
+    shuffler gone at once, but the replay went on sending the epoch's devices, each retried 8
+    times (~16 s) 32 at a time, before it looked at the stop -- 19 to 83 s; at --speed 20 the
+    kill mostly landed between two uploads, and the test failed only on a loaded machine."""
     metrics_port = free_port()
     out = tmp_path / "out"
-    proc, err, printed = _demo(out, "--speed", "20", "--max-epochs", "100", "--metrics-port", str(metrics_port),
+    proc, err, printed = _demo(out, "--speed", "0", "--max-epochs", "2000", "--metrics-port", str(metrics_port),
                                "--via-shuffler", "--transport", "http")
     stopper.append(proc)
     _replaying(proc, printed, err, metrics_port)
@@ -158,8 +169,13 @@ def test_shuffler_front_door_killed_mid_replay_ends_the_demo_within_10_s(
     secret = Path(said.removeprefix("enrollment  secret in ").split(" (")[0])
     assert secret.is_file() and out not in secret.parents, said
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and stat.S_IMODE(secret.parent.stat().st_mode) == 0o700
+    (door_port,) = re.findall(r"devices POST http://127\.0\.0\.1:(\d+)/v1/reports", printed.read_text())
     helpers = _children(proc.pid)
-    os.kill(_helper_pid(proc.pid, b"stream_app.cli\x00shuffler"), signal.SIGKILL)
+    shuffler = _helper_pid(proc.pid, b"stream_app.cli\x00shuffler")
+    with frozen(door_pid(shuffler)):
+        _wait(lambda: unread_at(int(door_port)) > 0 or proc.poll() is not None, 60,
+              "a device's request waiting at the frozen front door", err)
+        os.kill(shuffler, signal.SIGKILL)
     _ends_within(proc, 10.0, err)
     assert proc.returncode == EXIT_HELPER, err.read_text()
     line = _the_error(err)
@@ -195,7 +211,8 @@ def test_a_port_the_demo_chose_for_its_shuffler_taken_before_the_shuffler_binds_
     monkeypatch.setattr(demo, "free_port", free)
     out = tmp_path / "out"
     try:
-        code = main(["demo", "--via-shuffler", "--stations", "4", "--query-mechanisms", "alp", "--speed", "0",
+        code = main(["demo", "--via-shuffler", "--stations", "4", *QUICK_DEMO, "--query-mechanisms", "alp",
+                     "--speed", "0",
                      "--max-epochs", "3", "--exit-when-done", "--out", str(out), "--metrics-port", fixed[0],
                      "--prometheus-port", fixed[1]])
     finally:
