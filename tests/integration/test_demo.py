@@ -226,7 +226,7 @@ def test_make_run_ctrl_c_under_load_stops_within_seconds_and_says_so_past_a_clos
     out = tmp_path / "out"
     log_path = tmp_path / "stderr.log"
     args = (f"--speed 60 --stations 4 --port {broker_port} --metrics-port {metrics_port} "
-            f"--prometheus-port {prom_port} --out {out}")
+            f"--prometheus-port {prom_port} --out {out} {' '.join(DIRECT_DEMO)}")
     load = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(2)]
     tee, stdout = os.pipe()  # the read end stands for tee
     try:
