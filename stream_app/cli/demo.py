@@ -372,9 +372,8 @@ def _vehicle_day(demo: DemoSettings, rs: ReplaySettings, day: Any) -> str:
     line, epsilon_day = vehicle_day(default_queries(day, default_fleet(day, rs), rs.mechanisms, rs.flow_day_budget,
                                                     rs.day_budget, cache_dir("plans")),
                                     release)
-    line += ("" if demo.via_shuffler else
-             f"; --no-shuffler: only this local figure holds (the planned day of {demo.day_budget:g} needs the "
-             "shuffler)")
+    line += ("" if demo.via_shuffler else "; --no-shuffler: only this local figure holds"
+             + (f" (the planned day of {demo.day_budget:g} needs the shuffler)" if demo.plan_day else ""))
     return line + "\n" + " " * 12 + plain_words(epsilon_day)
 
 

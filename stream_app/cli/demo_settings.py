@@ -28,8 +28,8 @@ class DemoSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PTT_DEMO_", frozen=True, extra="ignore")
 
-    speed: float = Field(default=120.0, ge=0.0, description="x real time: 120 replays a day in 12 minutes, "
-                                                           "0 as fast as possible")
+    speed: float = Field(default=120.0, ge=0.0, description="x real time (120: an hour in 30 s, if the pipeline "
+                                                           "keeps up), 0 as fast as possible")
     max_epochs: int | None = Field(default=DEFAULT_EPOCHS, ge=1,
                                    description=f"stop after this many 30 s epochs (default {DEFAULT_EPOCHS}: the "
                                                "two hours of the morning peak from --start-time, about 10 minutes "
