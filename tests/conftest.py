@@ -30,6 +30,9 @@ SESSION_DIR = Path(tempfile.mkdtemp(prefix="ptt-tests-"))
 os.environ["XDG_CACHE_HOME"] = str(SESSION_DIR / "cache")
 (SESSION_DIR / "run").mkdir(mode=0o700)
 os.environ["XDG_RUNTIME_DIR"] = str(SESSION_DIR / "run")
+# the bytecode cache of the processes the tests start (pytest_configure); pytest-xdist's workers
+# inherit the main process's, so a run compiles a module once
+PYCACHE = os.environ.setdefault("PTT_TESTS_PYCACHE", str(SESSION_DIR / "pycache"))
 
 
 @pytest.fixture
@@ -76,10 +79,21 @@ def _start_order(item: pytest.Item) -> int:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """``make test`` (pytest-xdist, ``-v``): one line per finished test. pytest's verbose mode
+    """Where the environment says not to write bytecode (PYTHONDONTWRITEBYTECODE), the Python
+    processes the tests start -- hundreds a run: stream-app workers, shufflers, replays, ``ptt``
+    commands, each importing the packages -- would each compile the packages again (~0.27 CPU-s
+    a process): in a process that runs tests (an xdist worker, or pytest without workers) they
+    share a bytecode cache instead (:data:`PYCACHE`, never next to the sources, removed with the
+    session's directory). Not xdist's workers themselves: they start together, and each would
+    compile every module it imports.
+
+    ``make test`` (pytest-xdist, ``-v``): one line per finished test. pytest's verbose mode
     also writes each test's name as it starts; under xdist the workers' results come between,
     so that name stays a line of its own -- two lines per test. The terminal reporter is
     registered again without its start line (its instance attribute shadows the method)."""
+    runs_tests = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+    if runs_tests and os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        os.environ["PYTHONPYCACHEPREFIX"] = PYCACHE
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or not getattr(config.option, "numprocesses", None) or config.option.verbose <= 0:
         return
