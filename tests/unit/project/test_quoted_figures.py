@@ -187,22 +187,34 @@ def test_a_quoted_figure_is_what_its_command_prints(run: Callable[[str], Any], p
     assert matches(quoted, actual), f"{path.name}:{line} quotes {quoted} for {key} of `{command}`; it prints {actual}"
 
 
-def test_the_quickstart_shows_the_privacy_lines_the_demo_prints() -> None:
-    from estimators import plain_words
+def test_the_quickstart_shows_the_privacy_lines_the_demo_prints(run: Callable[[str], Any],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's banner gives the day the demo prints: its queries at the parameters of the
+    README's ``demo`` plan (``ptt plan fleet ... --day-budget 1``, run once by this module; the
+    demo plans the same, :func:`producers.queries.planned_day_params`), through the shuffler."""
+    import producers.queries
+    from estimators import plain_words, round_down_2sig
     from producers.replay import default_fleet, default_queries, load_day
     from producers.settings import ReplaySettings
-    from stream_app.cli.analyst import vehicle_day
-    from stream_app.cli.demo_settings import demo_query_mechanisms
+    from stream_app.cli.demo_settings import DemoSettings, demo_query_mechanisms
+    from stream_app.day_figure import vehicle_day
 
-    rs = ReplaySettings(query_mechanisms=demo_query_mechanisms())  # the demo's: hourly flows too
-    day = load_day(rs)
-    queries = default_queries(day, default_fleet(day, rs), rs.mechanisms, rs.flow_day_budget)
-    line, epsilon_day = vehicle_day(queries, "local")
     readme = (ROOT / "README.md").read_text()
+    (command,) = [m["command"] for m in COMMAND.finditer(readme) if m["name"] == "demo"]
+    plan = run(command)
+    monkeypatch.setattr(producers.queries, "planned_day_params",
+                        lambda *args: {k: q["params"] for k, q in plan["queries"].items()})
+    demo = DemoSettings()
+    rs = ReplaySettings(query_mechanisms=demo_query_mechanisms(demo.fleet_model), fleet_model=demo.fleet_model)
+    day = load_day(rs)
+    fleet = default_fleet(day, rs)
+    assert f"--population {round_down_2sig(fleet)} " in command  # the demo's crowd, as the worker rounds it
+    queries = default_queries(day, fleet, rs.mechanisms, rs.flow_day_budget, demo.day_budget)
+    line, epsilon_day = vehicle_day(queries, "aggregate")
     block = readme[readme.index("```\nbroker "):]
     block = block[:block.index("```", 4)]
     shown = [ln for ln in block.splitlines() if ln.startswith("privacy ")]
-    assert shown == [f"privacy     {line}; --via-shuffler: through the shuffler's release"]
+    assert shown == [f"privacy     {line}"]
     assert f"            {plain_words(epsilon_day)}" in block.splitlines()
 
 
