@@ -159,6 +159,11 @@ GROUPS = _groups()
 COMMANDS = {p: _marked(p)[0] for p in DOCS}
 
 
+def _group(path: Path, name: str) -> str:
+    """The group of the figures ``name`` marks in ``path``."""
+    return GROUPS.get(COMMANDS[path].get(name, ""), "quoted-figures")
+
+
 def test_the_docs_quote_figures_and_every_command_has_one() -> None:
     assert any(p.name == "README.md" for p, *_ in QUOTED) and any(p.name == "statistics.md" for p, *_ in QUOTED)
     for path in DOCS:
@@ -176,9 +181,7 @@ def test_the_docs_quote_figures_and_every_command_has_one() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("path", "quoted", "name", "key", "line"),
-                         [pytest.param(*q, marks=pytest.mark.xdist_group(GROUPS.get(COMMANDS[q[0]].get(q[2], ""),
-                                                                                  "quoted-figures")))
-                          for q in QUOTED],
+                         [pytest.param(*q, marks=pytest.mark.xdist_group(_group(q[0], q[2]))) for q in QUOTED],
                          ids=[f"{p.name}:{line}:{name}.{key}" for p, _, name, key, line in QUOTED])
 def test_a_quoted_figure_is_what_its_command_prints(run: Callable[[str], Any], path: Path, quoted: str, name: str,
                                                      key: str, line: int) -> None:
@@ -187,6 +190,8 @@ def test_a_quoted_figure_is_what_its_command_prints(run: Callable[[str], Any], p
     assert matches(quoted, actual), f"{path.name}:{line} quotes {quoted} for {key} of `{command}`; it prints {actual}"
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group(_group(ROOT / "README.md", "demo"))  # where the demo plan runs for its figures
 def test_the_quickstart_shows_the_privacy_lines_the_demo_prints(run: Callable[[str], Any],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's banner gives the day the demo prints: its queries at the parameters of the
