@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,8 @@ def prometheus_bin() -> str:
     return require_tool("prometheus")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
     """Under pytest-xdist's ``--dist loadgroup`` each test goes to whichever worker is free,
     except that the tests of one group run on one worker. Every test that uses a fixture
     shared wider than one test but narrower than the session (module, package or class scope,
@@ -57,16 +59,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The long tests start first (:func:`_start_order`): xdist hands out the groups first (the
     largest first), then the other tests in this order, so the run ends on short unit tests that
-    fill in around the last long ones, not on a long one that started last."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d and d[-1].scope in ("module", "package", "class") for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    if getattr(config.option, "numprocesses", None):
+    fill in around the last long ones, not on a long one that started last.
+
+    This runs in each xdist worker (xdist's main process collects nothing): the groups' marks
+    before the other hooks, among them the worker's, which tells the scheduler a test's groups
+    by appending them to its node id (``...::test@group``); afterwards :func:`_group_suffix`."""
+    worker = hasattr(config, "workerinput")
+    if worker:
+        for item in items:
+            info = getattr(item, "_fixtureinfo", None)
+            defs = info.name2fixturedefs.values() if info is not None else ()
+            if any(d and d[-1].scope in ("module", "package", "class") for d in defs):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         items.sort(key=_start_order)  # stable: the same order on every worker, as xdist requires
+    yield
+    if worker and config.getvalue("loadgroup"):
+        for item in items:
+            _group_suffix(item)
+
+
+def _group_suffix(item: pytest.Item) -> None:
+    """The node id ``...@group`` pytest-xdist means to give a test in a group: since pytest 9.2
+    keeps a structured node id, pytest-xdist 3.8 writes the old attribute, which nothing reads
+    any more, and every test was scheduled on its own (pytest-dev/pytest-xdist#1386): module
+    fixtures built once per worker, test_quoted_figures' fresh-process commands run on every
+    worker. Set here when it is missing (with an older pytest, or a fixed xdist, xdist's is there)."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    suffix = "@" + "_".join(names)
+    if not names or item.nodeid.endswith(suffix):
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def _start_order(item: pytest.Item) -> int:
