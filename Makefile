@@ -81,7 +81,7 @@ test: lint
 
 # The fast inner loop while working: the unit tests but those marked slow (a second or more each:
 # the planner at the papers' scale, subprocesses, Monte Carlo batteries; see pyproject.toml), with
-# no lint and no integration tests -- about a minute here. `make test` runs everything.
+# no lint and no integration tests -- under two minutes here. `make test` runs everything.
 test-fast: setup
 	@echo "$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -q -m 'not slow' tests/unit $(PYTEST_ARGS)"
 	@trap : INT; $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -q -m 'not slow' tests/unit $(PYTEST_ARGS) || { \
