@@ -18,15 +18,16 @@ import pytest
 from producers.stopping import forced_quit
 from stream_app.cli.private_dir import private_dir, runtime_base, sweep
 from tests.paths import ROOT
+from tests.processes import sigint_default
 
 CHILD = """
-import sys, time
+import sys
 from stream_app.cli.private_dir import private_dir
 try:
     with private_dir("ptt-test-") as d:
         (d / "enrollment-secret").write_text("s" * 64)
         print(d, flush=True)
-        time.sleep(60)
+        sys.stdin.read()  # until the test signals it (or is gone: its end of the pipe closes)
 except KeyboardInterrupt:
     sys.exit(130)
 """
@@ -39,13 +40,19 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _child(runtime: Path) -> tuple[subprocess.Popen[str], Path]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)}, preexec_fn=sigint_default)
     assert proc.stdout is not None
     with proc.stdout:
         path = Path(proc.stdout.readline().strip())
     assert (path / "enrollment-secret").is_file() and path.parent == runtime, path
     return proc, path
+
+
+def _close(proc: subprocess.Popen[str]) -> None:
+    """The child's stdin, which held it (it is gone now)."""
+    assert proc.stdin is not None
+    proc.stdin.close()
 
 
 def test_owner_only_under_the_runtime_dir_and_removed_when_the_block_ends_or_raises(runtime: Path) -> None:
@@ -81,6 +88,7 @@ def test_a_signal_ends_the_run_as_ctrl_c_does_and_removes_it(runtime: Path, sig:
     proc, path = _child(runtime)
     proc.send_signal(sig)
     assert proc.wait(timeout=30) == 130
+    _close(proc)
     assert not path.exists()
 
 
@@ -88,6 +96,7 @@ def test_a_killed_runs_directory_is_removed_by_the_next_run_and_nothing_else(run
     proc, path = _child(runtime)
     proc.kill()
     proc.wait(timeout=30)
+    _close(proc)
     assert path.exists()  # SIGKILL: nothing runs
     others = [runtime / "ptt-test-915wr4uc", runtime / f"ptt-test-{os.getpid()}-alive", runtime / "other"]
     for other in others:
