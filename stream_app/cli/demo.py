@@ -46,6 +46,7 @@ from .replay import delivery_failures_message, replay_summary_lines
 from .supervise import HelperFailed, Watch, how_it_ended, log_tail
 
 if TYPE_CHECKING:
+    from producers.replay import ReplaySummary
     from producers.stopping import StopFlag
     from schemas import Query
 
@@ -137,6 +138,100 @@ def _wait_until(check: Callable[[], bool], timeout_s: float, proc: subprocess.Po
             return
         time.sleep(0.3)
     raise DemoError(f"the {what} did not become ready within {timeout_s:.0f}s: {log_tail(log)} (its log: {log})")
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A helper process that answered its readiness check, the ports it listens on, and a note
+    when one it was given was taken (``" (port 6066 was taken, using 41234)"``)."""
+
+    proc: subprocess.Popen[bytes]
+    ports: tuple[int, ...]
+    note: str = ""
+
+
+def _start_helper(what: str, log: Path, watch: Watch, timeout_s: float, ports: tuple[int, ...],
+                  launch: Callable[[Any, tuple[int, ...]], subprocess.Popen[bytes]],
+                  ready: Callable[[tuple[int, ...]], Callable[[], bool]],
+                  port_taken: Callable[[subprocess.Popen[bytes]], bool]) -> _Started:
+    """Start a helper (``launch(log file, ports)``) and wait until ``ready(ports)`` holds
+    (:func:`_wait_until`). A port can be taken between its check and the helper's bind: a start
+    that failed so (``port_taken``) is tried again on free ports, three times at most; else the
+    :class:`DemoError` names the helper and quotes its log (the helper stopped)."""
+    note = ""
+    for attempt in range(3):
+        with log.open("wb") as fh:
+            proc = launch(fh, ports)
+        try:
+            _wait_until(ready(ports), timeout_s, proc, what, log, watch)
+            return _Started(proc, ports, note)
+        except DemoError:
+            terminate_all([proc], timeout_s=1.0)  # one that never became ready is not left behind
+            if attempt == 2 or not port_taken(proc):
+                raise
+            taken, ports = ports, tuple(free_port() for _ in ports)
+            note = f" (port {taken[0]} was taken, using {ports[0]})"
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _python_helper(command: str, env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
+    """``python -m stream_app.cli COMMAND`` with ``env`` added, its output in ``log``."""
+    return subprocess.Popen([sys.executable, "-m", "stream_app.cli", command],  # noqa: S603
+                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, **child_options())
+
+
+def _start_worker(ws: WorkerSettings, port_given: bool, log: Path, watch: Watch) -> _Started:
+    """The demo's stream-app worker, ready once its /metrics carries ``ws.instance_token`` (a
+    port given explicitly is never changed)."""
+    def launch(fh: Any, ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        return _python_helper("worker", ws.model_copy(update={"web_port": ports[0]}).to_env(), fh)
+
+    started = _start_helper("stream-app worker", log, watch, 90, (ws.web_port,), launch,
+                            lambda p: functools.partial(_ours_metrics, f"http://127.0.0.1:{p[0]}/metrics",
+                                                        ws.instance_token),
+                            lambda proc: not port_given and proc.returncode == EXIT_PORT)
+    watch.add("stream-app worker", started.proc, log)
+    return started
+
+
+def _start_shuffler(ss: ShufflerSettings, log: Path, watch: Watch) -> _Started:
+    """The demo's shuffler on ports (its /metrics, its front door), ready once its front door
+    answers (the replay's devices upload there) or, without one, its own /metrics."""
+    door = ss.http_port != 0
+
+    def launch(fh: Any, ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        update = {"metrics_port": ports[0], "http_port": ports[1] if door else 0}
+        return _python_helper("shuffler", ss.model_copy(update=update).to_env(), fh)
+
+    def ready(ports: tuple[int, ...]) -> Callable[[], bool]:
+        if door:
+            return functools.partial(_answers, f"http://127.0.0.1:{ports[1]}/v1/health", b"")
+        return functools.partial(_answers, f"http://127.0.0.1:{ports[0]}/metrics", b"ptt_shuffler_")
+
+    started = _start_helper("shuffler", log, watch, 90, (ss.metrics_port, ss.http_port), launch, ready,
+                            lambda proc: proc.returncode == EXIT_PORT)
+    watch.add("shuffler" + (" (and its HTTP front door)" if door else ""), started.proc, log)
+    return started
+
+
+def _start_prometheus(binary: str, targets: list[str], out: Path, port: int, port_given: bool,
+                      watch: Watch) -> _Started:
+    """Prometheus scraping ``targets``, its data in ``out/tsdb``, ready once it answers with the
+    demo's own configuration (not another Prometheus on that port)."""
+    cfg = (out / "prometheus.yml").absolute()
+    cfg.write_text(prometheus_config(targets))
+    log = out / "prometheus.log"
+
+    def launch(fh: Any, ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={out / 'tsdb'}",  # noqa: S603
+                                 f"--web.listen-address=127.0.0.1:{ports[0]}"], stdout=fh, stderr=subprocess.STDOUT,
+                                **child_options())
+
+    started = _start_helper("Prometheus", log, watch, 60, (port,), launch,
+                            lambda p: functools.partial(_ours_prometheus, f"http://127.0.0.1:{p[0]}", cfg),
+                            lambda proc: not port_given and proc.poll() is not None)
+    watch.add("Prometheus", started.proc, log)
+    return started
 
 
 def _ours_metrics(url: str, token: str) -> bool:
@@ -437,6 +532,28 @@ def run_demo(demo: DemoSettings) -> int:
         return _run_demo(demo, secrets_at)
 
 
+def _said_replayed(summary: ReplaySummary) -> int:
+    """Print what the replay did (its delivery failures on stderr, not only in the exit code);
+    the demo's exit code so far."""
+    print(f"data: {summary.data_quality}")
+    print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
+          f"from a fleet of {summary.fleet_size:,} vehicles"
+          + (f" (at least {summary.fleet_basis})" if summary.fleet_basis else "")
+          + f" in {summary.elapsed_s:.1f}s"
+          + (" (interrupted)" if summary.interrupted else ""), flush=True)
+    for line in replay_summary_lines(summary)[2:]:  # refusals, spans, the vehicles' days
+        print(line, flush=True)
+    if summary.delivery_failures:  # exit code 1 (unless interrupted)
+        print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED if summary.interrupted else (EXIT_FAILURE if summary.delivery_failures else EXIT_OK)
+
+
+def _source(demo: DemoSettings) -> str:
+    """What the demo replays, for its banner."""
+    given = demo.pems_raw or demo.pems_5min
+    return str(given) if given is not None else f"the synthetic day ({demo.stations} stations)"
+
+
 def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     from producers.replay import ReplayLost, default_fleet, load_day, replay
     from producers.stopping import StopFlag
@@ -482,77 +599,29 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     token = secrets.token_hex(8)  # the worker's identity on its /metrics
     stopped_children = False
     try:
-        worker_log = out / "worker.log"
-        for attempt in range(3):  # a default port can be taken between the check and the worker's bind
-            ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
-                                worker_dir=out / "worker", instance_token=token,
-                                estimate_output="frames" if frames_only else "both")
-            with worker_log.open("wb") as log:
-                worker = started = subprocess.Popen(  # noqa: S603
-                    [sys.executable, "-m", "stream_app.cli", "worker"], env={**os.environ, **ws.to_env()}, stdout=log,
-                    stderr=subprocess.STDOUT, **child_options())
-            metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-            try:
-                _wait_until(functools.partial(_ours_metrics, metrics_url, token), 90, started, "stream-app worker",
-                            worker_log, watch)
-                break
-            except DemoError:
-                if demo.metrics_port is not None or started.returncode != EXIT_PORT or attempt == 2:
-                    raise
-                taken, metrics_port = metrics_port, free_port()
-                metrics_note = f" (port {taken} was taken, using {metrics_port})"
-        watch.add("stream-app worker", started, worker_log)
+        ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
+                            worker_dir=out / "worker", instance_token=token,
+                            estimate_output="frames" if frames_only else "both")
+        started = _start_worker(ws, demo.metrics_port is not None, out / "worker.log", watch)
+        worker, metrics_port = started.proc, started.ports[0]
+        metrics_note = started.note or metrics_note
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if demo.via_shuffler:
-            for attempt in range(3):  # a port it chose can be taken between the check and the shuffler's bind
-                ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
-                                      http_port=http_port if demo.transport == "http" else 0, **enrolled)
-                if demo.release is not None:
-                    ss = ss.model_copy(update={"release": demo.release})
-                released = ss.release
-                with (out / "shuffler.log").open("wb") as log:
-                    shuffler = started_shuffler = subprocess.Popen(  # noqa: S603
-                        [sys.executable, "-m", "stream_app.cli", "shuffler"], env={**os.environ, **ss.to_env()},
-                        stdout=log, stderr=subprocess.STDOUT, **child_options())
-                # ready: its front door answers (the replay's devices upload there), or its own /metrics
-                ready = (functools.partial(_answers, f"http://127.0.0.1:{http_port}/v1/health", b"")
-                         if demo.transport == "http" else
-                         functools.partial(_answers, f"http://127.0.0.1:{shuffler_port}/metrics", b"ptt_shuffler_"))
-                try:
-                    _wait_until(ready, 90, started_shuffler, "shuffler", out / "shuffler.log", watch)
-                    break
-                except DemoError:
-                    if started_shuffler.returncode != EXIT_PORT or attempt == 2:
-                        raise
-                    shuffler_port, http_port = free_port(), free_port()
-            watch.add("shuffler" + (" (and its HTTP front door)" if demo.transport == "http" else ""),
-                      started_shuffler, out / "shuffler.log")
+            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
+                                  http_port=http_port if demo.transport == "http" else 0, **enrolled)
+            ss = ss.model_copy(update={"release": demo.release}) if demo.release is not None else ss
+            released = ss.release
+            started = _start_shuffler(ss, out / "shuffler.log", watch)
+            shuffler, shuffler_port = started.proc, started.ports[0]
+            http_port = started.ports[1] if demo.transport == "http" else http_port
         prom_bin = shutil.which("prometheus")
         prom_url = None
         if prom_bin:
-            cfg = (out / "prometheus.yml").absolute()
-            cfg.write_text(prometheus_config([f"127.0.0.1:{metrics_port}",
-                                              *([f"127.0.0.1:{shuffler_port}"] if shuffler is not None else [])]))
-            prom_log = out / "prometheus.log"
-            for attempt in range(3):  # a chosen port can be taken between the check and the bind
-                with prom_log.open("wb") as log:
-                    prom = subprocess.Popen(  # noqa: S603
-                        [prom_bin, f"--config.file={cfg}", f"--storage.tsdb.path={out / 'tsdb'}",
-                         f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT,
-                        **child_options())
-                prom_url = f"http://127.0.0.1:{prom_port}"
-                base = prom_url
-                try:
-                    _wait_until(functools.partial(_ours_prometheus, base, cfg), 60, prom, "Prometheus", prom_log,
-                                watch)
-                    watch.add("Prometheus", prom, prom_log)
-                    break
-                except DemoError:
-                    if demo.prometheus_port is not None or prom.poll() is None or attempt == 2:
-                        raise
-                    taken, prom_port = prom_port, free_port()  # another process bound it first
-                    prom_note = f" (port {taken} was taken, using {prom_port})"
-        source = (f"{demo.pems_raw or demo.pems_5min}" if (demo.pems_raw or demo.pems_5min)
-                  else f"the synthetic day ({demo.stations} stations)")
+            targets = [f"127.0.0.1:{metrics_port}", *([f"127.0.0.1:{shuffler_port}"] if shuffler is not None else [])]
+            started = _start_prometheus(prom_bin, targets, out, prom_port, demo.prometheus_port is not None, watch)
+            prom, prom_port = started.proc, started.ports[0]
+            prom_note = started.note or prom_note
+            prom_url = f"http://127.0.0.1:{prom_port}"
         print(f"broker      {broker.bootstrap} (embedded, memory only)")
         if shuffler is not None:
             door = f", devices POST http://127.0.0.1:{http_port}/v1/reports" if demo.transport == "http" else ""
@@ -568,7 +637,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
               "the demo ends)")
         pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"
         epochs = min(day.epochs.size - start, demo.max_epochs or day.epochs.size)
-        print(f"replaying {source} from {epoch_start(int(day.epochs[start])):%H:%M}, {epochs:,} epochs "
+        print(f"replaying {_source(demo)} from {epoch_start(int(day.epochs[start])):%H:%M}, {epochs:,} epochs "
               f"({epochs * EPOCH_S / 3600:g} h), {pace}; Ctrl-C stops", flush=True)
         rs = _replay_settings(demo, broker.bootstrap, http_port, enrolled, start)
         try:
@@ -579,17 +648,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
             watch.check()  # the broker (or another helper) exited: that is the failure to name
             raise
         watch.check()
-        print(f"data: {summary.data_quality}")
-        print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
-              f"from a fleet of {summary.fleet_size:,} vehicles"
-              + (f" (at least {summary.fleet_basis})" if summary.fleet_basis else "")
-              + f" in {summary.elapsed_s:.1f}s"
-              + (" (interrupted)" if summary.interrupted else ""), flush=True)
-        for line in replay_summary_lines(summary)[2:]:  # refusals, spans, the vehicles' days
-            print(line, flush=True)
-        if summary.delivery_failures:  # exit code 1 (unless interrupted), said here, not only by the code
-            print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)
-        code = EXIT_INTERRUPTED if summary.interrupted else (EXIT_FAILURE if summary.delivery_failures else EXIT_OK)
+        code = _said_replayed(summary)
         with StopFlag() as stop:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()
