@@ -63,7 +63,7 @@ from .figures import (
     uncertifiable,
 )
 from .fit import FAMILIES, Family, can_fit, fit_budget, headline_sd
-from .fleet import FleetQuery, fleet_plan, parse_fleet_queries, round_down_2sig, share_epsilon, vehicle_day
+from .fleet import FleetQuery, fleet_plan, parse_fleet_queries, planned_day, round_down_2sig, share_epsilon, vehicle_day
 from .ledger import (
     ShuffledDayLedger,
     charged_release,
@@ -278,6 +278,7 @@ __all__ = [
     "per_sensor_variation_ratio",
     "plain_words",
     "plan",
+    "planned_day",
     "pld_day_epsilon",
     "project_capped_simplex",
     "pure_pld",
@@ -287,12 +288,12 @@ __all__ = [
     "report_charge",
     "report_epsilon_all_rounds",
     "report_epsilon_shuffled",
+    "round_down_2sig",
     "rounds_independent",
     "rr_epsilon_closed_form",
     "rr_estimator",
     "sampling_privacy",
     "scale_word",
-    "round_down_2sig",
     "share_epsilon",
     "shuffled_day",
     "shuffled_epsilon",

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,8 @@ from .mechanisms import Mechanism
 from .planning import check_span_request
 from .registry import MechanismSpec, PlanError, default_query_mechanisms, get_spec, mechanism_names
 
-__all__ = ["FleetQuery", "fleet_plan", "parse_fleet_queries", "round_down_2sig", "share_epsilon", "vehicle_day"]
+__all__ = ["FleetQuery", "fleet_plan", "parse_fleet_queries", "planned_day", "round_down_2sig", "share_epsilon",
+           "vehicle_day"]
 
 _FLEET_TOL = 1e-2  # parameter precision of each query's fit (relative): ~1% of sd, a third of the time
 _QUERY = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:@\s*(\d+)\s*(?:/\s*(\d*)\s*(?:/\s*(\d+)\s*)?)?)?$")
@@ -252,8 +253,7 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
             if len(still) < len(kept):  # re-split among those that fit
                 kept = still
                 continue
-            accs = [_account(by[n], params[n], stations, population, release) for n in kept]
-            day = _vehicle_day(accs, epochs, delta)[1]
+            day = planned_day([by[n] for n in kept], params, population, stations, release, epochs, delta)
             if day <= day_budget:
                 break
             # the composed day came out at `day`: shrink the shares by the ratio of mu^2 (GDP) that
@@ -300,6 +300,14 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
                                  "the same span and passages, at exactly the budget the query got (curator_budget: "
                                  "its share of the day budget, or without one its own day)",
     }
+
+
+def planned_day(queries: Sequence[FleetQuery], params: Mapping[str, Mapping[str, float]], population: int,
+                stations: int, release: str = "aggregate", epochs: int = 2880, delta: float = 1e-6) -> float:
+    """A vehicle's whole day through ``release`` across ``queries`` at ``params`` (by label, as
+    :func:`fleet_plan` returns them): the figure its day budget is checked against."""
+    accounts = [_account(q, dict(params[q.label]), stations, population, release) for q in queries]
+    return _vehicle_day(accounts, epochs, delta)[1]
 
 
 def _account(q: FleetQuery, params: dict[str, float], stations: int, population: int,

@@ -63,13 +63,16 @@ def planned_day_params(mechanisms: str, population: int, stations: int, day_budg
     remembered per setting, and in ``cache``, a folder, across runs -- a remembered plan is
     used only if its composed day still fits the budget). :class:`~estimators.PlanError` when a
     query cannot fit, saying which and why."""
+    from estimators.fleet import parse_fleet_queries, planned_day
+
     key = (mechanisms, population, stations, day_budget)
     path = cache / ("day-plan-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16] + ".json") if cache else None
     if path is not None and path.is_file():
         try:
             kept = json.loads(path.read_text())
             params = {str(k): {str(p): float(v) for p, v in d.items()} for k, d in kept["params"].items()}
-            if kept["key"] == list(key) and _day_of(mechanisms, params, population, stations) <= day_budget:
+            if kept["key"] == list(key) and planned_day(parse_fleet_queries(mechanisms), params, population,
+                                                        stations) <= day_budget:
                 return params
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # planned again below
@@ -79,19 +82,6 @@ def planned_day_params(mechanisms: str, population: int, stations: int, day_budg
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"key": list(key), "params": params}))
     return params
-
-
-def _day_of(mechanisms: str, params: dict[str, dict[str, float]], population: int, stations: int) -> float:
-    """A vehicle's whole day through the aggregate release across ``mechanisms`` at ``params``."""
-    from estimators import get_spec, vehicle_day
-    from estimators.fleet import parse_fleet_queries
-
-    queries = []
-    for q in parse_fleet_queries(mechanisms):
-        spec = get_spec(q.mechanism)
-        queries.append((spec, spec.build(params[q.label], stations), stations, q.span_s, q.passages(stations),
-                        q.max_passages_day))
-    return float(vehicle_day(queries, population)["shuffled"])
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,50 @@
+"""The replay's default queries (producers/queries.py): a day plan remembered across runs is used
+only while its composed day still fits the budget; one that does not (a stale or tampered file)
+is planned again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import producers.queries as queries
+from estimators.fleet import parse_fleet_queries, planned_day
+
+MECHANISMS, POPULATION, STATIONS, BUDGET = "unary@3600//40", 2_000, 4, 1.0
+
+
+@pytest.fixture
+def planner(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, ...]]:
+    """The planner stubbed (a real plan takes many seconds): a private setting, calls recorded."""
+    calls: list[tuple[object, ...]] = []
+
+    def plan(*key: object) -> dict[str, dict[str, float]]:
+        calls.append(key)
+        return {"unary@3600//40": {"q": 0.45}}
+
+    monkeypatch.setattr(queries, "_planned_day_params", plan)
+    return calls
+
+
+def test_a_plan_is_remembered_and_used_while_it_fits(tmp_path: Path, planner: list[tuple[object, ...]]) -> None:
+    first = queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)
+    again = queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)
+    assert first == again and len(planner) == 1  # the second run read the file
+    assert planned_day(parse_fleet_queries(MECHANISMS), again, POPULATION, STATIONS) <= BUDGET
+
+
+def test_a_remembered_plan_over_the_budget_is_planned_again(tmp_path: Path, planner: list[tuple[object, ...]]) -> None:
+    queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)
+    (path,) = tmp_path.iterdir()
+    kept = json.loads(path.read_text())
+    kept["params"] = {"unary@3600//40": {"q": 0.001}}  # hardly any noise: far over a day of 1
+    path.write_text(json.dumps(kept))
+    assert planned_day(parse_fleet_queries(MECHANISMS), kept["params"], POPULATION, STATIONS) > BUDGET
+    assert queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path) == {
+        "unary@3600//40": {"q": 0.45}}
+    assert len(planner) == 2
+    path.write_text("not json")
+    queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)
+    assert len(planner) == 3
