@@ -88,7 +88,7 @@ test-fast: setup
 	  code=$$?; if [ $$code -eq 2 ]; then echo "make test-fast: stopped by Ctrl-C" >&2; else exit $$code; fi; }
 
 # Every benchmark script in tests/benchmarks/ (bench_*.py), one after the other, each run
-# appended to the benchmark record (docs/benchmark-record.jsonl: command, machine, date, figures).
+# appended to the benchmark record (tests/benchmarks/record.jsonl: command, machine, date, figures).
 bench: $(STAMP)
 	@set -e; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python tests/benchmarks/record.py $$b; done
 

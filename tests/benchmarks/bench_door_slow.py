@@ -19,7 +19,7 @@ connections. One JSON line per scenario.
 
 Measured on 2 cores shared with other sessions: read ``door_cpu_s`` (CPU seconds, fairly
 independent of the load) before the latencies (which are what the load does to them), and the
-load average before comparing two runs (docs/benchmark-record.jsonl has every run recorded).
+load average before comparing two runs (tests/benchmarks/record.jsonl has every run recorded).
 
 Run: ``python tests/benchmarks/bench_door_slow.py [--only slow,slow_nginx] [--slow 20000]
 [--slow-procs 4] [--fresh 40] [--load-procs 0]`` (``bench_front_door.py --only slow`` runs the

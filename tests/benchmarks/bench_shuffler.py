@@ -37,7 +37,7 @@ and other threads do not count; slower: the line is marked ``profiled``) and add
 time, in seconds.
 
 Measured on 2 cores shared with other sessions (load average 3-5; every run's figures are in the
-benchmark record, docs/benchmark-record.jsonl):
+benchmark record, tests/benchmarks/record.jsonl):
 
 * s1, 5 epochs, 398,560 device records: direct 0.37 s/epoch (82x real time), through the
   shuffler 8.8 s/epoch (3.4x): 24x the direct path's wall time per epoch; CPU s replay 23.0,

@@ -1,5 +1,5 @@
 """The benchmark record: run one benchmark script and append what it measured, with the
-command, the machine and the date, to ``docs/benchmark-record.jsonl`` (one JSON object a run).
+command, the machine and the date, to ``tests/benchmarks/record.jsonl`` (one JSON object a run).
 
 Every figure the docs used to carry by hand lives there instead: the docs say how to run a
 benchmark and what it measures; the record says what it measured, where and when. A run's
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORD = ROOT / "docs" / "benchmark-record.jsonl"
+RECORD = ROOT / "tests" / "benchmarks" / "record.jsonl"
 
 
 def machine() -> dict[str, Any]:

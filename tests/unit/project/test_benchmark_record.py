@@ -1,6 +1,6 @@
 """The benchmark record (tests/benchmarks/record.py): a run appends one JSON object with the
 command, the machine, the date, its exit code and every JSON line the benchmark printed; the
-committed record parses, and every entry says where its figures came from."""
+committed record parses, every entry says where its figures came from, and its figures are JSON objects (fields)."""
 
 from __future__ import annotations
 
@@ -41,11 +41,13 @@ def test_a_failing_benchmark_is_recorded_with_its_exit_code(tmp_path: Path) -> N
 
 
 def test_the_committed_record_parses_and_names_its_source() -> None:
-    entries = [json.loads(line) for line in (ROOT / "docs" / "benchmark-record.jsonl").read_text().splitlines()]
+    assert record.RECORD == ROOT / "tests" / "benchmarks" / "record.jsonl"  # beside the recorder, not in docs/
+    entries = [json.loads(line) for line in record.RECORD.read_text().splitlines()]
     assert entries
     for e in entries:
         assert {"bench", "command", "date", "figures"} <= set(e), e.get("bench")
         assert "machine" in e or "source" in e, e["bench"]  # measured by the recorder, or transcribed (said so)
+        assert all(isinstance(f, dict) for f in e["figures"]), e["bench"]  # figures are fields, not text rows
 
 
 def test_the_recorder_refuses_what_is_not_a_script() -> None:
