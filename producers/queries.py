@@ -16,7 +16,12 @@ from schemas.epochs import EPOCH_S
 
 from .pems import TrafficDay, epoch_start
 
-__all__ = ["default_queries", "planned_day_params", "planned_flow_params"]
+__all__ = ["SHIPPED_PLANS", "default_queries", "planned_day_params", "planned_flow_params"]
+
+#: the plans of the demo's default settings, shipped so a first run need not plan for minutes
+#: (``ptt plan fleet ... --day-budget``; tests/unit/project/test_quoted_figures.py checks that
+#: each is what the planner chooses now); checked against its budget before use, as a cache is
+SHIPPED_PLANS = Path(__file__).with_name("plans.json")
 
 
 def default_queries(day: TrafficDay, population: int, mechanisms: tuple[str, ...] | None = None,
@@ -61,27 +66,49 @@ def planned_day_params(mechanisms: str, population: int, stations: int, day_budg
     --population POPULATION --stations STATIONS --day-budget B`` chooses them together through the
     shuffler's aggregate release (a minute or two at the papers' fleet on a busy machine:
     remembered per setting, and in ``cache``, a folder, across runs -- a remembered plan is
-    used only if its composed day still fits the budget). :class:`~estimators.PlanError` when a
+    used only if its composed day still fits the budget; the plans of the demo's defaults are
+    shipped, :data:`SHIPPED_PLANS`). :class:`~estimators.PlanError` when a
     query cannot fit, saying which and why."""
-    from estimators.fleet import parse_fleet_queries, planned_day
-
     key = (mechanisms, population, stations, day_budget)
     path = cache / ("day-plan-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16] + ".json") if cache else None
-    if path is not None and path.is_file():
-        try:
-            kept = json.loads(path.read_text())
-            params = {str(k): {str(p): float(v) for p, v in d.items()} for k, d in kept["params"].items()}
-            if kept["key"] == list(key) and planned_day(parse_fleet_queries(mechanisms), params, population,
-                                                        stations) <= day_budget:
-                return params
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # planned again below
+    for kept in (_read_plans(path), _read_plans(SHIPPED_PLANS)):
+        params = _fitting(kept, key)
+        if params is not None:
+            return params
     params = _planned_day_params(*key)
     if path is not None:
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"key": list(key), "params": params}))
     return params
+
+
+def _read_plans(path: Path | None) -> list[Any]:
+    """The plans a file keeps (a cache entry, or the shipped list); none if it is absent or unreadable."""
+    if path is None or not path.is_file():
+        return []
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return kept if isinstance(kept, list) else [kept]
+
+
+def _fitting(kept: list[Any], key: tuple[str, int, int, float]) -> dict[str, dict[str, float]] | None:
+    """The parameters of the plan in ``kept`` made for ``key``, if its composed day still fits
+    the budget (a cache can be stale or tampered with: every kept plan is checked again)."""
+    from estimators.fleet import parse_fleet_queries, planned_day
+
+    for plan in kept:
+        try:
+            if plan["key"] != list(key):
+                continue
+            params = {str(k): {str(p): float(v) for p, v in d.items()} for k, d in plan["params"].items()}
+            if planned_day(parse_fleet_queries(key[0]), params, key[1], key[2]) <= key[3]:
+                return params
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # planned again
+    return None
 
 
 @functools.lru_cache(maxsize=8)

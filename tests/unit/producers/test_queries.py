@@ -48,3 +48,28 @@ def test_a_remembered_plan_over_the_budget_is_planned_again(tmp_path: Path, plan
     path.write_text("not json")
     queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)
     assert len(planner) == 3
+
+
+def test_a_shipped_plan_is_used_while_it_fits_and_replanned_when_not(tmp_path: Path, planner: list[tuple[object, ...]],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first run (empty cache) uses the shipped plan of its setting, checked as a cache is: a
+    shipped plan over the budget, or of another setting, is not used."""
+    shipped = tmp_path / "plans.json"
+    monkeypatch.setattr(queries, "SHIPPED_PLANS", shipped)
+    fits = {"unary@3600//40": {"q": 0.46}}
+    shipped.write_text(json.dumps([{"key": [MECHANISMS, POPULATION + 1, STATIONS, BUDGET], "params": {}},
+                                   {"key": [MECHANISMS, POPULATION, STATIONS, BUDGET], "params": fits}]))
+    assert queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path / "cache") == fits
+    assert not planner and not (tmp_path / "cache").exists()
+    shipped.write_text(json.dumps([{"key": [MECHANISMS, POPULATION, STATIONS, BUDGET],
+                                    "params": {"unary@3600//40": {"q": 0.001}}}]))
+    assert queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path / "cache") == {
+        "unary@3600//40": {"q": 0.45}}
+    assert len(planner) == 1
+
+
+def test_the_shipped_plans_are_of_the_demos_default_setting() -> None:
+    """What is shipped reads back (each plan is checked against the planner's choice by
+    tests/unit/project/test_quoted_figures.py)."""
+    kept = queries._read_plans(queries.SHIPPED_PLANS)
+    assert kept and all(queries._fitting([plan], tuple(plan["key"])) == plan["params"] for plan in kept)

@@ -223,6 +223,27 @@ def test_the_quickstart_shows_the_privacy_lines_the_demo_prints(run: Callable[[s
     assert f"            {plain_words(epsilon_day)}" in block.splitlines()
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group(_group(ROOT / "README.md", "demo"))  # the README's demo plan is the shipped one
+def test_each_shipped_plan_is_what_the_planner_chooses_now(run: Callable[[str], Any]) -> None:
+    """producers/plans.json (a first demo's plan, so it need not plan for minutes) holds, per
+    setting, the parameters ``ptt plan fleet --day-budget`` chooses for it in a fresh process, as
+    the demo would (:func:`producers.queries.planned_day_params`)."""
+    from producers.queries import SHIPPED_PLANS
+
+    for plan in json.loads(SHIPPED_PLANS.read_text()):
+        mechanisms, population, stations, budget = plan["key"]
+        command = (f"ptt plan fleet --population {population} --expected-yes {min(population, 100)} --stations "
+                   f"{stations} --query-mechanisms {mechanisms} --day-budget {budget:g}")
+        chosen = {k: q["params"] for k, q in run(command)["queries"].items()}
+        assert chosen.keys() == plan["params"].keys(), command
+        for label, params in chosen.items():
+            assert params.keys() == plan["params"][label].keys(), (command, label)
+            assert all(math.isclose(v, plan["params"][label][p], rel_tol=1e-9) for p, v in params.items()), (
+                f"{command}: the planner chooses {params} for {label}, producers/plans.json ships "
+                f"{plan['params'][label]}; ship what it chooses now")
+
+
 def test_the_readme_says_in_plain_words_what_a_day_figure_means() -> None:
     """The one sentence (estimators.plain_words), as it is, once."""
     from estimators import plain_words
