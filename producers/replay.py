@@ -68,6 +68,7 @@ from .corridors import build_corridors
 from .devices import KIND_HEADER, DeviceRequests, device_records, send_device_reports, send_source_epoch
 from .fleet import (
     Device,
+    EpochReports,
     FleetTooSmall,
     epoch_rng,
     fleet_share,
@@ -85,13 +86,12 @@ from .spans import SpanTracker, fleet_need, span_reports
 from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_signals, pause_until
 from .synthetic import write_synthetic_day
 from .trip_spans import ProducerTrips
-from .trip_stats import DEFAULT_CAPS, PassageDistribution, cap_summary
+from .trip_stats import DEFAULT_CAPS, CapDrops, PassageDistribution, cap_drop_lines, cap_summary
 from .trips import default_fleet_size, trip_fleet_need
 
-__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "check_broker", "default_fleet",
-           "default_queries", "planned_flow_params",
-           "device_records", "fleet_size_for", "load_day", "replay", "send_device_reports",
-           "send_markers", "send_round", "wait_for_peers"]
+__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "check_broker",
+           "counted_span_reports", "default_fleet", "default_queries", "device_records", "fleet_size_for", "load_day",
+           "planned_flow_params", "replay", "send_device_reports", "send_markers", "send_round", "wait_for_peers"]
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,9 @@ class ReplaySummary:
     marked). ``fleet_basis``: why the fleet has the size it has (:func:`producers.spans.fleet_need`). Span
     queries (this producer's, with one producer the whole replay's): ``spans_sent`` span reports
     sent, ``spans_skipped`` spans not covered whole (``span_skip_reasons``), ``passages_dropped``
-    passages over the query's caps (``max_passages``, ``max_passages_day``), the caps' bias.
+    passages over the query's caps (``max_passages``, ``max_passages_day``), the caps' bias;
+    ``day_cap_drops``: the day cap's drops per query, span (its first epoch) and station id,
+    where it dropped any (one producer: a simulation diagnostic; ``--cap-drops-file``).
     ``vehicle_day`` (``--fleet-model trips``, one producer): the passages per vehicle of the
     replayed day and the share of them a day cap would drop."""
 
@@ -178,6 +180,7 @@ class ReplaySummary:
     spans_skipped: Counter[str] = field(default_factory=Counter)
     span_skip_reasons: dict[str, str] = field(default_factory=dict)
     passages_dropped: Counter[str] = field(default_factory=Counter)
+    day_cap_drops: CapDrops = field(default_factory=dict)
     vehicle_day: PassageDistribution | None = None
 
 
@@ -212,6 +215,22 @@ def wait_for_peers(peers: list[Any], i: int, stop: StopFlag, plan: StopPlan | No
     while (peers and min(c[EPOCHS_DONE] for c in peers) < i - 1 and not stop.wait(0.002)
            and not (plan is not None and plan.requested)):
         pass
+
+
+def counted_span_reports(q: Query, spans: SpanTracker, settings: ReplaySettings, index: int, start: int, device: Device,
+                  ledger: DayLedger | ShuffledDayLedger | None, mix_pairs: bool, summary: ReplaySummary
+                  ) -> EpochReports:
+    """The producer's reports for ``q``'s span from epoch ``start`` (:func:`producers.spans.span_reports`),
+    with what they sent and what the caps dropped (per station too) counted in ``summary``."""
+    er, dropped = span_reports(q, spans, settings.seed, index, start, settings.mode, device, ledger,
+                               mix_pairs=mix_pairs)
+    summary.passages_dropped[q.query_id] += dropped
+    if dropped and spans.station_drops is not None and spans.station_drops.any():
+        at = np.flatnonzero(spans.station_drops)
+        summary.day_cap_drops.setdefault(q.query_id, {})[start] = dict(
+            zip((q.sensors[i] for i in at.tolist()), spans.station_drops[at].tolist(), strict=True))
+    summary.spans_sent[q.query_id] += not er.refused
+    return er
 
 
 def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, counters: Any | None,
@@ -312,10 +331,8 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                         break
                     if q.record_key in span_of:  # one report per device for the span: epoch = its first
                         report_epoch = span_of[q.record_key][0]
-                        er, dropped = span_reports(q, spans, settings.seed, index, report_epoch, settings.mode,
-                                                   device, ledger, mix_pairs=enrollment is None)
-                        summary.passages_dropped[q.query_id] += dropped
-                        summary.spans_sent[q.query_id] += not er.refused
+                        er = counted_span_reports(q, spans, settings, index, report_epoch, device, ledger,
+                                           enrollment is None, summary)
                     else:
                         report_epoch = epoch
                         tc = query_truth_counts(split[index], day.stations, q)
@@ -491,7 +508,15 @@ def check_broker(settings: ReplaySettings) -> None:
 
 
 def replay(settings: ReplaySettings, progress: bool = True) -> ReplaySummary:
-    """Replay the day with ``settings.producers`` producer processes; returns the totals."""
+    """Replay the day with ``settings.producers`` producer processes; returns the totals (and
+    writes what a day cap dropped to ``settings.cap_drops_file``, if given)."""
+    summary = _replay(settings, progress)
+    if settings.cap_drops_file is not None:
+        settings.cap_drops_file.write_text("\n".join(cap_drop_lines(summary.day_cap_drops)) + "\n")
+    return summary
+
+
+def _replay(settings: ReplaySettings, progress: bool) -> ReplaySummary:
     started = time.time()
     check_broker(settings)  # before the day: no parsing or generating for a broker that is not there
     day = load_day(settings)

@@ -105,6 +105,10 @@ class ReplaySettings(EnrollmentSettings):
                                      "most this through the shuffler's aggregate release (default: none; a span "
                                      "query alone at --flow-day-budget, the others at their defaults)")
 
+    cap_drops_file: Path | None = Field(default=None, description="write what a day cap (MECH@SPAN//M) dropped per "
+                                        "query, span and station to this CSV when the replay ends (a simulation "
+                                        "diagnostic, never published)")
+
     via_shuffler: bool = Field(default=False, description="send every device's report as its own record to the "
                                                          "device topic, for `ptt shuffler` (no batches, no markers)")
     device_topic: str = Field(default="ptt.device-reports", description="the shuffler's input topic (--via-shuffler)")

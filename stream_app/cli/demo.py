@@ -59,12 +59,14 @@ RUN_LOG = "run.log"
 FRAMES_ONLY_STATIONS = 500
 #: the queries the run answered, saved next to the estimates (``ptt report --queries``)
 QUERIES_FILE = "queries.jsonl"
+#: what a day cap dropped per query, span and station (a simulation diagnostic, never published)
+CAP_DROPS_FILE = "cap-drops.csv"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["FRAMES_ONLY_STATIONS", "QUERIES_FILE", "RUN_LOG", "Closing", "DemoError", "add_parser", "choose_port",
-           "cut_epoch_note", "output_may_close", "prometheus_config", "read_frames", "run", "run_demo", "save_topics",
-           "secret_dir", "start_index", "unpublished", "write_report"]
+__all__ = ["CAP_DROPS_FILE", "FRAMES_ONLY_STATIONS", "QUERIES_FILE", "RUN_LOG", "Closing", "DemoError", "add_parser",
+           "choose_port", "cut_epoch_note", "output_may_close", "prometheus_config", "read_frames", "run", "run_demo",
+           "save_topics", "secret_dir", "start_index", "unpublished", "write_report"]
 
 
 def add_parser(sub: Any) -> None:
@@ -401,13 +403,14 @@ def read_frames(settings: KafkaSettings, topic: str, idle_timeout_s: float = 1.0
 
 
 def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], None] | None = None,
-                 queries: Sequence[Query] = ()) -> str:
+                 queries: Sequence[Query] = (), plots: bool = True) -> str:
     """The report of the saved files (``ptt report``'s defaults), in process; returns one line
     saying what it wrote, or why there is none. The summary is written first and ``say`` told
     of it; the plots follow (about a second each on a busy machine), and a Ctrl-C while they
     are drawn (a KeyboardInterrupt) skips the rest: the line then gives the command that
     draws them. ``queries``: those the run answered (the summary and the plots' titles give a
-    vehicle's whole day across them)."""
+    vehicle's whole day across them). ``plots=False`` (``--no-plots``): the summary only; the line
+    gives the command that draws them."""
     from .. import report
     from .report import read_file
 
@@ -421,8 +424,8 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
         truth_lines = read_file(str(truth)) if truth.exists() and truth.stat().st_size else None
         rows = (report.estimates_of_long_table(estimates) if estimates.suffix == ".parquet"
                 else read_file(str(estimates)))
-        _, plots = report.write_report(rows, truth_lines, out, where=str(estimates),
-                                       before_plots=before_plots, queries=queries)
+        _, drawn = report.write_report(rows, truth_lines, out, where=str(estimates),
+                                       before_plots=before_plots, queries=queries, plots=plots)
     except (CliError, report.ReportError) as exc:
         return f"no report: {error_line('report', str(exc))}"
     except KeyboardInterrupt:
@@ -430,12 +433,16 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
             return f"none {REPORT_INTERRUPTED}"
         return (f"{summary}; plots skipped {REPORT_INTERRUPTED}: `ptt report --estimates {estimates} --truth {truth} "
                 f"--queries {estimates.parent / QUERIES_FILE} --out {out}` draws them")
-    return f"{summary} and {len(plots)} plots in {out}/"
+    if not plots:
+        return (f"{summary} (--no-plots: `ptt report --estimates {estimates} --truth {truth} --queries "
+                f"{estimates.parent / QUERIES_FILE} --out {out}` draws them)")
+    return f"{summary} and {len(drawn)} plots in {out}/"
 
 
-def _report(estimates: Path, truth: Path, out: Path, queries: Sequence[Query], code: int) -> int:
+def _report(estimates: Path, truth: Path, out: Path, queries: Sequence[Query], code: int, plots: bool = True) -> int:
     """The report of the saved run, said in one line; the exit code (130 if a Ctrl-C cut it)."""
-    done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True), queries=queries)
+    done = write_report(estimates, truth, out / "report", say=lambda line: print(line, flush=True), queries=queries,
+                        plots=plots)
     print(f"report      {done}", flush=True)
     return EXIT_INTERRUPTED if REPORT_INTERRUPTED in done else code
 
@@ -494,6 +501,10 @@ def _replay_settings(demo: DemoSettings, bootstrap: str, http_port: int = 8080,
                               "day_budget": demo.day_budget if demo.plan_day else None,
                               "flow_day_budget": demo.day_budget,
                               "query_mechanisms": demo.query_mechanisms or demo_query_mechanisms(demo.fleet_model)}
+    from estimators.fleet import parse_fleet_queries
+
+    if any(q.max_passages_day is not None for q in parse_fleet_queries(chosen["query_mechanisms"])):
+        chosen["cap_drops_file"] = demo.out / CAP_DROPS_FILE  # what the day cap dropped, for the report
     return ReplaySettings(bootstrap_servers=bootstrap, speed=demo.speed, max_epochs=demo.max_epochs,
                           synthetic_stations=demo.stations, data_dir=demo.out / "data", pems_raw=demo.pems_raw,
                           pems_5min=demo.pems_5min, meta=demo.meta, day=demo.day, via_shuffler=demo.via_shuffler,
@@ -532,20 +543,24 @@ def run_demo(demo: DemoSettings) -> int:
         return _run_demo(demo, secrets_at)
 
 
-def _said_replayed(summary: ReplaySummary) -> int:
-    """Print what the replay did (its delivery failures on stderr, not only in the exit code);
-    the demo's exit code so far."""
+def _said_replayed(summary: ReplaySummary, drops_file: Path | None) -> int:
+    """Print what the replay did (its delivery failures on stderr, not only in the exit code;
+    what a day cap dropped, in ``drops_file``); the demo's exit code so far."""
     print(f"data: {summary.data_quality}")
     print(f"replayed {summary.epochs} epochs: {summary.reports:,} reports in {summary.records:,} records "
           f"from a fleet of {summary.fleet_size:,} vehicles"
           + (f" (at least {summary.fleet_basis})" if summary.fleet_basis else "")
           + f" in {summary.elapsed_s:.1f}s"
           + (" (interrupted)" if summary.interrupted else ""), flush=True)
-    for line in replay_summary_lines(summary)[2:]:  # refusals, spans, the vehicles' days
+    for line in replay_summary_lines(summary, drops_file)[2:]:  # refusals, spans, the vehicles' days
         print(line, flush=True)
     if summary.delivery_failures:  # exit code 1 (unless interrupted)
         print(error_line("demo", delivery_failures_message(summary)), file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED if summary.interrupted else (EXIT_FAILURE if summary.delivery_failures else EXIT_OK)
+
+
+_PLANNING = ("(ptt plan fleet --day-budget: seconds for the default setting's shipped plan or a remembered one, "
+             "a minute or more for a new setting on a busy machine)")
 
 
 def _source(demo: DemoSettings) -> str:
@@ -582,8 +597,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     rs_check = _replay_settings(demo, "127.0.0.1:1", start_epoch=start)
     enrolled = _enroll(secrets_at, default_fleet(day, rs_check)) if demo.via_shuffler else {}
     if demo.plan_day:
-        print(f"planning    the queries together for a whole day of {demo.day_budget:g} (ptt plan fleet "
-              "--day-budget: a minute or more the first time on a busy machine, then remembered)", flush=True)
+        print(f"planning    the queries together for a whole day of {demo.day_budget:g} {_PLANNING}", flush=True)
     privacy_line = _vehicle_day(demo, rs_check, day)
     ptt = ptt_command()
     worker: subprocess.Popen[bytes] | None = None
@@ -648,7 +662,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
             watch.check()  # the broker (or another helper) exited: that is the failure to name
             raise
         watch.check()
-        code = _said_replayed(summary)
+        code = _said_replayed(summary, rs.cap_drops_file)
         with StopFlag() as stop:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()
@@ -695,7 +709,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                   f"estimate frames to {table} (one row per query, epoch, station and estimator)", flush=True)
             if published:
                 stop.event.set()  # from here a Ctrl-C raises KeyboardInterrupt: it skips the plots
-                code = _report(table if frames_only else estimates, truth, out, answered, code)
+                code = _report(table if frames_only else estimates, truth, out, answered, code, demo.plots)
             else:
                 print("report      none (no estimate was published yet)", flush=True)
             print(f"log         {out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",

@@ -36,9 +36,13 @@ def check_inputs(paths: list[Path]) -> None:
             pass
 
 
-def replay_summary_lines(summary: Any) -> list[str]:
+def replay_summary_lines(summary: Any, drops_file: Path | None = None) -> list[str]:
     """What ``ptt replay`` prints on stdout: data quality, what the broker acknowledged (and,
-    when that is less, what was sent), refusals. Also printed when the broker was lost."""
+    when that is less, what was sent), refusals, what a day cap dropped (every station and span
+    of it: ``drops_file``). Also printed when the broker was lost."""
+    from producers.trip_stats import largest_cap_drop
+    from schemas.epochs import epoch_start
+
     s = summary
     if (s.reports, s.records) == (s.reports_sent, s.records_sent):
         done = f"{s.reports:,} reports in {s.records:,} records"
@@ -55,6 +59,11 @@ def replay_summary_lines(summary: Any) -> list[str]:
               f"query's cap dropped" for qid, n in sorted(s.spans_sent.items())]
     lines += [f"spans: none of {qid} reported ({n:,} covered only in part: {s.span_skip_reasons.get(qid, '')})"
               for qid, n in sorted(s.spans_skipped.items()) if qid not in s.spans_sent]
+    for qid, spans in sorted(getattr(s, "day_cap_drops", {}).items()):
+        cells, most, station, epoch = largest_cap_drop(spans)
+        lines.append(f"day cap of {qid} (a simulation diagnostic, not published): passages dropped in {cells:,} "
+                     f"station-spans, the most {most:,} at station {station} in the span from "
+                     f"{epoch_start(epoch):%H:%M}" + (f"; every station and span: {drops_file}" if drops_file else ""))
     if getattr(s, "vehicle_day", None) is not None:
         d = s.vehicle_day
         drops = ", ".join(f"{m}: {share:.1%}" for m, share in sorted(d.dropped_share.items()))
@@ -85,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except ReplayLost as exc:  # what was acknowledged before the loss, then the one-line error
         print("\n".join(replay_summary_lines(exc.summary)), flush=True)
         raise
-    print("\n".join(replay_summary_lines(summary)))
+    print("\n".join(replay_summary_lines(summary, settings.cap_drops_file)))
     if summary.delivery_failures:
         raise CliError(delivery_failures_message(summary), EXIT_FAILURE)
     if summary.interrupted:

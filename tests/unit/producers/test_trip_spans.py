@@ -118,3 +118,27 @@ def test_a_replay_asked_for_a_day_cap_it_cannot_keep_says_how() -> None:
     with pytest.raises(ValueError, match="span queries only"):
         ReplaySettings(query_mechanisms="unary@30//40", fleet_model="trips")
     assert ReplaySettings(query_mechanisms="alp,unary@3600//40", fleet_model="trips").fleet_model == "trips"
+
+
+def test_the_replay_counts_a_day_caps_drops_per_station_and_span(day: TrafficDay) -> None:
+    """The replay's span step (``producers.replay.counted_span_reports``) keeps the day cap's drops per
+    span and station id: over a whole day they add up to exactly what past M is. Drops kept by
+    station index, not id, or only the last span's, fail."""
+    from producers.fleet import split_fleet
+    from producers.replay import ReplaySummary, counted_span_reports
+    from producers.spans import SpanTracker
+
+    q = _query(day)
+    fleet = _fleet(day)
+    trips = ProducerTrips(day, 0, fleet, seed=5)
+    spans = SpanTracker(5, fleet, day.stations, 0, trips)
+    summary, settings = ReplaySummary(), ReplaySettings(seed=5, mode="tally", fleet_model="trips")
+    for i, e in enumerate(day.epochs):
+        for due in spans.step(int(e), [q], split_fleet(5, int(e), day.flows[i], fleet, 1)[0]):
+            assert due.whole
+            counted_span_reports(q, spans, settings, 0, due.start, Device(day_caps=True), None, True, summary)
+    drops = summary.day_cap_drops["flows"]
+    assert len(drops) > 3 and all(set(st) <= set(q.sensors) for st in drops.values())
+    total = sum(n for st in drops.values() for n in st.values())
+    assert total == summary.passages_dropped["flows"] == int(np.maximum(trips.passages.astype(np.int64) - M, 0).sum())
+    assert summary.spans_sent["flows"] == 24

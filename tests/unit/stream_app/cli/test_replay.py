@@ -5,6 +5,7 @@ named."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from producers.replay import ReplaySummary
 from stream_app.cli.replay import replay_summary_lines
@@ -27,3 +28,19 @@ def test_the_fleet_line_says_what_sized_the_fleet_and_spans_are_counted() -> Non
             "its first epoch)") in lines
     plain = replay_summary_lines(ReplaySummary(fleet_size=5, data_quality="ok"))
     assert plain[1].startswith("fleet: 5 vehicles; replayed") and len(plain) == 2
+
+
+def test_a_day_caps_drops_are_named_by_their_largest_station_span_and_file(tmp_path: Path) -> None:
+    """The day cap's line: how many station-spans lost passages, the largest (its station and its
+    span's local start), where every one is (``--cap-drops-file``); and the file's lines."""
+    from producers.trip_stats import cap_drop_lines
+
+    drops = {"unary-hour": {59004960: {400001: 3, 400002: 9}, 59005080: {400001: 9}}}
+    s = ReplaySummary(fleet_size=5, data_quality="ok", day_cap_drops=drops)
+    (line,) = [ln for ln in replay_summary_lines(s, tmp_path / "d.csv") if ln.startswith("day cap")]
+    assert line == ("day cap of unary-hour (a simulation diagnostic, not published): passages dropped in 3 "
+                    f"station-spans, the most 9 at station 400002 in the span from 12:00; every station and span: "
+                    f"{tmp_path / 'd.csv'}")
+    assert cap_drop_lines(drops)[1:] == ["unary-hour,59004960,2026-02-03T12:00:00-08:00,400001,3",
+                                         "unary-hour,59004960,2026-02-03T12:00:00-08:00,400002,9",
+                                         "unary-hour,59005080,2026-02-03T13:00:00-08:00,400001,9"]
