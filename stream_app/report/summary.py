@@ -31,6 +31,7 @@ from estimators import plain_words
 from schemas.epochs import EPOCH_S
 from schemas.wire import json_safe
 
+from .cap_drops import CapDrops, cap_drop_words
 from .flows import flow_rank, flow_what, good_for
 from .loading import (
     LoadedEstimates,
@@ -511,11 +512,12 @@ def _head_lines(estimates: LoadedEstimates | None, truth: LoadedTruth | None,
 
 def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
                    truth: LoadedTruth | None = None, plots: Sequence[Path] = (),
-                   day: Mapping[str, Any] | None = None) -> str:
+                   day: Mapping[str, Any] | None = None, cap_drops: CapDrops | None = None) -> str:
     """The plain-text summary: what was read, the flows (spans longer than an epoch) in a table
     with what each is good for, then one block per (query, span, estimator) -- both the span
     queries' flows first, then the rollups, then the epochs (:func:`flows_first`). ``day``: a
-    vehicle's whole day across the run's queries (:mod:`stream_app.day_figure`), its own line."""
+    vehicle's whole day across the run's queries (:mod:`stream_app.day_figure`), its own line;
+    ``cap_drops``: what a day cap dropped (:mod:`.cap_drops`), after the flows' blocks."""
     lines = _head_lines(estimates, truth, day) + _flows_table(groups)
     for g in flows_first(groups):
         eps = ", ".join(f"v{v}: {e:.4g}" for v, e in g.epsilon_by_version.items())
@@ -559,6 +561,7 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
                 + f"   MAE {_f(b.mae, '.1f')}   bias {_f(b.bias, '+.1f')}" for b in g.by_bin]
         if g.left_out:
             lines.append("  not scored               " + "; ".join(f"{n:,} {why}" for why, n in g.left_out.items()))
+    lines += _cap_drop_lines(groups, cap_drops or {})
     if groups:
         lines += ["", f"privacy: {plain_words()} " + ("A vehicle's day figure for these queries: the first line." if day
                                                       else "A vehicle's day figure for these queries: ptt analyst "
@@ -566,6 +569,22 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
     if plots:
         lines += ["", f"plots: {len(plots)} PNG files"]
     return "\n".join(lines) + "\n"
+
+
+def _span_group(groups: Sequence[GroupSummary], query_id: str) -> GroupSummary | None:
+    return next((g for g in groups if g.query_id == query_id and g.kind == "span"), None)
+
+
+def _cap_drop_lines(groups: Sequence[GroupSummary], cap_drops: CapDrops) -> list[str]:
+    """What each day-capped query's cap dropped, beside its flows' bias (:mod:`.cap_drops`)."""
+    if not cap_drops:
+        return []
+    lines = ["", "what the day cap dropped (a simulation diagnostic, never published; the flows are scored "
+                 "against the uncapped truth, so their bias includes these passages)"]
+    for qid, drops in sorted(cap_drops.items()):
+        g = _span_group(groups, qid)
+        lines.append("  " + cap_drop_words(qid, drops, g.cells if g else 0, g.bias if g else None))
+    return lines
 
 
 def sp_caveat(mechanism: str) -> str | None:
@@ -584,14 +603,19 @@ def sp_caveat(mechanism: str) -> str | None:
 
 def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | None = None,
                  truth: LoadedTruth | None = None, plots: Sequence[Path] = (),
-                 day: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The summary as a JSON-ready object (``summary.json``): ``groups`` (as
+                 day: Mapping[str, Any] | None = None, cap_drops: CapDrops | None = None) -> dict[str, Any]:
+    """The summary as a JSON-ready object (``summary.json``): ``cap_drops`` (per day-capped
+    query its dropped ``passages`` and the ``station_spans`` they fell in; null without a cap
+    drops file), ``groups`` (as
     :meth:`GroupSummary.to_json`; levels are keys like ``"0.95"``; one per query, span and
     estimator, in ``groups``' order; each says ``what`` it is and what it is ``good_for``), ``plots`` (file names),
     ``estimates`` and ``truth`` (what was read; ``truth`` is null without ground truth);
     ``estimates.not_selected`` names the filter that left rows out."""
     out: dict[str, Any] = {"groups": [g.to_json() for g in groups], "plots": [p.name for p in plots],
-                           "vehicle_day": None if day is None else dict(day)}
+                           "vehicle_day": None if day is None else dict(day),
+                           "cap_drops": None if cap_drops is None else {
+                               qid: {"passages": sum(d.values()), "station_spans": len(d)}
+                               for qid, d in sorted(cap_drops.items())}}
     if estimates is not None:
         out["estimates"] = {"read": estimates.read, "kept": len(estimates.rows), "duplicates": estimates.duplicates,
                             "filtered_out": estimates.filtered_out, "not_selected": dict(estimates.not_selected),

@@ -68,6 +68,7 @@ WITH_EXAMPLES = {
     "stream_app.introspect": 5,
     "stream_app.ports": 3,
     "stream_app.records": 9,
+    "stream_app.report.cap_drops": 2,
     "stream_app.report.loading": 4,
     "stream_app.report.summary": 5,
     "stream_app.rollups": 9,

@@ -1,0 +1,36 @@
+"""The report's section on what a day cap dropped (``stream_app.report.cap_drops``, read from the
+replay's ``--cap-drops-file``): after the flows' blocks, apart from them, one line per capped
+query with its dropped passages beside its flows' bias; in summary.json per query; absent without
+a file. A bad file is refused with its line. Reuses test_flows_first's hand-made hour."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream_app import report as R
+from stream_app.report.cap_drops import CAP_DROPS_HEADER, CapDropError, read_cap_drops
+
+from .test_flows_first import E0, A, B, _groups
+
+
+def test_the_summary_says_what_the_cap_dropped_after_the_flows_beside_their_bias() -> None:
+    loaded, truth, groups = _groups()
+    drops = read_cap_drops(f"{CAP_DROPS_HEADER}\nhour,{E0},x,{A},30\nhour,{E0},x,{B},6\n")
+    lines = R.format_summary(groups, loaded, truth, cap_drops=drops).splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("what the day cap dropped")))
+    assert at > max(i for i, x in enumerate(lines) if x.startswith("hour / unary"))  # after the flows, apart
+    assert lines[at + 1] == ("  hour: 36 passages in 2 of its 2 station-spans, 18.0 a station-span on average "
+                             "(its flows' bias: +0.00)")  # the hand-made estimates are the truth: no bias
+    doc = R.summary_json(groups, loaded, truth, cap_drops=drops)
+    assert doc["cap_drops"] == {"hour": {"passages": 36, "station_spans": 2}}
+    assert R.summary_json(groups, loaded, truth)["cap_drops"] is None
+    assert not any(x.startswith("what the day cap") for x in R.format_summary(groups, loaded, truth).splitlines())
+
+
+@pytest.mark.parametrize("text", ["", "query_id,dropped\n", f"{CAP_DROPS_HEADER}\nhour,1,x,2\n",
+                                  f"{CAP_DROPS_HEADER}\nhour,1,x,2,0\n",
+                                  f"{CAP_DROPS_HEADER}\nhour,1,x,2,3\nhour,1,x,2,3\n",
+                                  f"{CAP_DROPS_HEADER}\nhour,one,x,2,3\n"])
+def test_a_file_that_is_not_a_cap_drops_file_is_refused_with_its_line(text: str) -> None:
+    with pytest.raises(CapDropError, match=r"^line \d"):
+        read_cap_drops(text)
