@@ -561,7 +561,7 @@ def format_summary(groups: Sequence[GroupSummary], estimates: LoadedEstimates | 
                 + f"   MAE {_f(b.mae, '.1f')}   bias {_f(b.bias, '+.1f')}" for b in g.by_bin]
         if g.left_out:
             lines.append("  not scored               " + "; ".join(f"{n:,} {why}" for why, n in g.left_out.items()))
-    lines += _cap_drop_lines(groups, cap_drops or {})
+    lines += _cap_drop_lines(groups, cap_drops)
     if groups:
         lines += ["", f"privacy: {plain_words()} " + ("A vehicle's day figure for these queries: the first line." if day
                                                       else "A vehicle's day figure for these queries: ptt analyst "
@@ -575,10 +575,14 @@ def _span_group(groups: Sequence[GroupSummary], query_id: str) -> GroupSummary |
     return next((g for g in groups if g.query_id == query_id and g.kind == "span"), None)
 
 
-def _cap_drop_lines(groups: Sequence[GroupSummary], cap_drops: CapDrops) -> list[str]:
-    """What each day-capped query's cap dropped, beside its flows' bias (:mod:`.cap_drops`)."""
-    if not cap_drops:
+def _cap_drop_lines(groups: Sequence[GroupSummary], cap_drops: CapDrops | None) -> list[str]:
+    """What each day-capped query's cap dropped, beside its flows' bias (:mod:`.cap_drops`;
+    None: no cap drops file, no section)."""
+    if cap_drops is None:
         return []
+    if not cap_drops:
+        return ["", "what the day cap dropped: no passage (a simulation diagnostic: no vehicle passed more stations "
+                    "than its cap in the replay)"]
     lines = ["", "what the day cap dropped (a simulation diagnostic, never published; the flows are scored "
                  "against the uncapped truth, so their bias includes these passages)"]
     for qid, drops in sorted(cap_drops.items()):

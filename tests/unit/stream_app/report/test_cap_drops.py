@@ -1,7 +1,8 @@
 """The report's section on what a day cap dropped (``stream_app.report.cap_drops``, read from the
 replay's ``--cap-drops-file``): after the flows' blocks, apart from them, one line per capped
-query with its dropped passages beside its flows' bias; in summary.json per query; absent without
-a file. A bad file is refused with its line. Reuses test_flows_first's hand-made hour."""
+query with its dropped passages beside its flows' bias; in summary.json per query; "no passage"
+from a file without a drop; absent without a file. A bad file is refused with its line. Reuses
+test_flows_first's hand-made hour."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def test_the_summary_says_what_the_cap_dropped_after_the_flows_beside_their_bias
     assert doc["cap_drops"] == {"hour": {"passages": 36, "station_spans": 2}}
     assert R.summary_json(groups, loaded, truth)["cap_drops"] is None
     assert not any(x.startswith("what the day cap") for x in R.format_summary(groups, loaded, truth).splitlines())
+    nothing = read_cap_drops(CAP_DROPS_HEADER + "\n")  # a file, and no drop in it
+    assert "what the day cap dropped: no passage" in R.format_summary(groups, loaded, truth, cap_drops=nothing)
+    assert R.summary_json(groups, loaded, truth, cap_drops=nothing)["cap_drops"] == {}
 
 
 @pytest.mark.parametrize("text", ["", "query_id,dropped\n", f"{CAP_DROPS_HEADER}\nhour,1,x,2\n",
