@@ -52,7 +52,6 @@ from schemas import (
 )
 from schemas.connection import client_logs
 from schemas.enrollment import EnrollmentError
-from schemas.epochs import EPOCH_S
 from schemas.kafka_io import (
     BrokerLost,
     BrokerUnavailable,
@@ -308,7 +307,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                         log.warning("%s: the %d-s span from epoch %d is not reported: %s", d.query.query_id,
                                     d.query.span_s, d.start, d.reason)
             # what is answered now: every 30-s query, and the span queries whose span ends whole now
-            answering = [q for q in current if q.span_s == EPOCH_S] + [d.query for d in due if d.whole]
+            answering = [q for q in current if not q.is_span] + [d.query for d in due if d.whole]
             span_of: dict[str, tuple[int, frozenset[int]]] = {d.query.record_key: (d.start, d.readings_missing)
                                                               for d in due if d.whole}
             # every (query, round) is marked, also one cut before anything of it was sent

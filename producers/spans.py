@@ -364,7 +364,7 @@ class SpanTracker:
         """This epoch of the replay: ``queries`` the active ones (30-s ones are ignored),
         ``row`` this producer's split row (None: the epoch was not run), ``no_data`` the data's
         stations without a reading. Returns the span queries whose span ends at this epoch."""
-        span_qs = [q for q in queries if q.span_s > EPOCH_S]
+        span_qs = [q for q in queries if q.is_span]
         self._ended.clear()  # what ended at the last epoch is gone: the fleets place a new one now
         self._sets.clear()
         for span_s in sorted({q.span_s for q in span_qs}):

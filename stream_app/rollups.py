@@ -164,7 +164,7 @@ def from_fixed(a: FixedSums) -> FloatArray:
 
 def rolls_up(q: Query) -> bool:
     """Whether ``q``'s decided epochs feed rollups: 30-s queries only (the module doc)."""
-    return q.span_s == EPOCH_S
+    return not q.is_span
 
 
 def route_key(s: EpochSummary) -> bytes:

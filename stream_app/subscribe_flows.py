@@ -56,7 +56,7 @@ def span_keys(queries: Iterable[Query], epoch: int, shown: Callable[[Query], boo
     window publishes the span holding ``epoch`` (a span's first epoch must lie in the window)."""
     keys = set()
     for q in queries:
-        if q.span_s == EPOCH_S or not shown(q):
+        if not q.is_span or not shown(q):
             continue
         first, end = q.epoch_range()
         start = q.span_start(epoch)

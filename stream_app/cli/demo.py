@@ -279,7 +279,7 @@ def expected_rollups(queries: list[Query], epochs: Iterable[int]) -> int:
 
     from ..rollups import SPANS
 
-    active = {e: {(q.query_id, q.version) for q in active_queries(queries, epoch_start(e)) if q.span_s == EPOCH_S}
+    active = {e: {(q.query_id, q.version) for q in active_queries(queries, epoch_start(e)) if not q.is_span}
               for e in epochs}  # a span query has no rollups: its rows are its span's flows
     return sum(len(set.intersection(*(active.get(start + i, set()) for i in range(span))))
                for span in SPANS for start in {e - e % span for e in active})
