@@ -68,6 +68,9 @@ class DemoSettings(BaseSettings):
                                                      "each 30-s query at its registry defaults and a span query "
                                                      "alone at the budget (quicker to start; the banner's day "
                                                      "figure is then whatever they add up to)")
+    plots: bool = Field(default=True, description="draw the report's plots when the demo ends (about a second "
+                                                  "each); --no-plots: the summary only, no matplotlib (quicker, "
+                                                  "e.g. on a headless server; ptt report draws them later)")
     transport: Literal["kafka", "http"] = Field(
         default="kafka", description="how the devices send to the shuffler, 'kafka' (each report a record on "
                                      "the device topic, the fast path) or 'http' (each device's reports of an epoch "

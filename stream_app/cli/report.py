@@ -180,6 +180,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help=f"draw every k-th epoch (default 0: automatic, at most {report.MAX_POINTS} points per "
                           "plot)")
     out.add_argument("--with-gls", action="store_true", help="overlay alp_gls (dashed) on the ALP plots")
+    out.add_argument("--no-plots", dest="plots", action="store_false",
+                     help="write summary.txt and summary.json only, no PNG (quicker: a plot takes about a second; "
+                          "matplotlib is not even imported, e.g. on a headless server)")
     kafka = parser.add_argument_group("broker (with --from-topic or for the truth topic)")
     add_settings_flags(kafka, KafkaSettings,  # type: ignore[arg-type]
                        skip=frozenset({"reports_topic", "queries_topic", "partitions"}))
@@ -248,11 +251,12 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     try:
         text, plots = report.write_report(raw, truth, out, selection=selection, where=where, stations=args.stations,
-                                          every=args.every or None, with_gls=args.with_gls, queries=queries)
+                                          every=args.every or None, with_gls=args.with_gls, queries=queries,
+                                          plots=args.plots)
     except report.ReportError as exc:
         hint = ("; a worker with PTT_ESTIMATE_OUTPUT=frames publishes frames only: read them with --from-frames"
                 if args.from_topic and "(0 records read" in str(exc) else "")
         raise CliError(f"{exc}{hint}") from exc
     print(text, end="")
-    print(f"wrote {len(plots)} plots, summary.txt and summary.json to {out}")
+    print(f"wrote {len(plots)} plots{'' if args.plots else ' (--no-plots)'}, summary.txt and summary.json to {out}")
     return EXIT_OK

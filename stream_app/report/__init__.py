@@ -144,18 +144,18 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
                  selection: Selection | None = None, where: str = "the estimates", stations: int = 6,
                  every: int | None = None, with_gls: bool = False,
                  before_plots: Callable[[Path], None] | None = None,
-                 queries: Sequence[Query] | None = None) -> tuple[str, list[Path]]:
+                 queries: Sequence[Query] | None = None, plots: bool = True) -> tuple[str, list[Path]]:
     """Read the estimates (JSON lines; ``where`` names them in errors), then the ground truth
     of their stations (``None``: none), and write ``summary.txt`` and ``summary.json``, then
     the plots of the ``stations`` busiest stations (all of ``selection.stations`` if it names
     some) into ``out`` -- the epochs' per station, the flows' per query and span --, then the
-    summary again with the plots named. ``before_plots(summary
-    path)`` is called between the two (the plots take about a second each): whatever stops
-    the plots (a KeyboardInterrupt it raises, or one from the plotting) leaves the summary
-    written. Returns the summary text and the plots written. :class:`ReportError` when no
-    estimate matches or ``out`` cannot be written. ``queries`` (the queries the run answered):
-    the summary and every plot's title give a vehicle's whole day across them, for the path the
-    estimates took (:mod:`stream_app.day_figure`)."""
+    summary again with the plots named (``plots=False``: the summary only, matplotlib not
+    imported). ``before_plots(summary path)`` is called between the two (the plots take about a
+    second each): whatever stops the plots (a KeyboardInterrupt it raises, or one from the
+    plotting) leaves the summary written. Returns the summary text and the plots written.
+    :class:`ReportError` when no estimate matches or ``out`` cannot be written. ``queries`` (the
+    queries the run answered): the summary and every plot's title give a vehicle's whole day
+    across them, for the path the estimates took (:mod:`stream_app.day_figure`)."""
     selection = selection or Selection()
     loaded = load_estimates(estimates, selection)
     if not loaded.rows:
@@ -185,17 +185,17 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
     try:
         out.mkdir(parents=True, exist_ok=True)
         text = write_summary([])
-        if before_plots is not None:
+        if before_plots is not None and plots:
             before_plots(out / "summary.txt")
-        chosen = plot_stations(cells, selection.stations, stations)
-        plots: list[Path] = []
-        if stations or selection.stations:  # --stations 0: no plots; the flows first (the span queries' first)
-            plots += write_flow_plots(cells, out, chosen, own_span=loaded.own_span, estimators=selection.estimators,
+        chosen = plot_stations(cells, selection.stations, stations) if plots else []
+        drawn: list[Path] = []
+        if plots and (stations or selection.stations):  # --stations 0: none; the flows first (span queries first)
+            drawn += write_flow_plots(cells, out, chosen, own_span=loaded.own_span, estimators=selection.estimators,
                                       every=every, busiest=stations, day=title)
-        plots += write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every,
+        drawn += write_plots(cells, out, chosen, estimators=selection.estimators, with_gls=with_gls, every=every,
                              day=title)
-        if plots:
-            text = write_summary(plots)
+        if drawn:
+            text = write_summary(drawn)
     except OSError as exc:
         raise ReportError(f"cannot write to {out}: {exc.strerror or exc}") from exc
-    return text, plots
+    return text, drawn

@@ -277,6 +277,14 @@ def test_cli_writes_plots_and_summaries(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["report", "--estimates", str(est), "--no-truth", "--stations", "0", "--out", str(out3)]) == 0
     doc3 = json.loads((out3 / "summary.json").read_text())
     assert doc3["plots"] == [] and doc3["truth"] is None and doc3["groups"][0]["coverage"]["0.95"] is None
+    # --no-plots: the summary alone, even of stations named (which are otherwise all plotted)
+    out4 = tmp_path / "no-plots"
+    capsys.readouterr()
+    assert main(["report", "--estimates", str(est), "--truth", str(truth), "--out", str(out4), "--station", f"{A}",
+                 "--no-plots"]) == 0
+    doc4 = json.loads((out4 / "summary.json").read_text())
+    assert doc4["plots"] == [] and not list(out4.glob("*.png")) and [g["cells"] for g in doc4["groups"]] == [3, 2]
+    assert "wrote 0 plots (--no-plots), summary.txt and summary.json" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case", ["missing estimates", "missing truth", "estimates a directory"])
@@ -332,11 +340,15 @@ def test_cli_unreachable_broker_is_one_line_and_exit_3(tmp_path: Path, capsys: p
     assert code == 3 and err.startswith("ptt report: error: cannot reach the Kafka broker") and err.count("\n") == 1
 
 
-def test_importing_the_command_line_loads_neither_matplotlib_nor_kafka() -> None:
-    code = ("import sys; from stream_app.cli import build_parser; build_parser(); "
-            "print('matplotlib' in sys.modules, 'kafka' in sys.modules)")
+def test_importing_the_command_line_loads_neither_matplotlib_nor_kafka(tmp_path: Path) -> None:
+    """Nor does a report with ``--no-plots``."""
+    est = _write(tmp_path / "est.jsonl", ESTIMATES)
+    code = ("import sys; from stream_app.cli import build_parser, main; build_parser(); "
+            "print('matplotlib' in sys.modules, 'kafka' in sys.modules); "
+            f"main(['report', '--estimates', {str(est)!r}, '--no-truth', '--no-plots', '--out', {str(tmp_path)!r}]); "
+            "print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
+    assert out.split()[:2] == ["False", "False"] and out.split()[-1] == "False", out
 
 
 def test_frames_and_their_long_table_load_as_their_rows(tmp_path: Path) -> None:
