@@ -328,7 +328,8 @@ def test_demo_says_which_records_the_broker_refused(tmp_path: Path) -> None:
     with err_path.open("w") as err, out_path.open("w") as printed:
         proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0",  # noqa: S603
                                  "--max-epochs", "2", "--stations", "4", "--out", str(out), *DIRECT_DEMO,
-                                 "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
+                                 "--no-plots", "--metrics-port", str(free_port()),
+                                 "--prometheus-port", str(free_port())],
                                 stdout=printed, stderr=err, cwd=tmp_path, start_new_session=True,
                                 env={**os.environ, "SCHEMA_REGISTRY": "file://./registry"})
     try:
@@ -370,16 +371,19 @@ def _day_with_gaps(tmp: Path) -> tuple[Path, Path]:
 def test_demo_saves_its_estimates_as_parquet_equal_to_the_rows(tmp_path: Path) -> None:
     """The demo publishes rows and frames (``both``) and keeps the frames in ``--out`` as
     ``estimates.parquet``, long form: the same estimates as ``estimates.jsonl``, field by field,
-    no-source-data cells included (a day with gaps); the README's loading line names that file."""
+    no-source-data cells included (a day with gaps); the README's loading line names that file.
+    With ``--no-plots`` its report is the summary alone, and the line says which command draws them."""
     from .stream_helpers import assert_long_table_is_the_rows
 
     raw, meta = _day_with_gaps(tmp_path)
     out = tmp_path / "ptt-demo-out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "8",  # noqa: S603
                            "--exit-when-done", "--pems-raw", str(raw), "--meta", str(meta), "--out", str(out),
-                           *_own_ports(), *DIRECT_DEMO],
+                           *_own_ports(), *DIRECT_DEMO, "--no-plots"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "report" / "summary.json").exists() and not list((out / "report").glob("*.png"))
+    assert f"report      {out / 'report' / 'summary.txt'} (--no-plots: `ptt report --estimates " in proc.stdout
     rows = assert_long_table_is_the_rows(out / "estimates.parquet", out / "estimates.jsonl")
     from estimators.registry import default_query_mechanisms, get_spec
 

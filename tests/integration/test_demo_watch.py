@@ -52,7 +52,7 @@ def _demo(out: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     err, printed = out.parent / "demo.err", out.parent / "demo.out"
     with err.open("wb") as e, printed.open("wb") as p:
         proc = subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--stations", "4",  # noqa: S603
-                                 *QUICK_DEMO,
+                                 *QUICK_DEMO, "--no-plots",
                                  "--query-mechanisms", "alp,unary",  # the 30-s queries: no span-sized fleet
                                  "--out", str(out), "--prometheus-port", str(free_port()), *args],
                                 stdout=p, stderr=e, start_new_session=True, cwd=out.parent)
@@ -212,7 +212,7 @@ def test_a_port_the_demo_chose_for_its_shuffler_taken_before_the_shuffler_binds_
     out = tmp_path / "out"
     try:
         code = main(["demo", "--via-shuffler", "--stations", "4", *QUICK_DEMO, "--query-mechanisms", "alp",
-                     "--speed", "0",
+                     "--speed", "0", "--no-plots",
                      "--max-epochs", "3", "--exit-when-done", "--out", str(out), "--metrics-port", fixed[0],
                      "--prometheus-port", fixed[1]])
     finally:

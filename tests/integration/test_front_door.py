@@ -280,7 +280,7 @@ def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, A
     out = tmp / "out"
     tmp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "20",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO, *flags,
+                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO, "--no-plots", *flags,
                            # the 30-s queries only: an hourly span needs a fleet of its hourly flows (8x)
                            "--query-mechanisms", "alp,unary",
                            "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],

@@ -609,7 +609,7 @@ def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker:
 def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
     out = tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO,
+                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO, "--no-plots",
                            *flags, "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
                           capture_output=True, text=True, timeout=240, cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -38,7 +38,8 @@ def _start_demo(tmp: Path, *flags: str) -> subprocess.Popen[str]:
     tmp.mkdir()
     return subprocess.Popen([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0",  # noqa: S603
                              "--max-epochs", str(EPOCHS), "--exit-when-done", "--stations", "16",
-                             "--out", str(tmp / "out"), *QUICK_DEMO, "--query-mechanisms", MECHANISMS, *flags],
+                             "--out", str(tmp / "out"), *QUICK_DEMO, "--query-mechanisms", MECHANISMS, "--no-plots",
+                             *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
 
 
