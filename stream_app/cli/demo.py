@@ -409,12 +409,16 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
     of it; the plots follow (about a second each on a busy machine), and a Ctrl-C while they
     are drawn (a KeyboardInterrupt) skips the rest: the line then gives the command that
     draws them. ``queries``: those the run answered (the summary and the plots' titles give a
-    vehicle's whole day across them). ``plots=False`` (``--no-plots``): the summary only; the line
+    vehicle's whole day across them); what a day cap dropped is read from ``cap-drops.csv``
+    beside ``estimates``, if the replay wrote one. ``plots=False`` (``--no-plots``): the summary only; the line
     gives the command that draws them."""
     from .. import report
-    from .report import read_file
+    from .report import read_cap_drops_file, read_file
 
     summary = out / "summary.txt"
+    drops = estimates.parent / CAP_DROPS_FILE  # the replay wrote it if a query has a day cap
+    again = (f"`ptt report --estimates {estimates} --truth {truth} --queries {estimates.parent / QUERIES_FILE}"
+             + (f" --cap-drops {drops}" if drops.exists() else "") + f" --out {out}` draws them")
 
     def before_plots(path: Path) -> None:
         if say is not None:
@@ -424,18 +428,17 @@ def write_report(estimates: Path, truth: Path, out: Path, say: Callable[[str], N
         truth_lines = read_file(str(truth)) if truth.exists() and truth.stat().st_size else None
         rows = (report.estimates_of_long_table(estimates) if estimates.suffix == ".parquet"
                 else read_file(str(estimates)))
-        _, drawn = report.write_report(rows, truth_lines, out, where=str(estimates),
-                                       before_plots=before_plots, queries=queries, plots=plots)
+        cap_drops = read_cap_drops_file(str(drops)) if drops.exists() else None
+        _, drawn = report.write_report(rows, truth_lines, out, where=str(estimates), before_plots=before_plots,
+                                       queries=queries, plots=plots, cap_drops=cap_drops)
     except (CliError, report.ReportError) as exc:
         return f"no report: {error_line('report', str(exc))}"
     except KeyboardInterrupt:
         if not summary.exists():
             return f"none {REPORT_INTERRUPTED}"
-        return (f"{summary}; plots skipped {REPORT_INTERRUPTED}: `ptt report --estimates {estimates} --truth {truth} "
-                f"--queries {estimates.parent / QUERIES_FILE} --out {out}` draws them")
+        return f"{summary}; plots skipped {REPORT_INTERRUPTED}: {again}"
     if not plots:
-        return (f"{summary} (--no-plots: `ptt report --estimates {estimates} --truth {truth} --queries "
-                f"{estimates.parent / QUERIES_FILE} --out {out}` draws them)")
+        return f"{summary} (--no-plots: {again})"
     return f"{summary} and {len(drawn)} plots in {out}/"
 
 
@@ -569,6 +572,16 @@ def _source(demo: DemoSettings) -> str:
     return str(given) if given is not None else f"the synthetic day ({demo.stations} stations)"
 
 
+def _clear_stale(out: Path) -> None:
+    """What an earlier run left in ``out`` that this one would mistake for its own: the worker's
+    and Prometheus' state, the report, the day cap's drops, and where an earlier version of the
+    demo kept its enrollment secret."""
+    for stale in ("worker", "tsdb", "report"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+    for name in ("enrollment-secret", CAP_DROPS_FILE):
+        (out / name).unlink(missing_ok=True)
+
+
 def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     from producers.replay import ReplayLost, default_fleet, load_day, replay
     from producers.stopping import StopFlag
@@ -585,9 +598,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     if demo.port is not None and not port_free(demo.port):
         raise PortInUse(f"broker port {demo.port} is already in use; choose another or leave --port out")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("worker", "tsdb", "report"):  # this run's state only
-        shutil.rmtree(out / stale, ignore_errors=True)
-    (out / "enrollment-secret").unlink(missing_ok=True)  # where an earlier version of the demo left it
+    _clear_stale(out)
     rs_check = _replay_settings(demo, "127.0.0.1:1")
     day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
     frames_only = day.stations.size >= FRAMES_ONLY_STATIONS

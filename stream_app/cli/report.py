@@ -25,7 +25,7 @@ from .. import report
 from .base import add_settings_flags, settings_from_args
 from .errors import EXIT_BROKER, EXIT_INPUT, EXIT_OK, EXIT_USAGE, CliError
 
-__all__ = ["add_arguments", "add_parser", "read_file", "read_queries_file", "read_topic", "run"]
+__all__ = ["add_arguments", "add_parser", "read_cap_drops_file", "read_file", "read_queries_file", "read_topic", "run"]
 
 
 def add_parser(sub: Any) -> None:
@@ -157,6 +157,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the queries the run answered, one Query JSON per line (ptt demo's queries.jsonl): the "
                           "summary and the plots' titles then give a vehicle's whole day across them, for the path "
                           "the estimates took (the shuffler's release they attest, or local)")
+    src.add_argument("--cap-drops", metavar="FILE",
+                     help="what a day cap dropped, per query, span and station (ptt replay --cap-drops-file, ptt "
+                          "demo's cap-drops.csv; a simulation diagnostic): the summary says it after the flows")
     src.add_argument("--no-truth", action="store_true",
                      help="no ground truth (a real deployment): no coverage or error, only widths and counts")
     src.add_argument("--idle-timeout", type=float, default=3.0, metavar="SECONDS",
@@ -225,8 +228,19 @@ def read_queries_file(path: str) -> list[Query]:
     return out
 
 
+def read_cap_drops_file(path: str) -> report.CapDrops:
+    """What a day cap dropped (``ptt replay --cap-drops-file``); an unreadable file or a bad line
+    is exit 5, naming it."""
+    text = b"".join(read_file(path)).decode("utf-8", "replace")
+    try:
+        return report.read_cap_drops(text)
+    except report.CapDropError as exc:
+        raise CliError(f"{path}: {exc}", EXIT_INPUT) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     queries = read_queries_file(args.queries) if getattr(args, "queries", None) else None
+    cap_drops = read_cap_drops_file(args.cap_drops) if getattr(args, "cap_drops", None) else None
     selection = report.Selection(frozenset(_flatten(args.query)), frozenset(_flatten(args.station)),
                                  frozenset(_flatten(args.estimator)), frozenset(_flatten(args.span)))
     truth_source = _truth_source(args)
@@ -252,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         text, plots = report.write_report(raw, truth, out, selection=selection, where=where, stations=args.stations,
                                           every=args.every or None, with_gls=args.with_gls, queries=queries,
-                                          plots=args.plots)
+                                          plots=args.plots, cap_drops=cap_drops)
     except report.ReportError as exc:
         hint = ("; a worker with PTT_ESTIMATE_OUTPUT=frames publishes frames only: read them with --from-frames"
                 if args.from_topic and "(0 records read" in str(exc) else "")

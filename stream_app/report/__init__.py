@@ -43,6 +43,7 @@ from schemas import Query
 from schemas.estimates import Estimate
 
 from ..day_figure import day_title, release_of, vehicle_day
+from .cap_drops import CapDropError, CapDrops, read_cap_drops
 from .flows import KIND_ORDER, NOISE_WORD, flow_rank, flow_what, good_for, span_adjective
 from .plots import (
     DEFAULT_ESTIMATORS,
@@ -98,6 +99,8 @@ __all__ = [
     "NO_TRUTH_RECORD",
     "TRUTH_BINS",
     "BinScore",
+    "CapDropError",
+    "CapDrops",
     "FIG_HEIGHT_PX",
     "FIG_WIDTH_PX",
     "FLOW_HEAD_PX",
@@ -127,6 +130,7 @@ __all__ = [
     "sp_caveat",
     "plot_series",
     "plot_stations",
+    "read_cap_drops",
     "series_for",
     "span_adjective",
     "span_words",
@@ -140,11 +144,22 @@ __all__ = [
 ]
 
 
+def _day_of(queries: Sequence[Query] | None, loaded: LoadedEstimates) -> tuple[dict[str, Any] | None, str]:
+    """A vehicle's whole day across ``queries`` for the path the estimates took (none without
+    queries), and the plots' title for it."""
+    if not queries:
+        return None, ""
+    release = release_of(r.release for r in loaded.rows)
+    line, epsilon = vehicle_day(list(queries), release)
+    return {"line": line, "epsilon": epsilon, "release": release}, day_title(epsilon, release)
+
+
 def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[bytes | str] | None, out: Path, *,
                  selection: Selection | None = None, where: str = "the estimates", stations: int = 6,
                  every: int | None = None, with_gls: bool = False,
                  before_plots: Callable[[Path], None] | None = None,
-                 queries: Sequence[Query] | None = None, plots: bool = True) -> tuple[str, list[Path]]:
+                 queries: Sequence[Query] | None = None, plots: bool = True,
+                 cap_drops: CapDrops | None = None) -> tuple[str, list[Path]]:
     """Read the estimates (JSON lines; ``where`` names them in errors), then the ground truth
     of their stations (``None``: none), and write ``summary.txt`` and ``summary.json``, then
     the plots of the ``stations`` busiest stations (all of ``selection.stations`` if it names
@@ -155,7 +170,8 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
     plotting) leaves the summary written. Returns the summary text and the plots written.
     :class:`ReportError` when no estimate matches or ``out`` cannot be written. ``queries`` (the
     queries the run answered): the summary and every plot's title give a vehicle's whole day
-    across them, for the path the estimates took (:mod:`stream_app.day_figure`)."""
+    across them, for the path the estimates took (:mod:`stream_app.day_figure`). ``cap_drops``:
+    what a day cap dropped (:mod:`.cap_drops`), said after the flows."""
     selection = selection or Selection()
     loaded = load_estimates(estimates, selection)
     if not loaded.rows:
@@ -167,18 +183,12 @@ def write_report(estimates: Iterable[bytes | str | Estimate], truth: Iterable[by
     cells = (join(loaded.rows, loaded_truth.truth, loaded_truth.epoch_ids) if loaded_truth is not None
              else join(loaded.rows, None))
     groups = summarize(cells, loaded.own_span)
-    day: dict[str, Any] | None = None
-    title = ""
-    if queries:
-        release = release_of(r.release for r in loaded.rows)
-        line, epsilon = vehicle_day(list(queries), release)
-        day = {"line": line, "epsilon": epsilon, "release": release}
-        title = day_title(epsilon, release)
+    day, title = _day_of(queries, loaded)
 
     def write_summary(plots: list[Path]) -> str:
-        text = format_summary(groups, loaded, loaded_truth, plots, day=day)
+        text = format_summary(groups, loaded, loaded_truth, plots, day=day, cap_drops=cap_drops)
         (out / "summary.txt").write_text(text)
-        doc = summary_json(groups, loaded, loaded_truth, plots, day=day)
+        doc = summary_json(groups, loaded, loaded_truth, plots, day=day, cap_drops=cap_drops)
         (out / "summary.json").write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return text
 

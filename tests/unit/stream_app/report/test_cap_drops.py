@@ -6,6 +6,8 @@ test_flows_first's hand-made hour."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stream_app import report as R
@@ -38,3 +40,24 @@ def test_the_summary_says_what_the_cap_dropped_after_the_flows_beside_their_bias
 def test_a_file_that_is_not_a_cap_drops_file_is_refused_with_its_line(text: str) -> None:
     with pytest.raises(CapDropError, match=r"^line \d"):
         read_cap_drops(text)
+
+
+def test_ptt_report_cap_drops_adds_the_section_and_a_bad_file_is_exit_5(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from stream_app.cli import main
+
+    from .test_flows_first import _hour, _truth
+
+    est, truth = tmp_path / "estimates.jsonl", tmp_path / "truth.jsonl"
+    est.write_text("".join(e.model_dump_json() + "\n" for e in _hour()))
+    truth.write_text("".join(t.model_dump_json() + "\n" for t in _truth()))
+    drops = tmp_path / "cap-drops.csv"
+    drops.write_text(f"{CAP_DROPS_HEADER}\nhour,{E0},x,{A},30\n")
+    argv = ["report", "--estimates", str(est), "--truth", str(truth), "--no-plots", "--out", str(tmp_path / "r")]
+    assert main([*argv, "--cap-drops", str(drops)]) == 0
+    assert "  hour: 30 passages in 1 of its 2 station-spans" in (tmp_path / "r" / "summary.txt").read_text()
+    capsys.readouterr()
+    drops.write_text(f"{CAP_DROPS_HEADER}\nhour,{E0},x,{A},-1\n")
+    assert main([*argv, "--cap-drops", str(drops)]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{drops}: line 2:" in err[0] and "Traceback" not in err[0]
