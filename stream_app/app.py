@@ -54,6 +54,7 @@ from schemas import GroundTruth, Query, decode_record
 from schemas.connection import client_logs, faust_options
 from schemas.kafka_io import BrokerLost, QueryReader, broker_lost
 
+from .day_metric import VehicleDay
 from .decode import REASONS, GraceBudget, Rejected, UnknownQueryWait, stage1_pass
 from .estimate import QueryEstimators, ShuffledEpsilon
 from .faust_recovery import install as install_recovery_fix
@@ -145,6 +146,15 @@ class QueryCache:
     def known(self, query_id: str, version: int) -> Query | None:
         q = None if self._reader is None else self._reader.queries.get((query_id, version))
         return q if q is not None else self._kept.get((query_id, version))
+
+    def every_version(self) -> list[Query]:
+        """Every query version read so far (what ``ptt analyst list`` reads); [] while a stuck
+        read's thread is still writing them."""
+        got = dict(self._kept)
+        with contextlib.suppress(RuntimeError):  # changed size during the copy: the next tick
+            got.update(dict(self._reader.queries) if self._reader is not None else {})
+            return list(got.values())
+        return []
 
     def estimators(self, q: Query) -> QueryEstimators:
         qe = self._estimators.get(q.record_key)
@@ -245,6 +255,7 @@ class StreamWorker:
         self.monitor = StreamMonitor(registry)
         self.monitor.know_reasons(REASONS)
         self.queries = QueryCache(s)
+        self.day = VehicleDay(self.monitor)  # ptt_vehicle_day_epsilon, computed off the event loop
         self.policy = WindowPolicy(n_source_partitions=s.partitions, allowed_lateness_epochs=s.allowed_lateness_epochs,
                                    wall_clock_grace_s=s.wall_clock_grace_s, live_horizon_s=s.live_horizon_s,
                                    horizon_epochs=s.horizon_epochs, watermark_idle_s=s.watermark_idle_s,
@@ -278,7 +289,9 @@ class StreamWorker:
         await self.state.start()
 
     async def close(self) -> None:
-        """Stop every producer of this worker (once Faust has stopped: nothing publishes any more)."""
+        """Stop every producer of this worker (once Faust has stopped: nothing publishes any more)
+        and the day figure's computation."""
+        await self.day.close()
         for sink in (self.sink, self.frames, self.forward, self.state):
             if sink is not None:
                 await sink.stop()
@@ -403,6 +416,7 @@ class StreamWorker:
             await self.send_estimates(rows, frames)
             for res in done:
                 self.monitor.on_epoch_closed(res)
+                self.day.on_epoch_closed(res)
                 self.monitor.on_epochs_published(time.monotonic() - started)
                 if rolls_up(res.query):  # 30-s queries only: a span query's estimate is its flow
                     summaries.append(summary_of(res))
@@ -463,6 +477,7 @@ class StreamWorker:
 
     async def tick(self) -> None:
         await self.queries.refresh()
+        self.day.follow(self.queries.every_version())
         value = encode_partial(Tick(time.time()))
         try:
             for p in range(self.s.internal_partitions):

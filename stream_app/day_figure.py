@@ -1,5 +1,6 @@
 """A vehicle's whole day across every query it answers: the one figure the demo's banner,
-``summary.txt``, ``ptt analyst list``, the report's plots and the README give for a run (with
+``summary.txt``, ``ptt analyst list``, the report's plots, the worker's ``/metrics``
+(``ptt_vehicle_day_epsilon``, :mod:`stream_app.day_metric`) and the README give for a run (with
 ``ptt plan fleet`` at the same crowd, stations and queries: the same function underneath,
 :func:`estimators.vehicle_day`, over each query's :attr:`~schemas.Query.accounting`)."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["day_title", "release_of", "unbounded", "vehicle_day"]
+__all__ = ["crowd", "day_title", "newest", "release_of", "unbounded", "vehicle_day"]
 
 
 def unbounded(q: Any) -> bool:
@@ -18,19 +19,31 @@ def unbounded(q: Any) -> bool:
     return not privacy.rounds_independent(q.build())
 
 
+def newest(queries: Iterable[Any]) -> list[Any]:
+    """The newest version of each query, by query id: the queries a vehicle answers."""
+    latest = {q.query_id: q for q in sorted(queries, key=lambda q: q.version)}
+    return [latest[k] for k in sorted(latest)]
+
+
+def crowd(answered: list[Any], shuffle_size: int | None = None) -> int:
+    """The n a shuffled day figure is computed at: ``shuffle_size``, else the smallest
+    population of the ``answered`` queries, rounded down to 2 significant digits as the worker does."""
+    from estimators import round_down_2sig
+
+    return round_down_2sig(shuffle_size or min(q.population for q in answered))
+
+
 def vehicle_day(queries: list[Any], release: str, shuffle_size: int | None = None) -> tuple[str, float | None]:
     """A vehicle's whole day across every query it answers (the newest version of each), for
     ``release``: through the shuffler among n reports (the smallest population, rounded down to
     2 significant digits as the worker does), or ``local``; and the day's epsilon (None: none of
     the queries has a bound). A query without a whole-day bound (Sampling Privacy) is left out
     of the figure, and the line says so rather than print a number that is no bound."""
-    from estimators import SP_CAVEAT, planning, round_down_2sig
+    from estimators import SP_CAVEAT, planning
     from estimators import vehicle_day as day_of
 
-    
-    newest = {q.query_id: q for q in sorted(queries, key=lambda q: q.version)}
-    answered = [newest[k] for k in sorted(newest)]
-    n = round_down_2sig(shuffle_size or min(q.population for q in answered))
+    answered = newest(queries)
+    n = crowd(answered, shuffle_size)
     bounded = [q for q in answered if not unbounded(q)]
     left_out = [q.query_id for q in answered if unbounded(q)]
     names = ", ".join(q.query_id for q in bounded)

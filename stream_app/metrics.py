@@ -7,8 +7,8 @@ custom collector); the worker's ``/metrics`` page writes their text itself
 (:meth:`StationArrays.expose`, once per change of the arrays, not per scrape): rendered by
 prometheus_client, 3,220 stations' ~97k series took ~2 s per scrape, the worker's event loop
 blocked meanwhile (tests/benchmarks/bench_scale.py, ``metrics_scrape``). Labels stay bounded:
-query, mechanism, estimator, station (thousands at most), confidence, round, reason. Nothing
-per vehicle exists to be a label.
+query, mechanism, estimator, station (thousands at most), confidence, round, reason, and the
+day figure's release and state (:mod:`stream_app.day_metric`). Nothing per vehicle exists to be a label.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from prometheus_client.utils import floatToGoString as _go_float
 from estimators import SP_CAVEAT
 from schemas.epochs import EPOCH_S
 
+from .day_metric import STATES as DAY_STATES
 from .estimate import WITHHELD_CODES, EpochResult
 from .windows import SHUFFLE_NULL_CODES
 
@@ -187,8 +188,7 @@ class StreamMonitor:
         registry.register(self.arrays)
         self.truth_epoch = Gauge("ptt_ground_truth_epoch", "Epoch of the latest ground truth", registry=registry)
         self.last_closed = Gauge("ptt_last_closed_epoch", "Newest closed epoch", ["query"], registry=registry)
-        self.newest_seen = Gauge("ptt_newest_seen_epoch", "Newest epoch seen in reports", ["query"],
-                                 registry=registry)
+        self.newest_seen = Gauge("ptt_newest_seen_epoch", "Newest epoch seen in reports", ["query"], registry=registry)
         self.epoch_lag = Gauge("ptt_epoch_lag_epochs", "Newest epoch seen minus newest closed epoch", ["query"],
                                registry=registry)
         self.epoch_reports = Gauge("ptt_epoch_reports", "Reports counted in the latest closed epoch",
@@ -239,9 +239,34 @@ class StreamMonitor:
                                         "withheld epoch", ["query", "span_s", "reason"], registry=registry)
         self.last_rollup = Gauge("ptt_last_rollup_epoch", "First epoch of the newest published rollup",
                                  ["query", "span_s"], registry=registry)
+        self._day_gauges(registry)
         self._known: set[str] = set()
         self._newest: dict[str, int] = {}
         self._closed_upto: dict[str, int] = {}
+
+    def _day_gauges(self, registry: CollectorRegistry) -> None:
+        """A vehicle's whole day across every running query (:mod:`stream_app.day_metric`)."""
+        self.day_epsilon = Gauge(
+            "ptt_vehicle_day_epsilon", "A vehicle's whole-day epsilon at delta 1e-06 across every running query "
+            "(the newest version of each; one without a whole-day bound, Sampling Privacy's, left out), for the "
+            "release its published epochs took: the shuffler's (aggregate or permuted) when the newest epoch of "
+            "every query attests it, at the n of ptt_vehicle_day_shuffle_size, else local (no shuffler); the "
+            "figure of the demo's banner, ptt analyst list and summary.txt. No series while none is computed for "
+            "the running queries and release (ptt_vehicle_day_epsilon_state says why)", ["release"],
+            registry=registry)
+        self.day_shuffle_size = Gauge(
+            "ptt_vehicle_day_shuffle_size", "Reports per shuffle the shuffled day figure is computed at: the "
+            "smallest population of the running queries, rounded down to 2 significant digits (no series for "
+            "local)", ["release"], registry=registry)
+        self.day_queries = Gauge("ptt_vehicle_day_query_version", "Version of each query counted in "
+                                 "ptt_vehicle_day_epsilon", ["query"], registry=registry)
+        self.day_state = Gauge(
+            "ptt_vehicle_day_epsilon_state", "1 for what ptt_vehicle_day_epsilon shows now: no_queries, no_epochs "
+            "(none published yet: the release is not known), computing (a change of the running queries or of "
+            "the release), ready, no_bound (no running query has a whole-day bound), failed", ["state"],
+            registry=registry)
+        self.day_seconds = Gauge("ptt_vehicle_day_compute_seconds", "Wall time the last vehicle-day figure took "
+                                 "to compute (in a child process, off the worker's event loop)", registry=registry)
 
     # -- hooks ------------------------------------------------------------------------------
     def know_query(self, query: str) -> None:
@@ -344,3 +369,21 @@ class StreamMonitor:
     def on_truth(self, epoch: int, stations: Sequence[int], flows: Sequence[float]) -> None:
         self.arrays.set_truth(stations, flows)
         self.truth_epoch.set(epoch)
+
+    def on_vehicle_day(self, state: str, release: str = "", epsilon: float | None = None,
+                       shuffle_size: int | None = None, counted: Sequence[tuple[str, int]] = (),
+                       seconds: float | None = None) -> None:
+        """What the day figure is now (:data:`stream_app.day_metric.STATES`): the figure, once
+        computed; in any other state no series (no number rather than a stale one)."""
+        for s in DAY_STATES:
+            self.day_state.labels(s).set(int(s == state))
+        for gauge in (self.day_epsilon, self.day_shuffle_size, self.day_queries):
+            gauge.clear()
+        if epsilon is not None:
+            self.day_epsilon.labels(release).set(epsilon)
+            if shuffle_size is not None:
+                self.day_shuffle_size.labels(release).set(shuffle_size)
+            for query, version in counted:
+                self.day_queries.labels(query).set(version)
+        if seconds is not None:
+            self.day_seconds.set(seconds)

@@ -337,6 +337,17 @@ def station() -> dashboard_builders.Dashboard:
         targets((f"max by (query, mechanism) ({sel('ptt_query_epsilon_shuffled', QUERY)})",
                  "{{query}} ({{mechanism}})")),
         w=4, decimals=3))
+    board.with_panel(stat_panel(
+        next(ids), "A vehicle's day (epsilon)", "A vehicle's privacy loss over a whole day across every running "
+        "query (the newest version of each; Sampling Privacy, which has no whole-day bound, left out) at delta "
+        "1e-6: the figure of the demo's banner, ptt analyst list and summary.txt, computed by the worker "
+        "(stream_app/day_metric.py). Labelled with the release it holds for: the shuffler's (aggregate or "
+        "permuted, among the n of ptt_vehicle_day_shuffle_size) when the newest epoch of every query attests "
+        "it, else local (no shuffler). No value while none is computed for the running queries and release: "
+        "before any epoch is published, and for tens of seconds after the queries change "
+        "(ptt_vehicle_day_epsilon_state says which).",
+        targets(("max by (release) (ptt_vehicle_day_epsilon)", "{{release}}")), w=4, decimals=3,
+        steps=thresholds((None, "green"), (1, "yellow"), (3, "orange"), (10, "red"))).no_value("none yet"))
     for spec in _crowds():
         board.with_panel(stat_panel(
             next(ids), f"{spec.title or spec.name} crowd size", f"Haystack crowd size of the {spec.title or spec.name} "
@@ -347,7 +358,7 @@ def station() -> dashboard_builders.Dashboard:
             w=8, decimals=1, steps=thresholds((None, "red"), (5, "orange"), (20, "green"))))
     board.with_panel(stat_panel(
         next(ids), "Participants per closed epoch", "Vehicles that answered in the latest closed epoch.",
-        targets((f"max by (query) ({newest(sel('ptt_epoch_participants', QUERY))})", "{{query}}")), w=8,
+        targets((f"max by (query) ({newest(sel('ptt_epoch_participants', QUERY))})", "{{query}}")), w=4,
         decimals=0))
     common_text = ("Latest estimate of the station's count with its 95% and 99% score bounds (bands) and the "
                    "replayed ground truth (dashed, evaluation only). Estimates are per closed epoch; the truth "

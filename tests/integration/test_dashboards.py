@@ -245,6 +245,8 @@ def test_every_panel_of_every_dashboard_has_data(broker: str, tmp_path: Path, mo
         wait_for(lambda: metric(worker.metrics(), "ptt_late_records_total", query=late_query) >= 1, 30, "late")
         shuffled_query = _send_shuffled_epoch(rs, NORMAL_EPOCHS + REFUSING_EPOCHS)
         wait_for(lambda: "ptt_query_epsilon_shuffled{" in worker.metrics(), 60, "a shuffled epoch's epsilon")
+        # computed off the worker's event loop, a few seconds at this crowd (local: every other epoch went direct)
+        wait_for(lambda: 'ptt_vehicle_day_epsilon{release="local"}' in worker.metrics(), 300, "a vehicle's day")
         text = worker.metrics()
         # the events the overview counts really happened (not just zero-valued series)
         assert metric(text, "ptt_dead_letters_total") == bad

@@ -378,7 +378,7 @@ def test_metrics_pass_promtool_and_labels_are_bounded(broker: str, tmp_path: Pat
     done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     allowed = {"query", "mechanism", "estimator", "station", "confidence", "round", "reason", "closed_by", "kind",
-               "statistic", "topic", "partition", "le", "quantile"}
+               "statistic", "topic", "partition", "le", "quantile", "release", "state"}
     for line in text.splitlines():
         if line.startswith("ptt_") and "{" in line:
             labels = {kv.split("=")[0] for kv in line[line.index("{") + 1:line.index("}")].split(",")}

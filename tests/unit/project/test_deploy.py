@@ -1484,6 +1484,7 @@ def test_station_dashboard_has_a_panel_per_mechanism_with_bands_and_truth(
     stat_exprs = " ".join(t["expr"] for p in stats for t in p["targets"])
     assert "ptt_query_epsilon" in stat_exprs
     assert "ptt_query_epsilon_shuffled{" in stat_exprs  # next to the local epsilon
+    assert "max by (release) (ptt_vehicle_day_epsilon)" in stat_exprs  # a vehicle's whole day, by its release
     assert 'statistic="mean"' in stat_exprs and 'statistic="p01"' in stat_exprs
 
 

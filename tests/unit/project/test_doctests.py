@@ -57,6 +57,7 @@ WITH_EXAMPLES = {
     "schemas.wire": 6,
     "stream_app.cli.demo": 8,
     "stream_app.day_figure": 3,
+    "stream_app.day_metric": 5,
     "stream_app.cli.errors": 2,
     "stream_app.cli.shuffler": 3,
     "stream_app.cli.supervise": 2,
