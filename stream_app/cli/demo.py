@@ -37,6 +37,7 @@ from schemas.settings import KafkaSettings, cache_dir
 from ..settings import WorkerSettings
 from ..shuffler.settings import ShufflerSettings
 from .base import add_settings_flags, ptt_command, settings_from_args
+from .cpu import cpu_words, own_cpu_s, process_cpu_s
 from .demo_output import output_may_close
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings, demo_query_mechanisms
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, EXIT_UNPUBLISHED, CliError, error_line
@@ -572,6 +573,15 @@ def _source(demo: DemoSettings) -> str:
     return str(given) if given is not None else f"the synthetic day ({demo.stations} stations)"
 
 
+def _cpu_line(shuffler: subprocess.Popen[bytes] | None, worker: subprocess.Popen[bytes] | None,
+              broker: subprocess.Popen[bytes] | None, prom: subprocess.Popen[bytes] | None) -> str:
+    """The CPU seconds each of the run's processes used so far (:mod:`.cpu`): the replay's is
+    the demo's own process."""
+    procs = {"shuffler": shuffler, "worker": worker, "broker": broker, "prometheus": prom}
+    return cpu_words({"replay (the demo)": own_cpu_s(),
+                      **{k: process_cpu_s(p.pid) for k, p in procs.items() if p is not None}})
+
+
 def _clear_stale(out: Path) -> None:
     """What an earlier run left in ``out`` that this one would mistake for its own: the worker's
     and Prometheus' state, the report, the day cap's drops, and where an earlier version of the
@@ -693,6 +703,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                     watch.check()
             if stop.requested:
                 code = EXIT_INTERRUPTED
+            cpu = _cpu_line(shuffler, worker, broker.process, prom)  # before they stop
             watch.retire()  # from here the demo stops them itself
             for p in (shuffler, worker, prom):  # they stop while the topics are read
                 if p is not None and p.poll() is None:
@@ -723,6 +734,7 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
                 code = _report(table if frames_only else estimates, truth, out, answered, code, demo.plots)
             else:
                 print("report      none (no estimate was published yet)", flush=True)
+            print(f"cpu         {cpu or 'not known here (read from /proc)'}", flush=True)
             print(f"log         {out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",
                   flush=True)
             code, missing = unpublished(closing, code, published)

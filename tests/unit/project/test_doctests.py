@@ -55,6 +55,7 @@ WITH_EXAMPLES = {
     "schemas.kafka_io": 11,
     "schemas.settings": 3,
     "schemas.wire": 6,
+    "stream_app.cli.cpu": 2,
     "stream_app.cli.demo": 8,
     "stream_app.day_figure": 3,
     "stream_app.day_metric": 5,
