@@ -88,9 +88,10 @@ from .trip_spans import ProducerTrips
 from .trip_stats import DEFAULT_CAPS, CapDrops, PassageDistribution, cap_drop_lines, cap_summary
 from .trips import default_fleet_size, trip_fleet_need
 
-__all__ = ["EPOCHS_DONE", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries", "check_broker",
-           "counted_span_reports", "default_fleet", "default_queries", "device_records", "fleet_size_for", "load_day",
-           "planned_flow_params", "replay", "send_device_reports", "send_markers", "send_round", "wait_for_peers"]
+__all__ = ["EPOCHS_DONE", "TRIP_FLEET_BASIS", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries",
+           "check_broker", "counted_span_reports", "default_fleet", "default_queries", "device_records",
+           "fleet_and_basis", "fleet_size_for", "load_day", "planned_flow_params", "replay", "send_device_reports",
+           "send_markers", "send_round", "wait_for_peers"]
 
 log = logging.getLogger(__name__)
 
@@ -126,19 +127,29 @@ def load_day(settings: ReplaySettings) -> TrafficDay:
     return day
 
 
+#: what sizes a fleet that drives trips all day (``--fleet-model trips``), whatever the queries
+TRIP_FLEET_BASIS = "the papers' vehicles per passage or the peak hour's trips, if more; vehicles drive trips all day"
+
+
 def fleet_size_for(day: TrafficDay, settings: ReplaySettings, spans: Iterable[int] = ()) -> int:
     """Fleet size: at least the day's peak total flow, and for span queries (``spans``: their
     ``span_s``) the largest span flow of a station with room (:func:`producers.spans.fleet_need`);
-    grown by query expansion."""
-    need, why = fleet_need(day.epochs, day.flows, settings.producers, () if settings.fleet_model == "trips" else spans)
-    if settings.fleet_model == "trips" and settings.fleet_size is None:  # the papers' vehicles per passage,
+    grown by query expansion (:func:`fleet_and_basis`, without the why)."""
+    return fleet_and_basis(day, settings, spans)[0]
+
+
+def fleet_and_basis(day: TrafficDay, settings: ReplaySettings, spans: Iterable[int] = ()) -> tuple[int, str]:
+    """:func:`fleet_size_for`, and what sized it (the replay's fleet line says it)."""
+    trips = settings.fleet_model == "trips"
+    need, why = fleet_need(day.epochs, day.flows, settings.producers, () if trips else spans)
+    if trips and settings.fleet_size is None:  # the papers' vehicles per passage,
         counts = np.where(day.has_truth, day.flows, 0)  # or what the peak hour's trips need, if more
         need = max(need, default_fleet_size(int(counts.sum())),
                    trip_fleet_need(counts, build_corridors(day.stations, day.meta)))
     size = settings.fleet_size if settings.fleet_size is not None else need
     if size < need:
         raise FleetTooSmall(f"--fleet-size {size} is smaller than {why}")
-    return max(size, settings.expand_to or 0)
+    return max(size, settings.expand_to or 0), TRIP_FLEET_BASIS if trips else why
 
 
 def default_fleet(day: TrafficDay, settings: ReplaySettings) -> int:
@@ -537,10 +548,8 @@ def _replay(settings: ReplaySettings, progress: bool) -> ReplaySummary:
             have[(q.query_id, q.version)] = q
     # a vehicle passes a station at most once a span: the fleet holds the largest span flow (one for all producers)
     spans = {q.span_s for q in have.values()}
-    fleet = fleet_size_for(day, settings, spans)
-    basis = (fleet_need(day.epochs, day.flows, settings.producers, spans)[1] if settings.fleet_model == "spans" else
-             "the papers' vehicles per passage or the peak hour's trips, if more; vehicles drive trips all day")
-    _check_enrolled(settings, fleet)
+    fleet, basis = fleet_and_basis(day, settings, spans)
+    _check_enrolled(settings, fleet)  # the topic's queries may need more than the defaults did
     settings = settings.model_copy(update={"fleet_size": fleet})
     total = day.epochs.size - settings.start_epoch
     if settings.max_epochs is not None:
