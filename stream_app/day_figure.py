@@ -61,15 +61,23 @@ def vehicle_day(queries: list[Any], release: str, shuffle_size: int | None = Non
             day["shuffled"])
 
 
+#: the shuffler's releases, least revealing first (the aggregate counts are a function of the
+#: permuted reports, so a day through both is bounded by the permuted release's figure)
+RELEASES = ("aggregate", "permuted")
+
+
 def release_of(releases: Iterable[str | None]) -> str:
     """The path a run's estimates took, from their ``release`` fields: the shuffler's release
-    they attest, or ``local`` when none does (the direct path).
+    they attest (the most revealing, if they attest both), or ``local`` when none does (the
+    direct path).
 
     >>> release_of([None, "aggregate", "aggregate"]), release_of([None, None]), release_of([])
     ('aggregate', 'local', 'local')
+    >>> release_of(["aggregate", "permuted", "aggregate"])
+    'permuted'
     """
-    seen = sorted({r for r in releases if r})
-    return seen[0] if len(seen) == 1 else ("local" if not seen else "+".join(seen))
+    seen = {r for r in releases if r}
+    return max(seen, key=RELEASES.index) if seen else "local"
 
 
 def day_title(epsilon: float | None, release: str) -> str:

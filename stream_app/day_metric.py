@@ -6,10 +6,11 @@ worker has read from the queries topic (the newest version of each, as ``ptt ana
 * **Which release.** The worker does not know whether a shuffler is in front of it; its
   published epochs say so. The figure is for the path of the newest published epoch of each
   query (:func:`release_path`): the shuffler's release when every query's newest one attests
-  the same release -- the figure the banner gives for the shuffler's path --, ``local`` when
-  some went direct (unattested, as ``ptt_query_epsilon_shuffled`` has no series for it) or
-  releases are mixed (the local figure holds whatever path a report took; a shuffled one would
-  not), and no figure before any epoch has been published (the path is not known yet).
+  the same release -- the figure the banner gives for the shuffler's path -- (the permuted
+  release's when some attest aggregate and some permuted: it bounds both), ``local`` when
+  some went direct (unattested, as ``ptt_query_epsilon_shuffled`` has no series for it: the
+  local figure holds whatever path a report took; a shuffled one would not), and no figure
+  before any epoch has been published (the path is not known yet).
 * **Off the event loop.** The demo's queries at its 125,119 vehicles and 16 stations took 21-24 s
   of CPU and 1.3 GB at its peak (privacy loss distributions over 2,880 epochs; 2 s at 247
   vehicles), much of it Python that holds the GIL: in a thread of the worker it would take
@@ -89,19 +90,20 @@ def figure_key(queries: Sequence[Query], release: str) -> tuple[str, tuple[tuple
 def release_path(newest_epochs: Mapping[str, str | None]) -> str | None:
     """The release a vehicle's day is accounted for, from the release of each query's newest
     published epoch (None: not attested, the direct path): the shuffler's when they all attest
-    the same one, else ``local``; None before any epoch is published.
+    one (the most revealing when they attest both, as the report's :func:`release_of`), else
+    ``local``; None before any epoch is published.
 
     >>> release_path({"alp": "aggregate", "unary": "aggregate"}), release_path({"alp": None})
     ('aggregate', 'local')
     >>> release_path({"alp": "aggregate", "unary": None}), release_path({"a": "aggregate", "b": "permuted"})
-    ('local', 'local')
+    ('local', 'permuted')
     >>> release_path({}) is None
     True
     """
     if not newest_epochs:
         return None
     seen = set(newest_epochs.values())
-    return release_of(seen) if len(seen) == 1 and None not in seen else "local"
+    return "local" if None in seen else release_of(seen)
 
 
 Compute = Callable[[Sequence[Query], str], Awaitable[DayFigure]]
