@@ -12,7 +12,7 @@ from typing import Any
 
 from estimators import default_query_mechanisms
 from schemas import Query
-from schemas.epochs import EPOCH_S
+from schemas.epochs import spans_epochs
 
 from .pems import TrafficDay, epoch_start
 
@@ -48,7 +48,7 @@ def default_queries(day: TrafficDay, population: int, mechanisms: tuple[str, ...
     together = (planned_day_params(names, round_down_2sig(population), len(sensors), day_budget, plan_cache)
                 if day_budget is not None else {})
     for q in parse_fleet_queries(names):
-        if q.span_s == EPOCH_S:
+        if not spans_epochs(q.span_s):
             out.append(Query(query_id=f"{q.mechanism}-day", mechanism=q.mechanism, params=together.get(q.label, {}),
                              **common))
             continue

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from estimators.registry import all_estimator_names
 
+from .epochs import spans_epochs
 from .query import QueryMechanism, one_of
 
 __all__ = ["DeadLetter", "Estimate", "EstimateBound", "ESTIMATE_SCHEMA_PATH", "estimate_json_schema"]
@@ -92,6 +93,11 @@ class Estimate(BaseModel):
     late: int = Field(ge=0, description="late records for this epoch seen before publication (kept out)")
     refused: int = Field(ge=0, description="vehicles whose device refused the query")
     missing_batches: int = Field(ge=0, description="batches the producers' markers announce but never arrived")
+
+    @property
+    def is_flow(self) -> bool:
+        """Whether it covers more than one epoch: a span query's flow or a rollup."""
+        return spans_epochs(self.span_s)
 
 
 class DeadLetter(BaseModel):

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 from estimators import Mechanism, PerStation
 from estimators.registry import MechanismSpec, get_spec, mechanism_names
 
-from .epochs import EPOCH_S
+from .epochs import EPOCH_S, spans_epochs
 
 DAY_S = 86_400
 
@@ -106,7 +106,7 @@ class Query(BaseModel):
         if self.span_s % EPOCH_S or DAY_S % self.span_s:
             raise ValueError(f"span_s must be a multiple of {EPOCH_S} that divides a day ({DAY_S} s), "
                              f"got {self.span_s}")
-        if self.span_s != EPOCH_S and not self.spec.per_sensor:
+        if spans_epochs(self.span_s) and not self.spec.per_sensor:
             raise ValueError(f"{self.mechanism} reports one station per epoch: a span longer than {EPOCH_S} s "
                              f"needs a per-sensor mechanism ({', '.join(per_sensor_names())})")
         if self.max_passages is not None and self.max_passages > self.epochs_per_span:
@@ -135,7 +135,7 @@ class Query(BaseModel):
     @property
     def is_span(self) -> bool:
         """Whether one report covers more than one 30-s epoch."""
-        return self.span_s != EPOCH_S
+        return spans_epochs(self.span_s)
 
     def span_start(self, epoch: int) -> int:
         """The first epoch of the span holding ``epoch`` (spans are aligned on the epoch clock:

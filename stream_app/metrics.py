@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _go_float
 
 from estimators import SP_CAVEAT
-from schemas.epochs import EPOCH_S
+from schemas.epochs import spans_epochs
 
 from .day_metric import STATES as DAY_STATES
 from .estimate import WITHHELD_CODES, EpochResult
@@ -340,7 +340,7 @@ class StreamMonitor:
             self.suppressed.labels(qid).inc(r.n_records())
             self.withheld_epochs.labels(qid, r.withheld_code or "internal").inc()
             return
-        flow = None if r.span_s == EPOCH_S else r.span_s  # a span query's: the flows' series (span_s label)
+        flow = r.span_s if spans_epochs(r.span_s) else None  # a span query's: the flows' series (span_s label)
         for name, v in r.values.items():
             self.arrays.set_estimates(qid, q.mechanism, name, q.sensors, v.estimate, v.lower, v.upper,
                                       r.confidences, span_s=flow, blank=r.blank)

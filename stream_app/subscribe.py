@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 if TYPE_CHECKING:
     import pyarrow as pa
 
-from schemas.epochs import EPOCH_S
+from schemas.epochs import EPOCH_S, spans_epochs
 from schemas.estimates import Estimate, EstimateBound  # noqa: F401 - EstimateBound: the doctest's
 from schemas.settings import KafkaSettings
 
@@ -59,7 +59,7 @@ HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of 
 def _span_mark(e: Estimate, rollup: bool) -> str:
     """How a longer span is marked: ``N-min sum`` (a rollup, stream_app.rollups), or ``N-min
     span`` (a span query's own report, not a sum); nothing for an epoch."""
-    if e.span_s == EPOCH_S:
+    if not e.is_flow:
         return ""
     return f"{e.span_s // 60}-min sum" if rollup else f"{e.span_s // 60}-min span"
 
@@ -146,7 +146,7 @@ def format_summary(rows: Sequence[Estimate], expected: int | None = None, rollup
     notes = []
     if expected is not None and len(rows) < expected:
         notes.append(f"partial {len(rows)}/{expected}")
-    if e.span_s != EPOCH_S:  # a rollup (stream_app.rollups) or a span query: its own lines
+    if e.is_flow:  # a rollup (stream_app.rollups) or a span query: its own lines
         notes.append(_span_mark(e, rollup))
     if e.withheld:
         return _fit(head + "; ".join([f"withheld: {e.withheld}", *notes]), WIDTH)
@@ -222,7 +222,7 @@ class EpochGroups:
     def _release(self, now: float) -> list[list[Estimate]]:
         oldest_open: dict[str, int] = {}
         for q, _, epoch, span_s in self._groups:
-            if span_s == EPOCH_S:  # an open rollup holds nothing back
+            if not spans_epochs(span_s):  # an open rollup holds nothing back
                 oldest_open[q] = min(epoch, oldest_open.get(q, epoch))
         out = []
         for query in {k[0] for k in self._ready}:  # per query, the ready epochs in order up to the first held
@@ -436,7 +436,7 @@ def subscribe(settings: KafkaSettings, topic: str, *, json_lines: bool = False, 
         if not flows:
             return True
         spec = REGISTRY.get(e.mechanism)
-        return e.span_s != EPOCH_S and (estimator is not None or spec is None or e.estimator == spec.headline)
+        return e.is_flow and (estimator is not None or spec is None or e.estimator == spec.headline)
 
     try:
         for value in records:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.epochs import EPOCH_S
+from schemas.epochs import EPOCH_S, spans_epochs
 from schemas.estimates import Estimate
 from schemas.wire import GroundTruth
 
@@ -123,6 +123,11 @@ class Row:
     no_source_data: bool = False  # data_quality "no_source_data": the source had no reading, nothing to score
     span_s: int = EPOCH_S  # 30: one epoch; longer: a flow (a rollup of the query's estimates, or a span query's)
     release: str | None = None  # the shuffler's release the estimate attests (null: the direct path)
+
+    @property
+    def is_flow(self) -> bool:
+        """Whether it covers more than one epoch (:attr:`Estimate.is_flow`)."""
+        return spans_epochs(self.span_s)
 
     @classmethod
     def of(cls, e: Estimate, starts: dict[tuple[datetime, timedelta | None], datetime] | None = None) -> Row:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from estimators.registry import REGISTRY
-from schemas.epochs import EPOCH_S
+from schemas.epochs import EPOCH_S, spans_epochs
 
 from .flows import flow_rank, flow_what
 from .summary import Cell, Row, _level, _mean, noise_note, sp_caveat, span_words
@@ -126,7 +126,7 @@ def series_for(cells: Iterable[Cell], query_id: str, station: int, estimator: st
     every point. A flow without truth (an epoch of its span has none) is a gap in the truth line,
     never a 0."""
     unit = max(1, span_s // EPOCH_S)  # epochs per point
-    mid = timedelta(0) if span_s == EPOCH_S else timedelta(seconds=span_s / 2)  # a flow: drawn mid-span
+    mid = timedelta(seconds=span_s / 2) if spans_epochs(span_s) else timedelta(0)  # a flow: drawn mid-span
     by_epoch: dict[int, Cell] = {}
     for c in cells:
         r = c.row
@@ -178,11 +178,11 @@ def series_for(cells: Iterable[Cell], query_id: str, station: int, estimator: st
         truth=truth, estimate=est, bands={k: v for k, v in bands.items() if any(not math.isnan(x) for x in v[0])},
         epsilons=tuple(sorted({r.epsilon for r in rows})), utc_offsets=tuple(sorted({_offset(r.epoch_start)
                                                                                    for r in rows})),
-        epoch_s=_epoch_seconds(rows) if span_s == EPOCH_S else span_s, every=step, cells=len(rows),
+        epoch_s=span_s if spans_epochs(span_s) else _epoch_seconds(rows), every=step, cells=len(rows),
         withheld=sum(1 for r in rows if not r.published), covered=covered, mae=_mean(errors),
         noise=noise_note([c.row.sd for c in ordered if c.row.published and c.row.sd is not None],
                          [float(c.truth) for c in ordered if c.truth is not None],
-                         "counts" if span_s == EPOCH_S else "flows"),
+                         "flows" if spans_epochs(span_s) else "counts"),
         no_truth=sum(1 for c in ordered if c.row.published and not c.row.no_source_data and c.truth is None),
         no_source=sum(1 for c in ordered if c.row.published and c.row.no_source_data),
     )
@@ -347,7 +347,7 @@ def write_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[int], *
     :func:`write_flow_plots`): ``estimators`` if given, else the mechanism's headline estimator
     (:data:`DEFAULT_ESTIMATORS`, or every estimator of a query that has none of those).
     ``with_gls`` overlays ``alp_gls`` (dashed) on ALP plots."""
-    cells = [c for c in cells if c.row.span_s == EPOCH_S]  # flows: write_flow_plots
+    cells = [c for c in cells if not c.row.is_flow]  # flows: write_flow_plots
     present, names_of = _estimators_drawn(cells, estimators)
     wanted = set(stations)
     by_station: dict[tuple[str, int], list[Cell]] = defaultdict(list)
@@ -418,7 +418,7 @@ def write_flow_plots(cells: Sequence[Cell], out_dir: Path, stations: Sequence[in
     span (default: its shortest among the cells); a longer one is its rollup. Written (and
     returned) the span queries' first, then the rollups, each the longest span first
     (:func:`stream_app.report.flows.flow_rank`)."""
-    flows = [c for c in cells if c.row.span_s != EPOCH_S]
+    flows = [c for c in cells if c.row.is_flow]
     if not flows:
         return []
     shortest: dict[str, int] = {}

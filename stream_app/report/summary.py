@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from estimators import plain_words
-from schemas.epochs import EPOCH_S
+from schemas.epochs import EPOCH_S, spans_epochs
 from schemas.wire import json_safe
 
 from .cap_drops import CapDrops, cap_drop_words
@@ -138,11 +138,11 @@ def join(rows: Iterable[Row], truth: Truth | None, truth_epochs: Collection[int]
         return [Cell(r, None, NO_TRUTH_GIVEN) for r in rows]
     # an epoch with a truth cell has a record, whatever ``truth_epochs`` says
     records = None if truth_epochs is None else frozenset(truth_epochs) | {e for e, _ in truth}
-    spans = _span_truths({(r.epoch, r.station, r.span_s // EPOCH_S) for r in rows if r.span_s != EPOCH_S},
+    spans = _span_truths({(r.epoch, r.station, r.span_s // EPOCH_S) for r in rows if r.is_flow},
                          truth, records)
     out = []
     for r in rows:
-        if r.span_s == EPOCH_S:
+        if not r.is_flow:
             y = truth.get((r.epoch, r.station))
             why = None if y is not None else (NO_TRUTH_RECORD if records is not None and r.epoch not in records
                                               else NO_READING)
@@ -269,7 +269,7 @@ class GroupSummary:
 
     @property
     def is_flow(self) -> bool:
-        return self.span_s != EPOCH_S
+        return spans_epochs(self.span_s)
 
     @property
     def good_for(self) -> str:
@@ -386,7 +386,7 @@ def _summarize_group(query_id: str, estimator: str, cells: list[Cell], span_s: i
         epsilon_shuffled=max(shuffled.values()) if shuffled else None, shuffled_epochs=len(shuffled),
         noise=noise_note([c.row.sd for c in published if c.row.sd is not None],
                          [float(c.truth) for c in scored if c.truth is not None],
-                         "counts" if span_s == EPOCH_S else "flows"),
+                         "flows" if spans_epochs(span_s) else "counts"),
         no_source_data=len(no_source), span_s=span_s, kind=kind, left_out=dict(sorted(left_out.items())),
         by_bin=tuple(bins), withheld_examples=dict(sorted(examples.items())), judged=len(judged),
         noisy=sum(noise_dominated(c.row.sd, c.truth) for c in judged),
