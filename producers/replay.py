@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,7 @@ from schemas.kafka_io import (
 from schemas.settings import cache_dir
 
 from .corridors import build_corridors
+from .counters import EPOCHS_DONE, SLOTS, ProducerCounts
 from .devices import KIND_HEADER, DeviceRequests, device_records, send_device_reports, send_source_epoch
 from .fleet import (
     Device,
@@ -202,10 +203,6 @@ class ReplayLost(BrokerLost):
         self.summary = summary
 
 
-# indices of the shared per-producer counters (_LOST: 1 once that producer lost the broker)
-_N_COUNTERS = 9
-# EPOCHS_DONE: index of a producer's completed-epochs counter in its shared counters (peers wait on it)
-EPOCHS_DONE, _REPORTS, _RECORDS, _FAILED, _DONE, _REFUSED, _SENT_REPORTS, _SENT_RECORDS, _LOST = range(_N_COUNTERS)
 _REASON_BYTES = 400  # a producer process's loss reason, shared with the parent
 
 
@@ -403,9 +400,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
             summary.delivery_failures = sink.failed
             summary.failure_reasons = Counter(sink.failure_reasons)
             if counters is not None:
-                _share(counters, summary, sink)
-                counters[_LOST] = int(lost is not None)
-                counters[_DONE] = 1
+                _share(counters, summary, sink, lost=int(lost is not None), done=1)
     if trips is not None and count == 1 and trips.fleet.t:  # the whole fleet's day, read from the trips
         caps = {q.max_passages_day for q in reader.queries.values() if q.max_passages_day is not None}
         summary.vehicle_day = cap_summary(trips.passages, sorted(caps | set(DEFAULT_CAPS)))
@@ -414,15 +409,12 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
     return summary
 
 
-def _share(counters: Any, summary: ReplaySummary, sink: ReportSink) -> None:
-    """This producer's totals into its shared counters (the parent reads them)."""
-    counters[EPOCHS_DONE] = summary.epochs
-    counters[_REPORTS] = sink.acked_reports
-    counters[_RECORDS] = sink.acked_batches
-    counters[_SENT_REPORTS] = sink.sent_reports
-    counters[_SENT_RECORDS] = sink.sent_batches
-    counters[_FAILED] = sink.failed
-    counters[_REFUSED] = sum(summary.refused.values())
+def _share(counters: Any, summary: ReplaySummary, sink: ReportSink, **ended: int) -> None:
+    """This producer's totals into its shared counters (the parent reads them); ``ended``: how
+    it ended (``done``, ``lost``), kept as they were if not given."""
+    replace(ProducerCounts.read(counters), epochs_done=summary.epochs, reports=sink.acked_reports,
+            records=sink.acked_batches, sent_reports=sink.sent_reports, sent_records=sink.sent_batches,
+            failed=sink.failed, refused=sum(summary.refused.values()), **ended).write(counters)
 
 
 def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
@@ -492,10 +484,10 @@ def _child(settings: ReplaySettings, index: int, count: int, t0: float, counters
     why = None
     try:
         _producer_loop(settings, index, count, t0, counters, peers=peers, plan=plan)
-    except ReplayLost as exc:  # counted (counters[_LOST]); the parent reports it
+    except ReplayLost as exc:  # counted (its counters say lost); the parent reports it
         why = str(exc)
     except BrokerUnavailable as exc:  # lost before its loop (connecting, reading the queries): the same loss
-        counters[_LOST] = 1
+        replace(ProducerCounts.read(counters), lost=1).write(counters)
         why = str(broker_lost(settings, f"no answer from the broker: {str(exc).split(';')[0]}"))
     if why is not None and reason is not None:
         reason.value = why.encode()[:_REASON_BYTES - 1]
@@ -557,12 +549,14 @@ def _replay(settings: ReplaySettings, progress: bool) -> ReplaySummary:
     bar = Progress(total, progress, speed=settings.speed, limit=what_limits(settings))
     t0 = time.time()
     if settings.producers == 1:
-        counters = [0] * _N_COUNTERS
+        counters = [0] * SLOTS
 
         class _Tick(list[int]):
             def __setitem__(self, i: Any, v: Any) -> None:
                 super().__setitem__(i, v)
-                bar.update(self[EPOCHS_DONE], self[_REPORTS], self[_FAILED])
+                if i == SLOTS - 1:  # a whole ProducerCounts written
+                    c = ProducerCounts.read(self)
+                    bar.update(c.epochs_done, c.reports, c.failed)
 
         try:
             summary = _producer_loop(settings, 0, 1, t0, _Tick(counters), day)
@@ -576,7 +570,7 @@ def _replay(settings: ReplaySettings, progress: bool) -> ReplaySummary:
         summary.fleet_basis = basis
         return summary
     ctx = mp.get_context("spawn")
-    shared = [ctx.Array("q", _N_COUNTERS, lock=False) for _ in range(settings.producers)]
+    shared = [ctx.Array("q", SLOTS, lock=False) for _ in range(settings.producers)]
     reasons = [ctx.Array("c", _REASON_BYTES, lock=False) for _ in range(settings.producers)]
     plan_state = ctx.Array("q", 1 + settings.producers, lock=False)
     plan_state[0] = -1
@@ -592,9 +586,9 @@ def _replay(settings: ReplaySettings, progress: bool) -> ReplaySummary:
                 p.start()
         try:
             while any(p.is_alive() for p in procs):
-                bar.update(min(c[EPOCHS_DONE] for c in shared), sum(c[_REPORTS] for c in shared),
-                           sum(c[_FAILED] for c in shared))
-                failed = any(p.exitcode not in (0, None) for p in procs) or any(c[_LOST] for c in shared)
+                now = ProducerCounts.total(shared)
+                bar.update(now.epochs_done, now.reports, now.failed)
+                failed = any(p.exitcode not in (0, None) for p in procs) or bool(now.lost)
                 # Ctrl-C (here or in a producer), or a producer died or lost the broker: its peers
                 # would wait for it. One stop epoch for all (StopPlan); SIGTERM wakes them to it
                 if stop.wait(0.2) or plan.requested or failed:
@@ -611,19 +605,16 @@ def _replay(settings: ReplaySettings, progress: bool) -> ReplaySummary:
                 if p.is_alive():
                     p.kill()
             bar.close()
-    summary.epochs = min(c[EPOCHS_DONE] for c in shared)
-    summary.reports = sum(c[_REPORTS] for c in shared)
-    summary.records = sum(c[_RECORDS] for c in shared)
-    summary.reports_sent = sum(c[_SENT_REPORTS] for c in shared)
-    summary.records_sent = sum(c[_SENT_RECORDS] for c in shared)
-    summary.delivery_failures = sum(c[_FAILED] for c in shared)
-    refused = sum(c[_REFUSED] for c in shared)
-    if refused:
-        summary.refused["all queries"] = refused
+    end = ProducerCounts.total(shared)
+    summary.epochs, summary.reports, summary.records = end.epochs_done, end.reports, end.records
+    summary.reports_sent, summary.records_sent = end.sent_reports, end.sent_records
+    summary.delivery_failures = end.failed
+    if end.refused:
+        summary.refused["all queries"] = end.refused
     summary.elapsed_s = time.time() - started
-    if any(c[_LOST] for c in shared):
+    if end.lost:
         why = next((r.value.decode(errors="replace") for r, c in zip(reasons, shared, strict=True)
-                    if c[_LOST] and r.value), "")
+                    if ProducerCounts.read(c).lost and r.value), "")
         summary.interrupted = False
         raise ReplayLost(why or str(broker_lost(settings, "a producer process lost it")), summary)
     if any(p.exitcode not in (0, None) for p in procs) and not summary.interrupted:

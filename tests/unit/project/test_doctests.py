@@ -35,6 +35,7 @@ WITH_EXAMPLES = {
     "estimators.registry": 4,
     "estimators.shuffle": 6,
     "producers.corridors": 9,
+    "producers.counters": 3,
     "producers.devices": 4,
     "producers.http_client": 1,
     "producers.pems.decimals": 4,
