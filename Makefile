@@ -66,7 +66,8 @@ lint: setup
 # The whole test suite: lint, types, then every test, on TEST_WORKERS parallel pytest-xdist
 # workers (each with its own broker, ports, topics and temporary directory; tests/conftest.py
 # keeps a module's shared fixture on one worker). One line per finished test: worker, share of
-# the suite done, result, file::test. TEST_WORKERS=0 runs the tests in this process, one by one;
+# the suite done, result, file::test; at the end the 25 slowest (where the gate's time goes).
+# TEST_WORKERS=0 runs the tests in this process, one by one;
 # PYTEST_ARGS picks tests (e.g. PYTEST_ARGS=tests/unit/project). Ctrl-C stops it (pytest's
 # exit code 2, "interrupted"): the shell's trap keeps the recipe alive to say so instead of
 # make's "Error 2"; every other failure fails make.
@@ -74,8 +75,8 @@ TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: lint
 	@echo "== pytest: every test on $(TEST_WORKERS) workers (the first lines come after ~1 min of collection)"
-	@echo "$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v $(PYTEST_ARGS)"
-	@trap : INT; $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v $(PYTEST_ARGS) || { code=$$?; \
+	@echo "$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v --durations=25 $(PYTEST_ARGS)"
+	@trap : INT; $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -v --durations=25 $(PYTEST_ARGS) || { code=$$?; \
 	  if [ $$code -eq 2 ]; then echo "make test: stopped by Ctrl-C (the results so far are above)" >&2; \
 	  else exit $$code; fi; }
 

@@ -1,5 +1,6 @@
 """``make test`` as a person sees it: one line per finished test (pytest-xdist's verbose mode
-wrote each test's name again as a line of its own: two lines per test), and Ctrl-C ends it
+wrote each test's name again as a line of its own: two lines per test), then the 25 slowest
+tests (where the gate's time goes), and Ctrl-C ends it
 with a line saying so, not make's ``*** [Makefile:..: test] Error 2``. The lint step is taken
 as done (``-o lint``) and PYTEST_ARGS picks the tests."""
 
@@ -31,7 +32,8 @@ def test_one_line_per_finished_test() -> None:
     done = subprocess.run(_make_test(HOUSE), capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    named = [line for line in lines if "test_house.py::" in line]
+    slowest = next(i for i, line in enumerate(lines) if "slowest 25 durations" in line)  # where the time went
+    named = [line for line in lines[:slowest] if "test_house.py::" in line]
     tests = Path(HOUSE).read_text().count("\ndef test_")
     assert tests >= 3 and len(named) == tests, "\n".join(lines)  # each of the file's tests, once
     assert all(line.startswith("[gw") and " PASSED " in line for line in named), "\n".join(named)
