@@ -68,8 +68,9 @@ def test_a_shipped_plan_is_used_while_it_fits_and_replanned_when_not(tmp_path: P
     assert len(planner) == 1
 
 
+@pytest.mark.slow
 def test_the_shipped_plans_are_of_the_demos_default_setting() -> None:
-    """What is shipped reads back (each plan is checked against the planner's choice by
-    tests/unit/project/test_quoted_figures.py)."""
+    """What is shipped reads back and fits its budget (half a minute: the day at n = 120,000;
+    each plan is checked against the planner's choice by tests/unit/project/test_quoted_figures.py)."""
     kept = queries._read_plans(queries.SHIPPED_PLANS)
     assert kept and all(queries._fitting([plan], tuple(plan["key"])) == plan["params"] for plan in kept)
