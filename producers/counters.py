@@ -7,7 +7,9 @@ in one -- with one slot per field of :class:`ProducerCounts`, in order. Pure.
 >>> ProducerCounts(epochs_done=3, reports=10, failed=1).write(slots)
 >>> ProducerCounts.read(slots).reports, slots[EPOCHS_DONE]
 (10, 3)
->>> total = ProducerCounts.total([slots, ProducerCounts(epochs_done=2, reports=5, lost=1).slots()])
+>>> other = [0] * SLOTS
+>>> ProducerCounts(epochs_done=2, reports=5, lost=1).write(other)
+>>> total = ProducerCounts.total([slots, other])
 >>> total.epochs_done, total.reports, total.failed, total.lost  # epochs: the slowest's; the rest summed
 (2, 15, 1, 1)
 """
@@ -38,9 +40,6 @@ class ProducerCounts:
     @classmethod
     def read(cls, slots: Sequence[int]) -> ProducerCounts:
         return cls(*(int(v) for v in slots[:SLOTS]))
-
-    def slots(self) -> list[int]:
-        return list(astuple(self))
 
     def write(self, slots: MutableSequence[int]) -> None:
         """Into ``slots``, the number of epochs done first (what its peers wait on)."""

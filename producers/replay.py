@@ -50,6 +50,7 @@ from schemas import (
     encode_json,
     new_batch_id,
 )
+from schemas.cap_drops import CapDrops, cap_drop_lines
 from schemas.connection import client_logs
 from schemas.enrollment import EnrollmentError
 from schemas.kafka_io import (
@@ -86,7 +87,7 @@ from .spans import SpanTracker, fleet_need, span_reports
 from .stopping import Halt, StopFlag, StopPlan, Stops, children_ignore_stop_signals, pause_until
 from .synthetic import write_synthetic_day
 from .trip_spans import ProducerTrips
-from .trip_stats import DEFAULT_CAPS, CapDrops, PassageDistribution, cap_drop_lines, cap_summary
+from .trip_stats import DEFAULT_CAPS, PassageDistribution, cap_summary
 from .trips import default_fleet_size, trip_fleet_need
 
 __all__ = ["EPOCHS_DONE", "TRIP_FLEET_BASIS", "EmptyData", "ReplayLost", "ReplaySummary", "active_queries",
@@ -224,9 +225,9 @@ def wait_for_peers(peers: list[Any], i: int, stop: StopFlag, plan: StopPlan | No
         pass
 
 
-def counted_span_reports(q: Query, spans: SpanTracker, settings: ReplaySettings, index: int, start: int, device: Device,
-                  ledger: DayLedger | ShuffledDayLedger | None, mix_pairs: bool, summary: ReplaySummary
-                  ) -> EpochReports:
+def counted_span_reports(q: Query, spans: SpanTracker, settings: ReplaySettings, index: int, start: int,
+                         device: Device, ledger: DayLedger | ShuffledDayLedger | None, mix_pairs: bool,
+                         summary: ReplaySummary) -> EpochReports:
     """The producer's reports for ``q``'s span from epoch ``start`` (:func:`producers.spans.span_reports`),
     with what they sent and what the caps dropped (per station too) counted in ``summary``."""
     er, dropped = span_reports(q, spans, settings.seed, index, start, settings.mode, device, ledger,
@@ -339,7 +340,7 @@ def _run_epochs(settings: ReplaySettings, index: int, count: int, t0: float, cou
                     if q.record_key in span_of:  # one report per device for the span: epoch = its first
                         report_epoch = span_of[q.record_key][0]
                         er = counted_span_reports(q, spans, settings, index, report_epoch, device, ledger,
-                                           enrollment is None, summary)
+                                                  enrollment is None, summary)
                     else:
                         report_epoch = epoch
                         tc = query_truth_counts(split[index], day.stations, q)

@@ -356,8 +356,7 @@ class SpanTracker:
         self._open: dict[str, _Open] = {}
         self._ended: dict[int, int] = {}  # span_s -> the start of its span that just ended whole
         self._sets: dict[int, StationSets] = {}  # span_s -> that span's passages, read once when asked
-        self.day_dropped = 0  # the day cap's drops in the last span read (TripSpans)
-        self.station_drops: IntArray | None = None  # and per station of its query (query order)
+        self.station_drops: IntArray | None = None  # the day cap's drops in the last span read, per station
 
     def step(self, epoch: int, queries: Sequence[Query], row: IntArray | None,
              no_data: Collection[int] = ()) -> list[SpanDue]:
@@ -429,12 +428,17 @@ class SpanTracker:
         counted in :attr:`day_dropped`."""
         sf = self._fleet_of_ended(query)
         if isinstance(sf, TripSpans):
-            sets, self.day_dropped = sf.query_sets_capped(query, self.data_stations, day)
-            self.station_drops = sf.last_dropped.get(query.query_id)
+            sets, _ = sf.query_sets_capped(query, self.data_stations, day)
+            self.station_drops = sf.last_dropped.get(query.query_id) if query.max_passages_day is not None else None
             return sets
         if query.span_s not in self._sets:
             self._sets[query.span_s] = sf.passages()
         return sf.query_sets(self._sets[query.span_s], self.data_stations, query)
+
+    @property
+    def day_dropped(self) -> int:
+        """The day cap's drops in the last span read (:attr:`station_drops`, summed)."""
+        return 0 if self.station_drops is None else int(self.station_drops.sum())
 
     def capped(self, query: Query) -> bool:
         """Whether ``query``'s cap on passages may bind in its span that just ended (some vehicle
@@ -517,7 +521,7 @@ def span_reports(q: Query, spans: SpanTracker, seed: int, index: int, start: int
     day = epoch_start(start).date().isoformat()
     if mode == "tally" and not spans.capped(q):  # the exact tally needs only the span flows: no sets read
         return privatize_tally(q, spans.yes_counts(q), spans.n, rng, device, ledger, day), 0
-    spans.day_dropped, spans.station_drops = 0, None
+    spans.station_drops = None
     sets, dropped = cap_passages(spans.truth(q, day), q.passages, rng)
     er = privatize_sets(q, sets, rng, mode, device, ledger, day, mix_pairs)
     return er, 0 if er.refused else dropped + spans.day_dropped

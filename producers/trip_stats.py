@@ -26,11 +26,7 @@ from schemas.epochs import EPOCH_S
 
 from .trips import EpochPassages
 
-__all__ = ["DEFAULT_CAPS", "CapDrops", "DayTally", "PassageDistribution", "TripLengths", "cap_drop_lines",
-           "cap_summary", "dropped_passages", "largest_cap_drop"]
-
-#: what a day cap dropped: query id -> span (its first epoch) -> station -> passages
-CapDrops = dict[str, dict[int, dict[int, int]]]
+__all__ = ["DEFAULT_CAPS", "DayTally", "PassageDistribution", "TripLengths", "cap_summary", "dropped_passages"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -158,34 +154,3 @@ class TripLengths:
         self._current[:] = 0
         return self._lengths.copy()
 
-
-def cap_drop_lines(drops: CapDrops) -> list[str]:
-    """``drops`` as CSV lines (a header, then one line per query, span and station with drops;
-    the span by its first epoch and its local start).
-
-    >>> for line in cap_drop_lines({"unary-hour": {59004960: {400001: 3, 400002: 1}}}):
-    ...     print(line)
-    query_id,span_epoch,span_start,station,dropped
-    unary-hour,59004960,2026-02-03T12:00:00-08:00,400001,3
-    unary-hour,59004960,2026-02-03T12:00:00-08:00,400002,1
-    """
-    from .pems import epoch_start
-
-    lines = ["query_id,span_epoch,span_start,station,dropped"]
-    for qid, spans in sorted(drops.items()):
-        for epoch, stations in sorted(spans.items()):
-            start = epoch_start(epoch).isoformat()
-            lines += [f"{qid},{epoch},{start},{s},{n}" for s, n in sorted(stations.items())]
-    return lines
-
-
-def largest_cap_drop(spans: dict[int, dict[int, int]]) -> tuple[int, int, int, int]:
-    """Of one query's drops: the station-spans with any, and the largest (passages, station,
-    span epoch), the earliest span and lowest station on a tie.
-
-    >>> largest_cap_drop({20: {7: 2, 9: 5}, 10: {3: 5}})
-    (3, 5, 3, 10)
-    """
-    cells = [(-n, e, s) for e, stations in spans.items() for s, n in stations.items()]
-    n, e, s = min(cells)
-    return len(cells), -n, s, e

@@ -40,7 +40,7 @@ def replay_summary_lines(summary: Any, drops_file: Path | None = None) -> list[s
     """What ``ptt replay`` prints on stdout: data quality, what the broker acknowledged (and,
     when that is less, what was sent), refusals, what a day cap dropped (every station and span
     of it: ``drops_file``). Also printed when the broker was lost."""
-    from producers.trip_stats import largest_cap_drop
+    from schemas.cap_drops import largest_cap_drop
     from schemas.epochs import epoch_start
 
     s = summary

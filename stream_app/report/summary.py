@@ -618,7 +618,8 @@ def summary_json(groups: Sequence[GroupSummary], estimates: LoadedEstimates | No
     out: dict[str, Any] = {"groups": [g.to_json() for g in groups], "plots": [p.name for p in plots],
                            "vehicle_day": None if day is None else dict(day),
                            "cap_drops": None if cap_drops is None else {
-                               qid: {"passages": sum(d.values()), "station_spans": len(d)}
+                               qid: {"passages": sum(sum(st.values()) for st in d.values()),
+                                     "station_spans": sum(len(st) for st in d.values())}
                                for qid, d in sorted(cap_drops.items())}}
     if estimates is not None:
         out["estimates"] = {"read": estimates.read, "kept": len(estimates.rows), "duplicates": estimates.duplicates,

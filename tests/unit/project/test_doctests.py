@@ -48,6 +48,7 @@ WITH_EXAMPLES = {
     "producers.trip_stats": 11,
     "producers.trip_spans": 4,
     "producers.trips": 11,
+    "schemas.cap_drops": 5,
     "schemas.connection": 19,
     "schemas.device_binary": 15,
     "schemas.device_http": 3,

@@ -33,7 +33,7 @@ def test_the_fleet_line_says_what_sized_the_fleet_and_spans_are_counted() -> Non
 def test_a_day_caps_drops_are_named_by_their_largest_station_span_and_file(tmp_path: Path) -> None:
     """The day cap's line: how many station-spans lost passages, the largest (its station and its
     span's local start), where every one is (``--cap-drops-file``); and the file's lines."""
-    from producers.trip_stats import cap_drop_lines
+    from schemas.cap_drops import cap_drop_lines
 
     drops = {"unary-hour": {59004960: {400001: 3, 400002: 9}, 59005080: {400001: 9}}}
     s = ReplaySummary(fleet_size=5, data_quality="ok", day_cap_drops=drops)
