@@ -66,6 +66,7 @@ __all__ = ["BINARY_MINORITY_CAP", "TERNARY_N_CAP", "binary_crowd",
 
 Rows = tuple[tuple[float, float, float], tuple[float, float, float]]
 
+PROBE_KS = 5  # ternary_station_pld(probe=True): the assignments of the others it searches
 TERNARY_N_CAP = 200_000  # a three-valued station's crowd is accounted at most at this (ALP at 10M: 8.5 min -> 14 s)
 BINARY_MINORITY_CAP = 200_000.0  # a binary station's crowd: expected minority answers at most this (binary_crowd)
 _SLACK = 1e-12  # added to every curve value: dominates the 2-D FFT's round-off
@@ -235,13 +236,31 @@ def ternary_stride(m: int) -> int:
 
 @lru_cache(maxsize=16)
 def ternary_station_pld(m: int, yes: tuple[float, float, float], no: tuple[float, float, float],
-                        points: int = 501, stride: int | None = None) -> tuple[Pld, Pld]:
+                        points: int = 501, stride: int | None = None, probe: bool = False) -> tuple[Pld, Pld]:
     """(forward, backward) dominating PLDs of one station's counts among ``m`` other devices,
     worst over every ``k = 0..m`` (searched through :func:`aggregate.covering_ks`, ``stride``
-    defaulting to :func:`ternary_stride`; ``stride = 1``: every k itself)."""
+    defaulting to :func:`ternary_stride`; ``stride = 1``: every k itself).
+
+    ``probe``: the same, worst over only :data:`PROBE_KS` of those ``k`` (evenly spread, both
+    ends included): its curves lie under the full search's at every point, so every figure
+    composed from it is at most the full one's -- a lower bound that costs a tenth as much (the
+    budget search rejects a setting with it, :func:`estimators.fit.fit_budget`)."""
     mm, ks = aggregate.covering_ks(m, ternary_stride(m) if stride is None else stride)
+    if probe:
+        ks = probe_ks(ks)
     c = ternary_profiles(mm, yes, no, None if ks.size == mm + 1 else ks, points)
     return aggregate.connect_the_dots(c.eps, c.forward), aggregate.connect_the_dots(c.eps, c.backward)
+
+
+def probe_ks(ks: np.ndarray) -> np.ndarray:
+    """:data:`PROBE_KS` of ``ks`` (sorted), evenly spread, the first and the last among them.
+
+    >>> probe_ks(np.arange(0, 65)).tolist(), probe_ks(np.arange(3)).tolist()
+    ([0, 16, 32, 48, 64], [0, 1, 2])
+    """
+    if ks.size <= PROBE_KS:
+        return ks
+    return ks[np.unique(np.linspace(0, ks.size - 1, PROBE_KS).round().astype(np.int64))]
 
 
 def kary_rates(table: FloatArray) -> tuple[int, float] | None:
@@ -303,10 +322,12 @@ def kary_histogram_pld(k: int, pi1: float, n: int, blocks: int = _BLOCKS) -> Pld
     return Pld(loss_all[order], mass_all[order], min(1.0, infinity))
 
 
-def per_sensor_epoch_plds(tables: tuple[FloatArray, ...], n: int, stride: int | None = None) -> list[Pld] | None:
+def per_sensor_epoch_plds(tables: tuple[FloatArray, ...], n: int, stride: int | None = None,
+                          probe: bool = False) -> list[Pld] | None:
     """Per round of a per-sensor mechanism, the two changed stations' PLDs (binary answers:
-    :func:`aggregate.station_pld`; three report values: :func:`ternary_station_pld`); ``None``
-    when a round has another shape (then the caller uses the clone bound)."""
+    :func:`aggregate.station_pld`; three report values: :func:`ternary_station_pld`, ``probe``:
+    its lower bound); ``None`` when a round has another shape (then the caller uses the clone
+    bound)."""
     out: list[Pld] = []
     m = max(n - 1, 0)
     for t in tables:
@@ -320,7 +341,7 @@ def per_sensor_epoch_plds(tables: tuple[FloatArray, ...], n: int, stride: int | 
         if rows is None:
             return None
         if max(abs(y - z) for y, z in zip(*rows, strict=True)) >= 1e-12:
-            out.extend(ternary_station_pld(min(m, TERNARY_N_CAP), rows[0], rows[1], stride=stride))
+            out.extend(ternary_station_pld(min(m, TERNARY_N_CAP), rows[0], rows[1], stride=stride, probe=probe))
     return out
 
 

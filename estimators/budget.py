@@ -371,10 +371,13 @@ def _envelope_cached(fwd: shuffle.Pld, bwd: shuffle.Pld) -> shuffle.Pld:
 
 def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int, release: str,
                   ratios: tuple[shuffle.VariationRatio, ...] | None = None, span_s: int = EPOCH_S,
-                  passages: int = 1, day_cap: int | None = None) -> EpochAccount:
+                  passages: int = 1, day_cap: int | None = None, probe: bool = False) -> EpochAccount:
     """The account of one release of a query: a 30-s epoch's report, or (``span_s`` > 30) one
     span report of up to ``passages`` stations (P, capped at ``n_stations``), of a device that
-    names at most ``day_cap`` passages a day (None: no cap); module doc.
+    names at most ``day_cap`` passages a day (None: no cap); module doc. ``probe``: the
+    aggregate release's station PLDs of three report values from a few assignments of the
+    others only (:func:`aggregate_multi.ternary_station_pld`): every figure at most the full
+    account's, for a search to reject a setting cheaply, never to publish.
     ``ratios``: ``spec.shuffle_ratios(mech, n_stations)`` when the caller has them already (k-ary
     RR's over 3,220 stations take ~1 s; used for one-passage reports only).
 
@@ -419,7 +422,7 @@ def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int,
     if math.isinf(local):
         return account((), False)
     if release == "aggregate":
-        flat = spec.aggregate_plds(mech, n_stations, n)
+        flat = spec.aggregate_plds(mech, n_stations, n, probe=probe)
         if flat is not None:
             if spec.per_sensor:
                 plds, counts = _span_parts(flat, n_stations, passages)

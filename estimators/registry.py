@@ -329,7 +329,7 @@ class MechanismSpec:
                                      release, delta)
 
     def aggregate_plds(self, mech: Mechanism, n_stations: int, n: int,
-                       stride: int | None = None) -> list[shuffle.Pld] | None:
+                       stride: int | None = None, probe: bool = False) -> list[shuffle.Pld] | None:
         """One epoch's dominating PLDs of the aggregate release at ``n`` devices, worst case over
         the other devices' data. Per-sensor (binary or three report values, e.g. ALP): per round,
         the two stations a move changes (:mod:`estimators.aggregate`,
@@ -337,7 +337,8 @@ class MechanismSpec:
         blanket (:func:`aggregate_multi.kary_histogram_pld`). ``None`` where no such accounting
         exists (Sampling Privacy's rounds share one die; other tables): then the clone bound of
         the permuted release applies. ``stride``: see :func:`aggregate.covering_ks` (1: every
-        assignment of the others searched directly).
+        assignment of the others searched directly); ``probe``: three report values' lower
+        bound (:func:`aggregate_multi.ternary_station_pld`), a search's quick rejection only.
 
         A three-valued (ALP) crowd above :data:`AGGREGATE_N_CAP` is accounted at the cap, and a
         binary one at :func:`aggregate_multi.binary_crowd`: the release among more devices is a
@@ -348,7 +349,7 @@ class MechanismSpec:
         probability of 1e-4 is accounted among all of them: its noise is what a day cap buys."""
         if self.per_sensor:
             tables = tuple(m.output_table(0) for m in self.round_mechanisms(mech))
-            return aggregate_multi.per_sensor_epoch_plds(tables, int(n), stride)
+            return aggregate_multi.per_sensor_epoch_plds(tables, int(n), stride, probe)
         if mech.n_rounds != 1:
             return None
         rates = aggregate_multi.kary_rates(mech.output_table(0))

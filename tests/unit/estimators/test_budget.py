@@ -154,6 +154,35 @@ def test_alp_spends_a_larger_budget_on_its_sampling_rates_and_mixes_below_the_sm
     assert tight["sd"] > fitting.headline_sd(spec, spec.build({}, v), 20, n)
 
 
+@pytest.mark.parametrize("share", [0.3, 0.6, 1.0, 2.0])
+def test_alps_probed_grid_search_chooses_what_trying_every_member_chooses(share: float,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grid search skips a member whose probe (a day composed from a few assignments of the
+    others: a lower bound) is past the budget: the same choice and the same full figures as
+    computing every member's day, at budgets between the grid's members; and every probe is at
+    most its member's full day (within the grids' rounding, PROBE_MARGIN). Deliberate breakage:
+    a probe computed among half the devices (above the full day, not under it: fewer others hide
+    a device less) fails at 3 of these 4 budgets."""
+    spec, fam = get_spec("alp"), fitting.FAMILIES["alp"]
+    n, v, epochs = 3_000, 3, 200
+    papers = fitting._day_of(spec, fam, 0.05, v, n, "aggregate", epochs, 1e-6)
+    budget_ = share * papers * 4
+    probed = fitting.fit_budget(spec, v, n, 20, budget_, "aggregate", epochs, 1e-6)
+    skipped = [t for t in probed["tried"] if "epsilon_day_at_least" in t]
+    for t in skipped:
+        assert fitting._day_of(spec, fam, t["s"], v, n, "aggregate", epochs, 1e-6) * (1 + fitting.PROBE_MARGIN) \
+            >= t["epsilon_day_at_least"] > budget_
+    fitting._DAYS.clear()
+    fitting._PROBES.clear()
+    monkeypatch.setattr(fitting, "PROBE_MARGIN", math.inf)  # no member skipped: every day computed
+    every = fitting.fit_budget(spec, v, n, 20, budget_, "aggregate", epochs, 1e-6)
+    assert not any("epsilon_day_at_least" in t for t in every["tried"])
+    assert probed["params"] == every["params"] and probed["sd"] == every["sd"]
+    full = {t["s"]: t["epsilon_day"] for t in every["tried"]}
+    assert all(full[t["s"]] == t["epsilon_day"] for t in probed["tried"] if "epsilon_day" in t)
+    assert share > 1.0 or skipped  # the tighter budgets do skip members
+
+
 @pytest.mark.slow
 def test_fleet_plan_runs_the_default_queries_within_a_budget() -> None:
     """With no --query-mechanisms the fleet is the registry's default queries (those with a

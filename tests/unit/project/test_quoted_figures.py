@@ -28,7 +28,7 @@ process, since the budget search's choice depends on the searches that ran befor
 process; the others run in this one, all on one pytest-xdist worker (one group), where they share
 the accounting's caches (the ALP station PLD at 3,220 stations and 47,719 devices is computed once
 for every command that needs it). The figures of each fresh-process command are a group of their
-own: those commands (``plan fleet --day-budget`` searches ALP's whole grid: tens of CPU-seconds
+own: those commands (``plan fleet --day-budget`` searches ALP's grid: 15-30 CPU-seconds
 each) run on whichever worker is free, not one after another on the worker that runs the rest.
 """
 
