@@ -67,17 +67,20 @@ RELEASES = ("aggregate", "permuted")
 
 
 def release_of(releases: Iterable[str | None]) -> str:
-    """The path a run's estimates took, from their ``release`` fields: the shuffler's release
-    they attest (the most revealing, if they attest both), or ``local`` when none does (the
-    direct path).
+    """The path a run's estimates took, from their ``release`` fields, as its most revealing
+    part: ``local`` when any estimate is not attested (None: the direct path, whose reports
+    only the local figure protects) or there is none, else the shuffler's release they attest
+    (``permuted`` when they attest both).
 
-    >>> release_of([None, "aggregate", "aggregate"]), release_of([None, None]), release_of([])
+    >>> release_of(["aggregate", "aggregate"]), release_of([None, "aggregate"]), release_of([])
     ('aggregate', 'local', 'local')
     >>> release_of(["aggregate", "permuted", "aggregate"])
     'permuted'
     """
-    seen = {r for r in releases if r}
-    return max(seen, key=RELEASES.index) if seen else "local"
+    seen = set(releases)
+    if not seen or None in seen:
+        return "local"
+    return max((r for r in seen if r), key=RELEASES.index)
 
 
 def day_title(epsilon: float | None, release: str) -> str:

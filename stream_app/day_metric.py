@@ -89,9 +89,8 @@ def figure_key(queries: Sequence[Query], release: str) -> tuple[str, tuple[tuple
 
 def release_path(newest_epochs: Mapping[str, str | None]) -> str | None:
     """The release a vehicle's day is accounted for, from the release of each query's newest
-    published epoch (None: not attested, the direct path): the shuffler's when they all attest
-    one (the most revealing when they attest both, as the report's :func:`release_of`), else
-    ``local``; None before any epoch is published.
+    published epoch (None: not attested, the direct path): :func:`release_of` of them, as the
+    report's; None before any epoch is published.
 
     >>> release_path({"alp": "aggregate", "unary": "aggregate"}), release_path({"alp": None})
     ('aggregate', 'local')
@@ -102,8 +101,7 @@ def release_path(newest_epochs: Mapping[str, str | None]) -> str | None:
     """
     if not newest_epochs:
         return None
-    seen = set(newest_epochs.values())
-    return "local" if None in seen else release_of(seen)
+    return release_of(newest_epochs.values())
 
 
 Compute = Callable[[Sequence[Query], str], Awaitable[DayFigure]]
