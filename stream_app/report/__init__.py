@@ -149,7 +149,7 @@ def _day_of(queries: Sequence[Query] | None, loaded: LoadedEstimates) -> tuple[d
     queries), and the plots' title for it."""
     if not queries:
         return None, ""
-    release = release_of(r.release for r in loaded.rows)
+    release = release_of(r.release for r in loaded.rows if r.withheld is None)  # a withheld row released nothing
     line, epsilon = vehicle_day(list(queries), release)
     return {"line": line, "epsilon": epsilon, "release": release}, day_title(epsilon, release)
 
