@@ -242,7 +242,11 @@ def connect_the_dots(eps: FloatArray, delta: FloatArray) -> Pld:
     """The discrete PLD on the points ``eps`` whose hockey-stick curve interpolates
     ``delta(eps)`` linearly in ``e^eps`` (and is ``delta(eps[-1])`` above, a line through
     (0, 1) below). Given a curve convex in ``e^eps`` with ``delta(eps[-1])`` the true value at
-    the largest loss, it dominates the curve everywhere (Doroshenko et al., PETS 2022).
+    the largest loss, it dominates the curve everywhere (Doroshenko et al., PETS 2022). A curve
+    raised by an allowance at every point (so it tends to above 1 on the left) keeps its values
+    from the smallest loss on and follows the chord from (0, 1) left of it (at most the allowance
+    under them, above any true curve): the PLD stays a probability, its infinite-loss mass the
+    allowance.
 
     The curve of Bern(0.8) vs Bern(0.2), a single station with nobody else, is reproduced:
 
@@ -251,11 +255,35 @@ def connect_the_dots(eps: FloatArray, delta: FloatArray) -> Pld:
     >>> pld = connect_the_dots(e, d)
     >>> [round(pld.delta(float(t)), 9) == round(float(v), 9) for t, v in zip(e, d)]
     [True, True, True, True, True]
+
+    Bern(0.55) vs Bern(0.45) (losses +-0.2) on a grid from -9.2, with 1e-12 added everywhere:
+    a probability, 1e-12 at infinite loss (joining (0, 1) to the leftmost point put 1e-12 / e^-9.2
+    there: ~1e-8), the values kept from the smallest loss on and at most 1e-12 under them left of it:
+
+    >>> e = np.linspace(-9.2, 9.2, 9)
+    >>> d = np.array([max(0.55 - math.exp(t) * 0.45, 0) + max(0.45 - math.exp(t) * 0.55, 0) for t in e]) + 1e-12
+    >>> pld = connect_the_dots(e, d)
+    >>> float(pld.infinity_mass), bool(abs(pld.mass.sum() + pld.infinity_mass - 1) < 1e-15), float(pld.loss[0])
+    (1e-12, True, -2.3)
+    >>> all(abs(pld.delta(float(t)) - v) <= 1e-15 for t, v in zip(e, d) if t >= pld.loss[0])
+    True
+    >>> all(0 <= v - pld.delta(float(t)) <= 1e-12 for t, v in zip(e, d) if t < pld.loss[0])
+    True
     """
     x = np.exp(np.asarray(eps, dtype=np.float64))
     d = np.asarray(delta, dtype=np.float64)
     slopes = np.diff(d) / np.diff(x)  # s_1..s_K
     s0 = (d[0] - 1.0) / x[0]
+    if slopes.size and s0 > slopes[0]:
+        # the curve carries its callers' allowance for what they left out (counted at infinite
+        # loss) at every point, so it tends to slightly above 1 on the left: the line to (0, 1)
+        # would bend it the wrong way, and straightening that bend lost (allowance / x[0]) of
+        # mass to infinity -- 1.3e-8 per station at eps[0] = -9.8, more than a day's delta after
+        # 80 compositions. Its first segment, extended, keeps every grid value; the excess mass
+        # then comes off the smallest losses (_trim), which makes the curve left of them the
+        # chord from (0, 1): at most the excess under the values there, above any true curve
+        # (convex, at most 1)
+        s0 = float(slopes[0])
     s = np.concatenate([[s0], slopes, [0.0]])  # s_0..s_{K+1}
     s = np.maximum.accumulate(s)  # convex (round-off only: a max of convex curves is convex)
     mass = np.clip(x * np.diff(s), 0.0, None)
@@ -263,8 +291,20 @@ def connect_the_dots(eps: FloatArray, delta: FloatArray) -> Pld:
     total = float(mass.sum()) + infinity
     if total < 1.0:
         infinity += 1.0 - total  # pessimistic: missing mass at infinite loss
+    else:
+        _trim(mass, total - 1.0)
     keep = mass > 0
     return Pld(np.asarray(eps, dtype=np.float64)[keep], mass[keep], min(1.0, infinity))
+
+
+def _trim(mass: FloatArray, excess: float) -> None:
+    """Take ``excess`` off ``mass`` from its smallest losses up (in place)."""
+    for j in np.flatnonzero(mass):
+        take = min(excess, float(mass[j]))
+        mass[j] -= take
+        excess -= take
+        if excess <= 0.0:
+            return
 
 
 def covering_ks(m: int, stride: int) -> tuple[int, np.ndarray]:

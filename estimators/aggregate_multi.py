@@ -60,7 +60,7 @@ import estimators.aggregate as aggregate
 from ._types import FloatArray
 from .shuffle import Pld
 
-__all__ = ["BINARY_MINORITY_CAP", "TERNARY_N_CAP", "binary_crowd",
+__all__ = ["BINARY_MINORITY_CAP", "PROBE_KS", "TERNARY_N_CAP", "binary_crowd",
            "kary_histogram_pld", "kary_rates", "per_sensor_epoch_plds", "ternary_profiles", "ternary_rows",
            "ternary_station_pld", "ternary_stride", "trinomial"]
 
@@ -247,15 +247,15 @@ def ternary_station_pld(m: int, yes: tuple[float, float, float], no: tuple[float
     budget search rejects a setting with it, :func:`estimators.fit.fit_budget`)."""
     mm, ks = aggregate.covering_ks(m, ternary_stride(m) if stride is None else stride)
     if probe:
-        ks = probe_ks(ks)
+        ks = _probe_ks(ks)
     c = ternary_profiles(mm, yes, no, None if ks.size == mm + 1 else ks, points)
     return aggregate.connect_the_dots(c.eps, c.forward), aggregate.connect_the_dots(c.eps, c.backward)
 
 
-def probe_ks(ks: np.ndarray) -> np.ndarray:
+def _probe_ks(ks: np.ndarray) -> np.ndarray:
     """:data:`PROBE_KS` of ``ks`` (sorted), evenly spread, the first and the last among them.
 
-    >>> probe_ks(np.arange(0, 65)).tolist(), probe_ks(np.arange(3)).tolist()
+    >>> _probe_ks(np.arange(0, 65)).tolist(), _probe_ks(np.arange(3)).tolist()
     ([0, 16, 32, 48, 64], [0, 1, 2])
     """
     if ks.size <= PROBE_KS:

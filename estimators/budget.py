@@ -374,10 +374,8 @@ def epoch_account(spec: MechanismSpec, mech: Mechanism, n_stations: int, n: int,
                   passages: int = 1, day_cap: int | None = None, probe: bool = False) -> EpochAccount:
     """The account of one release of a query: a 30-s epoch's report, or (``span_s`` > 30) one
     span report of up to ``passages`` stations (P, capped at ``n_stations``), of a device that
-    names at most ``day_cap`` passages a day (None: no cap); module doc. ``probe``: the
-    aggregate release's station PLDs of three report values from a few assignments of the
-    others only (:func:`aggregate_multi.ternary_station_pld`): every figure at most the full
-    account's, for a search to reject a setting cheaply, never to publish.
+    names at most ``day_cap`` passages a day (None: no cap); module doc. ``probe``: a lower
+    bound for a search to reject with, never to publish (:func:`aggregate_multi.ternary_station_pld`).
     ``ratios``: ``spec.shuffle_ratios(mech, n_stations)`` when the caller has them already (k-ary
     RR's over 3,220 stations take ~1 s; used for one-passage reports only).
 

@@ -8,9 +8,10 @@ passages a device names a day, :meth:`budget.EpochAccount.parts`) are the accoun
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -210,66 +211,92 @@ def _fit_family(spec: MechanismSpec, fam: Family, n_stations: int, population: i
                 budget: float, release: str, epochs: int, delta: float, tol: float, span_s: int = EPOCH_S,
                 passages: int = 1, day_cap: int | None = None) -> dict[str, Any]:
     """:func:`fit_budget` within one family."""
-    from scipy.optimize import brentq
-
-    def day_of(value: float) -> float:
-        return _day_of(spec, fam, value, n_stations, population, release, epochs, delta, span_s, passages, day_cap)
-
+    where = _Where(n_stations, population, release, epochs, delta, span_s, passages, day_cap)
     tried: list[dict[str, float]] = []
-    chosen: float | None = None
     if fam.bisect:
-        private_end, loose_end = fam.ends(population)
-        if day_of(private_end) > budget:
-            return {"fits": False, "search": fam.why, "why": f"even {fam.param} = {private_end:g} exceeds the budget"}
-        if day_of(loose_end) <= budget:
-            chosen = loose_end
-        else:
-            sign = 1.0 if fam.private_when_larger else -1.0  # sign * value grows toward the private end
-            seen = _DAYS[_key(spec, fam, n_stations, population, release, epochs, delta, span_s, passages, day_cap)]
-            fits = [v for v, d in seen.items() if d <= budget and sign * (v - private_end) <= 0
-                    and sign * (v - loose_end) >= 0]
-            over = [v for v, d in seen.items() if d > budget and sign * (v - private_end) <= 0
-                    and sign * (v - loose_end) >= 0]
-            a, b = min(fits, key=lambda v: sign * v), max(over, key=lambda v: sign * v)
-
-            def gap(v: float) -> float:
-                d = day_of(v)
-                tried.append({fam.param: v, "epsilon_day": d})
-                return d - budget
-
-            brentq(gap, a, b, xtol=tol * 0.1, rtol=tol)
-            fits = [v for v, d in seen.items() if d <= budget and sign * (v - private_end) <= 0
-                    and sign * (v - loose_end) >= 0]
-            chosen = min(fits, key=lambda v: sign * v)  # the least private evaluated member that fits
+        chosen, why = _bisect(spec, fam, where, budget, tol, tried)
+        if chosen is None:
+            return {"fits": False, "search": fam.why, "why": why}
     else:
-        # the member of least sd that fits: the sds first (cheap), then the days (a composition
-        # each) in order of sd, up to the first that fits -- the same choice as trying them all.
-        # A member whose probe (a lower bound of its day, a tenth of the cost) is past the budget
-        # by more than the grids' rounding can differ (PROBE_MARGIN) cannot fit: skipped
-        sds: list[tuple[float, float]] = []
-        for value in fam.grid:
-            try:
-                mech = spec.build(_params(spec, fam, value), n_stations)
-            except PlanError:
-                continue
-            sds.append((headline_sd(spec, mech, expected_yes, population), value))
-        best: tuple[float, float] | None = None
-        for sd, value in sorted(sds):
-            at_least = _probe_of(spec, fam, value, n_stations, population, release, epochs, delta, span_s, passages,
-                                 day_cap)
-            if at_least > budget * (1.0 + PROBE_MARGIN):
-                tried.append({fam.param: value, "epsilon_day_at_least": at_least, "sd": sd})
-                continue
-            d = day_of(value)
-            tried.append({fam.param: value, "epsilon_day": d, "sd": sd})
-            if d <= budget:
-                best = (value, sd)
-                break
-        if best is None:
-            return {"fits": False, "search": fam.why, "tried": tried,
-                    "why": "no member of the family fits the budget"}
-        chosen = best[0]
+        chosen, why = _scan(spec, fam, where, expected_yes, budget, tried)
+        if chosen is None:
+            return {"fits": False, "search": fam.why, "tried": tried, "why": why}
     params = _params(spec, fam, chosen)
     mech = spec.build(params, n_stations)
     return {"fits": True, "search": fam.why, "params": params, "chosen": {fam.param: chosen},
             "sd": headline_sd(spec, mech, expected_yes, population), "tried": tried}
+
+
+class _Where(NamedTuple):
+    """What a search's day figures are of, besides the member: :func:`_day_of`'s other arguments."""
+
+    n_stations: int
+    population: int
+    release: str
+    epochs: int
+    delta: float
+    span_s: int
+    passages: int
+    day_cap: int | None
+
+
+def _bisect(spec: MechanismSpec, fam: Family, where: _Where, budget: float, tol: float,
+            tried: list[dict[str, float]]) -> tuple[float | None, str]:
+    """A bisection family's least private member that fits (None and why when none does):
+    Brent's method on the day epsilon from the tightest bracket earlier searches evaluated."""
+    from scipy.optimize import brentq
+
+    private_end, loose_end = fam.ends(where.population)
+    if _day_of(spec, fam, private_end, *where) > budget:
+        return None, f"even {fam.param} = {private_end:g} exceeds the budget"
+    if _day_of(spec, fam, loose_end, *where) <= budget:
+        return loose_end, ""
+    sign = 1.0 if fam.private_when_larger else -1.0  # sign * value grows toward the private end
+    seen = _DAYS[_key(spec, fam, *where)]
+
+    def inside(fit: bool) -> list[float]:
+        return [v for v, d in seen.items() if (d <= budget) == fit and sign * (v - private_end) <= 0
+                and sign * (v - loose_end) >= 0]
+
+    a, b = min(inside(True), key=lambda v: sign * v), max(inside(False), key=lambda v: sign * v)
+
+    def gap(v: float) -> float:
+        d = _day_of(spec, fam, v, *where)
+        tried.append({fam.param: v, "epsilon_day": d})
+        return d - budget
+
+    if a > 0 and b > 0:
+        # on log(value) to a relative tolerance: the bracket spans decades (unary's q from 1e-6
+        # to 0.5), and an absolute tolerance of 1e-4 stopped q at 5.8e-5 when 2.8e-5 fitted
+        # (10 million devices at a day of 2.5)
+        brentq(lambda u: gap(math.exp(u)), math.log(a), math.log(b), xtol=tol)
+    else:
+        brentq(gap, a, b, xtol=tol * 0.1, rtol=tol)
+    return min(inside(True), key=lambda v: sign * v), ""  # the least private evaluated member that fits
+
+
+def _scan(spec: MechanismSpec, fam: Family, where: _Where, expected_yes: float, budget: float,
+          tried: list[dict[str, float]]) -> tuple[float | None, str]:
+    """A grid family's member of least sd that fits (None and why when none does): the sds
+    first (cheap), then the days (a composition each) in order of sd, up to the first that fits
+    -- the same choice as trying them all. A member whose probe (a lower bound of its day, a
+    tenth of the cost) is past the budget by more than the grids' rounding can differ
+    (:data:`PROBE_MARGIN`) cannot fit: skipped."""
+    sds: list[tuple[float, float]] = []
+    for value in fam.grid:
+        try:
+            mech = spec.build(_params(spec, fam, value), where.n_stations)
+        except PlanError:
+            continue
+        sds.append((headline_sd(spec, mech, expected_yes, where.population), value))
+    for sd, value in sorted(sds):
+        at_least = _probe_of(spec, fam, value, *where)
+        if at_least > budget * (1.0 + PROBE_MARGIN):
+            tried.append({fam.param: value, "epsilon_day_at_least": at_least, "sd": sd})
+            continue
+        d = _day_of(spec, fam, value, *where)
+        tried.append({fam.param: value, "epsilon_day": d, "sd": sd})
+        if d <= budget:
+            return value, ""
+    return None, "no member of the family fits the budget"
+
