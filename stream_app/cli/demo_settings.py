@@ -62,7 +62,7 @@ class DemoSettings(BaseSettings):
     day_budget: float = Field(default=1.0, gt=0, description="a vehicle's whole day across every demo query, "
                                                              "through the shuffler's aggregate release: the queries "
                                                              "are planned together to fit it (ptt plan fleet "
-                                                             "--day-budget; a minute or two the first time, then "
+                                                             "--day-budget; half a minute or more the first time, then "
                                                              "remembered)")
     plan_day: bool = Field(default=True, description="plan the queries together for --day-budget; --no-plan-day: "
                                                      "each 30-s query at its registry defaults and a span query "
