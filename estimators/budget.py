@@ -446,6 +446,21 @@ def day_epsilon_of(accounts: list[tuple[EpochAccount, int]], delta: float, coars
     return shuffle.compose_counts(parts, step=shuffle.grid_step_counts(parts) * coarse).epsilon(delta)
 
 
+def _day_rounding(accounts: list[tuple[EpochAccount, int]], coarse: float = 1.0) -> float:
+    """How far :func:`day_epsilon_of`'s rounding can lift its figure above the exact one: every
+    composed loss is rounded up by less than the grid's step, so the composed losses by less
+    than (compositions x step). Its figure minus this is a lower bound of the exact epsilon."""
+    parts = [pc for acc, r in accounts for pc in acc.parts(r)]
+    if not parts:
+        return 0.0
+    times = {c for _, c in parts}
+    if len(times) == 1:
+        t = times.pop()
+        plds = [p for p, _ in parts]
+        return t * len(plds) * shuffle.grid_step(plds, t) * coarse
+    return sum(c for _, c in parts) * shuffle.grid_step_counts(parts) * coarse
+
+
 def pld_day_epsilon(plds: list[shuffle.Pld], epochs: int, delta: float, coarse: bool = False) -> float:
     """Epsilon at ``delta`` of ``epochs`` repetitions of ``plds`` (rounded up onto the grid)."""
     if not plds:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .budget import _COARSE, EPOCH_S, day_epsilon_of, epoch_account
+from .budget import _COARSE, EPOCH_S, _day_rounding, day_epsilon_of, epoch_account
 from .mechanisms import Mechanism
 from .registry import MechanismSpec, PlanError
 
@@ -126,10 +126,6 @@ def _day_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, pop
     return seen[value]
 
 
-# a probe's day (:func:`_probe_of`) is a lower bound of the full day in exact arithmetic; both are
-# rounded up onto grids that depend on their PLDs, which moved ALP's probe up to 0.13% above the
-# full figure at the demo's crowd: a probe rejects a member only this far past the budget
-PROBE_MARGIN = 0.02
 _PROBES: dict[tuple[Any, ...], dict[float, float]] = {}
 
 
@@ -155,12 +151,15 @@ def _probe_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, p
 def _day_at_least(spec: MechanismSpec, fam: Family, value: float, n_stations: int, population: int, release: str,
                   epochs: int, delta: float, span_s: int = EPOCH_S, passages: int = 1,
                   day_cap: int | None = None) -> float:
-    """:func:`_day_of`'s composition of the probe account (uncached)."""
+    """:func:`_day_of`'s composition of the probe account, less what its grid's rounding can add
+    (uncached): in exact arithmetic the probe's day is at most the full one, and :func:`_day_of`
+    rounds up, so this is at most :func:`_day_of` whatever the two grids."""
     mech = spec.build(_params(spec, fam, value), n_stations)
     acc = epoch_account(spec, mech, n_stations, population, release, span_s=span_s, passages=passages,
                         day_cap=day_cap, probe=True)
     local = acc.local_day(acc.releases(epochs), delta)
-    return min(local, day_epsilon_of([(acc, acc.releases(epochs))], delta, coarse=_COARSE))
+    parts = [(acc, acc.releases(epochs))]
+    return min(local, day_epsilon_of(parts, delta, coarse=_COARSE) - _day_rounding(parts, coarse=_COARSE))
 
 
 def _key(spec: MechanismSpec, fam: Family, n_stations: int, population: int, release: str, epochs: int,
@@ -269,7 +268,8 @@ def _bisect(spec: MechanismSpec, fam: Family, where: _Where, budget: float, tol:
         # on log(value) to a relative tolerance: the bracket spans decades (unary's q from 1e-6
         # to 0.5), and an absolute tolerance of 1e-4 stopped q at 5.8e-5 when 2.8e-5 fitted
         # (10 million devices at a day of 2.5)
-        brentq(lambda u: gap(math.exp(u)), math.log(a), math.log(b), xtol=tol)
+        la, lb = math.log(a), math.log(b)  # the ends themselves, not exp(log(a)): their days are known
+        brentq(lambda u: gap(a if u == la else b if u == lb else math.exp(u)), la, lb, xtol=tol)
     else:
         brentq(gap, a, b, xtol=tol * 0.1, rtol=tol)
     return min(inside(True), key=lambda v: sign * v), ""  # the least private evaluated member that fits
@@ -280,8 +280,7 @@ def _scan(spec: MechanismSpec, fam: Family, where: _Where, expected_yes: float, 
     """A grid family's member of least sd that fits (None and why when none does): the sds
     first (cheap), then the days (a composition each) in order of sd, up to the first that fits
     -- the same choice as trying them all. A member whose probe (a lower bound of its day, a
-    tenth of the cost) is past the budget by more than the grids' rounding can differ
-    (:data:`PROBE_MARGIN`) cannot fit: skipped."""
+    tenth of the cost) is past the budget cannot fit: skipped."""
     sds: list[tuple[float, float]] = []
     for value in fam.grid:
         try:
@@ -291,7 +290,7 @@ def _scan(spec: MechanismSpec, fam: Family, where: _Where, expected_yes: float, 
         sds.append((headline_sd(spec, mech, expected_yes, where.population), value))
     for sd, value in sorted(sds):
         at_least = _probe_of(spec, fam, value, *where)
-        if at_least > budget * (1.0 + PROBE_MARGIN):
+        if at_least > budget:
             tried.append({fam.param: value, "epsilon_day_at_least": at_least, "sd": sd})
             continue
         d = _day_of(spec, fam, value, *where)
