@@ -435,30 +435,32 @@ def day_epsilon_of(accounts: list[tuple[EpochAccount, int]], delta: float, coars
     releases)``: e.g. a vehicle's day across queries of different spans), on one grid ``coarse``
     times the default step (rounded up: an upper bound). One query, or queries whose parts compose
     equally often, take :func:`shuffle.compose`'s path (the same numbers as a 30-s day's)."""
-    parts = [pc for acc, r in accounts for pc in acc.parts(r)]
+    parts, step = _day_grid(accounts, coarse)
     if not parts:
         return 0.0
     times = {c for _, c in parts}
     if len(times) == 1:
-        t = times.pop()
-        plds = [p for p, _ in parts]
-        return shuffle.compose(plds, t, step=shuffle.grid_step(plds, t) * coarse).epsilon(delta)
-    return shuffle.compose_counts(parts, step=shuffle.grid_step_counts(parts) * coarse).epsilon(delta)
+        return shuffle.compose([p for p, _ in parts], times.pop(), step=step).epsilon(delta)
+    return shuffle.compose_counts(parts, step=step).epsilon(delta)
 
 
 def _day_rounding(accounts: list[tuple[EpochAccount, int]], coarse: float = 1.0) -> float:
     """How far :func:`day_epsilon_of`'s rounding can lift its figure above the exact one: every
     composed loss is rounded up by less than the grid's step, so the composed losses by less
     than (compositions x step). Its figure minus this is a lower bound of the exact epsilon."""
+    parts, step = _day_grid(accounts, coarse)
+    return sum(c for _, c in parts) * step
+
+
+def _day_grid(accounts: list[tuple[EpochAccount, int]], coarse: float) -> tuple[list[tuple[shuffle.Pld, int]], float]:
+    """The parts :func:`day_epsilon_of` composes and its grid's step (0 without parts)."""
     parts = [pc for acc, r in accounts for pc in acc.parts(r)]
     if not parts:
-        return 0.0
+        return parts, 0.0
     times = {c for _, c in parts}
     if len(times) == 1:
-        t = times.pop()
-        plds = [p for p, _ in parts]
-        return t * len(plds) * shuffle.grid_step(plds, t) * coarse
-    return sum(c for _, c in parts) * shuffle.grid_step_counts(parts) * coarse
+        return parts, shuffle.grid_step([p for p, _ in parts], times.pop()) * coarse
+    return parts, shuffle.grid_step_counts(parts) * coarse
 
 
 def pld_day_epsilon(plds: list[shuffle.Pld], epochs: int, delta: float, coarse: bool = False) -> float:
