@@ -118,11 +118,8 @@ def _day_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, pop
     seen = _DAYS.setdefault(_key(spec, fam, n_stations, population, release, epochs, delta, span_s, passages,
                                  day_cap), {})
     if value not in seen:
-        mech = spec.build(_params(spec, fam, value), n_stations)
-        acc = epoch_account(spec, mech, n_stations, population, release, span_s=span_s, passages=passages,
-                            day_cap=day_cap)
-        local = acc.local_day(acc.releases(epochs), delta)
-        seen[value] = min(local, day_epsilon_of([(acc, acc.releases(epochs))], delta, coarse=_COARSE))
+        seen[value] = _account_day(spec, fam, value, n_stations, population, release, epochs, delta, span_s,
+                                   passages, day_cap)
     return seen[value]
 
 
@@ -143,23 +140,24 @@ def _probe_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, p
         _PROBES.clear()
     seen = _PROBES.setdefault(key, {})
     if value not in seen:
-        seen[value] = _day_at_least(spec, fam, value, n_stations, population, release, epochs, delta, span_s,
-                                    passages, day_cap)
+        seen[value] = _account_day(spec, fam, value, n_stations, population, release, epochs, delta, span_s,
+                                   passages, day_cap, probe=True)
     return seen[value]
 
 
-def _day_at_least(spec: MechanismSpec, fam: Family, value: float, n_stations: int, population: int, release: str,
-                  epochs: int, delta: float, span_s: int = EPOCH_S, passages: int = 1,
-                  day_cap: int | None = None) -> float:
-    """:func:`_day_of`'s composition of the probe account, less what its grid's rounding can add
-    (uncached): in exact arithmetic the probe's day is at most the full one, and :func:`_day_of`
-    rounds up, so this is at most :func:`_day_of` whatever the two grids."""
+def _account_day(spec: MechanismSpec, fam: Family, value: float, n_stations: int, population: int, release: str,
+                 epochs: int, delta: float, span_s: int = EPOCH_S, passages: int = 1, day_cap: int | None = None,
+                 probe: bool = False) -> float:
+    """The member's day (uncached): the cheaper of its local day and its release's composed on the
+    coarse grid (rounded up). ``probe``: the probe account's, less what its grid's rounding can add:
+    in exact arithmetic the probe's day is at most the full one, and the full one rounds up, so
+    this is at most :func:`_day_of` whatever the two grids."""
     mech = spec.build(_params(spec, fam, value), n_stations)
     acc = epoch_account(spec, mech, n_stations, population, release, span_s=span_s, passages=passages,
-                        day_cap=day_cap, probe=True)
-    local = acc.local_day(acc.releases(epochs), delta)
+                        day_cap=day_cap, probe=probe)
     parts = [(acc, acc.releases(epochs))]
-    return min(local, day_epsilon_of(parts, delta, coarse=_COARSE) - _day_rounding(parts, coarse=_COARSE))
+    shuffled = day_epsilon_of(parts, delta, coarse=_COARSE) - (_day_rounding(parts, coarse=_COARSE) if probe else 0.0)
+    return min(acc.local_day(acc.releases(epochs), delta), shuffled)
 
 
 def _key(spec: MechanismSpec, fam: Family, n_stations: int, population: int, release: str, epochs: int,
