@@ -37,6 +37,7 @@ probability < 6e-4.
 from __future__ import annotations
 
 import base64
+import functools
 import urllib.request
 import uuid
 from collections import Counter, defaultdict
@@ -225,8 +226,15 @@ def test_nothing_the_shuffler_writes_names_a_device(broker: str, tmp_path: Path)
     finally:
         assert shuffler.stop() == 130, log.read_text()[-3000:]
     written: list[tuple[str, bytes]] = [("metrics", metrics), ("log", log.read_bytes())]
+    read: dict[str, list[Any]] = {}
+
+    def records_of(topic: str) -> bool:  # each topic has records by now; under load a first
+        read[topic] = drain(ss, topic, quiet_polls=1)  # poll can bring none (a metadata refresh)
+        return bool(read[topic])
+
     for topic in (ss.reports_topic, ss.dead_letter_topic, ss.state_topic):
-        for rec in drain(ss, topic, quiet_polls=1):
+        wait_for(functools.partial(records_of, topic), 60, f"the records of {topic}")
+        for rec in read[topic]:
             written.append((topic, (rec.key or b"") + b"|" + (rec.value or b"") + b"|" + repr(rec.headers).encode()))
             if topic == ss.dead_letter_topic:
                 letter = DeadLetter.model_validate_json(rec.value)
