@@ -104,6 +104,21 @@ def test_a_start_whose_port_was_taken_is_tried_again_on_a_free_port(tmp_path: Pa
     assert h.note == f" (port {port} was taken, using {h.ports[0]})"
 
 
+def test_fresh_ports_come_from_the_callers_choice(tmp_path: Path, helpers: list[HelperProcess]) -> None:
+    """``fresh_port`` picks the ports of a start tried again (the demo's own ``free_port``), one each."""
+    offered = iter([40_001, 40_002, 40_003, 40_004])
+
+    def command(ports: Ports) -> list[str]:
+        return [PY, "-c", "import sys, time; time.sleep(60) if sys.argv[1] == '40003' else sys.exit(4)", str(ports[0])]
+
+    h = HelperProcess("picky", command, log=tmp_path / "picky.log", ports=(1, 2), poll_s=0.02,
+                      ready=lambda ports: ports[0] == 40_003, port_taken=lambda code: code == 4,
+                      fresh_port=lambda: next(offered))
+    helpers.append(h)
+    h.start()
+    assert h.ports == (40_003, 40_004) and h.note == " (port 40001 was taken, using 40003)"
+
+
 def test_a_failure_that_is_not_a_taken_port_is_not_tried_again(tmp_path: Path, helpers: list[HelperProcess]) -> None:
     launched: list[Ports] = []
 
