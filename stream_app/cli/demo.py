@@ -8,20 +8,21 @@ ground-truth topics to their end, saves them as JSON lines in the output directo
 ``ptt report`` of them, saves the estimate frames (the worker publishes rows and frames) as
 ``estimates.parquet`` in long form, and stops everything it started: no process is left behind.
 
-The helpers run in their own process groups, so a terminal's Ctrl-C reaches only the demo,
-which then stops them in order (the broker last, after its topics have been saved).
+The demo is a list of helper processes (:class:`~.helper_process.HelperProcess`): the broker,
+then the worker, the shuffler and Prometheus, each started once the one before is ready and
+watched from then on (:class:`~.supervise.Watch`). They run in their own process groups, so a
+terminal's Ctrl-C reaches only the demo, which then stops them in order (the broker last, after
+its topics have been saved).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request
@@ -41,10 +42,11 @@ from .cpu import cpu_words, own_cpu_s, process_cpu_s
 from .demo_output import output_may_close
 from .demo_settings import DEFAULT_METRICS_PORT, DEFAULT_PROMETHEUS_PORT, DemoSettings, demo_query_mechanisms
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_PORT, EXIT_UNPUBLISHED, CliError, error_line
-from .local_broker import LocalBroker, PortInUse, child_options, free_port, port_free, terminate_all
+from .helper_process import HelperProcess, Ports, stop_all
+from .local_broker import LocalBroker, PortInUse, free_port, port_free
 from .private_dir import private_dir
 from .replay import delivery_failures_message, replay_summary_lines
-from .supervise import HelperFailed, Watch, how_it_ended, log_tail
+from .supervise import Watch
 
 if TYPE_CHECKING:
     from producers.replay import ReplaySummary
@@ -65,7 +67,7 @@ CAP_DROPS_FILE = "cap-drops.csv"
 #: what :func:`write_report`'s line says when a Ctrl-C stopped it (the demo then exits 130)
 REPORT_INTERRUPTED = "(Ctrl-C)"
 
-__all__ = ["CAP_DROPS_FILE", "FRAMES_ONLY_STATIONS", "QUERIES_FILE", "RUN_LOG", "Closing", "DemoError", "add_parser",
+__all__ = ["CAP_DROPS_FILE", "FRAMES_ONLY_STATIONS", "QUERIES_FILE", "RUN_LOG", "Closing", "add_parser",
            "choose_port", "cut_epoch_note", "output_may_close", "prometheus_config", "read_frames", "run", "run_demo",
            "save_topics", "secret_dir", "start_index", "unpublished", "write_report"]
 
@@ -84,11 +86,6 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     return run_demo(settings_from_args(DemoSettings, args))
-
-
-class DemoError(HelperFailed):
-    """A helper process failed to start; the message quotes and names its log (kept in the output
-    directory). Exit code 8, as a helper that exits later (:class:`~.supervise.Watch`)."""
 
 
 def prometheus_config(targets: list[str], scrape_interval_s: int = 5) -> str:
@@ -127,114 +124,116 @@ def _answers(url: str, holding: bytes) -> bool:
     return body is not None and holding in body
 
 
-def _wait_until(check: Callable[[], bool], timeout_s: float, proc: subprocess.Popen[bytes], what: str,
-                log: Path, watch: Watch | None = None) -> None:
-    """Poll ``check`` until it holds; :class:`DemoError` if ``proc`` exits (quoting its log) or
-    time runs out, :class:`HelperFailed` if a helper already started (``watch``) exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DemoError(f"the {what} {how_it_ended(proc.returncode)} at start: {log_tail(log)} (its log: {log})")
-        if watch is not None:
-            watch.check()
-        if check():
-            return
-        time.sleep(0.3)
-    raise DemoError(f"the {what} did not become ready within {timeout_s:.0f}s: {log_tail(log)} (its log: {log})")
+def _python_helper(command: str) -> list[str]:
+    """``python -m stream_app.cli COMMAND``."""
+    return [sys.executable, "-m", "stream_app.cli", command]
 
 
-@dataclass(frozen=True)
-class _Started:
-    """A helper process that answered its readiness check, the ports it listens on, and a note
-    when one it was given was taken (``" (port 6066 was taken, using 41234)"``)."""
-
-    proc: subprocess.Popen[bytes]
-    ports: tuple[int, ...]
-    note: str = ""
-
-
-def _start_helper(what: str, log: Path, watch: Watch, timeout_s: float, ports: tuple[int, ...],
-                  launch: Callable[[Any, tuple[int, ...]], subprocess.Popen[bytes]],
-                  ready: Callable[[tuple[int, ...]], Callable[[], bool]],
-                  port_taken: Callable[[subprocess.Popen[bytes]], bool]) -> _Started:
-    """Start a helper (``launch(log file, ports)``) and wait until ``ready(ports)`` holds
-    (:func:`_wait_until`). A port can be taken between its check and the helper's bind: a start
-    that failed so (``port_taken``) is tried again on free ports, three times at most; else the
-    :class:`DemoError` names the helper and quotes its log (the helper stopped)."""
-    note = ""
-    for attempt in range(3):
-        with log.open("wb") as fh:
-            proc = launch(fh, ports)
-        try:
-            _wait_until(ready(ports), timeout_s, proc, what, log, watch)
-            return _Started(proc, ports, note)
-        except DemoError:
-            terminate_all([proc], timeout_s=1.0)  # one that never became ready is not left behind
-            if attempt == 2 or not port_taken(proc):
-                raise
-            taken, ports = ports, tuple(free_port() for _ in ports)
-            note = f" (port {taken[0]} was taken, using {ports[0]})"
-    raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-def _python_helper(command: str, env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
-    """``python -m stream_app.cli COMMAND`` with ``env`` added, its output in ``log``."""
-    return subprocess.Popen([sys.executable, "-m", "stream_app.cli", command],  # noqa: S603
-                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, **child_options())
-
-
-def _start_worker(ws: WorkerSettings, port_given: bool, log: Path, watch: Watch) -> _Started:
+def _worker(ws: WorkerSettings, port_given: bool, log: Path) -> HelperProcess:
     """The demo's stream-app worker, ready once its /metrics carries ``ws.instance_token`` (a
     port given explicitly is never changed)."""
-    def launch(fh: Any, ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
-        return _python_helper("worker", ws.model_copy(update={"web_port": ports[0]}).to_env(), fh)
-
-    started = _start_helper("stream-app worker", log, watch, 90, (ws.web_port,), launch,
-                            lambda p: functools.partial(_ours_metrics, f"http://127.0.0.1:{p[0]}/metrics",
-                                                        ws.instance_token),
-                            lambda proc: not port_given and proc.returncode == EXIT_PORT)
-    watch.add("stream-app worker", started.proc, log)
-    return started
+    return HelperProcess("stream-app worker", _python_helper("worker"),
+                         env=lambda ports: ws.model_copy(update={"web_port": ports[0]}).to_env(),
+                         ready=lambda ports: _ours_metrics(f"http://127.0.0.1:{ports[0]}/metrics", ws.instance_token),
+                         log=log, ports=(ws.web_port,), timeout_s=90, fresh_port=free_port,
+                         port_taken=lambda code: not port_given and code == EXIT_PORT)
 
 
-def _start_shuffler(ss: ShufflerSettings, log: Path, watch: Watch) -> _Started:
+def _shuffler(ss: ShufflerSettings, log: Path) -> HelperProcess:
     """The demo's shuffler on ports (its /metrics, its front door), ready once its front door
     answers (the replay's devices upload there) or, without one, its own /metrics."""
     door = ss.http_port != 0
 
-    def launch(fh: Any, ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
-        update = {"metrics_port": ports[0], "http_port": ports[1] if door else 0}
-        return _python_helper("shuffler", ss.model_copy(update=update).to_env(), fh)
+    def env(ports: Ports) -> dict[str, str]:
+        return ss.model_copy(update={"metrics_port": ports[0], "http_port": ports[1] if door else 0}).to_env()
 
-    def ready(ports: tuple[int, ...]) -> Callable[[], bool]:
+    def ready(ports: Ports) -> bool:
         if door:
-            return functools.partial(_answers, f"http://127.0.0.1:{ports[1]}/v1/health", b"")
-        return functools.partial(_answers, f"http://127.0.0.1:{ports[0]}/metrics", b"ptt_shuffler_")
+            return _answers(f"http://127.0.0.1:{ports[1]}/v1/health", b"")
+        return _answers(f"http://127.0.0.1:{ports[0]}/metrics", b"ptt_shuffler_")
 
-    started = _start_helper("shuffler", log, watch, 90, (ss.metrics_port, ss.http_port), launch, ready,
-                            lambda proc: proc.returncode == EXIT_PORT)
-    watch.add("shuffler" + (" (and its HTTP front door)" if door else ""), started.proc, log)
-    return started
+    return HelperProcess("shuffler", _python_helper("shuffler"), env=env, ready=ready, log=log,
+                         ports=(ss.metrics_port, ss.http_port), timeout_s=90, fresh_port=free_port,
+                         port_taken=lambda code: code == EXIT_PORT)
 
 
-def _start_prometheus(binary: str, targets: list[str], out: Path, port: int, port_given: bool,
-                      watch: Watch) -> _Started:
-    """Prometheus scraping ``targets``, its data in ``out/tsdb``, ready once it answers with the
-    demo's own configuration (not another Prometheus on that port)."""
+def _prometheus(binary: str, targets: Callable[[], list[str]], out: Path, port: int, port_given: bool) -> HelperProcess:
+    """Prometheus scraping ``targets`` (asked when it starts: the ports the helpers before it
+    got), its data in ``out/tsdb``, ready once it answers with the demo's own configuration
+    (not another Prometheus on that port)."""
     cfg = (out / "prometheus.yml").absolute()
-    cfg.write_text(prometheus_config(targets))
-    log = out / "prometheus.log"
 
-    def launch(fh: Any, ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={out / 'tsdb'}",  # noqa: S603
-                                 f"--web.listen-address=127.0.0.1:{ports[0]}"], stdout=fh, stderr=subprocess.STDOUT,
-                                **child_options())
+    def command(ports: Ports) -> list[str]:
+        cfg.write_text(prometheus_config(targets()))
+        return [binary, f"--config.file={cfg}", f"--storage.tsdb.path={out / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{ports[0]}"]
 
-    started = _start_helper("Prometheus", log, watch, 60, (port,), launch,
-                            lambda p: functools.partial(_ours_prometheus, f"http://127.0.0.1:{p[0]}", cfg),
-                            lambda proc: not port_given and proc.poll() is not None)
-    watch.add("Prometheus", started.proc, log)
-    return started
+    return HelperProcess("Prometheus", command,
+                         ready=lambda ports: _ours_prometheus(f"http://127.0.0.1:{ports[0]}", cfg),
+                         log=out / "prometheus.log", ports=(port,), timeout_s=60, fresh_port=free_port,
+                         port_taken=lambda code: not port_given)
+
+
+@dataclass
+class _Helpers:
+    """The demo's helper processes besides the broker, in the order they start: the stream-app
+    worker, the shuffler (``--via-shuffler``), Prometheus (when installed)."""
+
+    ws: WorkerSettings
+    worker: HelperProcess
+    shuffler: HelperProcess | None = None
+    released: str = ""  # --via-shuffler: what the shuffler releases
+    door: bool = False  # --transport http: the shuffler serves a front door
+    prometheus: HelperProcess | None = None
+
+    @property
+    def started(self) -> list[HelperProcess]:
+        """In start order."""
+        return [h for h in (self.worker, self.shuffler, self.prometheus) if h is not None]
+
+    @property
+    def stopping(self) -> list[HelperProcess]:
+        """In stop order (the broker after them all)."""
+        return [h for h in (self.shuffler, self.worker, self.prometheus) if h is not None]
+
+    @property
+    def http_port(self) -> int:
+        """The shuffler's front door (``--transport http``; else ReplaySettings' default, unused)."""
+        return self.shuffler.ports[1] if self.door and self.shuffler is not None else 8080
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.worker.ports[0]}/metrics"
+
+    def start(self, watch: Watch) -> None:
+        """Start each in turn, ready before the next (:meth:`HelperProcess.start`), and watch it."""
+        for h in self.started:
+            h.start(check=watch.check)
+            watch.add(h, f"{h.name} (and its HTTP front door)" if h is self.shuffler and self.door else None)
+
+
+def _helpers(demo: DemoSettings, plan: _Plan, bootstrap: str) -> _Helpers:
+    """The demo's helpers (:class:`_Helpers`), not started: the worker on the metrics port chosen,
+    the shuffler on free ports, Prometheus on its port scraping the two."""
+    out = demo.out
+    ws = WorkerSettings(bootstrap_servers=bootstrap, web_port=plan.metrics[0], min_participants=1,
+                        worker_dir=out / "worker", instance_token=secrets.token_hex(8),  # its identity on /metrics
+                        estimate_output="frames" if plan.frames_only else "both")
+    helpers = _Helpers(ws, _worker(ws, demo.metrics_port is not None, out / "worker.log"))
+    if demo.via_shuffler:
+        metrics_port, http_port = free_port(), free_port()  # its /metrics (scraped by Prometheus), its front door
+        ss = ShufflerSettings(bootstrap_servers=bootstrap, metrics_port=metrics_port,
+                              http_port=http_port if demo.transport == "http" else 0, **plan.enrolled)
+        ss = ss.model_copy(update={"release": demo.release}) if demo.release is not None else ss
+        helpers.shuffler, helpers.released = _shuffler(ss, out / "shuffler.log"), ss.release
+        helpers.door = ss.http_port != 0
+    prom_bin = shutil.which("prometheus")
+    if prom_bin:
+        def targets() -> list[str]:
+            return [f"127.0.0.1:{h.ports[0]}" for h in (helpers.worker, helpers.shuffler) if h is not None]
+
+        helpers.prometheus = _prometheus(prom_bin, targets, out, plan.prometheus[0], demo.prometheus_port is not None)
+    return helpers
 
 
 def _ours_metrics(url: str, token: str) -> bool:
@@ -573,13 +572,12 @@ def _source(demo: DemoSettings) -> str:
     return str(given) if given is not None else f"the synthetic day ({demo.stations} stations)"
 
 
-def _cpu_line(shuffler: subprocess.Popen[bytes] | None, worker: subprocess.Popen[bytes] | None,
-              broker: subprocess.Popen[bytes] | None, prom: subprocess.Popen[bytes] | None) -> str:
+def _cpu_line(helpers: _Helpers, broker: HelperProcess) -> str:
     """The CPU seconds each of the run's processes used so far (:mod:`.cpu`): the replay's is
     the demo's own process."""
-    procs = {"shuffler": shuffler, "worker": worker, "broker": broker, "prometheus": prom}
+    procs = {"shuffler": helpers.shuffler, "worker": helpers.worker, "broker": broker, "prometheus": helpers.prometheus}
     return cpu_words({"replay (the demo)": own_cpu_s(),
-                      **{k: process_cpu_s(p.pid) for k, p in procs.items() if p is not None}})
+                      **{k: process_cpu_s(h.pid) for k, h in procs.items() if h is not None and h.pid is not None}})
 
 
 def _clear_stale(out: Path) -> None:
@@ -592,26 +590,36 @@ def _clear_stale(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
-    from producers.replay import ReplayLost, default_fleet, load_day, replay
-    from producers.stopping import StopFlag
-    from schemas.kafka_io import read_queries
+@dataclass(frozen=True)
+class _Plan:
+    """What the demo checked and chose before it starts anything: the day and the index of its
+    first epoch to replay, the fleet's enrollment (``--via-shuffler``), the privacy banner line,
+    and the metrics and Prometheus ports with their notes (:func:`choose_port`)."""
 
-    from ..subscribe import write_frames
+    day: Any
+    start: int
+    frames_only: bool
+    enrolled: dict[str, Any]
+    privacy_line: str
+    metrics: tuple[int, str]
+    prometheus: tuple[int, str]
 
-    out = demo.out
+
+def _plan(demo: DemoSettings, secrets_at: Path) -> _Plan:
+    """Check the flags and the input (a bad or empty input file fails here, before anything
+    starts), clear what an earlier run left in ``--out``, enroll the fleet, plan the day."""
+    from producers.replay import default_fleet, load_day
+
     for path in (demo.pems_raw, demo.pems_5min, demo.meta):
         if path is not None and not path.is_file():
             raise FileNotFoundError(2, "no such file", str(path))
-    metrics_port, metrics_note = choose_port(demo.metrics_port, DEFAULT_METRICS_PORT, "metrics")
-    prom_port, prom_note = choose_port(demo.prometheus_port, DEFAULT_PROMETHEUS_PORT, "Prometheus")
+    metrics = choose_port(demo.metrics_port, DEFAULT_METRICS_PORT, "metrics")
+    prometheus = choose_port(demo.prometheus_port, DEFAULT_PROMETHEUS_PORT, "Prometheus")
     if demo.port is not None and not port_free(demo.port):
         raise PortInUse(f"broker port {demo.port} is already in use; choose another or leave --port out")
-    out.mkdir(parents=True, exist_ok=True)
-    _clear_stale(out)
-    rs_check = _replay_settings(demo, "127.0.0.1:1")
-    day = load_day(rs_check)  # a bad or empty input file fails here, before anything starts
-    frames_only = day.stations.size >= FRAMES_ONLY_STATIONS
+    demo.out.mkdir(parents=True, exist_ok=True)
+    _clear_stale(demo.out)
+    day = load_day(_replay_settings(demo, "127.0.0.1:1"))
     start = start_index(int(day.epochs[0]), demo.start_s)
     if start >= day.epochs.size:
         raise CliError(f"the day has no epoch at or after --start-time {demo.start_time}; give an earlier one")
@@ -619,129 +627,166 @@ def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
     enrolled = _enroll(secrets_at, default_fleet(day, rs_check)) if demo.via_shuffler else {}
     if demo.plan_day:
         print(f"planning    the queries together for a whole day of {demo.day_budget:g} {_PLANNING}", flush=True)
-    privacy_line = _vehicle_day(demo, rs_check, day)
-    ptt = ptt_command()
-    worker: subprocess.Popen[bytes] | None = None
-    prom: subprocess.Popen[bytes] | None = None
-    shuffler: subprocess.Popen[bytes] | None = None
-    released = ""  # --via-shuffler: what the shuffler releases
-    shuffler_port = free_port()  # --via-shuffler: the shuffler's /metrics, scraped by the demo's Prometheus
-    http_port = free_port()  # --transport http: the shuffler's front door
-    broker = LocalBroker(port=demo.port, log_path=out / "broker.log", own_group=True)
+    return _Plan(day, start, day.stations.size >= FRAMES_ONLY_STATIONS, enrolled, _vehicle_day(demo, rs_check, day),
+                 metrics, prometheus)
+
+
+def _banner(demo: DemoSettings, plan: _Plan, broker: LocalBroker, helpers: _Helpers) -> None:
+    """Where to look, once every helper is ready, and what the demo replays."""
+    out, ptt, bootstrap = demo.out, ptt_command(), broker.bootstrap
+    print(f"broker      {bootstrap} (embedded, memory only)")
+    if helpers.shuffler is not None:
+        door = f", devices POST http://127.0.0.1:{helpers.http_port}/v1/reports" if demo.transport == "http" else ""
+        print(f"shuffler    device reports -> {helpers.ws.reports_topic}, {helpers.released} release (log "
+              f"{out / 'shuffler.log'}, metrics http://127.0.0.1:{helpers.shuffler.ports[0]}/metrics{door})")
+        print(f"enrollment  secret in {plan.enrolled['enrollment_secret_file']} (owner only; removed at the end)")
+    print(f"metrics     {helpers.metrics_url}{helpers.worker.note or plan.metrics[1]}")
+    prom = helpers.prometheus
+    prom_url = f"http://127.0.0.1:{prom.ports[0]}" if prom is not None else None
+    prom_note = (prom.note if prom is not None else "") or plan.prometheus[1]
+    print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
+    print(f"estimates   {ptt} subscribe --bootstrap-servers {bootstrap}")
+    print(f"queries     {ptt} analyst list --bootstrap-servers {bootstrap}")
+    print(f"privacy     {plan.privacy_line}")
+    print(f"output      {out}/ (logs now; estimates.jsonl, estimates.parquet, truth.jsonl and report/ when "
+          "the demo ends)")
+    day, start = plan.day, plan.start
+    pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"
+    epochs = min(day.epochs.size - start, demo.max_epochs or day.epochs.size)
+    print(f"replaying {_source(demo)} from {epoch_start(int(day.epochs[start])):%H:%M}, {epochs:,} epochs "
+          f"({epochs * EPOCH_S / 3600:g} h), {pace}; Ctrl-C stops", flush=True)
+
+
+def _replayed(rs: ReplaySettings, watch: Watch) -> ReplaySummary:
+    """The replay, stopped within a second by a helper that exits (:meth:`Watch.interrupting`),
+    which is then the failure named."""
+    from producers.replay import ReplayLost, replay
+
+    try:
+        with watch.interrupting():  # a helper that exits stops the replay within a second
+            summary = replay(rs, progress=True)
+    except ReplayLost as exc:  # what the broker acknowledged, then the CLI's one-line error
+        print("\n".join(replay_summary_lines(exc.summary)), flush=True)
+        watch.check()  # the broker (or another helper) exited: that is the failure to name
+        raise
+    watch.check()
+    return summary
+
+
+def _closing(demo: DemoSettings, plan: _Plan, rs: ReplaySettings, summary: ReplaySummary, helpers: _Helpers,
+             stop: StopFlag, watch: Watch) -> Closing:
+    """After the replay: wait until the worker has closed what the replay sent (:func:`_wait_closed`),
+    then, without ``--exit-when-done``, serve on until Ctrl-C, checking the helpers."""
+    from schemas.kafka_io import read_queries
+
+    closing = Closing(0, 0)
+    if not summary.interrupted and summary.epochs:
+        replayed = [int(e) for e in plan.day.epochs[plan.start:plan.start + summary.epochs]]
+        queries = read_queries(rs)
+        shuffler_port = helpers.shuffler.ports[0] if helpers.shuffler is not None else None
+        closing = _wait_closed(helpers.metrics_url, expected_windows(queries, replayed), stop,
+                               rollups=expected_rollups(queries, replayed), check=watch.check,
+                               shuffler_port=shuffler_port)
+        if not closing.complete and not stop.requested:
+            print("demo: the worker closed no further epoch for 60 s; saving what it has published",
+                  file=sys.stderr, flush=True)
+    if not summary.interrupted and not demo.exit_when_done and not stop.requested:
+        print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
+        while not stop.wait(0.5):
+            watch.check()
+    return closing
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What the demo read from the topics before the broker stopped."""
+
+    counts: dict[str, int]
+    queries: list[Query]
+    frames: list[bytes]
+
+
+def _save_and_stop(out: Path, rs: ReplaySettings, helpers: _Helpers, broker: LocalBroker, watch: Watch,
+                   interrupted: bool) -> _Saved:
+    """Ask the helpers to stop, read the topics meanwhile, then stop them (SIGKILL after what is
+    left of :data:`STOP_GRACE_S`) and the broker."""
+    from schemas.kafka_io import read_queries
+
+    watch.retire()  # from here the demo stops them itself
+    for h in helpers.stopping:  # they stop while the topics are read
+        h.terminate()
+    asked = time.monotonic()
+    ws = helpers.ws
+    again = " (Ctrl-C again quits without them)" if interrupted else ""
+    print(f"saving the estimates and the ground truth into {out}/{again}", flush=True)
+    counts = save_topics(rs, {ws.estimates_topic: out / "estimates.jsonl", rs.truth_topic: out / "truth.jsonl"})
+    answered = read_queries(rs)  # the run's queries, for the day figure of summary.txt and the plots
+    (out / QUERIES_FILE).write_text("".join(q.model_dump_json() + "\n" for q in answered))
+    frame_values = read_frames(rs, ws.frames_topic)
+    # the worker's graceful stop (its producers closed, no error logged) takes about half a second
+    stop_all(helpers.stopping, grace_s=max(STOP_GRACE_S - (time.monotonic() - asked), 0.1))
+    broker.stop()
+    return _Saved(counts, answered, frame_values)
+
+
+def _reported(demo: DemoSettings, plan: _Plan, rs: ReplaySettings, summary: ReplaySummary, ws: WorkerSettings,
+              saved: _Saved, stop: StopFlag, code: int) -> tuple[int, int]:
+    """Write ``estimates.parquet`` (every helper gone), say what was saved, write the report;
+    the exit code so far and the estimates published."""
+    from ..subscribe import write_frames
+
+    out = demo.out
+    estimates, truth, table = out / "estimates.jsonl", out / "truth.jsonl", out / "estimates.parquet"
+    frames = write_frames(saved.frames, table, "parquet")  # pyarrow: ~0.5 s under load
+    counts, frames_only = saved.counts, plan.frames_only
+    published = frames.rows if frames_only else counts[ws.estimates_topic]
+    print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates}"
+          + (f" (at {plan.day.stations.size:,} stations the worker publishes frames only)" if frames_only else "")
+          + f" and {counts[rs.truth_topic]:,} ground-truth epochs to {truth}"
+          f"{cut_epoch_note(summary.epochs, counts[rs.truth_topic])}", flush=True)
+    print(f"saved {'the same ' if not frames_only else ''}{frames.rows:,} estimates from {frames.frames:,} "
+          f"estimate frames to {table} (one row per query, epoch, station and estimator)", flush=True)
+    if published:
+        stop.event.set()  # from here a Ctrl-C raises KeyboardInterrupt: it skips the plots
+        code = _report(table if frames_only else estimates, truth, out, saved.queries, code, demo.plots)
+    else:
+        print("report      none (no estimate was published yet)", flush=True)
+    return code, published
+
+
+def _run_demo(demo: DemoSettings, secrets_at: Path) -> int:
+    """The demo as a list of helper processes: the broker, then :class:`_Helpers` started in turn
+    and watched; the replay; the wait for what it sent; the topics saved while they stop; the report."""
+    from producers.stopping import StopFlag
+
+    plan = _plan(demo, secrets_at)
+    broker = LocalBroker(port=demo.port, log_path=demo.out / "broker.log", own_group=True)
+    helpers = _helpers(demo, plan, broker.bootstrap)
     broker.start()
     watch = Watch()  # every helper, from its start until the demo stops them (stream_app/cli/supervise.py)
-    watch.add("broker", broker.process, out / "broker.log")
-    token = secrets.token_hex(8)  # the worker's identity on its /metrics
-    stopped_children = False
+    watch.add(broker.helper)
     try:
-        ws = WorkerSettings(bootstrap_servers=broker.bootstrap, web_port=metrics_port, min_participants=1,
-                            worker_dir=out / "worker", instance_token=token,
-                            estimate_output="frames" if frames_only else "both")
-        started = _start_worker(ws, demo.metrics_port is not None, out / "worker.log", watch)
-        worker, metrics_port = started.proc, started.ports[0]
-        metrics_note = started.note or metrics_note
-        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        if demo.via_shuffler:
-            ss = ShufflerSettings(bootstrap_servers=broker.bootstrap, metrics_port=shuffler_port,
-                                  http_port=http_port if demo.transport == "http" else 0, **enrolled)
-            ss = ss.model_copy(update={"release": demo.release}) if demo.release is not None else ss
-            released = ss.release
-            started = _start_shuffler(ss, out / "shuffler.log", watch)
-            shuffler, shuffler_port = started.proc, started.ports[0]
-            http_port = started.ports[1] if demo.transport == "http" else http_port
-        prom_bin = shutil.which("prometheus")
-        prom_url = None
-        if prom_bin:
-            targets = [f"127.0.0.1:{metrics_port}", *([f"127.0.0.1:{shuffler_port}"] if shuffler is not None else [])]
-            started = _start_prometheus(prom_bin, targets, out, prom_port, demo.prometheus_port is not None, watch)
-            prom, prom_port = started.proc, started.ports[0]
-            prom_note = started.note or prom_note
-            prom_url = f"http://127.0.0.1:{prom_port}"
-        print(f"broker      {broker.bootstrap} (embedded, memory only)")
-        if shuffler is not None:
-            door = f", devices POST http://127.0.0.1:{http_port}/v1/reports" if demo.transport == "http" else ""
-            print(f"shuffler    device reports -> {ws.reports_topic}, {released} release (log "
-                  f"{out / 'shuffler.log'}, metrics http://127.0.0.1:{shuffler_port}/metrics{door})")
-            print(f"enrollment  secret in {enrolled['enrollment_secret_file']} (owner only; removed at the end)")
-        print(f"metrics     {metrics_url}{metrics_note}")
-        print(f"prometheus  {(prom_url or 'not installed (apt-get install prometheus) - skipped') + prom_note}")
-        print(f"estimates   {ptt} subscribe --bootstrap-servers {broker.bootstrap}")
-        print(f"queries     {ptt} analyst list --bootstrap-servers {broker.bootstrap}")
-        print(f"privacy     {privacy_line}")
-        print(f"output      {out}/ (logs now; estimates.jsonl, estimates.parquet, truth.jsonl and report/ when "
-              "the demo ends)")
-        pace = f"at {demo.speed:g}x real time" if demo.speed > 0 else "as fast as possible"
-        epochs = min(day.epochs.size - start, demo.max_epochs or day.epochs.size)
-        print(f"replaying {_source(demo)} from {epoch_start(int(day.epochs[start])):%H:%M}, {epochs:,} epochs "
-              f"({epochs * EPOCH_S / 3600:g} h), {pace}; Ctrl-C stops", flush=True)
-        rs = _replay_settings(demo, broker.bootstrap, http_port, enrolled, start)
-        try:
-            with watch.interrupting():  # a helper that exits stops the replay within a second
-                summary = replay(rs, progress=True)
-        except ReplayLost as exc:  # what the broker acknowledged, then the CLI's one-line error
-            print("\n".join(replay_summary_lines(exc.summary)), flush=True)
-            watch.check()  # the broker (or another helper) exited: that is the failure to name
-            raise
-        watch.check()
+        helpers.start(watch)
+        _banner(demo, plan, broker, helpers)
+        rs = _replay_settings(demo, broker.bootstrap, helpers.http_port, plan.enrolled, plan.start)
+        summary = _replayed(rs, watch)
         code = _said_replayed(summary, rs.cap_drops_file)
         with StopFlag() as stop:
             if summary.interrupted:  # the replay took the first Ctrl-C: the next one forces quit
                 stop.event.set()
-            closing = Closing(0, 0)
-            if not summary.interrupted and summary.epochs:
-                replayed = [int(e) for e in day.epochs[start:start + summary.epochs]]
-                queries = read_queries(rs)
-                closing = _wait_closed(metrics_url, expected_windows(queries, replayed), stop,
-                                       rollups=expected_rollups(queries, replayed), check=watch.check,
-                                       shuffler_port=shuffler_port if demo.via_shuffler else None)
-                if not closing.complete and not stop.requested:
-                    print("demo: the worker closed no further epoch for 60 s; saving what it has published",
-                          file=sys.stderr, flush=True)
-            if not summary.interrupted and not demo.exit_when_done and not stop.requested:
-                print("replay done; still serving metrics - Ctrl-C stops (and saves the estimates)", flush=True)
-                while not stop.wait(0.5):
-                    watch.check()
+            closing = _closing(demo, plan, rs, summary, helpers, stop, watch)
             if stop.requested:
                 code = EXIT_INTERRUPTED
-            cpu = _cpu_line(shuffler, worker, broker.process, prom)  # before they stop
-            watch.retire()  # from here the demo stops them itself
-            for p in (shuffler, worker, prom):  # they stop while the topics are read
-                if p is not None and p.poll() is None:
-                    p.terminate()
-            asked = time.monotonic()
-            estimates, truth = out / "estimates.jsonl", out / "truth.jsonl"
-            again = " (Ctrl-C again quits without them)" if stop.requested else ""
-            print(f"saving the estimates and the ground truth into {out}/{again}", flush=True)
-            counts = save_topics(rs, {ws.estimates_topic: estimates, rs.truth_topic: truth})
-            answered = read_queries(rs)  # the run's queries, for the day figure of summary.txt and the plots
-            (out / QUERIES_FILE).write_text("".join(q.model_dump_json() + "\n" for q in answered))
-            frame_values = read_frames(rs, ws.frames_topic)
-            # the worker's graceful stop (its producers closed, no error logged) takes about half a second
-            terminate_all([shuffler, worker, prom], timeout_s=max(STOP_GRACE_S - (time.monotonic() - asked), 0.1))
-            broker.stop()
-            stopped_children = True
-            table = out / "estimates.parquet"  # written with every helper gone (pyarrow: ~0.5 s under load)
-            frames = write_frames(frame_values, table, "parquet")
-            published = frames.rows if frames_only else counts[ws.estimates_topic]
-            print(f"saved {counts[ws.estimates_topic]:,} estimates to {estimates}"
-                  + (f" (at {day.stations.size:,} stations the worker publishes frames only)" if frames_only else "")
-                  + f" and {counts[rs.truth_topic]:,} ground-truth epochs to {truth}"
-                  f"{cut_epoch_note(summary.epochs, counts[rs.truth_topic])}", flush=True)
-            print(f"saved {'the same ' if not frames_only else ''}{frames.rows:,} estimates from {frames.frames:,} "
-                  f"estimate frames to {table} (one row per query, epoch, station and estimator)", flush=True)
-            if published:
-                stop.event.set()  # from here a Ctrl-C raises KeyboardInterrupt: it skips the plots
-                code = _report(table if frames_only else estimates, truth, out, answered, code, demo.plots)
-            else:
-                print("report      none (no estimate was published yet)", flush=True)
+            cpu = _cpu_line(helpers, broker.helper)  # before they stop
+            saved = _save_and_stop(demo.out, rs, helpers, broker, watch, stop.requested)
+            code, published = _reported(demo, plan, rs, summary, helpers.ws, saved, stop, code)
             print(f"cpu         {cpu or 'not known here (read from /proc)'}", flush=True)
-            print(f"log         {out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",
+            print(f"log         {demo.out / RUN_LOG}: every line above (a `| tee` that Ctrl-C ended misses the last)",
                   flush=True)
             code, missing = unpublished(closing, code, published)
             if missing is not None:
                 print(missing, file=sys.stderr, flush=True)
         return code
-    finally:
-        if not stopped_children:
-            terminate_all([shuffler, worker, prom], timeout_s=1.0)
-            broker.stop()
+    finally:  # nothing once they have stopped
+        stop_all(helpers.stopping, grace_s=1.0)
+        broker.stop()

@@ -15,77 +15,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_HELPER, CliError
+from .helper_process import HelperFailed, HelperProcess, how_it_ended, log_tail
 
-__all__ = ["POLL_S", "Helper", "HelperFailed", "Watch", "how_it_ended", "log_tail"]
+__all__ = ["POLL_S", "HelperFailed", "Watch", "how_it_ended", "log_tail"]
 
 POLL_S = 0.2  # how often the watching thread looks at the helpers
-
-
-class HelperFailed(CliError):
-    """A helper process exited while it should have been running (exit code 8)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, EXIT_HELPER)
-
-
-@dataclass
-class Helper:
-    name: str  # as the user reads it: "stream-app worker", "shuffler", "broker", "Prometheus"
-    proc: subprocess.Popen[bytes]
-    log: Path | None
-
-
-def how_it_ended(code: int) -> str:
-    """A process's return code in words.
-
-    >>> how_it_ended(4), how_it_ended(-9)
-    ('exited with code 4', 'was killed by signal 9 (SIGKILL)')
-    """
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown"
-        return f"was killed by signal {-code} ({name})"
-    return f"exited with code {code}"
-
-
-def log_tail(path: Path | None, lines: int = 3, width: int = 400) -> str:
-    """The end of a helper's log as one quoted piece: its one-line error if it printed one
-    (``ptt <command>: error: ...``), else its last ``lines`` non-empty lines joined by `` | ``,
-    at most ``width`` characters (the end kept).
-
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     p = Path(d) / "w.log"
-    ...     _ = p.write_text("starting\\nptt worker: error: the metrics port 6066 is in use; give another\\n")
-    ...     log_tail(p)
-    '"ptt worker: error: the metrics port 6066 is in use; give another"'
-    """
-    if path is None:
-        return "(no log)"
-    try:
-        with path.open("rb") as fh:
-            fh.seek(max(fh.seek(0, os.SEEK_END) - 64_000, 0))
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return f"(its log {path} cannot be read)"
-    kept = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
-    if not kept:
-        return "(its log is empty)"
-    errors = [line for line in kept if line.startswith("ptt ") and ": error: " in line]
-    quoted = errors[-1] if errors else " | ".join(kept[-lines:])
-    if len(quoted) > width:
-        quoted = "..." + quoted[-(width - 3):]
-    return f'"{quoted}"'
 
 
 def _interrupt_self() -> None:
@@ -93,28 +31,29 @@ def _interrupt_self() -> None:
 
 
 class Watch:
-    """The helpers a command started, each watched from the moment it is added until
-    :meth:`retire` (when the command stops them itself)."""
+    """The helpers (:class:`~.helper_process.HelperProcess`) a command started, each watched
+    from the moment it is added until :meth:`retire` (when the command stops them itself)."""
 
     def __init__(self, interrupt: Callable[[], None] = _interrupt_self) -> None:
-        self.helpers: list[Helper] = []
+        self.helpers: list[tuple[str, HelperProcess]] = []
         self._interrupt = interrupt
         self._retired = False
         self.failure: str | None = None  # the first failure seen, as :meth:`check` raises it
 
-    def add(self, name: str, proc: subprocess.Popen[bytes], log: Path | None) -> None:
-        self.helpers.append(Helper(name, proc, log))
+    def add(self, helper: HelperProcess, name: str | None = None) -> None:
+        """Watch a started helper, named in its failure as ``name`` (default: its own name)."""
+        self.helpers.append((name or helper.name, helper))
 
     def dead(self) -> str | None:
         """The first helper that has exited, as the failure's line; None while all run (or retired)."""
         if self._retired:
             return None
         if self.failure is None:
-            for h in self.helpers:
-                code = h.proc.poll()
+            for name, h in self.helpers:
+                code = h.returncode
                 if code is not None:
                     where = f" (its log: {h.log})" if h.log is not None else ""
-                    self.failure = f"the {h.name} {how_it_ended(code)}: {log_tail(h.log)}{where}"
+                    self.failure = f"the {name} {how_it_ended(code)}: {log_tail(h.log)}{where}"
                     break
         return self.failure
 

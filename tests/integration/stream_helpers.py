@@ -28,6 +28,7 @@ from producers.settings import ReplaySettings
 from schemas import Query
 from schemas.estimates import Estimate
 from schemas.settings import KafkaSettings
+from stream_app.cli.helper_process import wait_until
 from stream_app.cli.local_broker import free_port, terminate
 from stream_app.settings import WorkerSettings
 from tests.station_counts import pair_counts
@@ -116,16 +117,19 @@ class WorkerProcess:
         """Until the worker serves /metrics. The deadline only bounds a hung start: under two busy
         loops and 3 pytest-xdist workers (load average ~12 on 2 cores) a worker had written no
         line at all 60 s after its start (importing Faust, numpy, scipy)."""
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
+        def exited() -> None:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited ({self.proc.returncode}); log:\n{self.log.read_text()[-3000:]}")
+
+        def serving() -> bool:
             try:
                 self.metrics()
-                return
             except OSError:
-                time.sleep(0.3)
-        raise TimeoutError(f"worker not serving /metrics; log:\n{self.log.read_text()[-3000:]}")
+                return False
+            return True
+
+        if not wait_until(serving, timeout_s, poll_s=0.3, check=exited):
+            raise TimeoutError(f"worker not serving /metrics; log:\n{self.log.read_text()[-3000:]}")
 
     def kill(self) -> None:
         if self in _LIVE:

@@ -63,7 +63,7 @@ WITH_EXAMPLES = {
     "stream_app.day_metric": 5,
     "stream_app.cli.errors": 2,
     "stream_app.cli.shuffler": 3,
-    "stream_app.cli.supervise": 2,
+    "stream_app.cli.helper_process": 10,
     "stream_app.cli.working": 3,
     "stream_app.decode": 5,
     "stream_app.frames": 10,

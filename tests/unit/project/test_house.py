@@ -15,8 +15,6 @@ MAX_APP_FUNCTION_LINES = 40
 
 #: the functions allowed over MAX_FUNCTION_LINES, at most this long, and why (open work: split them)
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "stream_app/cli/demo.py::_run_demo": (154, "the demo's start, replay, wait and save in order: to become a "
-                                               "list of helper processes (one way to run a process)"),
     "producers/replay.py::_run_epochs": (171, "the replay's epoch loop with its transports inline: to become a "
                                               "pure epoch_outputs and a Transport per path"),
     "producers/replay.py::_replay": (106, "the replay's set-up: to become a frozen plan built once"),
