@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -169,7 +170,7 @@ def _notes_signer(settings: ReplaySettings) -> Enrollment:
     return settings.enrollment()
 
 
-def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
+def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: AbstractSet[int],
                       interrupted: bool, index: int, count: int, opens: bool = False, ends: bool = False) -> None:
     """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
     topic, once this producer's device reports of the epoch are acknowledged: the device-topic
