@@ -104,15 +104,16 @@ def check_broker(settings: ReplaySettings) -> None:
 class ReplayPlan:
     """What every producer of one replay starts from, decided once in the parent: the settings
     (their ``fleet_size`` the fleet), the fleet and what sized it (``basis``, the replay's fleet
-    line), the queries on the queries topic at the start (the defaults this replay published
-    among them; a producer follows the topic for what comes later) and the epochs to replay.
-    Each producer reads its devices' enrollment keys from the settings itself (they are derived
-    from the secret, never handed between processes)."""
+    line), the queries on the queries topic at the start by record key (the defaults this replay
+    published among them) and the epochs to replay. It is pickled to every producer process, so
+    it holds no :class:`~schemas.Query` (whose cached mechanism does not pickle): each producer
+    follows the queries topic itself, for these and what comes later, and reads its devices'
+    enrollment keys from the settings (derived from the secret, never handed between processes)."""
 
     settings: ReplaySettings
     fleet: int
     basis: str
-    queries: tuple[Query, ...]
+    queries: tuple[str, ...]
     epochs: int
 
 
@@ -171,4 +172,5 @@ def build_plan(settings: ReplaySettings) -> tuple[ReplayPlan, TrafficDay]:
     total = day.epochs.size - settings.start_epoch
     if settings.max_epochs is not None:
         total = min(total, settings.max_epochs)
-    return ReplayPlan(settings.model_copy(update={"fleet_size": fleet}), fleet, basis, queries, total), day
+    keys = tuple(q.record_key for q in queries)
+    return ReplayPlan(settings.model_copy(update={"fleet_size": fleet}), fleet, basis, keys, total), day

@@ -6,6 +6,7 @@ refusals and span reports are counted. Seeded: every check is exact."""
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -47,7 +48,7 @@ class _Stop:
 
 
 def _plan(**settings: object) -> ReplayPlan:
-    return ReplayPlan(ReplaySettings(seed=SEED, fleet_size=FLEET, **settings), FLEET, "test", (), 10)
+    return ReplayPlan(ReplaySettings(seed=SEED, fleet_size=FLEET, **settings), FLEET, "test", ("flows:v1",), 10)
 
 
 def _share(index: int = 0, count: int = 2, device: Device | None = None, ledger: DayLedger | None = None
@@ -87,6 +88,13 @@ def test_the_reports_are_the_devices_privatization_of_this_producers_row(mode: s
         assert out.reports.participants == int(row.sum()) and _same(out.reports, want)
     other = list(epoch_outputs(plan, _share(1), work, _row(EPOCH, 0), _Stop()))
     assert not _same(other[0].reports, got[0].reports)
+
+
+def test_the_plan_goes_to_a_producer_process_as_it_is() -> None:
+    """Producer processes are spawned with the plan: it pickles (a Query, with its cached
+    mechanism, would not) and comes back equal."""
+    plan = _plan(mode="tally")
+    assert pickle.loads(pickle.dumps(plan)) == plan  # noqa: S301 (our own bytes)
 
 
 def test_the_same_epoch_twice_is_the_same_output() -> None:
