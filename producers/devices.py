@@ -11,7 +11,7 @@ the shuffler.
 
 The front door answers each request with the (partition, offset) of its records; the replay's
 source note of the epoch vouches for the device-topic offsets below which its reports lie
-(:func:`producers.replay.send_source_epoch`), so they are merged into the sink's acknowledged
+(:func:`send_source_epoch`), so they are merged into the sink's acknowledged
 ends, as the Kafka path's acknowledgements are.
 """
 
