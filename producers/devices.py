@@ -11,7 +11,7 @@ the shuffler.
 
 The front door answers each request with the (partition, offset) of its records; the replay's
 source note of the epoch vouches for the device-topic offsets below which its reports lie
-(:func:`producers.replay.send_source_epoch`), so they are merged into the sink's acknowledged
+(:func:`send_source_epoch`), so they are merged into the sink's acknowledged
 ends, as the Kafka path's acknowledgements are.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -169,7 +170,7 @@ def _notes_signer(settings: ReplaySettings) -> Enrollment:
     return settings.enrollment()
 
 
-def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: set[int],
+def send_source_epoch(sink: ReportSink, settings: ReplaySettings, epoch: int, no_data: AbstractSet[int],
                       interrupted: bool, index: int, count: int, opens: bool = False, ends: bool = False) -> None:
     """--via-shuffler: the epoch's source note (:class:`~schemas.SourceEpoch`) on the source-notes
     topic, once this producer's device reports of the epoch are acknowledged: the device-topic

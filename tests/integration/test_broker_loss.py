@@ -23,8 +23,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from producers import replay as replay_mod
 from producers.replay import KIND_HEADER, ReplayLost, replay
+from producers.replay import transport as replay_transport
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas import DecodedBatch, SourceEpoch, decode_record
@@ -246,7 +246,7 @@ def test_replay_summary_is_what_the_broker_acknowledged(own_broker: OwnBroker, t
     counted apart from the sink's own callbacks -- and fewer than were sent (the second
     epoch's records went to a dead broker)."""
     KillingSink.own, KillingSink.held, KillingSink.killed_at = own_broker, None, None
-    monkeypatch.setattr(replay_mod, "ReportSink", KillingSink)
+    monkeypatch.setattr(replay_transport, "ReportSink", KillingSink)
     s = _settings(own_broker, tmp_path, tmp_path_factory.getbasetemp(), max_epochs=100)
     with pytest.raises(ReplayLost) as info:
         replay(s, progress=False)

@@ -1058,13 +1058,13 @@ def _uses_of_the_principals(services: dict[str, dict[str, Any]], monkeypatch: py
     * device: a vehicle sends its own reports: the writes of `ptt replay` without ground truth
       (what it answers reaches it from its gateway, not from Kafka), once directly to the
       reports topic and once through the shuffler (`--via-shuffler`: the device topic)."""
-    import producers.replay as replay_mod
+    import producers.replay.plan as replay_plan
     import schemas.kafka_io as kafka_io
     from producers import sink as sink_mod
     from producers.replay import replay
 
     cluster = _Cluster({name: parts for name, (parts, _) in _topics_the_code_creates(services, monkeypatch).items()})
-    for module in (kafka_io, sink_mod, replay_mod):  # stream_app.subscribe imports kafka_io's connect when it connects
+    for module in (kafka_io, sink_mod, replay_plan):  # stream_app.subscribe imports kafka_io's connect when it connects
         monkeypatch.setattr(module, "connect", cluster.connect)
     monkeypatch.setattr(sink_mod, "BulkProducer", lambda settings, topic, delivered, **kw: _RecBulk(
         cluster, settings, topic, delivered))  # the replay's device reports (librdkafka)

@@ -43,6 +43,7 @@ WITH_EXAMPLES = {
     "producers.pems.model": 1,
     "producers.pems.stamps": 3,
     "producers.progress": 6,
+    "producers.replay.epoch": 9,
     "producers.settings": 2,
     "producers.spans": 17,
     "producers.trip_stats": 11,

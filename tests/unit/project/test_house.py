@@ -15,9 +15,6 @@ MAX_APP_FUNCTION_LINES = 40
 
 #: the functions allowed over MAX_FUNCTION_LINES, at most this long, and why (open work: split them)
 LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
-    "producers/replay.py::_run_epochs": (171, "the replay's epoch loop with its transports inline: to become a "
-                                              "pure epoch_outputs and a Transport per path"),
-    "producers/replay.py::_replay": (106, "the replay's set-up: to become a frozen plan built once"),
     "estimators/planning.py::plan": (148, "ptt plan's figures, one mechanism's every figure in one dict (the "
                                           "--json contract)"),
     "producers/synthetic.py::write_synthetic_day": (126, "the synthetic day's generator, one vectorised pass"),

@@ -92,7 +92,7 @@ def n_out(q: Query) -> int:
 
 
 def header(q: Query, kind: str, layout: str, reports: int, **over: Any) -> dict[str, Any]:
-    """The header fields exactly as producers/replay.py ``_send_round`` builds them."""
+    """The header fields exactly as ``producers.replay.send_round`` builds them."""
     h: dict[str, Any] = {"query_id": q.query_id, "query_version": q.version, "epoch": E0 + 2, "round": 0,
                          "producer_id": "p0-0123abcd", "n_stations": q.n_stations, "n_outputs": n_out(q),
                          "kind": kind, "layout": layout, "batch_id": new_batch_id(), "reports": reports}

@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import estimators as E
-import producers.replay
+import producers.replay.transport
 from producers.fleet import Device, EpochReports, epoch_rng, privatize
 from producers.replay import send_markers, send_round
 from schemas import Query
@@ -84,7 +84,7 @@ ESTIMATOR_NAMES = {"sp": ["sp_difference"], "alp": ["alp_yhat", "alp_bottom", "a
 def _seeded_batch_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch ids (and so the partition of every batch) from a fixed seed, not os.urandom."""
     rng = np.random.default_rng([SEED, 1])
-    monkeypatch.setattr(producers.replay, "new_batch_id", lambda: rng.bytes(16).hex())
+    monkeypatch.setattr(producers.replay.transport, "new_batch_id", lambda: rng.bytes(16).hex())
 
 
 def make_query(mechanism: str) -> Query:
@@ -139,7 +139,8 @@ class Stop:
 
 def produce(q: Query, truths: Iterable[np.ndarray], modes: Iterable[str], sink: MemorySink, batch_size: int = 40,
             devices: Iterable[Device] | None = None, stop: Stop | None = None) -> list[EpochReports]:
-    """One epoch of ``q`` by K producer processes, as producers/replay.py ``_run_epochs`` does."""
+    """One epoch of ``q`` by K producer processes, as the replay's direct transport does
+    (``producers.replay.transport.Direct``)."""
     truths, modes = list(truths), list(modes)
     k = len(truths)
     devices = list(devices) if devices is not None else [Device()] * k

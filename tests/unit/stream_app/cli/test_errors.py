@@ -135,9 +135,9 @@ def test_replay_reaches_the_broker_before_it_reads_the_day(capsys: pytest.Captur
 @pytest.fixture
 def broker_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The replay's broker check passes (no broker runs here): what is read after it is tested."""
-    from producers import replay
+    from producers.replay import plan
 
-    monkeypatch.setattr(replay, "check_broker", lambda settings: None)
+    monkeypatch.setattr(plan, "check_broker", lambda settings: None)
 
 
 def test_missing_unreadable_and_empty_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -275,9 +275,9 @@ def test_a_missing_or_short_enrollment_secret_is_one_line_before_the_network(
         code, err = _run(capsys, "replay", "--via-shuffler", "--data-dir", str(tmp_path / "d"), *broker, *extra)
         assert code == errors.EXIT_USAGE and what in _one_line(err, "replay"), err
     monkeypatch.setenv("PTT_ENROLLMENT_SECRET", "s" * 40)
-    from producers import replay
+    from producers.replay import plan
 
-    monkeypatch.setattr(replay, "check_broker", lambda settings: None)
+    monkeypatch.setattr(plan, "check_broker", lambda settings: None)
     code, err = _run(capsys, "replay", "--via-shuffler", "--data-dir", str(tmp_path / "d"), "--synthetic-stations",
                      "2", "--enrolled-devices", "3", *broker)
     assert code == errors.EXIT_USAGE and "enrolled devices" in _one_line(err, "replay"), err
