@@ -90,7 +90,7 @@ SAMPLE_RECORDS = 200_000  # device records read back for their mean size
 # the replay's phases: (name, functions whose cumulative CPU is the phase's) -- a function's
 # cumulative time holds its callees', so the phases are disjoint call trees
 PHASES = {
-    "fleet_model": ("replay.py", "split_fleet"), "fleet_model_spans": ("spans.py", "step"),
+    "fleet_model": ("fleet.py", "split_fleet"), "fleet_model_spans": ("spans.py", "step"),
     "randomizing": ("spans.py", "span_reports"), "encoding_sealing": ("devices.py", "device_records"),
     "to_librdkafka": ("sink.py", "send_many"), "source_notes": ("devices.py", "send_source_epoch"),
 }
