@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import os
 import signal
@@ -479,3 +481,40 @@ QUICK_DEMO = ("--fleet-model", "spans", "--start-time", "00:00", "--no-plan-day"
               "--query-mechanisms", "alp,unary,unary@3600")
 #: the same, straight into the worker's topic (no shuffler)
 DIRECT_DEMO = ("--no-shuffler", *QUICK_DEMO)
+
+#: The demo that test_shuffler and test_front_door compare with the direct demo: QUICK_DEMO's
+#: fleet and start, 6 epochs of the 16-station day as fast as it goes, the default 30-s queries
+#: (ALP, unary RR) and the opt-in Sampling Privacy and RR: 6 x 16 x 7 estimates.
+COMPARED_DEMO = ("--speed", "0", "--max-epochs", "6", "--exit-when-done", "--stations", "16", *QUICK_DEMO,
+                 "--no-plots", "--query-mechanisms", "sp,alp,rr,unary")
+#: The xdist group of the tests that compare with :func:`direct_demo_estimates`: under
+#: ``--dist loadgroup`` they run in one worker, which runs the direct demo once for them.
+DIRECT_DEMO_GROUP = "direct_demo"
+
+DemoRows = dict[tuple[str, int, int, str], dict[str, Any]]
+
+
+def demo_estimates(tmp: Path, *flags: str, timeout_s: float = 240) -> DemoRows:
+    """``ptt demo`` of :data:`COMPARED_DEMO` and ``flags`` run in ``tmp`` (created; its output
+    in ``tmp/out``): its estimates.jsonl by (query, epoch, station, estimator)."""
+    out = tmp / "out"
+    tmp.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--out", str(out),  # noqa: S603
+                           *COMPARED_DEMO, *flags,
+                           "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
+                          capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
+    return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
+
+
+_DIRECT_DEMO: list[DemoRows] = []
+
+
+def direct_demo_estimates(tmp: Path) -> DemoRows:
+    """:func:`demo_estimates` of ``--no-shuffler``, run once per process (in ``tmp`` by the first
+    caller; a test in :data:`DIRECT_DEMO_GROUP` may find it run by another): a deep copy each
+    call (the fleet is seeded: a second run would publish the same rows)."""
+    if not _DIRECT_DEMO:
+        _DIRECT_DEMO.append(demo_estimates(tmp, "--no-shuffler"))
+    return copy.deepcopy(_DIRECT_DEMO[0])

@@ -47,9 +47,11 @@ from tests.devices import signed_json, signed_note
 
 from .kafka_helpers import drain
 from .stream_helpers import (
-    QUICK_DEMO,
+    DIRECT_DEMO_GROUP,
     WorkerProcess,
     core_estimates,
+    demo_estimates,
+    direct_demo_estimates,
     env_for,
     pipeline_settings,
     read_estimates,
@@ -606,17 +608,7 @@ def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker:
             shuffler.kill()
 
 
-def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
-    out = tmp / "out"
-    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO, "--no-plots",
-                           *flags, "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
-                          capture_output=True, text=True, timeout=240, cwd=tmp)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
-    return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
-
-
+@pytest.mark.xdist_group(DIRECT_DEMO_GROUP)  # the direct demo run once for this test and test_front_door's
 def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     """``ptt demo`` (the demo starts the shuffler, the replay sends single device reports)
     publishes for the same seeded fleet the same estimates as ``ptt demo --no-shuffler``, under
@@ -627,11 +619,9 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     which attests no shuffle; through the shuffler its release and that release's epsilon), and
     nothing withheld -- the default queries (ALP, unary RR) and the opt-in Sampling Privacy and RR
     included. ``--release`` with ``--no-shuffler`` is refused before anything starts."""
-    runs = {"direct": ("--no-shuffler",), "aggregate": (), "permuted": ("--release", "permuted")}
-    got = {}
-    for name, flags in runs.items():
-        (tmp_path / name).mkdir()
-        got[name] = _demo_estimates(tmp_path / name, *flags, "--query-mechanisms", "sp,alp,rr,unary")
+    got = {"direct": direct_demo_estimates(tmp_path / "direct"),
+           "aggregate": demo_estimates(tmp_path / "aggregate"),
+           "permuted": demo_estimates(tmp_path / "permuted", "--release", "permuted")}
     assert (tmp_path / "aggregate" / "out" / "shuffler.log").exists()
     plain = got["direct"]
     assert len(plain) == 6 * 16 * 7  # 6 epochs, 16 stations, 7 estimators (SP 1, ALP 4, RR 1, unary 1)
