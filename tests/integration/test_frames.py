@@ -29,7 +29,7 @@ from stream_app.records import WindowId
 from stream_app.settings import WorkerSettings
 
 from .kafka_helpers import drain
-from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
+from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for, wait_for_estimates
 
 pytestmark = pytest.mark.integration
 # a deadline, not a speed test: a `ptt` command (Python, pyarrow, matplotlib) on a machine whose
@@ -57,8 +57,8 @@ def test_frames_decode_to_the_rows_and_a_parquet_day_reads_back(broker: str, tmp
     worker = WorkerProcess(ws, tmp_path / "worker.log").start()
     try:
         worker.wait_ready()
-        wait_for(lambda: len(read_estimates(ws)) >= N_ESTIMATES and len(read_frames(ws)) >= N_FRAMES, 90,
-                 f"{N_ESTIMATES} estimates and {N_FRAMES} frames")
+        wait_for_estimates(ws, N_ESTIMATES, 90, f"{N_ESTIMATES} estimates and {N_FRAMES} frames",
+                           also=lambda: len(read_frames(ws)) >= N_FRAMES)
     finally:
         worker.stop()
     rows = read_estimates(ws)

@@ -56,6 +56,7 @@ from .stream_helpers import (
     pipeline_settings,
     read_estimates,
     wait_for,
+    wait_for_estimates,
 )
 from .test_dashboards import Prometheus
 
@@ -165,7 +166,7 @@ def _replay_until_estimated(rs: ReplaySettings, ws: WorkerSettings, worker: Work
     summary = replay(rs, progress=False)
     assert summary.epochs == epochs
     n_rows = _expected_rows(rs, epochs)
-    wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+    wait_for_estimates(ws, n_rows, 120)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -443,7 +444,7 @@ def test_an_epoch_the_shuffler_withholds_ends_as_withheld_rows_with_its_reason(b
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     try:
         worker.wait_ready()
-        wait_for(lambda: len(read_estimates(ws)) >= 3 * len(q.sensors), 90, "a row per station of 3 epochs")
+        wait_for_estimates(ws, 3 * len(q.sensors), 90, "a row per station of 3 epochs")
         rows = {(e.epoch, e.station): e for e in read_estimates(ws).values()}
         assert set(rows) == {(e, s) for e in (crowd, nobody, small) for s in q.sensors}
         for s in q.sensors:
@@ -515,7 +516,7 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
             shuffler.kill()
         shuffler = ShufflerProcess(ss, log).start()
         n_rows = _expected_rows(rs, epochs)
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        wait_for_estimates(ws, n_rows, 90)
         assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
         _assert_cores_estimates(rs, ws, epochs, bounds=False)
         batches, markers = _drain_decoded(ss)
@@ -591,7 +592,7 @@ def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker:
             _delete_group(ss)
         shuffler = ShufflerProcess(ss, log).start()
         n_rows = _expected_rows(rs, epochs)
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        wait_for_estimates(ws, n_rows, 90)
         assert log.read_text().count("no committed offsets") >= 2  # the state log's step was used
         assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
         _assert_cores_estimates(rs, ws, epochs, bounds=False)
@@ -767,7 +768,7 @@ def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_int
         assert len(epochs) >= 2 and flagged <= {epochs[-1]}, (epochs, flagged)
         stop = epochs[-1] if flagged else None
         n_rows = _expected_rows(rs, len(epochs))
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        wait_for_estimates(ws, n_rows, 120)
         got = read_estimates(ws)
         assert len(got) == n_rows
         for (_, _, epoch, _, _), e in got.items():
