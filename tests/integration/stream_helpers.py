@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 import os
 import signal
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kafka import KafkaConsumer
 
 import estimators as E
 from producers.fleet import epoch_rng, query_truth_counts, split_fleet
@@ -27,6 +30,7 @@ from producers.replay import ReplaySummary, replay
 from producers.settings import ReplaySettings
 from schemas import Query
 from schemas.estimates import Estimate
+from schemas.kafka_io import assign_all, at_end
 from schemas.settings import KafkaSettings
 from stream_app.cli.helper_process import wait_until
 from stream_app.cli.local_broker import free_port, terminate
@@ -209,6 +213,53 @@ def read_estimates(settings: WorkerSettings, span_s: int = 30) -> dict[tuple[str
         if e.span_s == span_s:
             out[(e.query_id, e.query_version, e.epoch, e.station, e.estimator)] = e
     return out
+
+
+class EstimateCount:
+    """How many estimates of one span :func:`read_estimates` would return (one per key), read
+    as they come: one consumer kept across calls, each record decoded once. For the waits: a
+    wait of ``len(read_estimates(...)) >= n`` read and validated the whole topic again on every
+    poll (the 17,280 rows of test_interval_coverage_over_a_replayed_day: 17 reads, most of the
+    test process's own CPU). What a test asserts on is still read by :func:`read_estimates`."""
+
+    def __init__(self, settings: WorkerSettings, span_s: int = 30) -> None:
+        self.settings, self.span_s = settings, span_s
+        self.keys: set[tuple[str, int, int, int, str]] = set()
+        self.consumer: KafkaConsumer | None = None
+
+    def __call__(self) -> int:
+        if self.consumer is None:
+            consumer = KafkaConsumer(**self.settings.client_kwargs(), group_id=None, enable_auto_commit=False,
+                                     max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+            if not assign_all(consumer, self.settings.estimates_topic):  # not created yet: again next call
+                consumer.close()
+                return 0
+            self.consumer = consumer
+        while True:
+            got = self.consumer.poll(timeout_ms=300, max_records=50_000)
+            for records in got.values():
+                for rec in records:
+                    e = Estimate.model_validate_json(rec.value)
+                    if e.span_s == self.span_s:
+                        self.keys.add((e.query_id, e.query_version, e.epoch, e.station, e.estimator))
+            if not got or at_end(self.consumer):
+                return len(self.keys)
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+
+
+def wait_for_estimates(settings: WorkerSettings, n: int, timeout_s: float, what: str = "", *, span_s: int = 30,
+                       also: Callable[[], bool] | None = None) -> None:
+    """:func:`wait_for` ``len(read_estimates(settings, span_s)) >= n`` (and ``also()``, if given),
+    counted by an :class:`EstimateCount`."""
+    count = EstimateCount(settings, span_s)
+    try:
+        wait_for(lambda: count() >= n and (also is None or also()), timeout_s, what or f"{n} estimates")
+    finally:
+        count.close()
 
 
 class ReplayThread(threading.Thread):
@@ -479,3 +530,40 @@ QUICK_DEMO = ("--fleet-model", "spans", "--start-time", "00:00", "--no-plan-day"
               "--query-mechanisms", "alp,unary,unary@3600")
 #: the same, straight into the worker's topic (no shuffler)
 DIRECT_DEMO = ("--no-shuffler", *QUICK_DEMO)
+
+#: The demo that test_shuffler and test_front_door compare with the direct demo: QUICK_DEMO's
+#: fleet and start, 6 epochs of the 16-station day as fast as it goes, the default 30-s queries
+#: (ALP, unary RR) and the opt-in Sampling Privacy and RR: 6 x 16 x 7 estimates.
+COMPARED_DEMO = ("--speed", "0", "--max-epochs", "6", "--exit-when-done", "--stations", "16", *QUICK_DEMO,
+                 "--no-plots", "--query-mechanisms", "sp,alp,rr,unary")
+#: The xdist group of the tests that compare with :func:`direct_demo_estimates`: under
+#: ``--dist loadgroup`` they run in one worker, which runs the direct demo once for them.
+DIRECT_DEMO_GROUP = "direct_demo"
+
+DemoRows = dict[tuple[str, int, int, str], dict[str, Any]]
+
+
+def demo_estimates(tmp: Path, *flags: str, timeout_s: float = 240) -> DemoRows:
+    """``ptt demo`` of :data:`COMPARED_DEMO` and ``flags`` run in ``tmp`` (created; its output
+    in ``tmp/out``): its estimates.jsonl by (query, epoch, station, estimator)."""
+    out = tmp / "out"
+    tmp.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--out", str(out),  # noqa: S603
+                           *COMPARED_DEMO, *flags,
+                           "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
+                          capture_output=True, text=True, timeout=timeout_s, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
+    return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
+
+
+_DIRECT_DEMO: list[DemoRows] = []
+
+
+def direct_demo_estimates(tmp: Path) -> DemoRows:
+    """:func:`demo_estimates` of ``--no-shuffler``, run once per process (in ``tmp`` by the first
+    caller; a test in :data:`DIRECT_DEMO_GROUP` may find it run by another): a deep copy each
+    call (the fleet is seeded: a second run would publish the same rows)."""
+    if not _DIRECT_DEMO:
+        _DIRECT_DEMO.append(demo_estimates(tmp, "--no-shuffler"))
+    return copy.deepcopy(_DIRECT_DEMO[0])

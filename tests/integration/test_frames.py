@@ -29,7 +29,7 @@ from stream_app.records import WindowId
 from stream_app.settings import WorkerSettings
 
 from .kafka_helpers import drain
-from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
+from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for, wait_for_estimates
 
 pytestmark = pytest.mark.integration
 # a deadline, not a speed test: a `ptt` command (Python, pyarrow, matplotlib) on a machine whose
@@ -57,8 +57,8 @@ def test_frames_decode_to_the_rows_and_a_parquet_day_reads_back(broker: str, tmp
     worker = WorkerProcess(ws, tmp_path / "worker.log").start()
     try:
         worker.wait_ready()
-        wait_for(lambda: len(read_estimates(ws)) >= N_ESTIMATES and len(read_frames(ws)) >= N_FRAMES, 90,
-                 f"{N_ESTIMATES} estimates and {N_FRAMES} frames")
+        wait_for_estimates(ws, N_ESTIMATES, 90, f"{N_ESTIMATES} estimates and {N_FRAMES} frames",
+                           also=lambda: len(read_frames(ws)) >= N_FRAMES)
     finally:
         worker.stop()
     rows = read_estimates(ws)
@@ -100,10 +100,13 @@ def test_frames_decode_to_the_rows_and_a_parquet_day_reads_back(broker: str, tmp
         assert (r["withheld"], r["late"], r["refused"], r["missing_batches"], r["round_count_mismatch"]) == \
                (e.withheld, e.late, e.refused, e.missing_batches, e.round_count_mismatch)
 
-    # ptt report says the same of the rows topic, the frames topic and the Parquet file
+    # ptt report says the same of the rows topic, the frames topic and the Parquet file; the plots
+    # (drawn from what was loaded, after the summary, checked in test_report_cli) of one station
+    # from the frames and the file -- their loaders' rows drawn --, none from the rows topic
     summaries = []
-    for name, source in (("rows", ["--from-topic"]), ("frames", ["--from-frames", "--frames-topic", ws.frames_topic]),
-                         ("file", ["--estimates", str(day), "--truth-topic", ws.truth_topic])):
+    for name, source in (("rows", ["--from-topic", "--no-plots"]),
+                         ("frames", ["--from-frames", "--frames-topic", ws.frames_topic, "--stations", "1"]),
+                         ("file", ["--estimates", str(day), "--truth-topic", ws.truth_topic, "--stations", "1"])):
         done = _ptt(ws, "report", *source, "--estimates-topic", ws.estimates_topic, "--truth-topic", ws.truth_topic,
                     "--out", str(tmp_path / name))
         assert done.returncode == 0, done.stderr
@@ -135,7 +138,7 @@ def test_a_frames_only_run_is_reported_from_its_frames(broker: str, tmp_path: Pa
     assert not read_estimates(ws)
     out = tmp_path / "report"
     done = _ptt(ws, "report", "--from-frames", "--frames-topic", ws.frames_topic, "--truth-topic", ws.truth_topic,
-                "--out", str(out))
+                "--stations", "1", "--out", str(out))  # the plots (of withheld rows) of one station
     assert done.returncode == 0, done.stderr
     groups = json.loads((out / "summary.json").read_text())["groups"]
     assert sorted(g["estimator"] for g in groups) == sorted(

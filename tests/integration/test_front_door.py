@@ -42,7 +42,7 @@ from tests.slowloris import open_slow, tick
 from tests.system_tools import require_tool
 
 from .kafka_helpers import drain
-from .stream_helpers import QUICK_DEMO, same_values, wait_for
+from .stream_helpers import DIRECT_DEMO_GROUP, demo_estimates, direct_demo_estimates, same_values, wait_for
 from .test_shuffler import ShufflerProcess, _drain_decoded, _hand_fed_query, _send_notes, _setup
 
 pytestmark = pytest.mark.integration
@@ -276,32 +276,20 @@ def test_a_retried_request_the_broker_had_acknowledged_counts_once(broker: str, 
     assert letters == ["duplicate_report"] * 2, letters
 
 
-def _demo(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
-    out = tmp / "out"
-    tmp.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "20",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO, "--no-plots", *flags,
-                           # the 30-s queries only: an hourly span needs a fleet of its hourly flows (8x)
-                           "--query-mechanisms", "alp,unary",
-                           "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
-                          capture_output=True, text=True, timeout=900, cwd=tmp)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
-    return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
-
-
+@pytest.mark.xdist_group(DIRECT_DEMO_GROUP)  # the direct demo run once for this test and test_shuffler's
 def test_the_demo_over_http_publishes_the_direct_demos_estimates(tmp_path: Path) -> None:
-    """``ptt demo --via-shuffler --transport http --speed 0 --max-epochs 20 --exit-when-done``:
-    every device's reports of an epoch go through the front door in one request, and every
-    row equals the direct demo's, field for field but ``epsilon_shuffled`` and ``release``
-    (null on the direct path, which attests no shuffle) -- counts, participants and reports
-    exactly, floats to the last bits (:func:`~tests.integration.stream_helpers.same_values`); nothing withheld."""
-    plain = _demo(tmp_path / "direct", "--no-shuffler")
-    via = _demo(tmp_path / "http", "--transport", "http")
-    from estimators import default_query_mechanisms
-
-    estimators = sum(len(get_spec(m).estimator_names) for m in default_query_mechanisms())
-    assert len(plain) == 20 * 16 * estimators and plain.keys() == via.keys()  # 20 epochs, 16 stations
+    """``ptt demo --via-shuffler --transport http --speed 0 --max-epochs 6 --exit-when-done``
+    (:data:`~tests.integration.stream_helpers.COMPARED_DEMO`: the default queries, ALP and unary
+    RR, and the opt-in Sampling Privacy and RR): every device's reports of an epoch go through
+    the front door in one request, and every row equals the direct demo's, field for field but
+    ``epsilon_shuffled`` and ``release`` (null on the direct path, which attests no shuffle) --
+    counts, participants and reports exactly, floats to the last bits
+    (:func:`~tests.integration.stream_helpers.same_values`); nothing withheld. The direct demo
+    is test_shuffler's (:func:`~tests.integration.stream_helpers.direct_demo_estimates`)."""
+    plain = direct_demo_estimates(tmp_path / "direct")
+    via = demo_estimates(tmp_path / "http", "--transport", "http", timeout_s=900)
+    estimators = sum(len(get_spec(m).estimator_names) for m in ("sp", "alp", "rr", "unary"))
+    assert len(plain) == 6 * 16 * estimators and plain.keys() == via.keys()  # 6 epochs, 16 stations
     log = (tmp_path / "http" / "out" / "shuffler.log").read_text()
     assert "front door: " in log and "reports accepted" in log, log[-2000:]
     for key, e in plain.items():

@@ -47,13 +47,16 @@ from tests.devices import signed_json, signed_note
 
 from .kafka_helpers import drain
 from .stream_helpers import (
-    QUICK_DEMO,
+    DIRECT_DEMO_GROUP,
     WorkerProcess,
     core_estimates,
+    demo_estimates,
+    direct_demo_estimates,
     env_for,
     pipeline_settings,
     read_estimates,
     wait_for,
+    wait_for_estimates,
 )
 from .test_dashboards import Prometheus
 
@@ -163,7 +166,7 @@ def _replay_until_estimated(rs: ReplaySettings, ws: WorkerSettings, worker: Work
     summary = replay(rs, progress=False)
     assert summary.epochs == epochs
     n_rows = _expected_rows(rs, epochs)
-    wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+    wait_for_estimates(ws, n_rows, 120)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -441,7 +444,7 @@ def test_an_epoch_the_shuffler_withholds_ends_as_withheld_rows_with_its_reason(b
     shuffler = ShufflerProcess(ss, tmp_path / "shuffler.log").start()
     try:
         worker.wait_ready()
-        wait_for(lambda: len(read_estimates(ws)) >= 3 * len(q.sensors), 90, "a row per station of 3 epochs")
+        wait_for_estimates(ws, 3 * len(q.sensors), 90, "a row per station of 3 epochs")
         rows = {(e.epoch, e.station): e for e in read_estimates(ws).values()}
         assert set(rows) == {(e, s) for e in (crowd, nobody, small) for s in q.sensors}
         for s in q.sensors:
@@ -513,7 +516,7 @@ def test_sigkill_mid_transaction_loses_and_duplicates_nothing(broker: str, tmp_p
             shuffler.kill()
         shuffler = ShufflerProcess(ss, log).start()
         n_rows = _expected_rows(rs, epochs)
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        wait_for_estimates(ws, n_rows, 90)
         assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
         _assert_cores_estimates(rs, ws, epochs, bounds=False)
         batches, markers = _drain_decoded(ss)
@@ -589,7 +592,7 @@ def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker:
             _delete_group(ss)
         shuffler = ShufflerProcess(ss, log).start()
         n_rows = _expected_rows(rs, epochs)
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 90, f"{n_rows} estimates")
+        wait_for_estimates(ws, n_rows, 90)
         assert log.read_text().count("no committed offsets") >= 2  # the state log's step was used
         assert drain(ws, ws.dead_letter_topic, quiet_polls=1) == []
         _assert_cores_estimates(rs, ws, epochs, bounds=False)
@@ -606,17 +609,7 @@ def test_restart_without_the_groups_offsets_drops_and_duplicates_nothing(broker:
             shuffler.kill()
 
 
-def _demo_estimates(tmp: Path, *flags: str) -> dict[tuple[str, int, int, str], dict[str, Any]]:
-    out = tmp / "out"
-    proc = subprocess.run([sys.executable, "-m", "stream_app.cli", "demo", "--speed", "0", "--max-epochs", "6",  # noqa: S603
-                           "--exit-when-done", "--stations", "16", "--out", str(out), *QUICK_DEMO, "--no-plots",
-                           *flags, "--metrics-port", str(free_port()), "--prometheus-port", str(free_port())],
-                          capture_output=True, text=True, timeout=240, cwd=tmp)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [json.loads(line) for line in (out / "estimates.jsonl").read_text().splitlines()]
-    return {(e["query_id"], e["epoch"], e["station"], e["estimator"]): e for e in rows}
-
-
+@pytest.mark.xdist_group(DIRECT_DEMO_GROUP)  # the direct demo run once for this test and test_front_door's
 def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     """``ptt demo`` (the demo starts the shuffler, the replay sends single device reports)
     publishes for the same seeded fleet the same estimates as ``ptt demo --no-shuffler``, under
@@ -627,11 +620,9 @@ def test_demo_via_shuffler_publishes_the_same_estimates(tmp_path: Path) -> None:
     which attests no shuffle; through the shuffler its release and that release's epsilon), and
     nothing withheld -- the default queries (ALP, unary RR) and the opt-in Sampling Privacy and RR
     included. ``--release`` with ``--no-shuffler`` is refused before anything starts."""
-    runs = {"direct": ("--no-shuffler",), "aggregate": (), "permuted": ("--release", "permuted")}
-    got = {}
-    for name, flags in runs.items():
-        (tmp_path / name).mkdir()
-        got[name] = _demo_estimates(tmp_path / name, *flags, "--query-mechanisms", "sp,alp,rr,unary")
+    got = {"direct": direct_demo_estimates(tmp_path / "direct"),
+           "aggregate": demo_estimates(tmp_path / "aggregate"),
+           "permuted": demo_estimates(tmp_path / "permuted", "--release", "permuted")}
     assert (tmp_path / "aggregate" / "out" / "shuffler.log").exists()
     plain = got["direct"]
     assert len(plain) == 6 * 16 * 7  # 6 epochs, 16 stations, 7 estimators (SP 1, ALP 4, RR 1, unary 1)
@@ -777,7 +768,7 @@ def test_ctrl_c_of_a_replay_through_the_shuffler_withholds_its_stop_epoch_as_int
         assert len(epochs) >= 2 and flagged <= {epochs[-1]}, (epochs, flagged)
         stop = epochs[-1] if flagged else None
         n_rows = _expected_rows(rs, len(epochs))
-        wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+        wait_for_estimates(ws, n_rows, 120)
         got = read_estimates(ws)
         assert len(got) == n_rows
         for (_, _, epoch, _, _), e in got.items():

@@ -29,6 +29,7 @@ from .stream_helpers import (
     read_estimates,
     start_replay_thread,
     wait_for,
+    wait_for_estimates,
 )
 
 pytestmark = pytest.mark.integration
@@ -84,7 +85,7 @@ def _all_committed(lines: list[str]) -> bool:
 
 
 def _wait_estimates(ws: WorkerSettings, n: int, timeout_s: float = 120.0) -> None:
-    wait_for(lambda: len(read_estimates(ws)) >= n, timeout_s, f"{n} estimates")
+    wait_for_estimates(ws, n, timeout_s)
 
 
 def _ready_statuses(w: WorkerProcess, timeout_s: float = 90.0) -> list[int]:
