@@ -1,6 +1,6 @@
 """A vehicle's whole day across every query it answers: the one figure the demo's banner,
 ``summary.txt``, ``ptt analyst list``, the report's plots, the worker's ``/metrics``
-(``ptt_vehicle_day_epsilon``, :mod:`stream_app.day_metric`) and the README give for a run (with
+(``ptt_vehicle_day_epsilon``, :mod:`stream_app.worker.day_metric`) and the README give for a run (with
 ``ptt plan fleet`` at the same crowd, stations and queries: the same function underneath,
 :func:`estimators.vehicle_day`, over each query's :attr:`~schemas.Query.accounting`)."""
 

@@ -10,7 +10,7 @@ broker is lost. Its baseline (:meth:`BrokerGuard.know`) is what the broker showe
 worker had ensured its topics: a topic about to be created is never gone. The worker's own
 publishes report failures that outlast the same bound (:meth:`BrokerGuard.failing`). Then
 ``on_lost`` runs once: the worker is asked to stop (Faust's own SIGTERM path) and the command
-exits with one line and exit code 7 (see :func:`stream_app.app.run_worker`). Faust flushes its
+exits with one line and exit code 7 (see :func:`stream_app.worker.app.run_worker`). Faust flushes its
 producer before it stops, which never ends while the broker is gone; so the stop gets
 :func:`stop_grace_s`, then the process ends anyway: nothing it still holds could reach the
 broker.

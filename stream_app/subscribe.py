@@ -1,5 +1,5 @@
 """``ptt subscribe``: tail the estimates topic as a table or as JSON lines, or keep the estimate
-frames topic in an Arrow IPC or Parquet file (long form: :func:`stream_app.frames.long_table`)."""
+frames topic in an Arrow IPC or Parquet file (long form: :func:`stream_app.worker.frames.long_table`)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ HOLD_S = 1.0  # a complete (query, epoch) waits this long for an older epoch of 
 
 
 def _span_mark(e: Estimate, rollup: bool) -> str:
-    """How a longer span is marked: ``N-min sum`` (a rollup, stream_app.rollups), or ``N-min
+    """How a longer span is marked: ``N-min sum`` (a rollup, stream_app.worker.rollups), or ``N-min
     span`` (a span query's own report, not a sum); nothing for an epoch."""
     if not e.is_flow:
         return ""
@@ -146,7 +146,7 @@ def format_summary(rows: Sequence[Estimate], expected: int | None = None, rollup
     notes = []
     if expected is not None and len(rows) < expected:
         notes.append(f"partial {len(rows)}/{expected}")
-    if e.is_flow:  # a rollup (stream_app.rollups) or a span query: its own lines
+    if e.is_flow:  # a rollup (stream_app.worker.rollups) or a span query: its own lines
         notes.append(_span_mark(e, rollup))
     if e.withheld:
         return _fit(head + "; ".join([f"withheld: {e.withheld}", *notes]), WIDTH)
@@ -472,7 +472,7 @@ class LongWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from .frames import LONG_SCHEMA
+        from .worker.frames import LONG_SCHEMA
 
         self._writer = (pq.ParquetWriter(str(path), LONG_SCHEMA) if kind == "parquet"
                         else pa.ipc.new_file(str(path), LONG_SCHEMA))
@@ -520,11 +520,11 @@ def write_frames(values: Iterable[bytes], path: Path, kind: Literal["arrow", "pa
                  query: str | None = None, station: int | None = None, estimator: str | None = None,
                  group_rows: int = 1 << 18, counts: FrameCounts | None = None) -> FrameCounts:
     """Write the estimate frames among ``values`` (record values of a frames topic) to ``path``
-    in long form (:func:`stream_app.frames.long_table`, one row per query, epoch, station and
+    in long form (:func:`stream_app.worker.frames.long_table`, one row per query, epoch, station and
     estimator); a value that is not a frame is skipped. ``counts`` (returned) is kept up to date
     as it goes, so a caller knows what was written when the iteration is interrupted; the file
     is closed and readable however it ends (also on Ctrl-C)."""
-    from .frames import decode_frame, long_table
+    from .worker.frames import decode_frame, long_table
 
     counts = counts if counts is not None else FrameCounts()
     writer = LongWriter(path, kind, group_rows)

@@ -341,7 +341,7 @@ def station() -> dashboard_builders.Dashboard:
         next(ids), "A vehicle's day (epsilon)", "A vehicle's privacy loss over a whole day across every running "
         "query (the newest version of each; Sampling Privacy, which has no whole-day bound, left out) at delta "
         "1e-6: the figure of the demo's banner, ptt analyst list and summary.txt, computed by the worker "
-        "(stream_app/day_metric.py). Labelled with the release it holds for: the shuffler's (aggregate or "
+        "(stream_app/worker/day_metric.py). Labelled with the release it holds for: the shuffler's (aggregate or "
         "permuted, among the n of ptt_vehicle_day_shuffle_size) when the newest epoch of every query attests "
         "it, else local (no shuffler). No value while none is computed for the running queries and release: "
         "before any epoch is published, and for tens of seconds after the queries change "

@@ -97,7 +97,7 @@ def add_parser(sub: Any) -> None:
 def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:
     """A query's epsilon per epoch and per day, local and for ``release`` among ``asked`` reports
     rounded down to 2 significant digits, the size the worker computes its published
-    ``epsilon_shuffled`` at (:func:`stream_app.estimate.round_down_2sig`: one computation per
+    ``epsilon_shuffled`` at (:func:`stream_app.worker.estimate.round_down_2sig`: one computation per
     rounded size; a bound at fewer reports also holds at more), by the same function
     (:func:`estimators.epoch_epsilon`), so that the two agree. The shuffled day is a composition
     over 2,880 epochs (several seconds): only when ``day``. Infinite figures are null, with why."""
@@ -105,7 +105,7 @@ def _privacy(q: Any, asked: int, release: str, day: bool) -> dict[str, Any]:
     from estimators import vehicle_day as day_of
     from estimators.ledger import report_epsilon_shuffled
 
-    from ..estimate import round_down_2sig
+    from ..worker.estimate import round_down_2sig
 
     n = round_down_2sig(asked)
     mech = q.build()

@@ -239,7 +239,7 @@ def _helpers(demo: DemoSettings, plan: _Plan, bootstrap: str) -> _Helpers:
 def _ours_metrics(url: str, token: str) -> bool:
     """The worker this demo started answers at ``url``: its /metrics carries the demo's token
     (``PTT_INSTANCE_TOKEN``), not merely any ``ptt_`` line another program's worker would have."""
-    from ..app import INSTANCE_HEADER
+    from ..worker.app import INSTANCE_HEADER
 
     try:
         with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback
@@ -265,7 +265,7 @@ def _closed_epochs(metrics_url: str, families: tuple[bytes, ...] = (b"ptt_epochs
 
 
 def expected_rollups(queries: list[Query], epochs: Iterable[int]) -> int:
-    """The rollups (:mod:`stream_app.rollups`) a replay of ``epochs`` completes: those whose
+    """The rollups (:mod:`stream_app.worker.rollups`) a replay of ``epochs`` completes: those whose
     every epoch it marks for the same query version.
 
     >>> from schemas import Query
@@ -277,7 +277,7 @@ def expected_rollups(queries: list[Query], epochs: Iterable[int]) -> int:
     """
     from producers.replay import active_queries
 
-    from ..rollups import SPANS
+    from ..worker.rollups import SPANS
 
     active = {e: {(q.query_id, q.version) for q in active_queries(queries, epoch_start(e)) if not q.is_span}
               for e in epochs}  # a span query has no rollups: its rows are its span's flows

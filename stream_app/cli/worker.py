@@ -35,7 +35,7 @@ def exit_broker_lost(lost: BrokerLost) -> NoReturn:
 def run(args: argparse.Namespace) -> int:
     from schemas.kafka_io import BrokerUnavailable, probe
 
-    from ..app import run_worker
+    from ..worker.app import run_worker
     from .local_broker import PortInUse, port_free
 
     settings = settings_from_args(WorkerSettings, args)

@@ -51,7 +51,7 @@ class ReportError(Exception):
     """An input or output problem of a report (nothing matching, an unwritable directory): one line."""
 
 
-# the worker's withheld texts (stream_app/estimate.py, stream_app/rollups.py) -> their bounded codes; the
+# the worker's withheld texts (stream_app/worker/estimate.py, stream_app/worker/rollups.py) -> their bounded codes; the
 # row on the wire carries the text only. A rollup's text is "epoch E withheld[ (and k more ...)]: CODE: why".
 _ROLLUP_WITHHELD = re.compile(r"^epoch \d+ withheld(?: \(and \d+ more of its epochs\))?: (\w+): ")
 _WITHHELD_PREFIXES = (
@@ -73,7 +73,7 @@ _WITHHELD_PATTERNS = (
 
 
 def withheld_code(text: str) -> str:
-    """The bounded code (``stream_app.estimate.WITHHELD_CODES``, or a rollup's first withheld
+    """The bounded code (``stream_app.worker.estimate.WITHHELD_CODES``, or a rollup's first withheld
     epoch's, e.g. ``outside_query_window``) of a withheld row's reason text; ``other`` for a
     text of none of the worker's forms.
 
@@ -249,10 +249,10 @@ def _estimates(values: Iterable[bytes | str | Estimate]) -> Iterator[Estimate | 
 
 def estimates_of_frames(values: Iterable[bytes]) -> Iterator[Estimate | bytes]:
     """The estimates of estimate frames (record values of the frames topic,
-    :func:`stream_app.frames.frame_estimates`), in the rows' order, for :func:`load_estimates`;
+    :func:`stream_app.worker.frames.frame_estimates`), in the rows' order, for :func:`load_estimates`;
     a value that is not a frame (or whose values the rows would refuse) is passed on as it is,
     to be counted as unreadable."""
-    from ..frames import decode_frame, frame_estimates
+    from ..worker.frames import decode_frame, frame_estimates
 
     for v in values:
         try:
@@ -264,13 +264,13 @@ def estimates_of_frames(values: Iterable[bytes]) -> Iterator[Estimate | bytes]:
 
 
 def estimates_of_long_table(path: Path) -> Iterator[Estimate]:
-    """The estimates of a long-form file (:data:`stream_app.frames.LONG_SCHEMA`) that ``ptt demo``
+    """The estimates of a long-form file (:data:`stream_app.worker.frames.LONG_SCHEMA`) that ``ptt demo``
     (``estimates.parquet``) or ``ptt subscribe --parquet/--arrow`` wrote. A ValueError (one line)
     if it is not such a file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..frames import LONG_SCHEMA
+    from ..worker.frames import LONG_SCHEMA
 
     try:
         with path.open("rb") as fh:

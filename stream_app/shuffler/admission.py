@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from schemas import Query
 
-from ..decode import Rejected
+from ..worker.decode import Rejected
 from .columns import DeviceBatch
 from .enrolled import Slot, SlotDevices
 from .payload import pairs_fit

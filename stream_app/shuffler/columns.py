@@ -30,7 +30,7 @@ from schemas import DeviceReport, SourceEpoch, WireError, decode_device_record
 from schemas.device_binary import AUTH_TRAILER, BINARY_VERSION, FLAG_AUTH, FLAG_PAIRS, QUERY_ID
 from schemas.enrollment import Enrollment
 
-from ..decode import Rejected
+from ..worker.decode import Rejected
 
 __all__ = ["DeviceBatch", "decode_batch"]
 

@@ -30,7 +30,7 @@ from collections import Counter
 from schemas import SourceEpoch
 from schemas.epochs import EPOCH_S
 
-from ..decode import Rejected
+from ..worker.decode import Rejected
 
 __all__ = ["REFUSED_KEPT", "NoteBound"]
 

@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from schemas import DeviceReport, Query
 
-from ..decode import Rejected
+from ..worker.decode import Rejected
 
 __all__ = ["check_payload", "pairs_fit"]
 

@@ -80,7 +80,7 @@ import numpy.typing as npt
 
 from schemas import DeviceReport, Query, SourceEpoch
 
-from ..decode import Rejected
+from ..worker.decode import Rejected
 from .kept import KeptNotes
 from .notes import NoteBound
 from .outcome import Released, ReleasedRound, Withheld

@@ -62,8 +62,8 @@ from schemas.device_binary import strip_auth
 from schemas.epochs import epoch_of, epoch_start
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
-from ..decode import Rejected
 from ..guard import BrokerGuard, stop_grace_s
+from ..worker.decode import Rejected
 from .admission import Admission, Step
 from .columns import decode_batch
 from .enrolled import Slot, SlotDevices, state

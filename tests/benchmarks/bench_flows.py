@@ -33,10 +33,10 @@ from producers.replay import default_queries, fleet_size_for, load_day
 from producers.settings import ReplaySettings
 from schemas import Query
 from schemas.settings import cache_dir
-from stream_app.estimate import QueryEstimators, epoch_results
-from stream_app.records import BatchPartial, MarkerPartial, WindowId
 from stream_app.report.summary import truth_bin
-from stream_app.windows import WindowState
+from stream_app.worker.estimate import QueryEstimators, epoch_results
+from stream_app.worker.records import BatchPartial, MarkerPartial, WindowId
+from stream_app.worker.windows import WindowState
 
 CONF = (0.95, 0.99)
 

@@ -1,4 +1,4 @@
-"""Measurement: what the rollups' exact sums (``stream_app.rollups.fixed_sum``: the same sum
+"""Measurement: what the rollups' exact sums (``stream_app.worker.rollups.fixed_sum``: the same sum
 whatever order the epochs arrive in) cost at the papers' 3,220 stations, against the data's own
 time and against float sums in the same run.
 
@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 
 from schemas import Query
-from stream_app.estimate import EpochResult, StationEstimates
-from stream_app.records import EpochSummary
-from stream_app.rollups import RollupPolicy, RollupState, summary_of
+from stream_app.worker.estimate import EpochResult, StationEstimates
+from stream_app.worker.records import EpochSummary
+from stream_app.worker.rollups import RollupPolicy, RollupState, summary_of
 
 
 def summaries(stations: int, epochs: int) -> list[EpochSummary]:

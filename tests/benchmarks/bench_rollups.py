@@ -28,10 +28,10 @@ from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, sp
 from producers.replay import default_queries, fleet_size_for, load_day
 from producers.settings import ReplaySettings
 from schemas.settings import cache_dir
-from stream_app.estimate import EpochResult, QueryEstimators, epoch_results
-from stream_app.records import BatchPartial, MarkerPartial, WindowId
-from stream_app.rollups import RollupPolicy, RollupState, rollup_result, summary_of
-from stream_app.windows import WindowState
+from stream_app.worker.estimate import EpochResult, QueryEstimators, epoch_results
+from stream_app.worker.records import BatchPartial, MarkerPartial, WindowId
+from stream_app.worker.rollups import RollupPolicy, RollupState, rollup_result, summary_of
+from stream_app.worker.windows import WindowState
 
 CONF = (0.95, 0.99)
 BINS = (0, 1, 10, 50, 200, 1000, 10**9)  # truth bins [lo, hi)

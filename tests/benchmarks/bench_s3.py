@@ -73,11 +73,11 @@ from producers.replay import replay
 from producers.settings import ReplaySettings
 from schemas.kafka_io import publish_query, read_to_end
 from schemas.settings import cache_dir
-from stream_app.app import ensure_stream_topics
 from stream_app.cli.demo import expected_windows
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
+from stream_app.worker.app import ensure_stream_topics
 from tests.benchmarks.bench_scale import _dead, _scrape, _wait_url
 from tests.benchmarks.bench_shuffler import _outcomes, _profile_top, _Shuffler
 from tests.benchmarks.common import load_scenario, stop_children_on_signals

@@ -70,10 +70,10 @@ from producers.settings import ReplaySettings
 from schemas.epochs import EPOCH_S
 from schemas.kafka_io import ensure_topics, publish_query, read_to_end
 from schemas.settings import cache_dir
-from stream_app.app import ensure_stream_topics
 from stream_app.cli.demo import expected_windows
 from stream_app.cli.local_broker import LocalBroker, free_port
 from stream_app.settings import WorkerSettings
+from stream_app.worker.app import ensure_stream_topics
 from tests.benchmarks.common import (
     compress_cpu_s,
     load_scenario,
@@ -172,7 +172,7 @@ def _delivered(ws: WorkerSettings, span_queries: set[str]) -> dict[str, Any]:
     once), ``stamps`` the records' broker timestamps, ``sizes`` their value sizes, ``frames``
     the distinct windows framed (when frames are on) -- of the 30-s queries' epochs, the span
     queries' (``span_queries``) and the rollups counted apart (:func:`row_kind`)."""
-    from stream_app.frames import decode_frame
+    from stream_app.worker.frames import decode_frame
 
     got: dict[str, Any] = {}
     if ws.frames_on:
@@ -230,7 +230,7 @@ def _block_digest(t: Any) -> str:
 
 def _frame_digests(ws: WorkerSettings) -> dict[tuple[str, int, int], tuple[int, str]]:
     """Per window, the latest frame's long-form row count and digest, read from the topic."""
-    from stream_app.frames import decode_frame, long_table
+    from stream_app.worker.frames import decode_frame, long_table
 
     out: dict[tuple[str, int, int], tuple[int, str]] = {}
     for r in read_to_end(ws, ws.frames_topic, idle_timeout_s=5):
@@ -389,17 +389,17 @@ def scenario(name: str, broker: str, tmp: Path, *, stations: int, mode: str, epo
 
 def epoch_sizes(ws: WorkerSettings, tag: str) -> dict[str, Any]:
     """One closed epoch of every query, as the worker published it, per-row JSON vs estimate
-    frames: re-produced with the worker's own producer (:class:`stream_app.publish.BatchSink`,
+    frames: re-produced with the worker's own producer (:class:`stream_app.worker.publish.BatchSink`,
     1 MiB batches) to a fresh topic per codec, and the record batches the broker then serves
     summed (:func:`tests.benchmarks.common.stored_batches`). Frames also with Arrow IPC's own
     buffer compression (``arrow-zstd``/``arrow-lz4``; every reader of frames reads them:
-    checked here with :func:`stream_app.frames.decode_frame`)."""
+    checked here with :func:`stream_app.worker.frames.decode_frame`)."""
     import asyncio
 
     import pyarrow as pa
 
-    from stream_app.frames import decode_frame, frame_rows
-    from stream_app.publish import BatchSink
+    from stream_app.worker.frames import decode_frame, frame_rows
+    from stream_app.worker.publish import BatchSink
 
     frames = [(r.key, r.value) for r in read_to_end(ws, ws.frames_topic, idle_timeout_s=5)]
     by_epoch: dict[int, list[tuple[bytes, bytes]]] = {}

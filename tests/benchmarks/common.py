@@ -138,7 +138,7 @@ def row_kind(row: bytes | Mapping[str, Any], span_queries: Collection[str] = ())
     ``"epoch"``, a 30-s query's estimate of one epoch (what a run is measured by); ``"span"``, a
     span query's estimate of one span (``span_s`` > 30; ``span_queries``: the ids of the run's
     span queries, which have no rollups); ``"rollup"``, a 5-minute or hourly sum of a 30-s
-    query's epochs (:mod:`stream_app.rollups`). A cheap byte test first: a row without
+    query's epochs (:mod:`stream_app.worker.rollups`). A cheap byte test first: a row without
     ``span_s`` is an epoch's.
 
     >>> row_kind(b'{"query_id": "alp-day", "span_s": 30}'), row_kind(b'{"query_id": "alp-day"}')

@@ -483,7 +483,7 @@ def dead_letter_origins(settings: WorkerSettings) -> list[tuple[str, str | None]
 
 
 def assert_long_table_is_the_rows(table: Path, rows: Path) -> list[dict[str, Any]]:
-    """The Parquet file ``table`` (long form, :data:`stream_app.frames.LONG_SCHEMA`) holds
+    """The Parquet file ``table`` (long form, :data:`stream_app.worker.frames.LONG_SCHEMA`) holds
     exactly the estimates of the JSON lines ``rows``, the latest per (query, version, epoch,
     station, estimator): the same keys and, per key, every field the rows carry (``epoch_start``
     as the same instant); a withheld row has a withheld frame row (null estimate, no bounds).

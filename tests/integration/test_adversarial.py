@@ -40,9 +40,9 @@ from producers.sink import ReportSink
 from schemas import EndOfEpoch, Query, encode_batch, encode_json, new_batch_id
 from schemas.estimates import Estimate
 from schemas.kafka_io import ensure_topics
-from stream_app.frames import decode_frame, frame_estimates
-from stream_app.records import WindowId
 from stream_app.settings import WorkerSettings
+from stream_app.worker.frames import decode_frame, frame_estimates
+from stream_app.worker.records import WindowId
 
 from .kafka_helpers import drain
 from .stream_helpers import (
@@ -390,7 +390,7 @@ def scenario(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def _withheld_by_code(text: str, qid: str) -> dict[str, float]:
     """ptt_withheld_epochs_total{query=qid} by reason code (codes never counted left out)."""
-    from stream_app.estimate import WITHHELD_CODES
+    from stream_app.worker.estimate import WITHHELD_CODES
 
     counts = {c: metric(text, "ptt_withheld_epochs_total", query=qid, reason=c) for c in WITHHELD_CODES}
     return {c: n for c, n in counts.items() if n}

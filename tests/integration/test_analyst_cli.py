@@ -10,7 +10,7 @@ from estimators import SP_CAVEAT, vehicle_day
 from schemas.kafka_io import read_queries
 from schemas.settings import KafkaSettings
 from stream_app.cli import main
-from stream_app.estimate import ShuffledEpsilon
+from stream_app.worker.estimate import ShuffledEpsilon
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ translated in schemas/connection.py), the broker stores and serves them compress
 bits of the record batches it serves), and every consumer reads the records back unchanged.
 
 Producers: kafka-python (producers.sink.ReportSink, the replay's idempotent acks=all producer),
-aiokafka (stream_app.publish.BatchSink, the worker's estimates/frames/changelog producer) and
+aiokafka (stream_app.worker.publish.BatchSink, the worker's estimates/frames/changelog producer) and
 Faust's own producer (dead letters, ticks). Consumers: kafka-python and aiokafka (Faust's).
 """
 
@@ -19,7 +19,7 @@ from producers.sink import ReportSink
 from schemas.connection import faust_options
 from schemas.kafka_io import ensure_topics
 from schemas.settings import KafkaSettings
-from stream_app.publish import BatchSink
+from stream_app.worker.publish import BatchSink
 from tests.benchmarks.common import stored_batches
 
 from .kafka_helpers import drain

@@ -35,10 +35,10 @@ from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas import Query
 from schemas.kafka_io import ensure_topics
-from stream_app.estimate import QueryEstimators
-from stream_app.frames import decode_frame, frame_estimates
 from stream_app.settings import WorkerSettings
 from stream_app.subscribe import latest_frames
+from stream_app.worker.estimate import QueryEstimators
+from stream_app.worker.frames import decode_frame, frame_estimates
 
 from .kafka_helpers import drain
 from .stream_helpers import (

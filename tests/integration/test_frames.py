@@ -3,7 +3,7 @@ rows and frames for the same closed epochs, and they say the same.
 
 Four epochs of the synthetic 6-station day, the three demo queries (SP, ALP with its four
 estimators, RR): 4 x 3 = 12 frames and 4 x 6 x 6 = 144 rows. Every frame is keyed by its
-window and decodes (``stream_app.frames``) into exactly the ``Estimate`` records the rows
+window and decodes (``stream_app.worker.frames``) into exactly the ``Estimate`` records the rows
 topic carries (pydantic equality: the same floats). Then ``ptt subscribe --parquet`` keeps
 the frames topic in a Parquet file that pyarrow reads back with the rows' values, one row per
 (query, epoch, station, estimator). Every published (query, epoch, estimator) carries its
@@ -24,9 +24,9 @@ import pytest
 
 from producers.replay import replay
 from schemas.estimates import Estimate
-from stream_app.frames import decode_frame, frame_estimates
-from stream_app.records import WindowId
 from stream_app.settings import WorkerSettings
+from stream_app.worker.frames import decode_frame, frame_estimates
+from stream_app.worker.records import WindowId
 
 from .kafka_helpers import drain
 from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for, wait_for_estimates

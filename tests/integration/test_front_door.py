@@ -359,17 +359,17 @@ def _flood(port: int, bodies: list[bytes], deadline: float) -> Counter[tuple[int
 def _released_and_clean_estimates(ss: ShufflerSettings, q: Any, epoch: int, genuine: list[list[int]]
                                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The worker's estimates of ``epoch`` from what the shuffler released (every record of the
-    reports topic through stage 1, a window, :func:`~stream_app.estimate.epoch_results`), and
+    reports topic through stage 1, a window, :func:`~stream_app.worker.estimate.epoch_results`), and
     from a clean run's release of the ``genuine`` devices' reports (each one's value per round):
     their exact tally per round with as many participants, one producer -- what the aggregate
     release of those reports alone is. Each: participants, reports per round, and every
     estimator's arrays as lists."""
     import numpy as np
 
-    from stream_app.decode import to_partials
-    from stream_app.estimate import QueryEstimators, epoch_results
-    from stream_app.records import BatchPartial, MarkerPartial, WindowId
-    from stream_app.windows import WindowState
+    from stream_app.worker.decode import to_partials
+    from stream_app.worker.estimate import QueryEstimators, epoch_results
+    from stream_app.worker.records import BatchPartial, MarkerPartial, WindowId
+    from stream_app.worker.windows import WindowState
 
     def estimates(parts: list[Any]) -> dict[str, Any]:
         w = WindowState.new(WindowId(q.query_id, q.version, epoch), q.n_rounds, q.width)

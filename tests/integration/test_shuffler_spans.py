@@ -20,8 +20,8 @@ from estimators import get_spec
 from estimators.ledger import report_epsilon_shuffled
 from producers.replay import default_fleet, default_queries, load_day
 from producers.settings import ReplaySettings
-from stream_app.estimate import round_down_2sig
 from stream_app.settings import WorkerSettings
+from stream_app.worker.estimate import round_down_2sig
 
 from .stream_helpers import QUICK_DEMO, same_values
 

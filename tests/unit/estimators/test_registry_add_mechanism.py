@@ -15,10 +15,10 @@ import schemas.query as query_module
 from estimators import SparseReports, linear, mechanisms
 from producers.fleet import Device, privatize
 from schemas import Query, encode_batch, new_batch_id
-from stream_app.decode import to_partials
-from stream_app.estimate import EpochResult, QueryEstimators, epoch_result
-from stream_app.records import BatchPartial, MarkerPartial
-from stream_app.windows import Watermarks, WindowPolicy
+from stream_app.worker.decode import to_partials
+from stream_app.worker.estimate import EpochResult, QueryEstimators, epoch_result
+from stream_app.worker.records import BatchPartial, MarkerPartial
+from stream_app.worker.windows import Watermarks, WindowPolicy
 from tests.station_counts import pair_counts
 
 

@@ -29,9 +29,9 @@ from producers.settings import ReplaySettings
 from schemas.settings import KafkaSettings
 from stream_app.cli import build_parser
 from stream_app.cli.base import settings_from_args
-from stream_app.metrics import StreamMonitor
 from stream_app.settings import WorkerSettings
 from stream_app.shuffler.settings import ShufflerSettings
+from stream_app.worker.metrics import StreamMonitor
 from tests.devices import ENROLLMENT_SECRET
 from tests.paths import ROOT
 
@@ -511,8 +511,8 @@ def _topics_the_code_creates(services: dict[str, dict[str, Any]], monkeypatch: p
     (ensure_stream_topics / ensure_topics) with the compose settings, captured from a fake admin
     client (``commands``: only those)."""
     import schemas.kafka_io as kafka_io
-    from stream_app.app import ensure_stream_topics
     from stream_app.shuffler.runtime import shuffler_topics
+    from stream_app.worker.app import ensure_stream_topics
 
     created: dict[str, tuple[int, dict[str, str]]] = {}
     monkeypatch.setattr(kafka_io, "connect", lambda *a, **kw: _FakeAdmin(created))
@@ -950,9 +950,9 @@ def _worker_uses(cluster: _Cluster, ws: WorkerSettings) -> None:
 
     import faust
 
-    from stream_app.app import QueryCache, StreamWorker, create_app, ensure_stream_topics
     from stream_app.guard import BrokerGuard
-    from stream_app.publish import BatchSink
+    from stream_app.worker.app import QueryCache, StreamWorker, create_app, ensure_stream_topics
+    from stream_app.worker.publish import BatchSink
 
     ensure_stream_topics(ws)
     app = create_app(ws)
@@ -1448,7 +1448,7 @@ def test_every_metric_in_the_dashboards_exists(dashboards: dict[str, dict[str, A
 
 
 def test_overview_plots_withheld_epochs_by_reason(dashboards: dict[str, dict[str, Any]]) -> None:
-    from stream_app.estimate import WITHHELD_CODES
+    from stream_app.worker.estimate import WITHHELD_CODES
 
     (panel,) = [p for p in _panels(dashboards["overview.json"]) if p["title"] == "Withheld epochs by reason"]
     assert panel["type"] == "timeseries"

@@ -121,10 +121,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_is_read() -> None:
     """The graph holds edges it must hold: a reader that found nothing would pass the rest."""
     graph = _graphs()[0]
-    assert {"stream_app.app", "stream_app.cli", "stream_app.cli.errors", "producers.replay"} <= set(MODULES)
-    assert "stream_app.guard" in graph["stream_app.app"]  # from .guard import ...
+    assert {"stream_app.worker.app", "stream_app.cli", "stream_app.cli.errors", "producers.replay"} <= set(MODULES)
+    assert "stream_app.guard" in graph["stream_app.worker.app"]  # from ..guard import ...
     assert "producers.replay" in graph["stream_app.cli.replay"]  # lazy, inside run()
-    assert "stream_app.app" in graph["stream_app.cli.worker"]  # from ..app import run_worker
+    assert "stream_app.worker.app" in graph["stream_app.cli.worker"]  # from ..worker.app import run_worker
     assert {"stream_app.cli.worker", "stream_app.cli.demo"} <= graph["stream_app.cli"]  # from . import ...
     assert "estimators.registry" in graph["schemas.query"]
     assert "schemas.connection" in graph["schemas.settings"]  # KafkaSettings.client_kwargs
@@ -152,3 +152,46 @@ def test_only_the_command_line_imports_producers() -> None:
                if module.split(".")[0] != "producers"
                and module != COMPOSITION_ROOT and not module.startswith(COMPOSITION_ROOT + ".")}
     assert {m: deps for m, deps in outside.items() if deps} == {}
+
+
+# The path a report takes (docs/layout.md): devices (producers) -> shuffler -> worker -> outputs
+# (ptt subscribe, ptt report); stream_app's top keeps what is no one tier's own.
+SHUFFLER, WORKER = "stream_app.shuffler", "stream_app.worker"
+OUTPUTS = ("stream_app.subscribe", "stream_app.subscribe_flows", "stream_app.report")
+TIERS = (SHUFFLER, WORKER, *OUTPUTS, COMPOSITION_ROOT)
+
+
+def _in(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _edges(source: tuple[str, ...], target: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {m: sorted(d for d in deps if _in(d, *target)) for m, deps in _graphs()[0].items() if _in(m, *source)}
+    return {m: deps for m, deps in found.items() if deps}
+
+
+def test_stream_apps_top_imports_no_tier() -> None:
+    """The modules left at stream_app's top (settings, guard, ports, day_figure) sit below every
+    tier: none of them imports a tier's module."""
+    top = tuple(m for m in MODULES if m.count(".") == 1 and m.startswith("stream_app.") and not _in(m, *TIERS))
+    assert "stream_app.guard" in top and "stream_app.worker" not in top
+    assert _edges(top, TIERS) == {}
+
+
+def test_the_worker_imports_no_other_tier() -> None:
+    """The worker reads what lies below it, never the shuffler, the outputs or the command line."""
+    assert _edges((WORKER,), (SHUFFLER, *OUTPUTS, COMPOSITION_ROOT)) == {}
+
+
+def test_the_shuffler_imports_of_the_worker_only_its_rejection() -> None:
+    """The shuffler writes its dead letters with stage 1's ``Rejected`` (stream_app/worker/decode.py)
+    and imports nothing else of the worker or of the outputs."""
+    assert _edges((SHUFFLER,), (WORKER, *OUTPUTS)) == {
+        m: ["stream_app.worker.decode"] for m in _edges((SHUFFLER,), (WORKER,))}
+    assert set(_edges((SHUFFLER,), (WORKER,))) >= {"stream_app.shuffler.runtime", "stream_app.shuffler.policy"}
+
+
+def test_the_outputs_read_of_the_worker_only_its_frames() -> None:
+    """``ptt subscribe`` and ``ptt report`` decode the worker's estimate frames (stream_app/worker/frames.py)
+    and import nothing else of the worker, nor the shuffler."""
+    assert {d for deps in _edges(OUTPUTS, (WORKER, SHUFFLER)).values() for d in deps} == {"stream_app.worker.frames"}

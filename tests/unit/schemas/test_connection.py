@@ -78,4 +78,4 @@ def test_client_logs_put_a_kafka_client_s_traceback_on_one_line() -> None:
     for name in ("kafka.net.transport", "aiokafka.conn"):
         assert _logged(name, logging.WARNING) == one_line
         assert "Traceback" in _logged(name, logging.DEBUG)
-    assert "Traceback" in _logged("stream_app.app", logging.WARNING)
+    assert "Traceback" in _logged("stream_app.worker.app", logging.WARNING)

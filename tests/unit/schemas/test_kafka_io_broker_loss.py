@@ -16,12 +16,12 @@ from producers.replay import ReplayLost, ReplaySummary
 from producers.settings import ReplaySettings
 from producers.sink import ReportSink
 from schemas.kafka_io import BrokerHealth, BrokerLost, BrokerUnavailable, broker_lost, confirm_period_s
-from stream_app import app as app_mod
 from stream_app.cli import main
 from stream_app.cli.errors import EXIT_BROKER_LOST, EXIT_CODES
 from stream_app.cli.replay import replay_summary_lines
 from stream_app.guard import BrokerGuard
 from stream_app.settings import WorkerSettings
+from stream_app.worker import app as app_mod
 
 
 def test_silence_counts_from_the_last_sign_of_life_or_the_start_of_a_wait() -> None:

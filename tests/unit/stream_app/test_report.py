@@ -360,9 +360,9 @@ def test_frames_and_their_long_table_load_as_their_rows(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stream_app.frames import encode_frame
     from stream_app.subscribe import write_frames
-    from tests.unit.stream_app.test_frames import make_query, make_result
+    from stream_app.worker.frames import encode_frame
+    from tests.unit.stream_app.worker.test_frames import make_query, make_result
 
     q = make_query(16)
     results = [make_result(q), make_result(q, withheld="fewer than 20 participating vehicles (7)",
@@ -393,9 +393,9 @@ def test_the_shuffled_epsilon_is_the_largest_over_the_epochs_that_carry_one(tmp_
     written before the column existed still loads (as null)."""
     import pyarrow.parquet as pq
 
-    from stream_app.frames import encode_frame
     from stream_app.subscribe import write_frames
-    from tests.unit.stream_app.test_frames import make_query, make_result
+    from stream_app.worker.frames import encode_frame
+    from tests.unit.stream_app.worker.test_frames import make_query, make_result
 
     shuffled = [_est(e, A, 5.0, (4, 6)).model_copy(update={"epsilon_shuffled": eps})
                 for e, eps in ((0, 0.5), (1, 0.75), (2, None))]
@@ -615,11 +615,11 @@ def test_cli_reports_flows_by_span_and_filters_by_span(tmp_path: Path, capsys: p
 def test_withheld_codes_of_the_workers_own_rollup_reasons() -> None:
     """A rollup's reason as the worker writes it (``RollupState.reason``) gives the code of its
     first withheld epoch, with one or several epochs withheld (the epochs' own texts are checked
-    against their codes in tests/unit/stream_app/test_estimate.py)."""
+    against their codes in tests/unit/stream_app/worker/test_estimate.py)."""
     import numpy as np
 
-    from stream_app.records import EpochSummary
-    from stream_app.rollups import RollupPolicy
+    from stream_app.worker.records import EpochSummary
+    from stream_app.worker.rollups import RollupPolicy
 
     def summary(epoch: int, code: str | None, why: str | None) -> EpochSummary:
         a = np.array([[1.0, 2.0]])

@@ -196,9 +196,10 @@ def test_the_flows_view_is_one_line_per_flow_within_120_columns(monkeypatch: pyt
 
 
 def _frames() -> list[bytes]:
-    """Three frames (one withheld) of a 16-station ALP query, built as tests/unit/stream_app/test_frames.py does."""
-    from stream_app.frames import encode_frame
-    from tests.unit.stream_app.test_frames import make_query, make_result
+    """Three frames (one withheld) of a 16-station ALP query, built as
+    tests/unit/stream_app/worker/test_frames.py does."""
+    from stream_app.worker.frames import encode_frame
+    from tests.unit.stream_app.worker.test_frames import make_query, make_result
 
     q = make_query(16)
     return [encode_frame(make_result(q, seed=1)), encode_frame(make_result(q, seed=2)),
@@ -211,7 +212,7 @@ def test_keep_frames_writes_the_long_form_and_skips_what_is_not_a_frame(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stream_app.frames import decode_frame, long_table
+    from stream_app.worker.frames import decode_frame, long_table
 
     frames = _frames()
     monkeypatch.setattr(sub, "_records", lambda *_, **__: iter([frames[0], b"not a frame", *frames[1:]]))
