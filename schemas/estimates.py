@@ -6,7 +6,9 @@ Subscribers rely on the field names of :class:`Estimate`; new fields may be adde
 
 from __future__ import annotations
 
+import base64
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,7 +19,7 @@ from estimators.registry import all_estimator_names
 from .epochs import spans_epochs
 from .query import QueryMechanism, one_of
 
-__all__ = ["DeadLetter", "Estimate", "EstimateBound", "ESTIMATE_SCHEMA_PATH", "estimate_json_schema"]
+__all__ = ["DeadLetter", "Estimate", "EstimateBound", "ESTIMATE_SCHEMA_PATH", "Rejected", "estimate_json_schema"]
 
 ESTIMATE_SCHEMA_PATH = Path(__file__).with_name("estimate.schema.json")
 ESTIMATOR_NAMES = all_estimator_names()  # from the mechanism registry
@@ -115,6 +117,21 @@ class DeadLetter(BaseModel):
     offset: int
     value_b64: str
     value_bytes: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Why a record is refused (a :data:`DeadLetter` reason and its detail), as stage 1 of the
+    worker and the shuffler's checks return it; :meth:`letter` makes the dead letter."""
+
+    reason: str
+    detail: str
+
+    def letter(self, topic: str, partition: int, offset: int, value: bytes | None, prefix: int = 4096) -> DeadLetter:
+        """The dead letter: the reason, the input's size and at most ``prefix`` bytes of it."""
+        raw = value or b""
+        return DeadLetter(reason=self.reason, detail=self.detail[:2000], topic=topic, partition=partition,
+                          offset=offset, value_b64=base64.b64encode(raw[:prefix]).decode(), value_bytes=len(raw))
 
 
 def estimate_json_schema() -> dict[str, Any]:

@@ -29,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import Query
+from schemas.estimates import Rejected
 
-from ..worker.decode import Rejected
 from .columns import DeviceBatch
 from .enrolled import Slot, SlotDevices
 from .payload import pairs_fit

@@ -29,8 +29,7 @@ import numpy.typing as npt
 from schemas import DeviceReport, SourceEpoch, WireError, decode_device_record
 from schemas.device_binary import AUTH_TRAILER, BINARY_VERSION, FLAG_AUTH, FLAG_PAIRS, QUERY_ID
 from schemas.enrollment import Enrollment
-
-from ..worker.decode import Rejected
+from schemas.estimates import Rejected
 
 __all__ = ["DeviceBatch", "decode_batch"]
 

@@ -29,8 +29,7 @@ from collections import Counter
 
 from schemas import SourceEpoch
 from schemas.epochs import EPOCH_S
-
-from ..worker.decode import Rejected
+from schemas.estimates import Rejected
 
 __all__ = ["REFUSED_KEPT", "NoteBound"]
 

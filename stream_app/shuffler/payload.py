@@ -9,8 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import DeviceReport, Query
-
-from ..worker.decode import Rejected
+from schemas.estimates import Rejected
 
 __all__ = ["check_payload", "pairs_fit"]
 

@@ -79,8 +79,8 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas import DeviceReport, Query, SourceEpoch
+from schemas.estimates import Rejected
 
-from ..worker.decode import Rejected
 from .kept import KeptNotes
 from .notes import NoteBound
 from .outcome import Released, ReleasedRound, Withheld

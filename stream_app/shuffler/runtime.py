@@ -60,10 +60,10 @@ from schemas import (
 )
 from schemas.device_binary import strip_auth
 from schemas.epochs import epoch_of, epoch_start
+from schemas.estimates import Rejected
 from schemas.kafka_io import BrokerLost, BrokerUnavailable, QueryReader, broker_lost, connect, ensure_topics
 
 from ..guard import BrokerGuard, stop_grace_s
-from ..worker.decode import Rejected
 from .admission import Admission, Step
 from .columns import decode_batch
 from .enrolled import Slot, SlotDevices, state

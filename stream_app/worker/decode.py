@@ -9,7 +9,6 @@ become count arrays) is the registry's (:meth:`estimators.MechanismSpec.accumula
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from schemas import (
     WireError,
     decode_record,
 )
-from schemas.estimates import DeadLetter
+from schemas.estimates import Rejected
 
 from .records import BatchPartial, MarkerPartial
 
@@ -77,18 +76,6 @@ class GraceBudget:
         if seconds > 0:
             self._spent.append((now, seconds))
 DEFAULT_MAX_PRODUCERS = 64
-
-
-@dataclass(frozen=True)
-class Rejected:
-    reason: str
-    detail: str
-
-    def letter(self, topic: str, partition: int, offset: int, value: bytes | None, prefix: int = 4096) -> DeadLetter:
-        """The dead letter: the reason, the input's size and at most ``prefix`` bytes of it."""
-        raw = value or b""
-        return DeadLetter(reason=self.reason, detail=self.detail[:2000], topic=topic, partition=partition,
-                          offset=offset, value_b64=base64.b64encode(raw[:prefix]).decode(), value_bytes=len(raw))
 
 
 def _check_query(lookup: QueryLookup, query_id: str, version: int, epoch: int, rnd: int) -> Query | Rejected:

@@ -13,12 +13,12 @@ import pytest
 from schemas import DeviceReport, Query, SourceEpoch, encode_json
 from schemas.device_binary import FLAG_AUTH, encode_device, encode_device_values
 from schemas.enrollment import Enrollment
+from schemas.estimates import Rejected
 from stream_app.shuffler import admission as admission_module
 from stream_app.shuffler.admission import Admission, Step
 from stream_app.shuffler.columns import decode_batch
 from stream_app.shuffler.enrolled import SlotDevices
 from stream_app.shuffler.policy import ShufflePolicy
-from stream_app.worker.decode import Rejected
 
 E = Enrollment(b"the admission test's enrollment secret", devices=1000)
 T0 = datetime(2026, 11, 18, tzinfo=UTC)
