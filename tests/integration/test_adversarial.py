@@ -47,6 +47,7 @@ from stream_app.worker.records import WindowId
 from .kafka_helpers import drain
 from .stream_helpers import (
     EpochSender,
+    EstimateCount,
     WorkerProcess,
     core_estimates,
     dead_letter_origins,
@@ -56,6 +57,7 @@ from .stream_helpers import (
     pipeline_settings,
     publish_queries,
     wait_for,
+    wait_for_estimates,
 )
 
 pytestmark = pytest.mark.integration
@@ -371,10 +373,7 @@ def scenario(broker: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     want_dead = sum(sum(c.values()) for c in sc.expected_dead.values())
     sc.worker = _start(ws, tmp, "shared")
     try:
-        def complete() -> bool:
-            est = estimates_by_query(ws)
-            return sum(len(v) for v in est.values()) >= want_rows
-        wait_for(complete, 240, f"{want_rows} estimate records")
+        wait_for_estimates(ws, want_rows, 240, f"{want_rows} estimate records")
         wait_for(lambda: metric(sc.worker.metrics(), "ptt_dead_letters_total") >= want_dead, 60,
                  f"{want_dead} dead letters")
         want_windows = sum(N_ATK if case is not None else N_REF for _, _, case in queries.values())
@@ -399,6 +398,15 @@ def _withheld_by_code(text: str, qid: str) -> dict[str, float]:
 def _rows(ws: WorkerSettings) -> int:
     """Estimate records on the estimates topic (the latest per key)."""
     return sum(len(v) for v in estimates_by_query(ws).values())
+
+
+def _rows_at(count: EstimateCount, qid: str, epoch: int) -> int:
+    """``sum(1 for k in estimates_by_query(ws).get(qid, {}) if k[0] == epoch)`` -- the rows of
+    one query's epoch, across its versions, as the waits poll it -- from ``count`` (an
+    :class:`EstimateCount` of ``ws``) read on as the topic fills: not the module's whole shared
+    estimates topic read and validated again on every poll."""
+    count()
+    return len({(k[3], k[4]) for k in count.keys if k[0] == qid and k[2] == epoch})
 
 
 def _assert_clean(sc: Scenario, ws: WorkerSettings, queries: dict[str, Query], last: int = N_REF - 1,
@@ -441,19 +449,23 @@ def _until(w: WorkerProcess, ws: WorkerSettings, done: Callable[[str | None], bo
     """Until ``done(page)`` (``page``: the worker's /metrics, None when it did not answer in
     time): failed once the worker has gone QUIET_S without reading a record
     (``ptt_records_total``) or publishing an estimate (the estimates topic), or after CAP_S."""
-    t0 = moved = time.monotonic()
-    rows, records = _rows(ws), None
-    while not done(page := _page(w)):
-        now = time.monotonic()
-        rows_now = _rows(ws)
-        records_now = None if page is None else metric(page, "ptt_records_total")
-        if rows_now != rows or (records_now is not None and records_now != records):
-            moved, rows, records = now, rows_now, records_now if records_now is not None else records
-        stalled = now - moved > QUIET_S
-        if stalled or now - t0 > CAP_S:
-            why = f"nothing read or published for {QUIET_S:.0f} s" if stalled else f"not there after {CAP_S:.0f} s"
-            raise AssertionError(f"waiting for {what}: {why} ({rows} estimate records)" + w.diagnosis())
-        time.sleep(0.5)
+    count = EstimateCount(ws)  # _rows(ws), read as the topic fills
+    try:
+        t0 = moved = time.monotonic()
+        rows, records = count(), None
+        while not done(page := _page(w)):
+            now = time.monotonic()
+            rows_now = count()
+            records_now = None if page is None else metric(page, "ptt_records_total")
+            if rows_now != rows or (records_now is not None and records_now != records):
+                moved, rows, records = now, rows_now, records_now if records_now is not None else records
+            stalled = now - moved > QUIET_S
+            if stalled or now - t0 > CAP_S:
+                why = f"nothing read or published for {QUIET_S:.0f} s" if stalled else f"not there after {CAP_S:.0f} s"
+                raise AssertionError(f"waiting for {what}: {why} ({rows} estimate records)" + w.diagnosis())
+            time.sleep(0.5)
+    finally:
+        count.close()
 
 
 # -- the clean run itself ---------------------------------------------------------------------
@@ -597,9 +609,10 @@ def test_worker_restarts_keep_the_watermark_and_the_estimates(broker: str, scena
             out.append(s)
         return out
 
+    seen = EstimateCount(ws)
+
     def published(qids: list[str], i: int) -> bool:
-        est = estimates_by_query(ws)
-        return all(sum(1 for k in est.get(q, {}) if k[0] == sc.epoch(i)) == ROWS[q[2:]] for q in qids)
+        return all(_rows_at(seen, q, sc.epoch(i)) == ROWS[q[2:]] for q in qids)
 
     def restart(name: str) -> WorkerProcess:
         w.kill()
@@ -647,11 +660,12 @@ def test_worker_restarts_keep_the_watermark_and_the_estimates(broker: str, scena
         _send_dead_producer_epochs(sc, sink, d_queries, range(N_REF - 1, N_REF), dead_ids)
         sink.flush()
         total = N_REF * 2 * sum(ROWS.values())
-        _until(w, ws, lambda page: _rows(ws) >= total, f"{total} estimates")
+        _until(w, ws, lambda page: seen() >= total, f"{total} estimates")
         text = w.metrics()
     finally:
         w.stop()
         sink.close()
+        seen.close()
     assert sink.failed == 0, sink.failure_reasons
     got = estimates_by_query(ws)
     for m in MECHS:
@@ -713,7 +727,7 @@ def test_forward_dated_markers_and_batches_are_refused(broker: str, scenario: Sc
         for i in range(3):
             send(i)
         sink.flush()
-        wait_for(lambda: _rows(ws) >= 3 * sum(ROWS.values()), 120, "three genuine epochs")
+        wait_for_estimates(ws, 3 * sum(ROWS.values()), 120, "three genuine epochs")
         now = sc.epoch(2)
         refused = 0
         for q in queries.values():
@@ -733,7 +747,7 @@ def test_forward_dated_markers_and_batches_are_refused(broker: str, scenario: Sc
         for i in range(3, n_epochs):
             send(i)
         sink.flush()
-        wait_for(lambda: _rows(ws) >= n_epochs * sum(ROWS.values()), 120, "the genuine epochs")
+        wait_for_estimates(ws, n_epochs * sum(ROWS.values()), 120, "the genuine epochs")
         wait_for(lambda: metric(w.metrics(), "ptt_dead_letters_total", reason="too_far_ahead") >= refused, 60,
                  "too_far_ahead dead letters")
         text = w.metrics()
@@ -773,7 +787,7 @@ def test_markers_190_epochs_ahead_erase_nothing(broker: str, scenario: Scenario,
             for m, q in queries.items():
                 _honest(sink, sc.sender(sink, q, m, i, ids[m]))
         sink.flush()
-        wait_for(lambda: _rows(ws) >= forged_at * sum(ROWS.values()), 120, "the epochs before the attack")
+        wait_for_estimates(ws, forged_at * sum(ROWS.values()), 120, "the epochs before the attack")
         halves = [sc.sender(sink, q, m, forged_at, ids[m]) for m, q in queries.items()]
         for h in halves:
             h.batches(max(1, len(h.chunks) // 2))
@@ -793,7 +807,7 @@ def test_markers_190_epochs_ahead_erase_nothing(broker: str, scenario: Scenario,
             for m, q in queries.items():
                 _honest(sink, sc.sender(sink, q, m, i, ids[m]))
         sink.flush()
-        wait_for(lambda: _rows(ws) >= N_REF * sum(ROWS.values()), 180, "every genuine epoch")
+        wait_for_estimates(ws, N_REF * sum(ROWS.values()), 180, "every genuine epoch")
         text = w.metrics()
     finally:
         w.stop()
@@ -829,11 +843,12 @@ def test_query_published_35ms_before_its_first_batch(scenario: Scenario) -> None
     finally:
         sink.close()
 
-    def both() -> bool:
-        est = estimates_by_query(sc.ws)
-        return all(sum(1 for k in est.get(x, {}) if k[0] == sc.epoch(i)) == ROWS["sp"] for x in ("race-sp",
-                                                                                                "clean-sp"))
-    wait_for(both, 60, "the race epoch")
+    seen = EstimateCount(sc.ws)
+    try:
+        wait_for(lambda: all(_rows_at(seen, x, sc.epoch(i)) == ROWS["sp"] for x in ("race-sp", "clean-sp")), 60,
+                 "the race epoch")
+    finally:
+        seen.close()
     est = estimates_by_query(sc.ws)
     assert {k: _row(v) for k, v in est["race-sp"].items()} == \
         {k: _row(v) for k, v in est["clean-sp"].items() if k[0] == sc.epoch(i)}
@@ -864,7 +879,7 @@ def test_backlog_before_its_query_loses_no_epoch(broker: str, scenario: Scenario
     try:
         publish_queries(rs, list(queries.values()))
 
-        wait_for(lambda: _rows(ws) >= N_REF * sum(ROWS.values()), 180, "every epoch of the backlog")
+        wait_for_estimates(ws, N_REF * sum(ROWS.values()), 180, "every epoch of the backlog")
         text = w.metrics()
     finally:
         w.stop()
@@ -899,14 +914,19 @@ def test_flood_of_300_unknown_queries(scenario: Scenario) -> None:
             timings.setdefault("flood", time.monotonic() - started)
         return done
 
+    seen = EstimateCount(sc.ws)
+
     def genuine_done() -> bool:
-        est = estimates_by_query(sc.ws)
-        done = all(sum(1 for k in est.get(f"clean-{m}", {}) if k[0] == sc.epoch(i)) == ROWS[m] for m in ("sp", "alp"))
+        done = all(_rows_at(seen, f"clean-{m}", sc.epoch(i)) == ROWS[m] for m in ("sp", "alp"))
         if done:
             timings.setdefault("genuine", time.monotonic() - started)
         return done
 
-    wait_for(lambda: flood_done() and genuine_done(), 90, "the flood dead-lettered and the genuine epoch published")
+    try:
+        wait_for(lambda: flood_done() and genuine_done(), 90,
+                 "the flood dead-lettered and the genuine epoch published")
+    finally:
+        seen.close()
     assert timings["flood"] < 60, timings
     assert timings["genuine"] < 60, timings
     assert metric(sc.worker.metrics(), "ptt_dead_letters_total", reason="unknown_query") - before == 300
@@ -941,26 +961,31 @@ def test_forged_marker_set_in_the_middle_of_an_epoch(scenario: Scenario, mech: s
     sink = ReportSink(sc.rs, sc.rs.reports_topic)
     epoch = sc.epoch(i)
 
+    seen = EstimateCount(sc.ws)
+
     def published(qid: str) -> bool:
-        return sum(1 for k in estimates_by_query(sc.ws).get(qid, {}) if k[0] == epoch) == ROWS[mech]
+        return _rows_at(seen, qid, epoch) == ROWS[mech]
 
     try:
-        s = sc.sender(sink, q, mech, i, f"p0-{uuid.uuid4().hex[:8]}")
-        assert len(s.chunks) >= 2
-        s.batches(1)
-        sink.flush()
-        wait_for(lambda: metric(sc.worker.metrics(), "ptt_reports_total", query=q.query_id) >= s.sent_reports(), 60,
-                 "the first batch counted")
-        s.markers()  # forged: what the genuine producer would declare had it stopped here
-        sink.flush()
-        wait_for(lambda: published(q.query_id), 60, "the epoch closed on the forged markers")
-        s.batches()  # the genuine producer carries on: late
-        s.markers()
-        _honest(sink, sc.sender(sink, _query(sc.templates[mech], f"clean-{mech}"), mech, i,
-                                f"p0-{uuid.uuid4().hex[:8]}"))
+        try:
+            s = sc.sender(sink, q, mech, i, f"p0-{uuid.uuid4().hex[:8]}")
+            assert len(s.chunks) >= 2
+            s.batches(1)
+            sink.flush()
+            wait_for(lambda: metric(sc.worker.metrics(), "ptt_reports_total", query=q.query_id) >= s.sent_reports(), 60,
+                     "the first batch counted")
+            s.markers()  # forged: what the genuine producer would declare had it stopped here
+            sink.flush()
+            wait_for(lambda: published(q.query_id), 60, "the epoch closed on the forged markers")
+            s.batches()  # the genuine producer carries on: late
+            s.markers()
+            _honest(sink, sc.sender(sink, _query(sc.templates[mech], f"clean-{mech}"), mech, i,
+                                    f"p0-{uuid.uuid4().hex[:8]}"))
+        finally:
+            sink.close()
+        wait_for(lambda: published(f"clean-{mech}"), 60, "the clean epoch")
     finally:
-        sink.close()
-    wait_for(lambda: published(f"clean-{mech}"), 60, "the clean epoch")
+        seen.close()
     wait_for(lambda: metric(sc.worker.metrics(), "ptt_late_records_total", query=q.query_id) >= 1, 60, "late records")
     wait_for(lambda: _withheld_count(sc.worker.metrics(), q.query_id) >= 1, 60, "the withdrawal")
     est = estimates_by_query(sc.ws)

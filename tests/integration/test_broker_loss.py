@@ -35,7 +35,7 @@ from stream_app.guard import check_interval_s, stop_grace_s
 from stream_app.shuffler.settings import ShufflerSettings
 
 from .kafka_helpers import drain, wait_for_marker
-from .stream_helpers import WorkerProcess, env_for, pipeline_settings, read_estimates, wait_for
+from .stream_helpers import WorkerProcess, env_for, pipeline_settings, wait_for, wait_for_estimates
 
 pytestmark = pytest.mark.integration
 
@@ -310,7 +310,7 @@ def test_worker_started_before_its_topics_exist_on_a_loaded_machine_is_not_lost(
     try:
         worker.start().wait_ready(timeout_s=180)
         replay(rs, progress=False)
-        wait_for(lambda: bool(read_estimates(ws)), 180, "an estimated epoch")
+        wait_for_estimates(ws, 1, 180, "an estimated epoch")
         assert worker.proc is not None and worker.proc.poll() is None, (tmp_path / "worker.err").read_text()[-3000:]
     finally:
         worker.stop()

@@ -44,7 +44,14 @@ from stream_app.shuffler.settings import ShufflerSettings
 from tests.devices import enrollment, signed_json, signed_note
 
 from .kafka_helpers import drain
-from .stream_helpers import ReplayThread, WorkerProcess, read_estimates, start_replay_thread, wait_for
+from .stream_helpers import (
+    ReplayThread,
+    WorkerProcess,
+    read_estimates,
+    start_replay_thread,
+    wait_for,
+    wait_for_estimates,
+)
 from .test_shuffler import (
     ShufflerProcess,
     _assert_cores_estimates,
@@ -184,7 +191,7 @@ def test_forged_reports_outside_the_open_window_change_nothing(broker: str, tmp_
             attacker.start()
             reports = run.runner.result(240).reports
             n_rows = _expected_rows(rs, epochs)
-            wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+            wait_for_estimates(ws, n_rows, 120, f"{n_rows} estimates")
             attacker.stop.set()
             attacker.join(timeout=30)
             assert attacker.error is None, attacker.error
@@ -265,7 +272,7 @@ def test_resent_copies_of_genuine_records_change_nothing(broker: str, tmp_path: 
             copier.start()
             reports = run.runner.result(240).reports
             n_rows = _expected_rows(rs, epochs)
-            wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+            wait_for_estimates(ws, n_rows, 120, f"{n_rows} estimates")
             wait_for(lambda: copier.sent >= reports, 60, "a copy of every genuine record")
             copier.stop.set()
             copier.join(timeout=30)
@@ -408,7 +415,7 @@ def test_forged_source_notes_change_no_estimate_and_withhold_no_epoch(broker: st
             forger.start()
             reports = run.runner.result(240).reports
             n_rows = _expected_rows(rs, epochs)
-            wait_for(lambda: len(read_estimates(ws)) >= n_rows, 120, f"{n_rows} estimates")
+            wait_for_estimates(ws, n_rows, 120, f"{n_rows} estimates")
             forger.join(timeout=30)
             assert forger.error is None, forger.error
             wanted = Counter({"untrusted_note": 4, "note_from_future": 1})
