@@ -11,7 +11,7 @@ Ctrl-C reaches only the command, which stops its helpers in order) and, on Linux
 its parent.
 
 >>> import sys
->>> h = HelperProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"])
+>>> h = HelperProcess("sleeper", [sys.executable, "-c", "import signal; signal.pause()"])
 >>> h.start().running
 True
 >>> h.stop(grace_s=5.0); h.running, how_it_ended(h.returncode or 0)

@@ -18,14 +18,17 @@ from stream_app.cli.supervise import Watch
 
 PY = sys.executable
 
-#: binds loopback port argv[1] (exit 1 if taken), then says so in argv[2] and serves a minute
-SERVE = ("import pathlib, socket, sys, time\n"
+#: binds loopback port argv[1] (exit 1 if taken), then says so in argv[2] and serves until stopped
+SERVE = ("import pathlib, signal, socket, sys\n"
          "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
-         "pathlib.Path(sys.argv[2]).write_text('bound'); time.sleep(60)\n")
-#: installs a SIGTERM handler that ignores it, says so in argv[1], then runs a minute
-STUBBORN = ("import pathlib, signal, sys, time\n"
+         "pathlib.Path(sys.argv[2]).write_text('bound'); signal.pause()\n")
+#: ignores SIGTERM, says so in argv[1], then runs until killed
+STUBBORN = ("import pathlib, signal, sys\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "pathlib.Path(sys.argv[1]).write_text('ready'); time.sleep(60)\n")
+            "pathlib.Path(sys.argv[1]).write_text('ready')\n"
+            "while True: signal.pause()\n")
+#: runs until a signal stops it
+RUNS = "import signal; signal.pause()"
 
 
 @pytest.fixture
@@ -38,14 +41,14 @@ def helpers() -> Iterator[list[HelperProcess]]:
 
 def _sleeper(tmp_path: Path, name: str = "sleeper", ready: Callable[[Ports], bool] | None = None,
              timeout_s: float = 60.0) -> HelperProcess:
-    return HelperProcess(name, [PY, "-c", "import time; time.sleep(60)"], log=tmp_path / f"{name}.log", ready=ready,
+    return HelperProcess(name, [PY, "-c", RUNS], log=tmp_path / f"{name}.log", ready=ready,
                          timeout_s=timeout_s, poll_s=0.02)
 
 
 def test_start_returns_once_its_readiness_check_holds(tmp_path: Path, helpers: list[HelperProcess]) -> None:
     flag = tmp_path / "ready"
-    h = HelperProcess("writer", [PY, "-c", "import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('x'); "
-                                           "time.sleep(60)", str(flag)],
+    h = HelperProcess("writer", [PY, "-c", "import pathlib, signal, sys; pathlib.Path(sys.argv[1]).write_text('x'); "
+                                           "signal.pause()", str(flag)],
                       ready=lambda ports: flag.exists(), log=tmp_path / "writer.log", poll_s=0.02)
     helpers.append(h)
     assert h.start() is h
@@ -109,7 +112,8 @@ def test_fresh_ports_come_from_the_callers_choice(tmp_path: Path, helpers: list[
     offered = iter([40_001, 40_002, 40_003, 40_004])
 
     def command(ports: Ports) -> list[str]:
-        return [PY, "-c", "import sys, time; time.sleep(60) if sys.argv[1] == '40003' else sys.exit(4)", str(ports[0])]
+        return [PY, "-c", "import signal, sys; signal.pause() if sys.argv[1] == '40003' else sys.exit(4)",
+                str(ports[0])]
 
     h = HelperProcess("picky", command, log=tmp_path / "picky.log", ports=(1, 2), poll_s=0.02,
                       ready=lambda ports: ports[0] == 40_003, port_taken=lambda code: code == 4,
