@@ -105,8 +105,14 @@ def _params(spec: MechanismSpec, fam: Family, value: float) -> dict[str, float]:
 
 
 # the day epsilons evaluated so far, per (mechanism, stations, n, release, epochs, delta): a
-# later search (the fleet re-fitting a smaller share) starts from the tightest known bracket
+# cache of values only; which brackets a search starts from is its caller's (``History``)
 _DAYS: dict[tuple[Any, ...], dict[float, float]] = {}
+
+History = dict[tuple[Any, ...], dict[float, float]]
+"""The day epsilons one planning run's searches evaluated, per :func:`_key`: a later search of the
+run (the fleet re-fitting a smaller share) starts from the tightest bracket they give. Owned by
+the run, so what a search chooses depends on its arguments and that run alone, never on what
+else ran in the process."""
 
 
 def _day_of(spec: MechanismSpec, fam: Family, value: float, n_stations: int, population: int, release: str,
@@ -184,11 +190,12 @@ def can_fit(spec: MechanismSpec, n_stations: int, population: int, budget_: floa
 
 def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_yes: float, budget: float,
                release: str, epochs: int, delta: float, tol: float = 1e-3, span_s: int = EPOCH_S,
-               passages: int = 1, day_cap: int | None = None) -> dict[str, Any]:
+               passages: int = 1, day_cap: int | None = None, history: History | None = None) -> dict[str, Any]:
     """The family member with the smallest headline sd whose day epsilon (the release's, on the
     search's coarse grid: a valid upper bound) is at most ``budget``; ``{"fits": False, ...}``
     when none does. Bisection: Brent's method on the day epsilon, from the tightest bracket
-    earlier searches evaluated; the answer is the least private *evaluated* member that fits
+    ``history``'s earlier searches evaluated (:data:`History`; none given: the family's ends); the
+    answer is the least private *evaluated* member that fits
     (within ``tol`` of the root), so it fits by construction. ``span_s``, ``passages``, ``day_cap``:
     the query's span report and day cap (:func:`epoch_account`); ``epochs`` stays the 30-s epochs
     of the day."""
@@ -198,20 +205,20 @@ def fit_budget(spec: MechanismSpec, n_stations: int, population: int, expected_y
                         f"{', '.join(FAMILIES)})")
     while True:
         out = _fit_family(spec, fam, n_stations, population, expected_yes, budget, release, epochs, delta, tol,
-                          span_s, passages, day_cap)
+                          span_s, passages, day_cap, {} if history is None else history)
         if out["fits"] or fam.fallback is None:
             return out
         fam = fam.fallback
 
 
 def _fit_family(spec: MechanismSpec, fam: Family, n_stations: int, population: int, expected_yes: float,
-                budget: float, release: str, epochs: int, delta: float, tol: float, span_s: int = EPOCH_S,
-                passages: int = 1, day_cap: int | None = None) -> dict[str, Any]:
+                budget: float, release: str, epochs: int, delta: float, tol: float, span_s: int,
+                passages: int, day_cap: int | None, history: History) -> dict[str, Any]:
     """:func:`fit_budget` within one family."""
     where = _Where(n_stations, population, release, epochs, delta, span_s, passages, day_cap)
     tried: list[dict[str, float]] = []
     if fam.bisect:
-        chosen, why = _bisect(spec, fam, where, budget, tol, tried)
+        chosen, why = _bisect(spec, fam, where, budget, tol, tried, history.setdefault(_key(spec, fam, *where), {}))
         if chosen is None:
             return {"fits": False, "search": fam.why, "why": why}
     else:
@@ -238,18 +245,22 @@ class _Where(NamedTuple):
 
 
 def _bisect(spec: MechanismSpec, fam: Family, where: _Where, budget: float, tol: float,
-            tried: list[dict[str, float]]) -> tuple[float | None, str]:
+            tried: list[dict[str, float]], seen: dict[float, float]) -> tuple[float | None, str]:
     """A bisection family's least private member that fits (None and why when none does):
-    Brent's method on the day epsilon from the tightest bracket earlier searches evaluated."""
+    Brent's method on the day epsilon from the tightest bracket in ``seen`` (the days this
+    planning run evaluated so far, :data:`History`; every day this search evaluates is added)."""
     from scipy.optimize import brentq
 
+    def day(v: float) -> float:
+        seen[v] = _day_of(spec, fam, v, *where)
+        return seen[v]
+
     private_end, loose_end = fam.ends(where.population)
-    if _day_of(spec, fam, private_end, *where) > budget:
+    if day(private_end) > budget:
         return None, f"even {fam.param} = {private_end:g} exceeds the budget"
-    if _day_of(spec, fam, loose_end, *where) <= budget:
+    if day(loose_end) <= budget:
         return loose_end, ""
     sign = 1.0 if fam.private_when_larger else -1.0  # sign * value grows toward the private end
-    seen = _DAYS[_key(spec, fam, *where)]
 
     def inside(fit: bool) -> list[float]:
         return [v for v, d in seen.items() if (d <= budget) == fit and sign * (v - private_end) <= 0
@@ -258,7 +269,7 @@ def _bisect(spec: MechanismSpec, fam: Family, where: _Where, budget: float, tol:
     a, b = min(inside(True), key=lambda v: sign * v), max(inside(False), key=lambda v: sign * v)
 
     def gap(v: float) -> float:
-        d = _day_of(spec, fam, v, *where)
+        d = day(v)
         tried.append({fam.param: v, "epsilon_day": d})
         return d - budget
 

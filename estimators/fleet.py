@@ -236,6 +236,7 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
                 out[name] = {"fits": False, "budget_share": day_budget, "why": why,
                              "search": fitting.FAMILIES[spec.name].why if spec.name in fitting.FAMILIES else ""}
         kept = [n for n in names if n not in out]
+        history: fitting.History = {}  # this plan's searches: each re-fit starts from the last ones' brackets
         for _ in range(8):
             share = factor / max(len(kept), 1)
             target = share_epsilon(day_budget, share, delta)
@@ -243,7 +244,7 @@ def fleet_plan(population: int, expected_yes: float, stations: int, release: str
             for name in kept:
                 fit = fitting.fit_budget(get_spec(by[name].mechanism), stations, population, expected_yes, target,
                                         release, epochs, delta, tol=_FLEET_TOL, span_s=span[name][0],
-                                        passages=span[name][1], day_cap=span[name][2])
+                                        passages=span[name][1], day_cap=span[name][2], history=history)
                 out[name] = {"fits": fit["fits"], "budget_share": target, "search": fit["search"]}
                 if fit["fits"]:
                     params[name] = fit["params"]

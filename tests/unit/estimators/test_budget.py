@@ -57,6 +57,27 @@ def test_unary_fit_is_within_budget_and_tight() -> None:
     assert fit["sd"] == pytest.approx(math.sqrt(n * q * (1 - q)) / (1 - 2 * q), rel=1e-9)
 
 
+def test_a_budget_search_chooses_the_same_whatever_ran_before_it_in_the_process() -> None:
+    """What ``ptt plan --day-budget`` prints depends on its arguments alone: a search after another
+    one (in the same process, with the day figures it evaluated still cached) chooses what it
+    chooses in a fresh process; within one planning run (a shared ``History``) a later search may
+    start from the brackets of the earlier ones. Deliberate breakage: brackets taken from the
+    process-wide cache of days (as they were) make the search after the first one evaluate other
+    members (its ``tried``, which ``--json`` prints; the members evaluated decide the choice)."""
+    spec = get_spec("unary")
+    n, v, epochs = 2_000, 10, 100
+    fitting._DAYS.clear()
+    fresh = fitting.fit_budget(spec, v, n, 50, 1.2, "aggregate", epochs, 1e-6)
+    for before in (1.5, 0.9, 1.19):
+        fitting.fit_budget(spec, v, n, 50, before, "aggregate", epochs, 1e-6)
+        after = fitting.fit_budget(spec, v, n, 50, 1.2, "aggregate", epochs, 1e-6)
+        assert after["chosen"] == fresh["chosen"] and after["tried"] == fresh["tried"], before
+    history: fitting.History = {}
+    fitting.fit_budget(spec, v, n, 50, 1.19, "aggregate", epochs, 1e-6, history=history)
+    shared = fitting.fit_budget(spec, v, n, 50, 1.2, "aggregate", epochs, 1e-6, history=history)
+    assert len(shared["tried"]) < len(fresh["tried"])  # the run's own brackets do shorten its later search
+
+
 @pytest.mark.slow
 def test_fleet_day_is_within_budget() -> None:
     r = fleet.fleet_plan(3_000, 50, 5, release="aggregate", epochs=40, delta=1e-6, day_budget=2.0,

@@ -23,13 +23,13 @@ as they were (no ``@``), ``<!--flows.queries.unary@3600.sd-->`` was silently not
 markers this test does not read fails on that. So do docs/statistics.md's ``ptt plan fleet``
 figures (2.393 -> 2.394 for ``fleet.epsilon_day_vehicle``: "quotes 2.394 ... it prints 2.39263...").
 
-Each command runs once (cached per process). A command with ``--day-budget`` runs in a fresh
-process, since the budget search's choice depends on the searches that ran before it in the same
-process; the others run in this one, all on one pytest-xdist worker (one group), where they share
-the accounting's caches (the ALP station PLD at 3,220 stations and 47,719 devices is computed once
-for every command that needs it). The figures of each fresh-process command are a group of their
-own: those commands (``plan fleet --day-budget`` searches ALP's grid: 15-30 CPU-seconds
-each) run on whichever worker is free, not one after another on the worker that runs the rest.
+Each command runs once (cached per process), in this process. Commands over the same crowd and
+stations (``--population``, ``--stations``) are one pytest-xdist group, so they run on one worker
+and share the accounting's caches (the ALP station PLD at 3,220 stations and 47,719 devices is
+computed once for every command that needs it); the demo's crowd (120,000 devices at 16 stations)
+is another group, on whichever worker is free. A ``--day-budget`` search chooses the same in any
+process whatever ran before it (its brackets are its planning run's own,
+``estimators.fit.History``), so every command runs in-process.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ import json
 import math
 import re
 import shlex
-import subprocess
-import sys
 from collections.abc import Callable
 from decimal import Decimal
 from functools import cache
@@ -60,25 +58,11 @@ FIGURE = re.compile(r"(?P<value>none|[0-9][0-9,]*(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)
 MARKER = re.compile(r"<!--[\w-]+\.[^>]*?-->")  # anything shaped like a figure marker
 
 
-def _fresh_process(command: str) -> bool:
-    return "--day-budget" in shlex.split(command)
-
-
 @cache
 def _output(command: str) -> Any:
-    argv = shlex.split(command)[1:] + ["--json"]
-    if _fresh_process(command):
-        # the budget search starts from the brackets earlier searches in the same process evaluated
-        # (estimators.budget.fit_budget), so its choice depends on what ran before it (after the
-        # other fleet plan, fleet3's 30-s unary sd came out 245.1, not the 246.3 `ptt plan` prints):
-        # run it as a user does, in a fresh process
-        done = subprocess.run([sys.executable, "-m", "stream_app.cli", *argv], cwd=ROOT, capture_output=True,
-                              text=True, timeout=1800, check=False)
-        assert done.returncode == 0, f"{command!r} exited with {done.returncode}: {done.stderr[-2000:]}"
-        return json.loads(done.stdout)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(argv)
+        code = main(shlex.split(command)[1:] + ["--json"])
     assert code == 0, f"{command!r} exited with {code}"
     return json.loads(out.getvalue())
 
@@ -144,15 +128,20 @@ def _marked(path: Path) -> tuple[dict[str, str], list[tuple[str, str, str, int]]
 QUOTED = [(p, *f) for p in DOCS for f in _marked(p)[1]]
 
 
+def _crowd(command: str) -> str:
+    """A command's pytest-xdist group (``make test`` runs ``--dist loadgroup``): its crowd and stations.
+
+    >>> _crowd("ptt plan alp --population 47719 --expected-yes 100 --stations 3220")
+    'quoted-figures-47719-3220'
+    """
+    argv = shlex.split(command)
+    given = {flag: argv[argv.index(flag) + 1] for flag in ("--population", "--stations") if flag in argv}
+    return f"quoted-figures-{given.get('--population', '')}-{given.get('--stations', '')}"
+
+
 def _groups() -> dict[str, str]:
-    """Each command's pytest-xdist group (``make test`` runs ``--dist loadgroup``): a fresh-process
-    command's own, named after its first marker (a command quoted in two docs still runs once); the
-    other commands' is one for them all."""
-    groups: dict[str, str] = {}
-    for path in DOCS:
-        for name, command in _marked(path)[0].items():
-            groups.setdefault(command, f"quoted-figures-{name}" if _fresh_process(command) else "quoted-figures")
-    return groups
+    """Each quoted command's group (a command quoted in two docs still runs once)."""
+    return {command: _crowd(command) for path in DOCS for command in _marked(path)[0].values()}
 
 
 GROUPS = _groups()
@@ -161,7 +150,7 @@ COMMANDS = {p: _marked(p)[0] for p in DOCS}
 
 def _group(path: Path, name: str) -> str:
     """The group of the figures ``name`` marks in ``path``."""
-    return GROUPS.get(COMMANDS[path].get(name, ""), "quoted-figures")
+    return GROUPS.get(COMMANDS[path].get(name, ""), "quoted-figures--")
 
 
 def test_the_docs_quote_figures_and_every_command_has_one() -> None:
@@ -227,7 +216,7 @@ def test_the_quickstart_shows_the_privacy_lines_the_demo_prints(run: Callable[[s
 @pytest.mark.xdist_group(_group(ROOT / "README.md", "demo"))  # the README's demo plan is the shipped one
 def test_each_shipped_plan_is_what_the_planner_chooses_now(run: Callable[[str], Any]) -> None:
     """producers/plans.json (a first demo's plan, so it need not plan for minutes) holds, per
-    setting, the parameters ``ptt plan fleet --day-budget`` chooses for it in a fresh process, as
+    setting, the parameters ``ptt plan fleet --day-budget`` chooses for it, as
     the demo would (:func:`producers.queries.planned_day_params`)."""
     from producers.queries import SHIPPED_PLANS
 
