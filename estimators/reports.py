@@ -96,7 +96,8 @@ class Pairs:
             yield Pairs(self.station[s:s + size], self.output[s:s + size])
 
     def sparse(self, vehicle: IntArray, n_stations: int) -> SparseReports:
-        """The pairs with the vehicle behind each (device side: ``vehicle`` never leaves the simulator)."""
+        """The pairs with the vehicle behind each (device side: ``vehicle`` never leaves the
+        simulator); ``n_stations`` is not needed (the signature is :meth:`Bitmaps.sparse`'s)."""
         return SparseReports(vehicle=vehicle, station=np.asarray(self.station, dtype=np.int64),
                              output=np.asarray(self.output, dtype=np.int64))
 
@@ -135,7 +136,8 @@ class Bitmaps:
             yield Bitmaps(rows, int(np.bincount(rows.ravel(), minlength=256) @ _POPCOUNT))
 
     def sparse(self, vehicle: IntArray, n_stations: int) -> SparseReports:
-        """The set bits as (vehicle, station, 1) pairs by vehicle then station (row i is vehicle i)."""
+        """The set bits as (vehicle, station, 1) pairs by vehicle then station: row i is vehicle i,
+        so ``vehicle`` is not read (the signature is :meth:`Pairs.sparse`'s)."""
         return BitReports(self.rows, self.n_set, n_stations).to_sparse()
 
 

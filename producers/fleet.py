@@ -275,7 +275,7 @@ def _per_sensor_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng:
         pairs = ps.sample_sparse_sets(rng, sets)
         if not last:
             order = rng.permutation(pairs.station.size)
-        if mix_pairs:
+        if mix_pairs:  # (never ``last``: ``order`` was drawn)
             out.rounds.append(Pairs(pairs.station[order], pairs.output[order]))
             out.vehicles.append(pairs.vehicle[order])
         else:  # the same draws; the pairs stay grouped by vehicle (two sorted runs)

@@ -133,7 +133,7 @@ class Direct:
     def send(self, out: QueryOutput, halt: Stops) -> None:
         q, er = out.query, out.reports
         self.participants[q.query_id] = (er.participants, er.refused)
-        for r, rnd in enumerate(er.rounds if er.participants else []):  # none when refused
+        for r, rnd in enumerate(er.rounds if er.participants else []):  # no participants: nothing sent
             send_round(self.sink, self.settings, self.producer_id, q, out.epoch, r, rnd, self.sent[(q.record_key, r)],
                        halt)
 
