@@ -21,11 +21,10 @@ import functools
 import secrets
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
-from typing import Any
 
 import numpy as np
 
-from estimators import BitReports
+from estimators.reports import Bitmaps, Counts, Pairs, Values
 from schemas import Query, SourceEpoch, encode_json
 from schemas.device_binary import (
     encode_device_bitmap_rows,
@@ -35,6 +34,7 @@ from schemas.device_binary import (
 )
 from schemas.enrollment import Enrollment
 
+from .fleet import EpochReports
 from .http_client import DeliveryFailed, DeviceClient, FrontDoorUnavailable, NotSent, Offsets
 from .settings import ReplaySettings
 from .sink import ReportSink
@@ -106,7 +106,7 @@ class DeviceRequests:
         sink.acked_batches += len(offsets)
 
 
-def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_device: int = 0
+def device_records(q: Query, epoch: int, er: EpochReports, enrollment: Enrollment, first_device: int = 0
                    ) -> list[tuple[np.ndarray, list[bytes]]]:
     """Every participating device's report of every round of ``q`` in the binary layout
     (:mod:`schemas.device_binary`; station-valued reports encoded as one array per round),
@@ -122,34 +122,32 @@ def device_records(q: Query, epoch: int, er: Any, enrollment: Enrollment, first_
         return out
     bitmap_ok = q.per_station is not None and q.n_outputs == 2 and q.default_report == 0
     samplers = q.per_station
-    for r in range(q.n_rounds):
-        arrays = er.rounds[r]
-        vehicles = np.asarray(er.vehicles[r]) if "value" in arrays else np.arange(er.participants)
+    for r, rnd in enumerate(er.rounds):
+        vehicles = np.asarray(er.vehicles[r]) if isinstance(rnd, Values) else np.arange(er.participants)
         devices = (first_device + vehicles).tolist()
         smaller = bitmap_ok and samplers is not None and not samplers[r].sparse_bits()  # the mechanism's choice
-        if "value" in arrays:
-            messages = encode_device_values(q.query_id, q.version, epoch, r, arrays["value"], np.asarray(devices))
-        elif "bitmap" in arrays and smaller:
-            messages = encode_device_bitmap_rows(q.query_id, q.version, epoch, r, q.n_stations, arrays["bitmap"],
+        head = (q.query_id, q.version, epoch, r)
+        match rnd:
+            case Values():
+                messages = encode_device_values(*head, rnd.value, np.asarray(devices))
+            case Bitmaps() if smaller:
+                messages = encode_device_bitmap_rows(*head, q.n_stations, rnd.rows, np.asarray(devices))
+            case Pairs() if smaller and bool(np.all(rnd.output == 1)):
+                messages = encode_device_bitmaps(*head, q.n_stations, er.participants, er.vehicles[r], rnd.station,
                                                  np.asarray(devices))
-        elif "bitmap" not in arrays and bitmap_ok and smaller and bool(np.all(arrays["output"] == 1)):
-            messages = encode_device_bitmaps(q.query_id, q.version, epoch, r, q.n_stations, er.participants,
-                                             er.vehicles[r], arrays["station"], np.asarray(devices))
-        else:
-            if "bitmap" in arrays:
-                sparse = BitReports(arrays["bitmap"], er.reports[r], q.n_stations).to_sparse()
-                owner, stations, outputs = sparse.vehicle, sparse.station, sparse.output
-            else:
-                owner, stations, outputs = er.vehicles[r], arrays["station"], arrays["output"]
-            order = np.argsort(owner, kind="stable")
-            bounds = np.searchsorted(owner[order], np.arange(er.participants + 1))
-            messages = encode_device_pairs(q.query_id, q.version, epoch, r, bounds, stations[order], outputs[order],
-                                           np.asarray(devices))
+            case Pairs() | Bitmaps():  # station ids, grouped by device
+                sparse = rnd.sparse(er.vehicles[r], q.n_stations)
+                order = np.argsort(sparse.vehicle, kind="stable")
+                bounds = np.searchsorted(sparse.vehicle[order], np.arange(er.participants + 1))
+                messages = encode_device_pairs(*head, bounds, sparse.station[order], sparse.output[order],
+                                               np.asarray(devices))
+            case Counts():
+                raise ValueError(f"{q.query_id}: a tally is not sent device by device")
         out.append((vehicles, enrollment.seal_messages(messages, devices)))
     return out
 
 
-def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: Any, stop: Stops, enrollment: Enrollment,
+def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: EpochReports, stop: Stops, enrollment: Enrollment,
                         first_device: int = 0) -> None:
     """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
     under a fresh random key, on the partition ``device id mod partitions`` (where a shuffler

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from estimators import DayLedger, audit_query
 from estimators.ledger import ShuffledDayLedger, report_charge
 from estimators.per_station import PerStation, StationSets
-from estimators.registry import Layout
+from estimators.reports import Bitmaps, Counts, Pairs, Round, Values
 from schemas import Query
 
 __all__ = ["Device", "EpochReports", "FleetTooSmall", "charge", "epoch_rng", "fleet_share", "privatize",
@@ -115,11 +115,11 @@ class Device:
 class EpochReports:
     """What one producer sends for one query and epoch.
 
-    ``rounds[r]`` holds the arrays of round r in the wire ``layout`` (``schemas.wire``): the
-    query's per-vehicle layout (``MechanismSpec.layout``: ``{"value": ...}`` for a
-    station-valued mechanism, ``{"station": ..., "output": ...}`` for a per-sensor one) or
-    ``counts`` (tally mode: ``{"counts": ...}``), or ``{"bitmap": rows}`` (the device path's
-    bit-valued round, :func:`privatize`). ``reports[r]`` is how many reports (tally: vehicles)
+    ``rounds[r]`` is round r (:mod:`estimators.reports`): :class:`~estimators.reports.Values`
+    for a station-valued mechanism, :class:`~estimators.reports.Pairs` for a per-sensor one
+    (both the query's per-vehicle layout, ``MechanismSpec.layout``), :class:`~estimators.reports.Counts`
+    in tally mode, or :class:`~estimators.reports.Bitmaps` (the device path's bit-valued round,
+    :func:`privatize`); none when refused. ``reports[r]`` is how many reports (tally: vehicles)
     the round stands for.
 
     ``vehicles[r]`` (per-vehicle mode): the simulated vehicle behind each report of round r,
@@ -131,10 +131,12 @@ class EpochReports:
     participants: int
     refused: int
     refusal_reason: str | None
-    layout: Layout
-    rounds: list[dict[str, npt.NDArray[np.integer]]] = field(default_factory=list)
-    reports: list[int] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)
     vehicles: list[IntArray] = field(default_factory=list)
+
+    @property
+    def reports(self) -> list[int]:
+        return [rnd.n_reports for rnd in self.rounds]
 
 
 def charge(ledger: DayLedger | ShuffledDayLedger, day: str, query: Query) -> bool:
@@ -154,17 +156,15 @@ def _opened(query: Query, n: int, mode: str, device: Device, ledger: DayLedger |
             day: str) -> EpochReports:
     """A report's audit and its charge to the ledger (once per report: an epoch's, or a span's):
     the refused reports, or an empty one to fill."""
-    layout: Layout = "counts" if mode == "tally" else query.spec.layout
     ok, reason = device.accepts(query)
     if ok and ledger is not None and not charge(ledger, day, query):
         ok, reason = False, (f"daily privacy budget: answering would take the day's epsilon over "
                              f"{ledger.budget:g} (spent {ledger.total(day):.4g})")
     if not ok:
-        return EpochReports(participants=0, refused=n, refusal_reason=reason, layout=layout,
-                            rounds=[{} for _ in range(query.n_rounds)], reports=[0] * query.n_rounds)
+        return EpochReports(participants=0, refused=n, refusal_reason=reason)
     if mode not in ("tally", "per-vehicle"):
         raise ValueError(f"unknown mode {mode!r}")
-    return EpochReports(participants=n, refused=0, refusal_reason=None, layout=layout)
+    return EpochReports(participants=n, refused=0, refusal_reason=None)
 
 
 def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
@@ -187,9 +187,9 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     path's; the last round's is not (``rng`` is the epoch's own: nothing after it draws from it).
     Every round of a bit-valued mechanism (unary RR, per-sensor RR, fresh) whose bitmaps are
     the smaller encoding (:meth:`~estimators.PerStation.sparse_bits`: by its expected number of
-    ones) comes as ``{"bitmap": rows}``, one row of bits per vehicle
-    (:meth:`~estimators.PerStation.sample_bits`: the same draws), and ``reports`` counts its set
-    bits, the direct path's pairs; one with few expected ones (unary RR at q = 1.7e-4 over 3,220
+    ones) comes as :class:`~estimators.reports.Bitmaps`, one row of bits per vehicle
+    (:meth:`~estimators.PerStation.sample_bits`: the same draws), its reports its set bits, the
+    direct path's pairs; one with few expected ones (unary RR at q = 1.7e-4 over 3,220
     stations: ~0.5 noise bits a report) comes as its pairs, station ids, grouped by vehicle.
     """
     n = int(truth_counts.sum())
@@ -200,18 +200,16 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     if mode == "tally":
         if samplers is None:
             counts = query.build().tally(rng, truth_counts)
-            out.rounds = [{"counts": counts[r]} for r in range(query.n_rounds)]
+            out.rounds = [Counts(counts[r], n) for r in range(query.n_rounds)]
         else:
-            out.rounds = [{"counts": ps.tally(rng, truth_counts[1:], n).ravel()} for ps in samplers]
-        out.reports = [n] * query.n_rounds
+            out.rounds = [Counts(ps.tally(rng, truth_counts[1:], n).ravel(), n) for ps in samplers]
         return out
     truths = np.repeat(np.arange(truth_counts.size, dtype=np.int64), truth_counts)
     rng.shuffle(truths)  # virtual identities: a vehicle is a position, re-drawn every epoch
     if samplers is None:
         reports = query.build().sample(rng, truths)
         out.vehicles = [rng.permutation(n) for _ in range(query.n_rounds)]  # one shuffle per round
-        out.rounds = [{"value": reports[r][out.vehicles[r]]} for r in range(query.n_rounds)]
-        out.reports = [n] * query.n_rounds
+        out.rounds = [Values(reports[r][out.vehicles[r]]) for r in range(query.n_rounds)]
         return out
     _per_sensor_rounds(out, samplers, rng, StationSets.of_truths(truths), mix_pairs)
     return out
@@ -258,8 +256,7 @@ def privatize_tally(query: Query, yes_counts: IntArray, n: int, rng: np.random.G
 
 def _tally_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng: np.random.Generator,
                   yes: IntArray, n: int) -> None:
-    out.rounds = [{"counts": ps.tally(rng, yes, n, multi_hot=True).ravel()} for ps in samplers]
-    out.reports = [n] * len(samplers)
+    out.rounds = [Counts(ps.tally(rng, yes, n, multi_hot=True).ravel(), n) for ps in samplers]
 
 
 def _per_sensor_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng: np.random.Generator,
@@ -272,21 +269,15 @@ def _per_sensor_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng:
             bits = ps.sample_bits_sets(rng, sets)
             if not last:
                 rng.permutation(bits.n_set)  # the direct path's shuffle of these pairs: later rounds draw after it
-            out.rounds.append({"bitmap": bits.rows})
+            out.rounds.append(Bitmaps(bits.rows, bits.n_set))
             out.vehicles.append(np.arange(n, dtype=np.int64))
-            out.reports.append(bits.n_set)
             continue
         pairs = ps.sample_sparse_sets(rng, sets)
-        if last:
-            out.rounds.append({"station": pairs.station, "output": pairs.output})
-            out.vehicles.append(pairs.vehicle)
-            out.reports.append(int(pairs.station.size))
-            continue
-        order = rng.permutation(pairs.station.size)
-        if mix_pairs:
-            out.rounds.append({"station": pairs.station[order], "output": pairs.output[order]})
+        if not last:
+            order = rng.permutation(pairs.station.size)
+        if mix_pairs:  # (never ``last``: ``order`` was drawn)
+            out.rounds.append(Pairs(pairs.station[order], pairs.output[order]))
             out.vehicles.append(pairs.vehicle[order])
         else:  # the same draws; the pairs stay grouped by vehicle (two sorted runs)
-            out.rounds.append({"station": pairs.station, "output": pairs.output})
+            out.rounds.append(Pairs(pairs.station, pairs.output))
             out.vehicles.append(pairs.vehicle)
-        out.reports.append(int(pairs.station.size))

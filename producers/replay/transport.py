@@ -17,9 +17,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-import numpy as np
-
-from estimators.registry import Layout
+from estimators.reports import Round
 from schemas import MAX_MARKERS_PER_SET, EndOfEpoch, EndOfEpochSet, Query, encode_batch, encode_json, new_batch_id
 from schemas.enrollment import Enrollment
 
@@ -54,27 +52,21 @@ class Transport(Protocol):
 
 
 def send_round(sink: ReportSink, settings: ReplaySettings, producer_id: str, q: Query, epoch: int, r: int,
-               layout: Layout, arrays: dict[str, np.ndarray], reports: int, per_part: dict[int, list[int]],
-               stop: Stops) -> None:
+               rnd: Round, per_part: dict[int, list[int]], stop: Stops) -> None:
+    """Round ``r`` of ``q`` as batches of at most ``settings.batch_size`` reports (a tally: one
+    record), each under a fresh batch id; what went to each partition counted in ``per_part``."""
     base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "round": r,
-            "producer_id": producer_id, "n_stations": q.n_stations, "n_outputs": q.build().n_outputs}
-    if layout == "counts":  # a tally: one record (the wire's kind "tally" carries layout "counts")
-        chunks = [(reports, arrays)]
-        kind = "tally"
-    else:  # per-vehicle reports, cut into batches of at most batch_size
-        first = next(iter(arrays.values()))
-        size = settings.batch_size
-        chunks = [(min(size, first.size - s), {k: v[s:s + size] for k, v in arrays.items()})
-                  for s in range(0, first.size, size)]
-        kind = "reports"
-    for n, chunk in chunks:
+            "producer_id": producer_id, "n_stations": q.n_stations, "n_outputs": q.build().n_outputs,
+            "kind": rnd.kind, "layout": rnd.layout}
+    for chunk in rnd.chunks(settings.batch_size):
         if stop.requested:
             return
         batch_id = new_batch_id()
         key = batch_id.encode()
         partition = sink.partition_for(key)
-        value = encode_batch({**base, "kind": kind, "layout": layout, "batch_id": batch_id, "reports": n}, chunk)
-        sink.send(value, key=key, partition=partition, headers=[(KIND_HEADER, kind.encode())], reports=n)
+        n = chunk.n_reports
+        value = encode_batch({**base, "batch_id": batch_id, "reports": n}, chunk.arrays())
+        sink.send(value, key=key, partition=partition, headers=[(KIND_HEADER, rnd.kind.encode())], reports=n)
         per_part[partition][0] += n
         per_part[partition][1] += 1
 
@@ -141,10 +133,9 @@ class Direct:
     def send(self, out: QueryOutput, halt: Stops) -> None:
         q, er = out.query, out.reports
         self.participants[q.query_id] = (er.participants, er.refused)
-        for r in range(q.n_rounds):
-            if er.participants:
-                send_round(self.sink, self.settings, self.producer_id, q, out.epoch, r, er.layout, er.rounds[r],
-                           er.reports[r], self.sent[(q.record_key, r)], halt)
+        for r, rnd in enumerate(er.rounds if er.participants else []):  # no participants: nothing sent
+            send_round(self.sink, self.settings, self.producer_id, q, out.epoch, r, rnd, self.sent[(q.record_key, r)],
+                       halt)
 
     def end(self, halt: Stops) -> None:
         self.sink.flush()

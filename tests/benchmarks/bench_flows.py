@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ok = day.has_truth[a:a + k].all(axis=0)
             missing = tuple(int(j) + 1 for j in np.flatnonzero(~ok))
             er = privatize_tally(q, flows, fleet, rng, Device(epsilon_limit=math.inf))
-            w = span_window(q, start, er.rounds[0]["counts"], er.participants, missing)
+            w = span_window(q, start, er.rounds[0].arrays()["counts"], er.participants, missing)
             (res,) = epoch_results(qe, [(w, "markers")], CONF, 1)
             v = res.values[q.spec.headline]
             for s in np.flatnonzero(ok):

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for q in queries:
             tc = query_truth_counts(row, day.stations, q)
             er = privatize(q, tc, epoch_rng(settings.seed, q, e, 0), "tally", Device())
-            w = epoch_window(q, e, [rd["counts"] for rd in er.rounds], er.participants, missing)
+            w = epoch_window(q, e, [rd.arrays()["counts"] for rd in er.rounds], er.participants, missing)
             (res,) = epoch_results(qes[q.query_id], [(w, "markers")], CONF, 1)
             epochs[q.query_id].append(res)
             out = policy.apply(lambda rid: states.get(rid.key), [summary_of(res)])

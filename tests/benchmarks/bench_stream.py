@@ -104,7 +104,7 @@ def main() -> None:
                 er = privatize(sp_n, tc, epoch_rng(rs_n.seed, sp_n, epoch, 0), "per-vehicle", Device())
                 for r in range(2):
                     per_part = {p: 0 for p in sink.partitions}
-                    for v in er.rounds[r]["value"]:
+                    for v in er.rounds[r].arrays()["value"]:
                         rep = SingleReport(query_id=sp_n.query_id, query_version=1, epoch=epoch, round=r,
                                            batch_id=new_batch_id(), value=int(v))
                         key = rep.batch_id.encode()

@@ -397,19 +397,13 @@ class EpochSender:
         self.chunks: list[tuple[int, int, int, bytes, dict[str, Any]]] = []  # (round, partition, n, value, arrays)
         base = {"query_id": q.query_id, "query_version": q.version, "epoch": epoch, "producer_id": producer_id,
                 "n_stations": q.n_stations, "n_outputs": q.n_outputs, "kind": "reports"}
-        for r in range(q.n_rounds):
-            arrays = er.rounds[r]
-            if not arrays:
-                continue
-            layout = "values" if "value" in arrays else "pairs"
-            size = next(iter(arrays.values())).size
-            for s in range(0, size, batch_size):
-                chunk = {k: v[s:s + batch_size] for k, v in arrays.items()}
-                n = int(next(iter(chunk.values())).size)
+        for r, rnd in enumerate(er.rounds):  # none when refused
+            for chunk in rnd.chunks(batch_size):
+                n, arrays = chunk.n_reports, chunk.arrays()
                 batch_id = new_batch_id()
-                value = encode_batch({**base, "round": r, "layout": layout, "batch_id": batch_id, "reports": n},
-                                     chunk)
-                self.chunks.append((r, sink.partition_for(batch_id.encode()), n, value, chunk))
+                value = encode_batch({**base, "round": r, "layout": rnd.layout, "batch_id": batch_id, "reports": n},
+                                     arrays)
+                self.chunks.append((r, sink.partition_for(batch_id.encode()), n, value, arrays))
         self.next = 0
 
     def batches(self, k: int | None = None) -> int:

@@ -64,7 +64,7 @@ def _core_span_counts(settings: ReplaySettings, q: Query, start: int, fleet: int
     sets, dropped = cap_passages(sf.query_sets(sf.passages(), day.stations, q), q.passages, rng)
     er = privatize_sets(q, sets, rng, "tally", Device(settings.device_epsilon_limit),
                         day=epoch_start(start).date().isoformat())
-    return er.rounds[0]["counts"], dropped
+    return er.rounds[0].arrays()["counts"], dropped
 
 
 @pytest.mark.parametrize("mode", ["tally", "per-vehicle"])

@@ -415,7 +415,7 @@ def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
         value = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": 1, "epoch": epoch,
                               "round": r, "producer_id": "p0-hand", "layout": "values", "n_stations": q.n_stations,
                               "n_outputs": q.n_stations + 1, "batch_id": batch_id, "reports": fleet},
-                             {"value": er.rounds[r]["value"]})
+                             {"value": er.rounds[r].arrays()["value"]})
         part = sink.partition_for(batch_id.encode())
         for _ in range(2 if r == 0 else 1):  # round 0 delivered twice
             sink.send(value, key=batch_id.encode(), partition=part)
@@ -434,8 +434,8 @@ def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
     finally:
         w.stop()
     got = read_estimates(ws)
-    counts = E.station_counts(q.build(), np.stack([np.bincount(er.rounds[r]["value"], minlength=q.n_stations + 1)
-                                                   for r in range(2)]))
+    counts = E.station_counts(q.build(), np.stack([np.bincount(er.rounds[r].arrays()["value"],
+                                                               minlength=q.n_stations + 1) for r in range(2)]))
     want = E.sp_difference(q.build()).estimate(counts, fleet)
     for j, station in enumerate(q.sensors):
         e = got[(q.query_id, 1, epoch, station, "sp_difference")]

@@ -127,7 +127,7 @@ def test_a_vehicles_rounds_are_not_linked_on_the_wire(replay_settings: ReplaySet
         tc = query_truth_counts(split_fleet(s.seed, epoch, day.flows[i], fleet, 1)[0], day.stations, q)
         er = privatize(q, tc, epoch_rng(s.seed, q, epoch, 0), s.mode, device)
         for r in range(2):
-            sent, vehicles = er.rounds[r]["value"], er.vehicles[r]
+            sent, vehicles = er.rounds[r].arrays()["value"], er.vehicles[r]
             mine = [(rec, b) for rec, b in batches if (b.header.epoch, b.header.round) == (epoch, r)]
             assert sum(b.header.reports for _, b in mine) == FLEET
             offsets: dict[int, list[int]] = defaultdict(list)

@@ -49,7 +49,8 @@ def one_epoch_through_the_stream(q: Query, epoch: int, er: Any) -> EpochResult:
     marker through stage 1, the window policy and the estimate: what the worker publishes."""
     value = encode_batch({"kind": "reports", "query_id": q.query_id, "query_version": q.version, "epoch": epoch,
                           "round": 0, "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[0],
-                          "layout": er.layout, "n_stations": q.n_stations, "n_outputs": q.n_outputs}, er.rounds[0])
+                          "layout": er.rounds[0].layout, "n_stations": q.n_stations, "n_outputs": q.n_outputs},
+                         er.rounds[0].arrays())
     (part,) = to_partials(value, 0, lambda qid, ver: q)
     assert isinstance(part, BatchPartial)
     marker = MarkerPartial(q.query_id, q.version, epoch, 0, 0, "p0", 0, 1, er.reports[0], 1, q.population, 0, False)
@@ -66,7 +67,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     epoch = q.epoch_range()[0]
     truth = np.array([n - 400, 100, 100, 100, 100])
     er = privatize(q, truth, np.random.default_rng(5), "per-vehicle", Device())
-    arrays = er.rounds[0]
+    arrays = er.rounds[0].arrays()
     res = one_epoch_through_the_stream(q, epoch, er)
     assert res.withheld is None
     est = res.values["my_rr"].estimate

@@ -86,8 +86,8 @@ def test_a_krr_query_runs_end_to_end() -> None:
     epoch = q.epoch_range()[0]
     truth = np.array([n - 1_000, 400, 300, 200, 100, 0])
     er = privatize(q, truth, np.random.default_rng(7), "per-vehicle", Device())
-    assert er.layout == "values"
-    arrays = er.rounds[0]
+    assert er.rounds[0].layout == "values"
+    arrays = er.rounds[0].arrays()
     res = one_epoch_through_the_stream(q, epoch, er)
     assert res.withheld is None and list(res.values) == ["krr"]
     mech = q.build()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import estimators as E
-from estimators import StationSets, per_station
+from estimators import Pairs, StationSets, per_station
 from producers.fleet import Device, EpochReports, privatize_sets
 from producers.replay import device_records
 from schemas import Query
@@ -82,11 +82,12 @@ def test_the_device_path_sends_the_direct_paths_pairs_as_station_ids() -> None:
     sets = _sets(3, n, v, 5)
     mixed = privatize_sets(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e4))
     grouped = privatize_sets(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e4), mix_pairs=False)
-    assert "station" in grouped.rounds[0] and "bitmap" not in grouped.rounds[0]
+    assert isinstance(grouped.rounds[0], Pairs)
 
     def triples(er: EpochReports) -> list[tuple[int, int, int]]:
         r = er.rounds[0]
-        return sorted(zip(er.vehicles[0].tolist(), r["station"].tolist(), r["output"].tolist(), strict=True))
+        assert isinstance(r, Pairs)
+        return sorted(zip(er.vehicles[0].tolist(), r.station.tolist(), r.output.tolist(), strict=True))
 
     assert triples(grouped) == triples(mixed) and len(triples(mixed)) > n
     want: dict[int, list[int]] = {}

@@ -24,6 +24,7 @@ import pytest
 from scipy import stats
 
 import estimators as E
+from estimators import Bitmaps, Counts, Pairs, Values
 from producers.fleet import (
     Device,
     EpochReports,
@@ -170,13 +171,13 @@ def test_sp_per_vehicle_reports() -> None:
     assert (er.participants, er.refused, er.refusal_reason) == (n, 0, None)
     assert len(er.rounds) == 2 and er.reports == [n, n]  # one report per vehicle per round
     for r in range(2):
-        assert set(er.rounds[r]) == {"value"}
-        v = er.rounds[r]["value"]
+        assert isinstance(er.rounds[r], Values)
+        v = er.rounds[r].arrays()["value"]
         assert v.shape == (n,) and np.issubdtype(v.dtype, np.integer)
         assert v.min() >= 0 and v.max() <= 3
     # one die per vehicle for both rounds: only face S changes its report (0 -> truth), so
     # the round difference is exact per station -- 0 where nobody is, >= 0 elsewhere
-    c1, c2 = (np.bincount(er.rounds[r]["value"], minlength=4) for r in range(2))
+    c1, c2 = (np.bincount(er.rounds[r].arrays()["value"], minlength=4) for r in range(2))
     assert c2[2] == c1[2]
     assert c2[1] >= c1[1] and c2[3] >= c1[3] and c2[0] <= c1[0]
     assert int(c2.sum()) == int(c1.sum()) == n
@@ -195,8 +196,8 @@ def test_per_sensor_per_vehicle_reports_are_pairs(mechanism: str) -> None:
     er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
     assert (er.participants, er.refused) == (n, 0)
     assert len(er.rounds) == 1
-    assert set(er.rounds[0]) == {"station", "output"}  # no "vehicle" array ever leaves
-    st, out = er.rounds[0]["station"], er.rounds[0]["output"]
+    assert set(er.rounds[0].arrays()) == {"station", "output"}  # no "vehicle" array ever leaves
+    st, out = er.rounds[0].arrays()["station"], er.rounds[0].arrays()["output"]
     assert st.shape == out.shape and er.reports == [int(st.size)]
     assert st.min() >= 1 and st.max() <= v
     allowed = {E.ALP_NO, E.ALP_YES} if mechanism == "alp" else {1}
@@ -225,8 +226,8 @@ def test_tally_mode_reports(mechanism: str) -> None:
     assert len(er.rounds) == q.n_rounds and er.reports == [n] * q.n_rounds
     o = q.build().n_outputs
     for rnd in er.rounds:
-        assert set(rnd) == {"counts"}
-        c = rnd["counts"]
+        assert isinstance(rnd, Counts) and set(rnd.arrays()) == {"counts"}
+        c = rnd.counts
         assert c.min() >= 0
         if mechanism == "sp":
             assert c.shape == (v + 1,) and int(c.sum()) == n
@@ -247,10 +248,10 @@ def test_tally_mode_equals_the_core_exact_tally(mechanism: str) -> None:
     if mechanism == "sp":
         expected = mech.tally(np.random.default_rng(99), tc)
         for r in range(2):
-            assert np.array_equal(er.rounds[r]["counts"], expected[r])
+            assert np.array_equal(er.rounds[r].arrays()["counts"], expected[r])
     else:
         expected = E.PerStation(mech, v).tally(np.random.default_rng(99), tc[1:], n).ravel()
-        assert np.array_equal(er.rounds[0]["counts"], expected)
+        assert np.array_equal(er.rounds[0].arrays()["counts"], expected)
 
 
 @pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
@@ -264,15 +265,16 @@ def test_reports_are_in_the_layout_the_registry_names(mechanism: str, mode: str)
     v = spec.max_stations or 4
     q = make_query(mechanism, sensors(v))
     er = privatize(q, truth_for(v, 300, 30), np.random.default_rng(SEED), mode, Device())
-    assert er.layout == ("counts" if mode == "tally" else spec.layout)
-    for r, arrays in enumerate(er.rounds):
-        value = encode_batch({"kind": "tally" if er.layout == "counts" else "reports", "query_id": q.query_id,
+    layout = "counts" if mode == "tally" else spec.layout
+    assert [rnd.layout for rnd in er.rounds] == [layout] * q.n_rounds
+    for r, rnd in enumerate(er.rounds):
+        value = encode_batch({"kind": rnd.kind, "query_id": q.query_id,
                               "query_version": q.version, "epoch": q.epoch_range()[0], "round": r,
                               "batch_id": new_batch_id(), "producer_id": "p0", "reports": er.reports[r],
-                              "layout": er.layout, "n_stations": v, "n_outputs": q.n_outputs}, arrays)
+                              "layout": rnd.layout, "n_stations": v, "n_outputs": q.n_outputs}, rnd.arrays())
         batch = decode_record(value)
-        assert isinstance(batch, DecodedBatch) and batch.header.layout == er.layout
-        counts = spec.accumulate(q.build(), v, er.layout, batch.arrays, er.reports[r])
+        assert isinstance(batch, DecodedBatch) and batch.header.layout == layout
+        counts = spec.accumulate(q.build(), v, layout, batch.arrays, er.reports[r])
         assert counts.shape == (q.width,) and counts.sum() > 0
 
 
@@ -284,7 +286,7 @@ def test_no_vehicles(mechanism: str, mode: str) -> None:
     assert er.participants == 0 and er.refused == 0
     assert er.reports == [0] * q.n_rounds
     for rnd in er.rounds:
-        for arr in rnd.values():
+        for arr in rnd.arrays().values():
             assert int(arr.sum()) == 0
 
 
@@ -325,7 +327,7 @@ def test_sp_rounds_are_not_linkable_by_position() -> None:
     tc = np.array([3000, 1000, 1000, 1000], dtype=np.int64)
     n = int(tc.sum())
     er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
-    r1, r2 = er.rounds[0]["value"], er.rounds[1]["value"]
+    r1, r2 = er.rounds[0].arrays()["value"], er.rounds[1].arrays()["value"]
 
     truths = np.repeat(np.arange(v + 1), tc)
     aligned = q.build().sample(np.random.default_rng(SEED), truths)
@@ -353,7 +355,7 @@ def test_sp_position_says_nothing_about_the_vehicle() -> None:
     tc = np.array([2000, 2000, 0, 2000], dtype=np.int64)
     er = privatize(q, tc, np.random.default_rng(SEED + 5), "per-vehicle", Device())
     for r in range(2):
-        x = er.rounds[r]["value"]
+        x = er.rounds[r].arrays()["value"]
         half = x.size // 2
         table = np.array([np.bincount(x[:half], minlength=4), np.bincount(x[half:], minlength=4)])
         table = table[:, table.sum(axis=0) > 0]
@@ -373,7 +375,7 @@ def test_sp_rounds_use_different_permutations() -> None:
     tc[0] = 600
     n = int(tc.sum())
     er = privatize(q, tc, np.random.default_rng(SEED + 9), "per-vehicle", Device())
-    r1, r2 = er.rounds[0]["value"], er.rounds[1]["value"]
+    r1, r2 = er.rounds[0].arrays()["value"], er.rounds[1].arrays()["value"]
     n1, n2 = np.bincount(r1, minlength=v + 1), np.bincount(r2, minlength=v + 1)
     chance = float((n1.astype(float) * n2).sum() / n)
     matches = int((r1 == r2).sum())
@@ -392,7 +394,7 @@ def test_per_sensor_pairs_are_shuffled_across_vehicles() -> None:
     tc = np.zeros(v + 1, dtype=np.int64)
     tc[0], tc[1:] = 1800, 1
     er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
-    st = er.rounds[0]["station"]
+    st = er.rounds[0].arrays()["station"]
     assert st.size > 15_000
     assert abs(ascent_fraction(st) - 0.5) < 0.03
     truths = np.repeat(np.arange(v + 1), tc)
@@ -414,8 +416,7 @@ def test_device_refuses_a_query_over_its_epsilon_limit(mechanism: str, mode: str
     er = privatize(q, tc, np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon * 0.99))
     assert er.participants == 0 and er.refused == n
     assert er.refusal_reason is not None and "exceeds" in er.refusal_reason
-    assert all(not rnd for rnd in er.rounds) and len(er.rounds) == q.n_rounds  # nothing to send
-    assert er.reports == [0] * q.n_rounds
+    assert er.rounds == [] and er.reports == []  # nothing to send
     # at the limit exactly, the query is accepted
     ok = privatize(q, tc, np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon))
     assert ok.participants == n and ok.refused == 0 and ok.refusal_reason is None
@@ -429,7 +430,7 @@ def test_device_refuses_a_blacklisted_sensor(mechanism: str) -> None:
     er = privatize(q, tc, np.random.default_rng(1), "per-vehicle", Device(blacklist=frozenset({banned, 1})))
     assert er.participants == 0 and er.refused == int(tc.sum())
     assert er.refusal_reason is not None and "blacklisted" in er.refusal_reason and str(banned) in er.refusal_reason
-    assert all(not rnd for rnd in er.rounds)
+    assert er.rounds == []
     assert Device(blacklist=frozenset({1, 2})).accepts(q) == (True, None)
 
 
@@ -443,7 +444,7 @@ def test_device_fails_closed_on_an_unusable_limit() -> None:
 # Reproducibility
 # ---------------------------------------------------------------------------------------
 def _arrays(er: EpochReports) -> list[np.ndarray]:
-    return [a for rnd in er.rounds for _, a in sorted(rnd.items())]
+    return [a for rnd in er.rounds for _, a in sorted(rnd.arrays().items())]
 
 
 @pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
@@ -576,17 +577,14 @@ def test_unmixed_pairs_are_the_mixed_ones_grouped_by_vehicle(mechanism: str) -> 
     def triples(er: EpochReports) -> list[tuple[int, int, int, int]]:
         out = []
         for k, r in enumerate(er.rounds):
-            if "bitmap" in r:  # a bit-valued last round: one bitmap per vehicle, the same draws
-                sp = E.BitReports(r["bitmap"].astype(np.uint8), er.reports[k], 12).to_sparse()
-                out += [(k, *t) for t in zip(sp.vehicle.tolist(), sp.station.tolist(), sp.output.tolist(), strict=True)]
-                continue
-            out += [(k, *t) for t in zip(er.vehicles[k].tolist(), r["station"].tolist(), r["output"].tolist(),
-                                         strict=True)]
+            assert isinstance(r, Bitmaps | Pairs)  # a bit-valued round: one bitmap per vehicle, the same draws
+            sp = r.sparse(er.vehicles[k], 12)
+            out += [(k, *t) for t in zip(sp.vehicle.tolist(), sp.station.tolist(), sp.output.tolist(), strict=True)]
         return sorted(out)
 
     assert triples(grouped) == triples(mixed) and len(triples(mixed)) > 100
-    assert all(("bitmap" in r) == (mechanism != "alp") for r in grouped.rounds)  # the bit-valued ones: every round
+    assert all(isinstance(r, Bitmaps) == (mechanism != "alp") for r in grouped.rounds)  # the bit-valued: every round
     assert grouped.reports == mixed.reports
-    if "station" in grouped.rounds[0]:
+    if isinstance(grouped.rounds[0], Pairs):
         owners = grouped.vehicles[0]
         assert int((np.diff(owners) < 0).sum()) <= 1  # grouped: at most two sorted runs (the No pairs, the Yes pairs)

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from estimators import StationSets
+from estimators import Bitmaps, Pairs, StationSets
 from producers.devices import DeviceRequests
 from producers.fleet import Device, privatize, privatize_sets
 from producers.replay import device_records
@@ -32,7 +32,7 @@ def test_bitmap_rounds_send_what_the_sparse_pairs_sent(mechanism: str, params: d
     sparse = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
     bits = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device(), mix_pairs=False)
     # the mechanism chooses: bitmaps, or pairs when it expects few ones (PerStation.sparse_bits)
-    assert ("bitmap" in bits.rounds[-1]) == (layout == "bitmap") and "station" in sparse.rounds[-1]
+    assert isinstance(bits.rounds[-1], Bitmaps) == (layout == "bitmap") and isinstance(sparse.rounds[-1], Pairs)
     got = device_records(q, 9, bits, enrollment(), first_device=5)
     want = device_records(q, 9, sparse, enrollment(), first_device=5)
     assert len(got) == len(want) == q.n_rounds

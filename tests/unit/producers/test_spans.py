@@ -194,7 +194,7 @@ def test_privatize_sets_answers_every_passed_station(mode: str, mix_pairs: bool)
     sets = random_sets(8, n, v, 6)
     er = privatize_sets(query, sets, np.random.default_rng(9), mode, Device(1e3), mix_pairs=mix_pairs)
     assert (er.participants, er.refused) == (n, 0) and len(er.rounds) == 1
-    arrays = er.rounds[0]
+    arrays = er.rounds[0].arrays()
     if mode == "tally":
         ones = arrays["counts"].reshape(v, 2)[:, 1]
     elif "bitmap" in arrays:
@@ -297,7 +297,7 @@ def test_the_tally_of_span_flows_is_the_tally_of_the_sets(day: TrafficDay) -> No
     fast, dropped = span_reports(q, tr, 5, 0, start, "tally", dev)
     slow = privatize_sets(q, tr.truth(q), epoch_rng(5, q, start, 0), "tally", dev)
     assert dropped == 0
-    np.testing.assert_array_equal(fast.rounds[0]["counts"], slow.rounds[0]["counts"])
+    np.testing.assert_array_equal(fast.rounds[0].arrays()["counts"], slow.rounds[0].arrays()["counts"])
     _, dropped = span_reports(q_cap, tr, 5, 0, start, "tally", dev)
     assert dropped == int(np.maximum(tr.truth(q_cap).sizes() - 2, 0).sum()) > 0
 

@@ -33,6 +33,7 @@ WITH_EXAMPLES = {
     "estimators.planning": 2,
     "estimators.privacy": 9,
     "estimators.registry": 4,
+    "estimators.reports": 11,
     "estimators.shuffle": 6,
     "producers.corridors": 9,
     "producers.counters": 3,

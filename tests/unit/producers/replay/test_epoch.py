@@ -66,8 +66,9 @@ def _work(epoch: int, queries: list[Query]) -> EpochWork:
 
 
 def _same(a: EpochReports, b: EpochReports) -> bool:
-    return (a.participants, a.refused, a.layout, a.reports) == (b.participants, b.refused, b.layout, b.reports) and all(
-        ra.keys() == rb.keys() and all(np.array_equal(ra[k], rb[k]) for k in ra)
+    return (a.participants, a.refused, a.reports) == (b.participants, b.refused, b.reports) and all(
+        type(ra) is type(rb) and ra.arrays().keys() == rb.arrays().keys()
+        and all(np.array_equal(ra.arrays()[k], rb.arrays()[k]) for k in ra.arrays())
         for ra, rb in zip(a.rounds, b.rounds, strict=True))
 
 

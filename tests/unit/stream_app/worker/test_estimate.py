@@ -154,8 +154,7 @@ def produce(q: Query, truths: Iterable[np.ndarray], modes: Iterable[str], sink: 
         for r in range(q.n_rounds):
             per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
             if er.participants:
-                send_round(sink, settings, producer_id, q, EPOCH, r, er.layout, er.rounds[r],  # type: ignore[arg-type]
-                            er.reports[r], per_part, st)  # type: ignore[arg-type]
+                send_round(sink, settings, producer_id, q, EPOCH, r, er.rounds[r], per_part, st)  # type: ignore[arg-type]
         send_markers(sink, producer_id, index, k, EPOCH, sent, {q.record_key: q},
                       {q.query_id: (er.participants, er.refused)}, mode, st.requested)
         out.append(er)
@@ -228,7 +227,7 @@ def direct_counts(q: Query, reports: list[EpochReports]) -> np.ndarray:
     if q.per_station is None:
         rc = np.zeros((q.n_rounds, mech.n_outputs), dtype=np.int64)
         for er in reports:
-            for r, arrays in enumerate(er.rounds):
+            for r, arrays in enumerate(rnd.arrays() for rnd in er.rounds):
                 if "counts" in arrays:
                     rc[r] += arrays["counts"]
                 elif "value" in arrays:
@@ -238,13 +237,12 @@ def direct_counts(q: Query, reports: list[EpochReports]) -> np.ndarray:
     for er in reports:
         if not er.participants:
             continue
-        for r in range(q.n_rounds):
-            arrays = er.rounds[r]
+        for r, arrays in enumerate(rnd.arrays() for rnd in er.rounds):
             if "counts" in arrays:
                 counts[:, r] += arrays["counts"].reshape(q.n_stations, mech.n_outputs)
-        if er.layout == "pairs":  # the default report is implied by the producer's participants
+        if er.rounds[0].layout == "pairs":  # the default report is implied by the producer's participants
             pairs = [E.SparseReports(vehicle=np.zeros_like(a["station"]), station=a["station"], output=a["output"])
-                     for a in er.rounds]
+                     for a in (rnd.arrays() for rnd in er.rounds)]
             counts += pair_counts(q.spec, mech, q.n_stations, pairs, er.participants)
     return counts
 

@@ -1,0 +1,97 @@
+"""estimators.reports: each round type's wire layout and arrays, its report count, and its
+batches (``chunks``): every report in exactly one batch, in order, none over the size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from estimators import Bitmaps, BitReports, Counts, Pairs, Round, Values
+
+RNG = np.random.default_rng(11)
+V = 13
+
+
+def _values(n: int) -> Values:
+    return Values(RNG.integers(0, V + 1, n))
+
+
+def _pairs(n: int) -> Pairs:
+    return Pairs(RNG.integers(1, V + 1, n), RNG.integers(0, 3, n))
+
+
+def _bitmaps(n: int) -> Bitmaps:
+    bits = RNG.random((n, V)) < 0.3
+    return Bitmaps(np.packbits(bits, axis=1, bitorder="little"), int(bits.sum()))
+
+
+def test_layouts_kinds_and_wire_arrays() -> None:
+    v, p, b = _values(4), _pairs(5), _bitmaps(3)
+    c = Counts(np.arange(6), n=9)
+    assert [(r.layout, r.kind) for r in (v, p, b, c)] == [
+        ("values", "reports"), ("pairs", "reports"), ("pairs", "reports"), ("counts", "tally")]
+    assert list(v.arrays()) == ["value"] and v.arrays()["value"] is v.value
+    assert list(p.arrays()) == ["station", "output"]  # the wire's order of today
+    assert p.arrays()["station"] is p.station and p.arrays()["output"] is p.output
+    assert list(b.arrays()) == ["bitmap"] and b.arrays()["bitmap"] is b.rows
+    assert list(c.arrays()) == ["counts"] and c.arrays()["counts"] is c.counts
+
+
+def test_report_counts() -> None:
+    assert _values(7).n_reports == 7
+    assert _pairs(0).n_reports == 0
+    b = _bitmaps(20)
+    assert b.n_reports == b.n_set == int(np.unpackbits(b.rows).sum())
+    assert Counts(np.zeros(4, dtype=np.int64), n=31).n_reports == 31  # the tally's vehicles, not its sum
+
+
+def _rebuilt(rnd: Round, size: int) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The batches' report counts, and their arrays put back together."""
+    chunks: list[Round] = list(rnd.chunks(size))
+    assert all(type(c) is type(rnd) for c in chunks)
+    arrays = {k: np.concatenate([c.arrays()[k] for c in chunks]) if chunks else rnd.arrays()[k][:0]
+              for k in rnd.arrays()}
+    return [c.n_reports for c in chunks], arrays
+
+
+@pytest.mark.parametrize("make", [_values, _pairs, _bitmaps])
+@pytest.mark.parametrize(("n", "size"), [(0, 3), (1, 3), (9, 3), (10, 3), (11, 3), (5, 1), (5, 100)])
+def test_chunks_hold_every_report_once_in_order(make: Callable[[int], Round], n: int, size: int) -> None:
+    """Put back together, the batches are the round (nothing dropped, nothing twice, same order);
+    each holds at most ``size`` (devices for bitmaps) and their counts sum to the round's."""
+    rnd = make(n)
+    counts, arrays = _rebuilt(rnd, size)
+    for k, a in rnd.arrays().items():
+        np.testing.assert_array_equal(arrays[k], a)
+    assert sum(counts) == rnd.n_reports
+    sizes = [c.arrays()[next(iter(c.arrays()))].shape[0] for c in rnd.chunks(size)]
+    assert sizes == [min(size, n - s) for s in range(0, n, size)]  # full batches, then the rest
+
+
+def test_bitmap_chunks_count_their_own_set_bits() -> None:
+    b = Bitmaps(np.array([[0b111], [0], [0b1], [0b11]], dtype=np.uint8), 6)
+    assert [c.n_set for c in b.chunks(2)] == [3, 3] and [c.n_set for c in b.chunks(3)] == [4, 2]
+
+
+def test_a_tally_is_one_batch_whatever_the_size() -> None:
+    c = Counts(np.arange(50), n=7)
+    assert [x is c for x in c.chunks(1)] == [True]
+
+
+def test_chunks_refuse_an_empty_batch_size() -> None:
+    with pytest.raises(ValueError, match="at least one report"):
+        list(_values(3).chunks(0))
+
+
+def test_sparse_is_the_device_sides_pairs() -> None:
+    b = _bitmaps(9)
+    s, want = b.sparse(np.arange(9), V), BitReports(b.rows, b.n_set, V).to_sparse()
+    for got, exp in ((s.vehicle, want.vehicle), (s.station, want.station), (s.output, want.output)):
+        np.testing.assert_array_equal(got, exp)
+    p, owners = _pairs(6), np.array([3, 3, 0, 1, 1, 2])
+    s = p.sparse(owners, V)
+    assert s.vehicle is owners
+    np.testing.assert_array_equal(s.station, p.station)
+    np.testing.assert_array_equal(s.output, p.output)
