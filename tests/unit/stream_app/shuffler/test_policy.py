@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from scipy import stats
 
+from estimators.reports import from_arrays
 from schemas import DeviceReport, Query, SourceEpoch, decode_device_record
 from schemas.device_binary import encode_device
 from stream_app.shuffler.policy import Released, ShufflePolicy, Withheld
@@ -263,8 +264,8 @@ def test_the_aggregate_release_is_the_exact_tally_of_the_admitted_reports() -> N
         for a, b in zip(agg.rounds, perm.rounds, strict=True):
             assert set(a.arrays) == {"counts"} and a.reports == a.devices == b.devices == 30
             counts = a.arrays["counts"]
-            as_tally = spec.accumulate(mech, q.n_stations, "counts", a.arrays, a.reports)  # the worker's check
-            from_perm = spec.accumulate(mech, q.n_stations, spec.layout, b.arrays, b.reports)
+            as_tally = spec.accumulate(mech, q.n_stations, from_arrays("counts", a.arrays, a.reports))  # the worker's
+            from_perm = spec.accumulate(mech, q.n_stations, from_arrays(spec.layout, b.arrays, b.reports))
             done = [spec.complete(mech, q.n_stations, x[None, :], 30) for x in (as_tally, from_perm)]
             assert np.array_equal(done[0], done[1]) and np.array_equal(as_tally, counts)
     small = _opened(ShufflePolicy(min_crowd=3, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), _query(), e)
