@@ -58,6 +58,7 @@ from ._types import IntArray
 from .linear import LinearEstimator, alp_estimators, fresh_difference, rr_estimator, sp_difference, station_counts
 from .mechanisms import Mechanism
 from .per_station import PerStation
+from .reports import Bitmaps, Counts, Pairs, Round, SpecError, Values
 
 __all__ = ["AGGREGATE_N_CAP", "REGISTRY", "MechanismSpec", "PlanError", "SpecError", "UnknownMechanism",
            "all_estimator_names",
@@ -74,15 +75,6 @@ class PlanError(ValueError):
 
 class UnknownMechanism(PlanError):
     """A mechanism name the registry does not hold: never a silent default."""
-
-
-class SpecError(ValueError):
-    """Reports that do not fit a mechanism's layout; ``reason`` is a short code."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 BuildFn = Callable[[Mapping[str, float], int], Mechanism]
@@ -198,34 +190,39 @@ class MechanismSpec:
         """Per-sensor: the :class:`PerStation` sampler of each round."""
         return tuple(PerStation(m, n_stations) for m in self.round_mechanisms(mech))
 
-    def accumulate(self, mech: Mechanism, n_stations: int, layout: Layout, arrays: Mapping[str, IntArray],
-                   reports: int) -> IntArray:
-        """One round's count array (``width`` entries, int64) from one record's arrays.
+    def accumulate(self, mech: Mechanism, n_stations: int, rnd: Round) -> IntArray:
+        """One round's count array (``width`` entries, int64) from one record's round.
 
-        ``values``: station indices 0..V; ``pairs``: non-default (station 1..V, report) pairs;
-        ``counts``: an exact tally of ``reports`` vehicles (each row must sum to it). Arrays
-        must already be range-checked against ``n_stations``/``n_outputs`` (the wire does).
+        :class:`Values`: station indices 0..V; :class:`Pairs`: non-default (station 1..V,
+        report) pairs (:class:`Bitmaps`: their set bits, pairs (station, 1)); :class:`Counts`:
+        an exact tally of ``n`` vehicles (each row must sum to it). Arrays must already be
+        range-checked against ``n_stations``/``n_outputs`` (the wire does).
         :class:`SpecError` for a layout the mechanism cannot take.
         """
         o_n = mech.n_outputs
         width = self.width(mech, n_stations)
-        if layout == "counts":
-            c = np.asarray(arrays["counts"], dtype=np.int64)
+        if isinstance(rnd, Counts):
+            c = np.asarray(rnd.counts, dtype=np.int64)
             if c.size != width:
                 raise SpecError("wrong_layout", f"{c.size} counts for a {self.name} query of width {width}")
             rows = c.reshape(n_stations, o_n) if self.per_sensor else c.reshape(1, o_n)
-            if np.any(rows.sum(axis=1) != reports):
-                raise SpecError("mismatched_sizes", f"tally rows must each sum to the {reports} vehicles")
+            if np.any(rows.sum(axis=1) != rnd.n):
+                raise SpecError("mismatched_sizes", f"tally rows must each sum to the {rnd.n} vehicles")
             return c
-        if layout != self.layout:
-            raise SpecError("wrong_layout", f"{layout} for a {self.name} query (per vehicle: {self.layout})")
-        if layout == "values":
-            return np.bincount(arrays["value"], minlength=width).astype(np.int64)
+        if rnd.layout != self.layout:
+            raise SpecError("wrong_layout", f"{rnd.layout} for a {self.name} query (per vehicle: {self.layout})")
+        match rnd:
+            case Values(value=value):
+                return np.bincount(value, minlength=width).astype(np.int64)
+            case Pairs(station=station, output=out):
+                pass
+            case Bitmaps():
+                bits = rnd.sparse(np.zeros(0, np.int64), n_stations)
+                station, out = bits.station, bits.output
         default = self.default_report(mech)
-        out = arrays["output"]
         if out.size and np.any(out == default):
             raise SpecError("out_of_range", f"pairs carry only non-default reports; {default} is the default")
-        flat = (arrays["station"] - 1) * o_n + out
+        flat = (station - 1) * o_n + out
         return np.bincount(flat, minlength=width).astype(np.int64)
 
     def complete(self, mech: Mechanism, n_stations: int, counts: IntArray, participants: int) -> IntArray:

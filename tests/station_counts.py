@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from estimators import Mechanism, MechanismSpec, SparseReports
+from estimators import Mechanism, MechanismSpec, Pairs, SparseReports
 from estimators._types import IntArray
 
 __all__ = ["pair_counts"]
@@ -20,6 +20,5 @@ def pair_counts(spec: MechanismSpec, mech: Mechanism, n_stations: int, rounds: S
                 participants: int) -> IntArray:
     """``(V, R, O)`` counts of ``participants`` vehicles from each round's non-default pairs
     (one :class:`~estimators.SparseReports` per round of the mechanism)."""
-    summed = np.stack([spec.accumulate(mech, n_stations, "pairs", {"station": p.station, "output": p.output},
-                                       int(p.station.size)) for p in rounds])
+    summed = np.stack([spec.accumulate(mech, n_stations, Pairs(p.station, p.output)) for p in rounds])
     return spec.complete(mech, n_stations, summed, participants)

@@ -5,26 +5,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
-
+from estimators import Round
 from schemas import Query
 
 __all__ = ["Released", "ReleasedRound", "Withheld"]
 
-IntArray = npt.NDArray[np.int64]
-
 
 @dataclass(frozen=True)
 class ReleasedRound:
-    """One round of a released epoch: the permuted arrays in the wire layout (``value``, or
-    ``station`` and ``output``) and how many reports (values or pairs) they hold -- or, released
-    as an aggregate, one array ``counts`` in the exact-tally layout and ``reports`` = its devices
-    (what a tally's header counts) -- and how many devices sent them (the markers' participants)."""
+    """One round of a released epoch: its reports permuted (:class:`~estimators.Values`, or
+    :class:`~estimators.Pairs`) -- or, released as an aggregate, their exact tally
+    (:class:`~estimators.Counts` of the round's devices) -- and how many devices sent them (the
+    markers' participants)."""
 
-    arrays: dict[str, IntArray]
-    reports: int
+    data: Round
     devices: int
+
+    @property
+    def reports(self) -> int:
+        """How many reports (values or pairs) the round holds; a tally's devices (what its header counts)."""
+        return self.data.n_reports
 
 
 @dataclass(frozen=True)

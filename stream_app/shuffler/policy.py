@@ -58,13 +58,13 @@ without a reading in any of them, interrupted if any was).
 >>> p.due(9.0, caught_up=frozenset({0}), positions={0: 4})
 [('q', 1, 59832000)]
 >>> out = p.close(('q', 1, e), np.random.default_rng(1))
->>> sorted(out.rounds[0].arrays["value"].tolist()), out.rounds[0].devices
+>>> sorted(out.rounds[0].data.arrays()["value"].tolist()), out.rounds[0].devices
 ([1, 2], 2)
 >>> for v in (1, 2, 2):
 ...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=0, value=v), q, 0.0) is None
 ...     assert p.admit(DeviceReport(query_id="q", query_version=1, epoch=e + 1, round=1, value=0), q, 0.0) is None
 >>> agg = p.close(('q', 1, e + 1), np.random.default_rng(1), release="aggregate")
->>> [(r.arrays["counts"].tolist(), r.reports, r.devices) for r in agg.rounds]
+>>> [(r.data.arrays()["counts"].tolist(), r.reports, r.devices) for r in agg.rounds]
 [([0, 1, 2], 3, 3), ([3, 0, 0], 3, 3)]
 """
 
@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from estimators.reports import Counts, empty, expand
 from schemas import DeviceReport, Query, SourceEpoch
 from schemas.estimates import Rejected
 
@@ -537,10 +538,10 @@ class ShufflePolicy:
         if q.release is not None and q.release != release:  # never released under another release
             return Withheld(q, key[2], "release_mismatch", devices,
                             f"{q.record_key} fixes the {q.release} release; this shuffler releases {release}")
+        per_sensor = q.spec.per_sensor
         if interrupted:  # withheld by the worker as interrupted, as without the shuffler: nothing released
-            empty = ({"value": np.zeros(0, np.int64)} if slot.query.per_station is None
-                     else {"station": np.zeros(0, np.int64), "output": np.zeros(0, np.int64)})
-            return Released(slot.query, key[2], tuple(ReleasedRound(empty, 0, d) for d in devices), no_data, True)
+            return Released(q, key[2], tuple(ReleasedRound(empty(per_sensor), d) for d in devices),
+                            no_data, True)
         if max(devices) == 0 or min(devices) < self.min_crowd:
             refused = self.notes.refused_near(key[2], self.ahead_epochs)
             said = (f"device reports per round {list(devices)}, "
@@ -551,20 +552,13 @@ class ShufflePolicy:
                                 "refused (untrusted_note, note_from_future): its reports may have been refused")
             return Withheld(q, key[2], "no_reports" if max(devices) == 0 else "below_min_crowd", devices, said)
         if release == "aggregate":
-            return Released(slot.query, key[2], tuple(ReleasedRound({"counts": _counts(slot.query, r)}, r.devices,
-                                                                    r.devices) for r in slot.rounds), no_data)
+            return Released(q, key[2], tuple(ReleasedRound(Counts(_counts(q, r), r.devices), r.devices)
+                                             for r in slot.rounds), no_data)
         if release != "permuted":
             raise ValueError(f"unknown release {release!r}: permuted or aggregate")
-        rounds = []
-        for r in slot.rounds:  # sorted first (from the counts): the result depends on the reports and rng only
-            keys = np.repeat(np.arange(r.counts.size, dtype=np.int64), r.counts)
-            keys = keys[rng.permutation(keys.size)]
-            if slot.query.per_station is None:
-                rounds.append(ReleasedRound({"value": keys}, int(keys.size), r.devices))
-            else:  # one key per pair: station * O + output
-                station, output = np.divmod(keys, slot.query.n_outputs)
-                rounds.append(ReleasedRound({"station": station, "output": output}, int(keys.size), r.devices))
-        return Released(slot.query, key[2], tuple(rounds), no_data)
+        # sorted first (from the counts): the result depends on the reports and rng only
+        return Released(q, key[2], tuple(ReleasedRound(expand(r.counts, rng, per_sensor, q.n_outputs),
+                                                       r.devices) for r in slot.rounds), no_data)
 
     def mark_decided(self, key: EpochKey) -> None:
         """Restoring after a restart: this epoch was decided before (its held reports go)."""

@@ -52,26 +52,22 @@ def release_records(s: ShufflerSettings, out_parts: Sequence[int], salt: str, ou
     q = out.query
     stamp = (out.epoch + 1) * EPOCH_S * 1000
     aggregate = s.release == "aggregate"  # one exact tally per round, else reports batches
-    kind = "tally" if aggregate else "reports"
     base = {"query_id": q.query_id, "query_version": q.version, "epoch": out.epoch,
-            "producer_id": s.transactional_id, "n_stations": q.n_stations, "n_outputs": q.n_outputs,
-            "kind": kind, "layout": "counts" if aggregate else q.spec.layout}
+            "producer_id": s.transactional_id, "n_stations": q.n_stations, "n_outputs": q.n_outputs}
     records: list[Outgoing] = []
     per_round: list[dict[int, list[int]]] = []
     for r, rnd in enumerate(out.rounds):
         per_part = {part: [0, 0] for part in out_parts}
-        if aggregate:  # the round's counts, one record (none for an interrupted epoch's empty round)
-            chunks = [(rnd.reports, rnd.arrays)] if rnd.reports else []
-        else:
-            chunks = [(min(s.batch_size, rnd.reports - start),
-                       {k: v[start:start + s.batch_size] for k, v in rnd.arrays.items()})
-                      for start in range(0, rnd.reports, s.batch_size)]
-        for i, (n, chunk) in enumerate(chunks):
+        # an aggregate's counts: one record (none for an interrupted epoch's empty round)
+        chunks = [c for c in rnd.data.chunks(s.batch_size) if c.n_reports]
+        for i, chunk in enumerate(chunks):
+            n = chunk.n_reports
             bid = batch_id(salt, s.release, q, out.epoch, r, i)
             key = bid.encode()
             part = out_parts[(murmur2(key) & 0x7FFFFFFF) % len(out_parts)]
-            value = encode_batch({**base, "round": r, "batch_id": bid, "reports": n}, chunk)
-            records.append(Outgoing(key, value, part, stamp, kind))
+            value = encode_batch({**base, "kind": chunk.kind, "layout": chunk.layout, "round": r, "batch_id": bid,
+                                  "reports": n}, chunk.arrays())
+            records.append(Outgoing(key, value, part, stamp, chunk.kind))
             per_part[part][0] += n
             per_part[part][1] += 1
         per_round.append(per_part)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from estimators import SpecError
+from estimators.reports import Pairs, Values, from_arrays
 from schemas import (
     DecodedBatch,
     EndOfEpoch,
@@ -113,7 +114,7 @@ def _batch(b: DecodedBatch, q: Query, partition: int) -> BatchPartial | Rejected
         if c.size and int(c.max()) > q.population:
             return Rejected("out_of_bounds", f"a count of {int(c.max())} exceeds the population {q.population}")
     try:
-        counts = q.spec.accumulate(mech, q.n_stations, h.layout, b.arrays, h.reports)
+        counts = q.spec.accumulate(mech, q.n_stations, from_arrays(h.layout, b.arrays, h.reports))
     except SpecError as exc:
         return Rejected(exc.reason, exc.detail)
     return BatchPartial(h.query_id, h.query_version, h.epoch, h.round, partition, h.producer_id, h.batch_id,
@@ -130,16 +131,15 @@ def _single(r: SingleReport, q: Query, partition: int) -> BatchPartial | Rejecte
                                             f"non-default report < {mech.n_outputs} (default {d})")
         if len({s for s, _ in r.pairs}) != len(r.pairs):
             return Rejected("out_of_range", "a station appears twice in one report")
-        arrays = {"station": np.array([s for s, _ in r.pairs], dtype=np.int64),
-                  "output": np.array([o for _, o in r.pairs], dtype=np.int64)}
-        reports = len(r.pairs)
+        rnd: Values | Pairs = Pairs(np.array([s for s, _ in r.pairs], dtype=np.int64),
+                                    np.array([o for _, o in r.pairs], dtype=np.int64))
     else:
         if r.value is None or r.value > v:
             return Rejected("out_of_range", f"a {q.mechanism} report needs a value in 0..{v}")
-        arrays = {"value": np.array([r.value], dtype=np.int64)}
-        reports = 1
+        rnd = Values(np.array([r.value], dtype=np.int64))
+    reports = rnd.n_reports
     try:
-        counts = q.spec.accumulate(mech, v, q.spec.layout, arrays, reports)
+        counts = q.spec.accumulate(mech, v, rnd)
     except SpecError as exc:
         return Rejected(exc.reason, exc.detail)
     return BatchPartial(r.query_id, r.query_version, r.epoch, r.round, partition, "device", r.batch_id, reports,

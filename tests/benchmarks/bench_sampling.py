@@ -78,8 +78,7 @@ def run(vehicles: int, stations: int, repeats: int, alp_vehicles: int,
 
     def work_alp() -> object:  # the device's pairs, then the stream app's accumulate and complete
         pairs = ps.sample_sparse(rng, truths)
-        summed = spec.accumulate(alp, stations, "pairs", {"station": pairs.station, "output": pairs.output},
-                                 int(pairs.station.size))
+        summed = spec.accumulate(alp, stations, E.Pairs(pairs.station, pairs.output))
         return spec.complete(alp, stations, summed[None, :], vehicles)
 
     def base_alp() -> object:

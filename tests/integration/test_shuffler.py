@@ -25,7 +25,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 from prometheus_client.parser import text_string_to_metric_families
 
-from estimators import get_spec, privacy
+from estimators import Pairs, Values, get_spec, privacy
+from estimators.reports import from_arrays
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas import (
@@ -255,15 +256,14 @@ def _assert_nothing_links(ss: ShufflerSettings) -> None:
         mech, spec, reports = q.build(), q.spec, sent[(h.query_id, h.query_version, h.epoch, h.round)]
         assert h.reports == len(reports)
         if q.per_station is None:
-            want = spec.accumulate(mech, q.n_stations, "values", {"value": np.array([d.value for d in reports])},
-                                   len(reports))
+            want = spec.accumulate(mech, q.n_stations, Values(np.array([d.value for d in reports])))
         else:
             pairs = np.array([p for d in reports for p in d.pairs or ()], dtype=np.int64).reshape(-1, 2)
-            want = spec.accumulate(mech, q.n_stations, "pairs", {"station": pairs[:, 0], "output": pairs[:, 1]},
-                                   len(pairs))
+            want = spec.accumulate(mech, q.n_stations, Pairs(pairs[:, 0], pairs[:, 1]))
             table = want.reshape(q.n_stations, mech.n_outputs)  # the devices without a pair: the default report
             table[:, spec.default_report(mech)] += len(reports) - table.sum(axis=1)
-        assert np.array_equal(spec.accumulate(mech, q.n_stations, "counts", b.arrays, h.reports), want), h
+        assert np.array_equal(spec.accumulate(mech, q.n_stations, from_arrays("counts", b.arrays, h.reports)),
+                              want), h
 
 
 def _drain_decoded(s: ShufflerSettings) -> tuple[list[tuple[Any, DecodedBatch]], list[tuple[Any, EndOfEpochSet]]]:

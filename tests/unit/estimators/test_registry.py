@@ -16,6 +16,7 @@ from scipy.stats import norm
 
 import estimators as E
 from estimators.registry import REGISTRY, SpecError, UnknownMechanism, get_spec, mechanism_names
+from estimators.reports import from_arrays
 from tests.paths import ROOT
 
 
@@ -61,8 +62,7 @@ def test_per_sensor_accumulate_and_complete_equal_the_core(name: str) -> None:
     want = np.zeros((v, spec.n_rounds, mech.n_outputs), dtype=np.int64)
     for r, ps in enumerate(spec.per_station(mech, v)):
         pairs = ps.sample_sparse(rng, truths)
-        counts[r] = spec.accumulate(mech, v, "pairs", {"station": pairs.station, "output": pairs.output},
-                                    int(pairs.station.size))
+        counts[r] = spec.accumulate(mech, v, E.Pairs(pairs.station, pairs.output))
         for station, output in zip(pairs.station.tolist(), pairs.output.tolist(), strict=True):
             want[station - 1, r, output] += 1
         silent = n - want[:, r, :].sum(axis=1)  # vehicles that sent no pair for the station
@@ -80,13 +80,13 @@ def test_tally_rows_must_sum_to_the_vehicles(name: str) -> None:
     good = np.zeros(width, dtype=np.int64)
     rows = good.reshape(v if spec.per_sensor else 1, mech.n_outputs)
     rows[:, 0] = 10
-    assert spec.accumulate(mech, v, "counts", {"counts": good}, 10).sum() == rows.size // mech.n_outputs * 10
+    assert spec.accumulate(mech, v, E.Counts(good, 10)).sum() == rows.size // mech.n_outputs * 10
     with pytest.raises(SpecError, match="sum to the 11 vehicles"):
-        spec.accumulate(mech, v, "counts", {"counts": good}, 11)
-    with pytest.raises(SpecError, match="wrong_layout"):
-        spec.accumulate(mech, v, "pairs" if not spec.per_sensor else "values",
-                        {"value": np.zeros(1, dtype=np.int64), "station": np.ones(1, dtype=np.int64),
-                         "output": np.ones(1, dtype=np.int64)}, 1)
+        spec.accumulate(mech, v, E.Counts(good, 11))
+    other = "pairs" if not spec.per_sensor else "values"
+    with pytest.raises(SpecError, match=f"wrong_layout: {other} for a {name} query"):
+        spec.accumulate(mech, v, E.Pairs(np.ones(1, dtype=np.int64), np.ones(1, dtype=np.int64))
+                        if not spec.per_sensor else E.Values(np.zeros(1, dtype=np.int64)))
 
 
 def test_pairs_carrying_the_default_report_are_refused() -> None:
@@ -95,7 +95,7 @@ def test_pairs_carrying_the_default_report_are_refused() -> None:
     d = spec.default_report(mech)
     assert d == E.ALP_BOTTOM
     with pytest.raises(SpecError, match="non-default"):
-        spec.accumulate(mech, 3, "pairs", {"station": np.array([1]), "output": np.array([d])}, 1)
+        spec.accumulate(mech, 3, E.Pairs(np.array([1]), np.array([d])))
 
 
 def test_fresh_sample_rounds_are_independent_per_sensor_mechanisms() -> None:
@@ -163,3 +163,20 @@ def test_consistency_check_equals_a_grid_search(name: str) -> None:
     want = (gap**2 <= k * np.maximum(alpha[0] + beta[0] * ys[None, :], 0.0) + 1e-6).any(axis=1)
     assert np.array_equal(got, want)
     assert not want.all() and want.any()  # both outcomes occur
+
+
+def test_a_round_is_counted_by_its_type() -> None:
+    """``accumulate`` takes a typed round: a bitmap round counts as its set bits' pairs (station, 1),
+    pairs as they are; a record's arrays become their round by its layout (``from_arrays``)."""
+    spec = get_spec("unary")
+    mech = spec.build({}, 10)
+    bits = np.random.default_rng(3).random((20, 10)) < 0.3
+    rows = E.Bitmaps(np.packbits(bits, axis=1, bitorder="little"), int(bits.sum()))
+    pairs = rows.sparse(np.arange(20), 10)
+    as_pairs = spec.accumulate(mech, 10, E.Pairs(pairs.station, pairs.output))
+    np.testing.assert_array_equal(spec.accumulate(mech, 10, rows), as_pairs)
+    np.testing.assert_array_equal(as_pairs.reshape(10, 2)[:, 1], bits.sum(axis=0))
+    wire = E.Pairs(pairs.station, pairs.output).arrays()
+    np.testing.assert_array_equal(spec.accumulate(mech, 10, from_arrays("pairs", wire, 0)), as_pairs)
+    with pytest.raises(SpecError, match="wrong_layout: pairs for a sp query"):
+        get_spec("sp").accumulate(get_spec("sp").build({}, 10), 10, rows)

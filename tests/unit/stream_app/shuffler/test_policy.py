@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from scipy import stats
 
+import estimators as E
 from schemas import DeviceReport, Query, SourceEpoch, decode_device_record
 from schemas.device_binary import encode_device
 from stream_app.shuffler.policy import Released, ShufflePolicy, Withheld
@@ -148,7 +149,7 @@ def test_release_is_a_uniform_permutation() -> None:
                 assert p.admit(_rep(e + k % 7, v, r), q6, 0.0) is None
         out = p.close(("q", 1, e + k % 7), rng)
         assert isinstance(out, Released)
-        values = out.rounds[0].arrays["value"]
+        values = out.rounds[0].data.arrays()["value"]
         assert sorted(values.tolist()) == list(range(6))
         landed[int(np.flatnonzero(values == 0)[0])] += 1
     assert stats.chisquare(landed).pvalue > 1e-4, landed
@@ -176,7 +177,7 @@ def test_source_notes_reach_the_release() -> None:
                       lambda x: [q], 0.0) is None
     out = p.close(("q", 1, e + 1), np.random.default_rng(0))
     assert isinstance(out, Released) and out.interrupted
-    assert [(r.reports, r.devices, r.arrays["value"].size) for r in out.rounds] == [(0, 1, 0), (0, 1, 0)]
+    assert [(r.reports, r.devices, r.data.n_reports) for r in out.rounds] == [(0, 1, 0), (0, 1, 0)]
     for k in (0, 1):  # nothing sent of it
         assert p.note(SourceEpoch(epoch=e + 2, interrupted=True, producer_index=k, producer_count=2),
                       lambda x: [q], 0.0) is None
@@ -220,10 +221,11 @@ def test_pairs_are_checked_and_a_round_released_as_the_same_pairs() -> None:
     out = fill([0, 1, 2, 3])
     rnd = out.rounds[0]
     assert rnd.devices == 4 and rnd.reports == 6
-    got = sorted(zip(rnd.arrays["station"].tolist(), rnd.arrays["output"].tolist(), strict=True))
+    assert isinstance(rnd.data, E.Pairs)
+    got = sorted(zip(rnd.data.station.tolist(), rnd.data.output.tolist(), strict=True))
     assert got == sorted(pair for pairs in sent for pair in pairs)
     again = fill([3, 1, 0, 2]).rounds[0]
-    assert all(np.array_equal(rnd.arrays[k], again.arrays[k]) for k in ("station", "output"))
+    assert all(np.array_equal(rnd.data.arrays()[k], again.data.arrays()[k]) for k in ("station", "output"))
 
 
 def test_the_aggregate_release_is_the_exact_tally_of_the_admitted_reports() -> None:
@@ -257,14 +259,15 @@ def test_the_aggregate_release_is_the_exact_tally_of_the_admitted_reports() -> N
 
         agg = close(list(range(30)), "aggregate", 1)
         again = close(list(range(29, -1, -1)), "aggregate", 2)  # neither arrival order nor the generator
-        assert all(np.array_equal(x.arrays["counts"], y.arrays["counts"]) for x, y in zip(agg.rounds, again.rounds,
-                                                                                        strict=True))
+        assert all(np.array_equal(x.data.arrays()["counts"], y.data.arrays()["counts"])
+                   for x, y in zip(agg.rounds, again.rounds, strict=True))
         perm = close(list(range(30)), "permuted", 1)
         for a, b in zip(agg.rounds, perm.rounds, strict=True):
-            assert set(a.arrays) == {"counts"} and a.reports == a.devices == b.devices == 30
-            counts = a.arrays["counts"]
-            as_tally = spec.accumulate(mech, q.n_stations, "counts", a.arrays, a.reports)  # the worker's check
-            from_perm = spec.accumulate(mech, q.n_stations, spec.layout, b.arrays, b.reports)
+            assert isinstance(a.data, E.Counts) and a.reports == a.devices == b.devices == 30
+            counts = a.data.counts
+            as_tally = spec.accumulate(mech, q.n_stations, a.data)  # the worker's check
+            assert b.data.layout == spec.layout
+            from_perm = spec.accumulate(mech, q.n_stations, b.data)
             done = [spec.complete(mech, q.n_stations, x[None, :], 30) for x in (as_tally, from_perm)]
             assert np.array_equal(done[0], done[1]) and np.array_equal(as_tally, counts)
     small = _opened(ShufflePolicy(min_crowd=3, lateness_epochs=0, idle_release_s=1.0, partitions=(0,)), _query(), e)
@@ -299,7 +302,7 @@ def test_a_bitmap_over_another_number_of_stations_is_the_wrong_layout() -> None:
     assert p.admit(bitmap((), 3), q, 0.0) is None
     out = p.close(("q", 1, e), np.random.default_rng(7))
     assert isinstance(out, Released) and out.rounds[0].devices == 2
-    assert sorted(out.rounds[0].arrays["station"].tolist()) == [1, 3]
+    assert sorted(out.rounds[0].data.arrays()["station"].tolist()) == [1, 3]
 
 
 # -- how far a source note may move the clock (issue 35, item 4) ------------------------------------------------

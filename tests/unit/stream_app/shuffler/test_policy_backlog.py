@@ -145,7 +145,7 @@ def _report(q: Query, epoch: int, rng: random.Random) -> DeviceReport:
 
 def _outcome(out: object) -> tuple[object, ...]:
     if isinstance(out, Released):
-        rounds = tuple((r.reports, r.devices, *(a.tolist() for a in r.arrays.values())) for r in out.rounds)
+        rounds = tuple((r.reports, r.devices, *(a.tolist() for a in r.data.arrays().values())) for r in out.rounds)
         return ("released", out.query.query_id, out.epoch, rounds, tuple(sorted(out.no_data)), out.interrupted)
     return ("withheld", out.query.query_id, out.epoch, out.reason, out.devices, out.detail)  # type: ignore[attr-defined]
 
