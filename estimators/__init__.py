@@ -141,7 +141,7 @@ from .registry import (
     get_spec,
     mechanism_names,
 )
-from .reports import Bitmaps, Counts, Pairs, Round, Values
+from .reports import Bitmaps, Counts, Pairs, Round, Values, empty_round, expand_counts, round_from_arrays
 from .shuffle import (
     N_CAP,
     TRUST_ASSUMPTION,
@@ -245,6 +245,7 @@ __all__ = [
     "default_stride",
     "dominating_envelope",
     "dominating_pld",
+    "empty_round",
     "epoch_account",
     "epoch_epsilon",
     "epoch_plds",
@@ -252,6 +253,7 @@ __all__ = [
     "epsilon_of",
     "epsilon_rr",
     "error_mass",
+    "expand_counts",
     "fit_budget",
     "fleet_plan",
     "fresh_difference",
@@ -295,6 +297,7 @@ __all__ = [
     "report_epsilon_all_rounds",
     "report_epsilon_shuffled",
     "round_down_2sig",
+    "round_from_arrays",
     "rounds_independent",
     "rr_epsilon_closed_form",
     "rr_estimator",

@@ -12,9 +12,9 @@ each a round of the same type):
   device path's: :class:`~estimators.per_station.BitReports`' ``rows`` and ``n_set``);
 * :class:`Counts` -- the exact tally of ``n`` vehicles' reports (tally mode).
 
-The consumer's side: :func:`from_arrays`, a decoded record's arrays as its round (the
-worker's, before :meth:`~estimators.MechanismSpec.accumulate` counts it); :func:`empty`, a
-round of no reports; :func:`expand`, counts of reports as those reports in a uniformly random
+The consumer's side: :func:`round_from_arrays`, a decoded record's arrays as its round (the
+worker's, before :meth:`~estimators.MechanismSpec.accumulate` counts it); :func:`empty_round`, a
+round of no reports; :func:`expand_counts`, counts of reports as those reports in a uniformly random
 order (the shuffler's permuted release: it holds only counts).
 
 >>> r = Values(np.array([3, 0, 1, 2, 2]))
@@ -38,7 +38,8 @@ import numpy.typing as npt
 from ._types import IntArray
 from .per_station import BitReports, SparseReports
 
-__all__ = ["Bitmaps", "Counts", "Pairs", "Round", "SpecError", "Values", "empty", "expand", "from_arrays"]
+__all__ = ["Bitmaps", "Counts", "Pairs", "Round", "SpecError", "Values", "empty_round", "expand_counts",
+           "round_from_arrays"]
 
 WireLayout = Literal["values", "pairs", "counts"]  # estimators.registry.Layout
 WireKind = Literal["reports", "tally"]
@@ -178,17 +179,17 @@ class Counts:
 Round: TypeAlias = Values | Pairs | Bitmaps | Counts
 
 
-def from_arrays(layout: str, arrays: Mapping[str, npt.NDArray[np.integer]], reports: int) -> Round:
+def round_from_arrays(layout: str, arrays: Mapping[str, npt.NDArray[np.integer]], reports: int) -> Round:
     """A decoded record's arrays (``schemas.wire``: its ``layout`` and the arrays it names) as its
     round; ``reports`` is the header's count, what a tally stands for (a :class:`Counts`' ``n``).
     Whether the round fits a query is :meth:`~estimators.MechanismSpec.accumulate`'s question.
     :class:`SpecError` ``wrong_layout`` for a layout the wire does not have.
 
-    >>> from_arrays("pairs", {"station": np.array([2]), "output": np.array([1])}, 1).n_reports
+    >>> round_from_arrays("pairs", {"station": np.array([2]), "output": np.array([1])}, 1).n_reports
     1
-    >>> from_arrays("counts", {"counts": np.array([2, 1])}, 3).n
+    >>> round_from_arrays("counts", {"counts": np.array([2, 1])}, 3).n
     3
-    >>> from_arrays("bits", {}, 0)
+    >>> round_from_arrays("bits", {}, 0)
     Traceback (most recent call last):
     ...
     estimators.reports.SpecError: wrong_layout: bits is not a wire layout (values, pairs or counts)
@@ -202,10 +203,10 @@ def from_arrays(layout: str, arrays: Mapping[str, npt.NDArray[np.integer]], repo
     raise SpecError("wrong_layout", f"{layout} is not a wire layout (values, pairs or counts)")
 
 
-def empty(per_sensor: bool) -> Values | Pairs:
+def empty_round(per_sensor: bool) -> Values | Pairs:
     """A round of no reports, station-valued or (``per_sensor``) pairs.
 
-    >>> empty(False).arrays(), empty(True).n_reports
+    >>> empty_round(False).arrays(), empty_round(True).n_reports
     ({'value': array([], dtype=int64)}, 0)
     """
     if per_sensor:
@@ -213,16 +214,16 @@ def empty(per_sensor: bool) -> Values | Pairs:
     return Values(np.zeros(0, np.int64))
 
 
-def expand(counts: IntArray, rng: np.random.Generator, per_sensor: bool, n_outputs: int) -> Values | Pairs:
+def expand_counts(counts: IntArray, rng: np.random.Generator, per_sensor: bool, n_outputs: int) -> Values | Pairs:
     """The reports ``counts`` counts, in a uniformly random order (one ``rng.permutation`` of
     them all, sorted first: the order depends on the counts and ``rng`` only).
 
     Station-valued, ``counts[v]`` reports of value ``v``; per-sensor, ``counts[s * n_outputs + o]``
     pairs (station ``s``, report ``o``) -- ``n_outputs`` is read only then.
 
-    >>> expand(np.array([0, 2, 1]), np.random.default_rng(0), False, 3).value.tolist()
+    >>> expand_counts(np.array([0, 2, 1]), np.random.default_rng(0), False, 3).value.tolist()
     [2, 1, 1]
-    >>> p = expand(np.array([0, 0, 0, 1, 0, 2]), np.random.default_rng(0), True, 3)
+    >>> p = expand_counts(np.array([0, 0, 0, 1, 0, 2]), np.random.default_rng(0), True, 3)
     >>> sorted(zip(p.station.tolist(), p.output.tolist()))
     [(1, 0), (1, 2), (1, 2)]
     """

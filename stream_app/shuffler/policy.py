@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from estimators.reports import Counts, empty, expand
+from estimators.reports import Counts, empty_round, expand_counts
 from schemas import DeviceReport, Query, SourceEpoch
 from schemas.estimates import Rejected
 
@@ -540,7 +540,7 @@ class ShufflePolicy:
                             f"{q.record_key} fixes the {q.release} release; this shuffler releases {release}")
         per_sensor = q.spec.per_sensor
         if interrupted:  # withheld by the worker as interrupted, as without the shuffler: nothing released
-            return Released(q, key[2], tuple(ReleasedRound(empty(per_sensor), d) for d in devices),
+            return Released(q, key[2], tuple(ReleasedRound(empty_round(per_sensor), d) for d in devices),
                             no_data, True)
         if max(devices) == 0 or min(devices) < self.min_crowd:
             refused = self.notes.refused_near(key[2], self.ahead_epochs)
@@ -557,7 +557,7 @@ class ShufflePolicy:
         if release != "permuted":
             raise ValueError(f"unknown release {release!r}: permuted or aggregate")
         # sorted first (from the counts): the result depends on the reports and rng only
-        return Released(q, key[2], tuple(ReleasedRound(expand(r.counts, rng, per_sensor, q.n_outputs),
+        return Released(q, key[2], tuple(ReleasedRound(expand_counts(r.counts, rng, per_sensor, q.n_outputs),
                                                        r.devices) for r in slot.rounds), no_data)
 
     def mark_decided(self, key: EpochKey) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from estimators import SpecError
-from estimators.reports import Pairs, Values, from_arrays
+from estimators.reports import Pairs, Values, round_from_arrays
 from schemas import (
     DecodedBatch,
     EndOfEpoch,
@@ -114,7 +114,7 @@ def _batch(b: DecodedBatch, q: Query, partition: int) -> BatchPartial | Rejected
         if c.size and int(c.max()) > q.population:
             return Rejected("out_of_bounds", f"a count of {int(c.max())} exceeds the population {q.population}")
     try:
-        counts = q.spec.accumulate(mech, q.n_stations, from_arrays(h.layout, b.arrays, h.reports))
+        counts = q.spec.accumulate(mech, q.n_stations, round_from_arrays(h.layout, b.arrays, h.reports))
     except SpecError as exc:
         return Rejected(exc.reason, exc.detail)
     return BatchPartial(h.query_id, h.query_version, h.epoch, h.round, partition, h.producer_id, h.batch_id,

@@ -26,7 +26,7 @@ from kafka.partitioner.default import murmur2
 from prometheus_client.parser import text_string_to_metric_families
 
 from estimators import Pairs, Values, get_spec, privacy
-from estimators.reports import from_arrays
+from estimators.reports import round_from_arrays
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
 from schemas import (
@@ -262,7 +262,7 @@ def _assert_nothing_links(ss: ShufflerSettings) -> None:
             want = spec.accumulate(mech, q.n_stations, Pairs(pairs[:, 0], pairs[:, 1]))
             table = want.reshape(q.n_stations, mech.n_outputs)  # the devices without a pair: the default report
             table[:, spec.default_report(mech)] += len(reports) - table.sum(axis=1)
-        assert np.array_equal(spec.accumulate(mech, q.n_stations, from_arrays("counts", b.arrays, h.reports)),
+        assert np.array_equal(spec.accumulate(mech, q.n_stations, round_from_arrays("counts", b.arrays, h.reports)),
                               want), h
 
 

@@ -16,7 +16,7 @@ from scipy.stats import norm
 
 import estimators as E
 from estimators.registry import REGISTRY, SpecError, UnknownMechanism, get_spec, mechanism_names
-from estimators.reports import from_arrays
+from estimators.reports import round_from_arrays
 from tests.paths import ROOT
 
 
@@ -167,7 +167,7 @@ def test_consistency_check_equals_a_grid_search(name: str) -> None:
 
 def test_a_round_is_counted_by_its_type() -> None:
     """``accumulate`` takes a typed round: a bitmap round counts as its set bits' pairs (station, 1),
-    pairs as they are; a record's arrays become their round by its layout (``from_arrays``)."""
+    pairs as they are; a record's arrays become their round by its layout (``round_from_arrays``)."""
     spec = get_spec("unary")
     mech = spec.build({}, 10)
     bits = np.random.default_rng(3).random((20, 10)) < 0.3
@@ -177,6 +177,6 @@ def test_a_round_is_counted_by_its_type() -> None:
     np.testing.assert_array_equal(spec.accumulate(mech, 10, rows), as_pairs)
     np.testing.assert_array_equal(as_pairs.reshape(10, 2)[:, 1], bits.sum(axis=0))
     wire = E.Pairs(pairs.station, pairs.output).arrays()
-    np.testing.assert_array_equal(spec.accumulate(mech, 10, from_arrays("pairs", wire, 0)), as_pairs)
+    np.testing.assert_array_equal(spec.accumulate(mech, 10, round_from_arrays("pairs", wire, 0)), as_pairs)
     with pytest.raises(SpecError, match="wrong_layout: pairs for a sp query"):
         get_spec("sp").accumulate(get_spec("sp").build({}, 10), 10, rows)

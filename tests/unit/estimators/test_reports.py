@@ -1,6 +1,6 @@
 """estimators.reports: each round type's wire layout and arrays, its report count, and its
 batches (``chunks``): every report in exactly one batch, in order, none over the size; a decoded
-record's arrays as their round (``from_arrays``), and counts expanded into their reports in one
+record's arrays as their round (``round_from_arrays``), and counts expanded into their reports in one
 uniformly random order (``expand``, the shuffler's permuted release)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from estimators import Bitmaps, BitReports, Counts, Pairs, Round, SpecError, Values
-from estimators.reports import empty, expand, from_arrays
+from estimators.reports import empty_round, expand_counts, round_from_arrays
 
 RNG = np.random.default_rng(11)
 V = 13
@@ -103,7 +103,7 @@ def test_sparse_is_the_device_sides_pairs() -> None:
 @pytest.mark.parametrize("make", [_values, _pairs, lambda n: Counts(RNG.integers(0, 9, n), n=40)])
 def test_from_arrays_is_the_round_its_wire_arrays_came_from(make: Callable[[int], Round]) -> None:
     r = make(7)
-    back = from_arrays(r.layout, r.arrays(), r.n_reports)
+    back = round_from_arrays(r.layout, r.arrays(), r.n_reports)
     assert type(back) is type(r) and back.n_reports == r.n_reports
     assert back.arrays().keys() == r.arrays().keys()
     assert all(back.arrays()[k] is a for k, a in r.arrays().items())  # the decoded arrays, not copies
@@ -111,12 +111,12 @@ def test_from_arrays_is_the_round_its_wire_arrays_came_from(make: Callable[[int]
 
 def test_from_arrays_refuses_a_layout_the_wire_does_not_have() -> None:
     with pytest.raises(SpecError) as err:
-        from_arrays("bitmap", {"bitmap": np.zeros((1, 2), np.uint8)}, 1)
+        round_from_arrays("bitmap", {"bitmap": np.zeros((1, 2), np.uint8)}, 1)
     assert err.value.reason == "wrong_layout" and "bitmap" in err.value.detail
 
 
 def test_empty_rounds() -> None:
-    v, p = empty(False), empty(True)
+    v, p = empty_round(False), empty_round(True)
     assert isinstance(v, Values) and isinstance(p, Pairs) and v.n_reports == p.n_reports == 0
     assert [a.dtype for a in (*v.arrays().values(), *p.arrays().values())] == [np.dtype(np.int64)] * 3
 
@@ -131,7 +131,7 @@ def test_expand_is_every_counted_report_in_one_permutation_of_them_sorted(per_se
     counts = RNG.integers(0, 5, (V + 1) * o if per_sensor else V + 1)
     if per_sensor:
         counts[:o] = 0  # no station 0
-    got = expand(counts, np.random.default_rng(42), per_sensor, o)
+    got = expand_counts(counts, np.random.default_rng(42), per_sensor, o)
     ref = np.random.default_rng(42)
     keys = np.repeat(np.arange(counts.size), counts)
     keys = keys[ref.permutation(keys.size)]
@@ -146,13 +146,13 @@ def test_expand_is_every_counted_report_in_one_permutation_of_them_sorted(per_se
     np.testing.assert_array_equal(np.bincount(flat, minlength=counts.size), counts)  # none lost
     np.testing.assert_array_equal(flat, keys)  # this very order
     again = np.random.default_rng(42)
-    expand(counts, again, per_sensor, o)
+    expand_counts(counts, again, per_sensor, o)
     assert again.integers(1 << 62) == ref.integers(1 << 62)  # the generator left where one draw leaves it
 
 
 def test_expand_of_nothing_is_empty_and_its_order_depends_on_the_generator() -> None:
-    assert expand(np.zeros(4, np.int64), np.random.default_rng(0), False, 2).n_reports == 0
+    assert expand_counts(np.zeros(4, np.int64), np.random.default_rng(0), False, 2).n_reports == 0
     counts = np.array([0, 50, 50, 50])
-    a, b = (expand(counts, np.random.default_rng(s), False, 2) for s in (1, 2))
+    a, b = (expand_counts(counts, np.random.default_rng(s), False, 2) for s in (1, 2))
     assert isinstance(a, Values) and isinstance(b, Values)
     assert sorted(a.value.tolist()) == sorted(b.value.tolist()) and a.value.tolist() != b.value.tolist()

@@ -25,7 +25,7 @@ from scipy import stats
 
 import estimators as E
 from estimators import Bitmaps, Counts, Pairs, Values
-from estimators.reports import from_arrays
+from estimators.reports import round_from_arrays
 from producers.fleet import (
     Device,
     EpochReports,
@@ -275,7 +275,7 @@ def test_reports_are_in_the_layout_the_registry_names(mechanism: str, mode: str)
                               "layout": rnd.layout, "n_stations": v, "n_outputs": q.n_outputs}, rnd.arrays())
         batch = decode_record(value)
         assert isinstance(batch, DecodedBatch) and batch.header.layout == layout
-        counts = spec.accumulate(q.build(), v, from_arrays(layout, batch.arrays, er.reports[r]))
+        counts = spec.accumulate(q.build(), v, round_from_arrays(layout, batch.arrays, er.reports[r]))
         assert counts.shape == (q.width,) and counts.sum() > 0
 
 
