@@ -73,13 +73,19 @@ replay's) and ``kafka-python`` (one ``KafkaProducer.send`` per record, the repla
 ``--replay-producers N`` splits the fleet over N replay processes (``ptt replay --producers``);
 ``cpu_s.replay`` then counts them all.
 
+``--shufflers N`` runs N shuffler instances (``ptt shuffler --instance-count N --instance-index
+i``), each reading the device partitions ``p`` with ``p % N == i`` and releasing its own counts
+with its own markers; ``cpu_s`` then has each (``shuffler``, ``shuffler2``, ...) and their sum
+(``shufflers``), and ``--profile`` profiles the first.
+
 Every path waits after its replay until the worker has closed every window the replay marked and
 decided every rollup it completes (:func:`stream_app.cli.demo.expected_windows`, a span query's
 once a span; ``expected_rollups``), up to ``max(600, 20 x the replay's seconds)``.
 
 Run: ``python tests/benchmarks/bench_shuffler.py [--only s1,s2,day10] [--epochs-s1 10] [--epochs-s2 5]
 [--direct-s2] [--epochs-day 2880] [--day-queries alp,unary,unary@300,unary@3600]
-[--releases aggregate,permuted] [--device-clients librdkafka,kafka-python] [--replay-producers 1] [--profile]``
+[--releases aggregate,permuted] [--device-clients librdkafka,kafka-python] [--replay-producers 1] [--shufflers 1]
+[--profile]``
 """
 
 from __future__ import annotations
@@ -240,7 +246,7 @@ def _outcomes(worker: WorkerProcess) -> float:
 def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stations: int, epochs: int,
              vehicles: int | None, via_shuffler: bool, data_dir: Path, profile: bool = False,
              keep_rows: bool = False, release: str = "aggregate", device_client: str = "librdkafka",
-             replay_producers: int = 1, mechanisms: str | None = None,
+             replay_producers: int = 1, mechanisms: str | None = None, shufflers: int = 1,
              ) -> tuple[dict[str, Any], dict[tuple[Any, ...], dict[str, Any]]]:
     tag = f"{name}-{'shuffler-' + release if via_shuffler else 'direct'}-{uuid.uuid4().hex[:8]}"
     use_device_client(device_client)
@@ -264,18 +270,20 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     worker.start()
     worker.wait_ready(120)
     _wait_url(worker.url.replace("/metrics", "/ready"), 120)
-    shuffler = None
-    prof_path = tmp / f"shuffler-{tag}.prof" if profile else None
+    started: list[_Shuffler] = []
+    prof_path = tmp / f"shuffler-{tag}.prof" if profile else None  # the first instance's
     if via_shuffler:
         ss = ShufflerSettings(**rs.model_dump(include=set(ShufflerSettings.model_fields)),
                               shuffler_id=f"shuf-{uuid.uuid4().hex[:8]}", dead_letter_topic=ws.dead_letter_topic,
-                              min_crowd=1, idle_release_s=1.0, release=release,
+                              min_crowd=1, idle_release_s=1.0, release=release, instance_count=shufflers,
                               metrics_port=0)  # any free port: other shufflers may run on the host
-        shuffler = _Shuffler(ss, tmp / f"shuffler-{tag}.log", prof_path)
-        _STARTED.append(shuffler)
-        shuffler.start()
-    pids = {"shuffler": shuffler.proc.pid if shuffler and shuffler.proc else None,
-            "worker": worker.proc.pid if worker.proc else None, "broker": broker_pid}
+        for i in range(shufflers):  # each reads the device partitions p with p % shufflers == i
+            one = _Shuffler(ss.model_copy(update={"instance_index": i}), tmp / f"shuffler-{tag}-{i}.log",
+                            prof_path if i == 0 else None)
+            _STARTED.append(one)
+            started.append(one.start())
+    pids = {**{("shuffler" if i == 0 else f"shuffler{i + 1}"): sh.proc.pid for i, sh in enumerate(started)
+               if sh.proc}, "worker": worker.proc.pid if worker.proc else None, "broker": broker_pid}
     cpu0 = {k: cpu_s(p) for k, p in pids.items()}
     expected = sum(q.n_stations * len(q.spec.estimator_names) for q in queries) * epochs
     t0 = time.time()
@@ -295,18 +303,20 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     while time.time() < deadline and _outcomes(worker) < outcomes:
         time.sleep(0.5)
     cpu.update({k: cpu_s(p) - cpu0[k] for k, p in pids.items() if p is not None})
+    if shufflers > 1:  # the instances as one tier, after each its own
+        cpu["shufflers"] = sum(v for k, v in cpu.items() if k.startswith("shuffler"))
     every = [(r.timestamp, r.value) for r in read_to_end(ws, ws.estimates_topic, idle_timeout_s=5)]
     spans = {q.query_id for q in queries if q.span_s != EPOCH_S}
     rows = [(t, v) for t, v in every if row_kind(v, spans) == "epoch"]  # rollups and span queries' rows apart
     last_s = max(t for t, _ in rows) / 1000.0 - t0 if rows else float("nan")
     last_row_s = max(t for t, _ in every) / 1000.0 - t0 if every else float("nan")
-    total_cpu = sum(cpu.values())
+    total_cpu = sum(v for k, v in cpu.items() if k != "shufflers")
     out: dict[str, Any] = {
         "scenario": name, "path": "shuffler" if via_shuffler else "direct",
         **({"release": release, "device_client": device_client} if via_shuffler else {}), "stations": stations,
         "vehicles": fleet, "mode": "per-vehicle", "queries": [q.mechanism for q in queries],
         "query_mechanisms": rs.query_mechanisms, "epochs": epochs,
-        "replay_producers": replay_producers,
+        "replay_producers": replay_producers, **({"shufflers": shufflers} if via_shuffler else {}),
         "reports": summary.reports, "load_s": round(load_s, 2), "replay_s": round(replay_s, 2),
         "last_estimate_s": round(last_s, 2), "last_row_s": round(last_row_s, 2),
         "wall_s_per_epoch": round(last_s / epochs, 3),
@@ -314,7 +324,7 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
         "rollup_estimates": len(every) - len(rows),
         "dead_letters": int(_dead(_scrape(worker, "ptt_dead_letters_total"))),
         "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
-        "cpu_share": {k: round(v / total_cpu, 3) for k, v in cpu.items()},
+        "cpu_share": {k: round(v / total_cpu, 3) for k, v in cpu.items() if k != "shufflers"},
     }
     if via_shuffler:
         out["device_records"] = summary.records
@@ -323,9 +333,10 @@ def run_path(name: str, broker: str, broker_pid: int | None, tmp: Path, *, stati
     out["load_average"] = [round(x, 1) for x in os.getloadavg()]
     out["reports_topic_bytes"] = _topic_bytes(rs, rs.reports_topic)
     worker.stop()
-    if shuffler is not None:
-        shuffler.stop()
-        out["shuffler_summary"] = shuffler.summary()
+    for sh in started:
+        sh.stop()
+    if started:
+        out["shuffler_summary"] = " | ".join(sh.summary() for sh in started)
         if prof_path is not None:
             out["profiled"] = True
             out["shuffler_profile"] = _profile_top(prof_path) if prof_path.exists() else "no profile written"
@@ -350,7 +361,7 @@ def _day_line(direct: dict[str, Any], d_rows: Rows, via: dict[str, Any], v_rows:
     identical = not differ and d_rows.keys() == v_rows.keys()
     return {"scenario": "day10", "compare": "shuffler vs direct, same fleet and epochs, same run",
             "queries": direct["query_mechanisms"], "epochs": direct["epochs"],
-            "device_records": via.get("device_records"),
+            "device_records": via.get("device_records"), "shufflers": via.get("shufflers", 1),
             "direct_s": direct["last_row_s"], "shuffler_s": via["last_row_s"], "shuffler_vs_direct": ratio,
             "rows_direct": len(d_rows), "rows_shuffler": len(v_rows), "rows_differing": len(differ),
             "rows_only_shuffler": len(v_rows.keys() - d_rows.keys()), "rows_identical": identical,
@@ -399,6 +410,9 @@ def main() -> None:
                         help="how the replay hands device reports over, each a shuffler run (s1, s2, day10): "
                              "librdkafka (producers.bulk), kafka-python (one send per record, as before)")
     parser.add_argument("--profile", action="store_true", help="the shuffler under cProfile (its figures are slower)")
+    parser.add_argument("--shufflers", type=int, default=1,
+                        help="shuffler instances splitting the device partitions (ptt shuffler --instance-count), "
+                             "every shuffler run")
     parser.add_argument("--replay-producers", type=int, default=1,
                         help="replay processes splitting the fleet (ptt replay --producers), every path")
     parser.add_argument("--data-dir", type=Path, default=cache_dir("bench"),
@@ -409,6 +423,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name, LocalBroker(log_path=Path(tmp_name) / "broker.log") as broker:
         tmp = Path(tmp_name)
         common = {"data_dir": args.data_dir, "replay_producers": args.replay_producers}
+        instances = {"shufflers": args.shufflers}
         try:
             clients = args.device_clients.split(",")
             if "s1" in wanted:
@@ -420,7 +435,7 @@ def main() -> None:
                     for client in clients:
                         via, v_rows = run_path("s1", broker.bootstrap, broker.pid, tmp, via_shuffler=True,
                                                keep_rows=True, profile=args.profile, release=release,
-                                               device_client=client, **kw)
+                                               device_client=client, **instances, **kw)
                         print(json.dumps(via), flush=True)
                         print(json.dumps(_compare(direct, d_rows, via, v_rows, args.profile)), flush=True)
             for name, stations, epochs, vehicles, direct_too, mechanisms in (
@@ -437,7 +452,7 @@ def main() -> None:
                 for client in clients:
                     via, v_rows = run_path(name, broker.bootstrap, broker.pid, tmp, via_shuffler=True,
                                            profile=args.profile, release=args.releases.split(",")[0],
-                                           device_client=client, **kw)
+                                           device_client=client, **instances, **kw)
                     print(json.dumps(via), flush=True)
                     if day:
                         print(json.dumps({**_day_line(direct, d_rows, via, v_rows), "device_client": client}),
