@@ -76,7 +76,9 @@ replay's) and ``kafka-python`` (one ``KafkaProducer.send`` per record, the repla
 ``--shufflers N`` runs N shuffler instances (``ptt shuffler --instance-count N --instance-index
 i``), each reading the device partitions ``p`` with ``p % N == i`` and releasing its own counts
 with its own markers; ``cpu_s`` then has each (``shuffler``, ``shuffler2``, ...) and their sum
-(``shufflers``), and ``--profile`` profiles the first.
+(``shufflers``), and ``--profile`` profiles the first. The time is not free in privacy: each
+instance's release hides a device among its own share of the crowd (about 1/N), and the worker
+attests each estimate's ``epsilon_shuffled`` at the smallest size an instance's markers attest.
 
 Every path waits after its replay until the worker has closed every window the replay marked and
 decided every rollup it completes (:func:`stream_app.cli.demo.expected_windows`, a span query's
