@@ -4,7 +4,9 @@ Checked: ``split_fleet`` margins (rows = each producer's share, columns = the da
 its refusal when the fleet is too small, its determinism per (seed, epoch);
 ``query_truth_counts``; ``privatize`` in per-vehicle and tally modes for ``sp``, ``alp`` and
 ``rr``: report counts, allowed values, the device audit, reproducibility from
-``epoch_rng``, equality of the tally path with the statistics core's exact tally; and the
+``epoch_rng``, equality of the tally path with the statistics core's exact tally; its three
+truths (``StationCounts``, ``StationSets``, ``YesCounts``) answered alike, draw for draw, and a
+truth a query cannot answer refused with an error; and the
 privacy invariant of MECHANISMS.md §3: a vehicle's two Sampling Privacy rounds are never
 linkable by position (each round is shuffled on its own), nor is a report's position
 related to its vehicle.
@@ -24,7 +26,7 @@ import pytest
 from scipy import stats
 
 import estimators as E
-from estimators import Bitmaps, Counts, Pairs, StationCounts, Values
+from estimators import Bitmaps, Counts, Pairs, StationCounts, Values, YesCounts
 from estimators.reports import round_from_arrays
 from producers.fleet import (
     Device,
@@ -295,6 +297,89 @@ def test_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode"):
         privatize(make_query("sp", sensors(2)), StationCounts(np.array([1, 1, 1])), np.random.default_rng(1), "batch",
                   Device())
+
+
+# ---------------------------------------------------------------------------------------
+# One privatize, three truths: StationCounts, StationSets, YesCounts
+# ---------------------------------------------------------------------------------------
+def _same_reports(a: EpochReports, b: EpochReports) -> bool:
+    """The same refusals, rounds (their types and arrays) and vehicles behind them."""
+    arrays_a, arrays_b = _arrays(a), _arrays(b)
+    return ((a.participants, a.refused, a.refusal_reason) == (b.participants, b.refused, b.refusal_reason)
+            and [type(r) for r in a.rounds] == [type(r) for r in b.rounds] and len(arrays_a) == len(arrays_b)
+            and all(np.array_equal(x, y) for x, y in zip(arrays_a, arrays_b, strict=True))
+            and len(a.vehicles) == len(b.vehicles)
+            and all(np.array_equal(x, y) for x, y in zip(a.vehicles, b.vehicles, strict=True)))
+
+
+@pytest.mark.parametrize("mix_pairs", [True, False])
+@pytest.mark.parametrize("mechanism", ["alp", "rr", "unary", "fresh"])
+def test_a_30s_truth_is_its_vehicles_one_station_sets(mechanism: str, mix_pairs: bool) -> None:
+    """Per vehicle, a per-sensor query's 30-s truth (StationCounts) is privatized as the set
+    truths of its vehicles, one station or none each, in the order the epoch re-draws: the same
+    rounds, draw for draw, as StationSets.of_truths of those vehicles under the same rng."""
+    q = make_query(mechanism, sensors(9))
+    tc = truth_for(9, 400, 35)
+    got = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device(1e3),
+                    mix_pairs=mix_pairs)
+    rng = np.random.default_rng(SEED)
+    truths = np.repeat(np.arange(tc.size, dtype=np.int64), tc)
+    rng.shuffle(truths)  # the epoch's virtual identities, drawn first
+    want = privatize(q, E.StationSets.of_truths(truths), rng, "per-vehicle", Device(1e3), mix_pairs=mix_pairs)
+    assert got.participants == int(tc.sum()) and _same_reports(got, want)
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr", "unary"])
+def test_the_three_truths_tally_alike(mechanism: str) -> None:
+    """Tally mode: a 30-s truth, its vehicles' one-station sets and their Yes counts give the
+    same counts under the same rng (each station's two multinomials; no shuffle is drawn)."""
+    q = make_query(mechanism, sensors(7))
+    tc = truth_for(7, 250, 20)
+    n = int(tc.sum())
+    sets = E.StationSets.of_truths(np.repeat(np.arange(tc.size, dtype=np.int64), tc))
+    got = [privatize(q, truth, np.random.default_rng(SEED), "tally", Device(1e3))
+           for truth in (StationCounts(tc), sets, YesCounts(tc[1:], n))]
+    assert got[0].participants == n and isinstance(got[0].rounds[0], Counts)
+    assert _same_reports(got[0], got[1]) and _same_reports(got[1], got[2])
+
+
+def test_a_tally_of_sets_charges_like_the_sets() -> None:
+    """YesCounts: the audit and the day's ledger as its sets (one charge a report)."""
+    q = make_query("unary", sensors(3))
+    sets = E.StationSets(4, np.array([0, 0, 2, 3]), np.array([1, 3, 2, 2]))
+    yes = YesCounts(sets.yes_counts(3), sets.n_vehicles)
+    ledgers = [E.DayLedger(1.5 * q.epsilon), E.DayLedger(1.5 * q.epsilon)]
+    for truth, ledger in zip((sets, yes), ledgers, strict=True):
+        first = privatize(q, truth, np.random.default_rng(1), "tally", Device(), ledger, "2026-11-18")
+        second = privatize(q, truth, np.random.default_rng(1), "tally", Device(), ledger, "2026-11-18")
+        assert first.participants == 4 and second.refused == 4
+        assert "daily privacy budget" in (second.refusal_reason or "")
+    assert ledgers[0].total("2026-11-18") == ledgers[1].total("2026-11-18")
+
+
+@pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
+@pytest.mark.parametrize("mechanism", ["sp", "krr"])
+def test_a_station_valued_query_has_no_set_truth(mechanism: str, mode: str) -> None:
+    """A mechanism that reports one station cannot privatize a set of them, nor their tally;
+    nothing is charged to the day."""
+    q = make_query(mechanism, sensors(3))
+    sets = E.StationSets(2, np.array([0, 0, 1]), np.array([1, 2, 3]))
+    ledger = E.DayLedger(10 * q.epsilon)
+    for truth in (sets, YesCounts(sets.yes_counts(3), 2)):
+        with pytest.raises(ValueError, match="reports one station: it has no set truth"):
+            privatize(q, truth, np.random.default_rng(0), mode, Device(), ledger, "2026-11-18")
+    assert ledger.total("2026-11-18") == 0
+
+
+def test_a_tally_of_sets_is_privatized_in_tally_mode_only() -> None:
+    q = make_query("unary", sensors(3))
+    with pytest.raises(ValueError, match="tally mode only"):
+        privatize(q, YesCounts(np.array([1, 0, 2]), 3), np.random.default_rng(0), "per-vehicle", Device())
+
+
+def test_a_bare_array_is_no_truth() -> None:
+    with pytest.raises(TypeError, match="StationCounts, StationSets or YesCounts"):
+        privatize(make_query("sp", sensors(2)), np.array([1, 1, 1]), np.random.default_rng(1), "tally", Device())
 
 
 # ---------------------------------------------------------------------------------------
