@@ -103,7 +103,17 @@ from .mechanisms import (
     table_mechanism,
     two_coin_rr,
 )
-from .per_station import BitReports, PerStation, SparseReports, StationSets, bernoulli_cells, bernoulli_positions
+from .per_station import (
+    BitReports,
+    PerStation,
+    SparseReports,
+    StationCounts,
+    StationSets,
+    Truth,
+    YesCounts,
+    bernoulli_cells,
+    bernoulli_positions,
+)
 from .planning import build_mechanism, check_span_request, plan, shuffled_figures
 from .privacy import (
     AuditResult,
@@ -198,14 +208,17 @@ __all__ = [
     "ShuffledDay",
     "ShuffledDayLedger",
     "SparseReports",
+    "StationCounts",
     "StationSets",
     "SpecError",
     "StationCurves",
     "StationView",
     "TRUST_ASSUMPTION",
+    "Truth",
     "UnknownMechanism",
     "VariationRatio",
     "Values",
+    "YesCounts",
     "advanced_composition",
     "all_estimator_names",
     "alp_epsilon_closed_form",

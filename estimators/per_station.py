@@ -13,7 +13,8 @@ import numpy.typing as npt
 from ._types import IntArray
 from .mechanisms import Mechanism
 
-__all__ = ["BitReports", "PerStation", "SparseReports", "StationSets", "bernoulli_cells", "bernoulli_positions"]
+__all__ = ["BitReports", "PerStation", "SparseReports", "StationCounts", "StationSets", "Truth", "YesCounts",
+           "bernoulli_cells", "bernoulli_positions"]
 
 _BIT_CHUNK = 4096  # vehicles whose unpacked bits (V bytes each) are built at a time
 _PAIR_BYTES = 8  # a (station, report) pair in the device layout (schemas.device_binary: two u32)
@@ -77,6 +78,44 @@ class StationSets:
             if np.any(np.diff(veh * (n_stations + 1) + st) <= 0):
                 raise ValueError("set truths must be sorted by vehicle then station, without repeats")
         return StationSets(self.n_vehicles, veh, st)
+
+
+@dataclass(frozen=True)
+class StationCounts:
+    """A 30-s epoch's truth: how many vehicles are at each station, ``counts[s]`` for station s
+    (1..V) and ``counts[0]`` at none; each vehicle at one station or none. Its vehicles as one
+    station each are ``np.repeat(np.arange(V + 1), counts)``, as sets :meth:`StationSets.of_truths`.
+
+    >>> StationCounts(np.array([2, 0, 1])).n_vehicles
+    3
+    """
+
+    counts: IntArray
+
+    @property
+    def n_vehicles(self) -> int:
+        return int(self.counts.sum())
+
+
+@dataclass(frozen=True)
+class YesCounts:
+    """A span's set truths seen only through their tally: how many of the ``n`` vehicles' sets
+    hold each station, ``yes[s - 1]`` for station s (each at most ``n``; their sum may exceed it,
+    :meth:`StationSets.yes_counts`) -- all the exact tally of a per-station mechanism reads.
+
+    >>> sets = StationSets(2, np.array([0, 0, 1]), np.array([1, 2, 2]))
+    >>> YesCounts(sets.yes_counts(3), sets.n_vehicles).yes.tolist()
+    [1, 2, 0]
+    """
+
+    yes: IntArray
+    n: int
+
+
+#: what a producer's devices privatize for one query: a 30-s epoch's station per vehicle
+#: (:class:`StationCounts`), a span's set of stations per vehicle (:class:`StationSets`), or
+#: a span's sets tallied (:class:`YesCounts`)
+Truth = StationCounts | StationSets | YesCounts
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,19 @@ from a generator seeded by (seed, query, version, epoch, producer), so a replay 
 reproduced and checked against the statistics core directly.
 
 A span query's vehicles keep their identity through the span (:mod:`producers.spans`); each
-device's one report of the span privatizes the set of stations it passed
-(:func:`privatize_sets`). **The cap and its bias**: a query's ``passages`` (P, ``max_passages``)
-caps the stations one report names; a vehicle that passed more of the query's stations reports
-a uniformly random P of them (:func:`producers.spans.cap_passages`). The dropped passages are
-missing from the truth the devices privatize, so a station's estimated span flow is biased low:
-E[estimate] = F_s - D_s, where D_s is the expected dropped passages of station s -- each vehicle
-with k > P passages that passed s drops it with chance (k - P) / k. The total dropped is exactly
-sum over vehicles of max(0, k - P) (what ``cap_passages`` returns and the replay's summary
-counts as ``passages_dropped``); per station it is measured by comparing the set truths' Yes
-counts before and after the cap, or the estimates against the ground truth (the sum of the
-30-s truth over the span). At the default P (one per epoch of the span) nothing is dropped: a
-vehicle passes at most one station an epoch.
+device's one report of the span privatizes the set of stations it passed (:func:`privatize` of
+a :class:`~estimators.per_station.StationSets` truth). **The cap and its bias**: a query's
+``passages`` (P, ``max_passages``) caps the stations one report names; a vehicle that passed
+more of the query's stations reports a uniformly random P of them
+(:func:`producers.spans.cap_passages`). The dropped passages are missing from the truth the
+devices privatize, so a station's estimated span flow is biased low: E[estimate] = F_s - D_s,
+where D_s is the expected dropped passages of station s -- each vehicle with k > P passages
+that passed s drops it with chance (k - P) / k. The total dropped is exactly sum over vehicles
+of max(0, k - P) (what ``cap_passages`` returns and the replay's summary counts as
+``passages_dropped``); per station it is measured by comparing the set truths' Yes counts
+before and after the cap, or the estimates against the ground truth (the sum of the 30-s truth
+over the span). At the default P (one per epoch of the span) nothing is dropped: a vehicle
+passes at most one station an epoch.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ import numpy.typing as npt
 
 from estimators import DayLedger, audit_query
 from estimators.ledger import ShuffledDayLedger, report_charge
-from estimators.per_station import PerStation, StationSets
+from estimators.per_station import PerStation, StationCounts, StationSets, Truth, YesCounts
 from estimators.reports import Bitmaps, Counts, Pairs, Round, Values
 from schemas import Query
 
 __all__ = ["Device", "EpochReports", "FleetTooSmall", "charge", "epoch_rng", "fleet_share", "privatize",
-           "privatize_sets", "privatize_tally", "query_truth_counts", "split_fleet"]
+           "query_truth_counts", "split_fleet"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -167,24 +168,38 @@ def _opened(query: Query, n: int, mode: str, device: Device, ledger: DayLedger |
     return EpochReports(participants=n, refused=0, refusal_reason=None)
 
 
-def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str,
-              device: Device, ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "",
+def privatize(query: Query, truth: Truth, rng: np.random.Generator, mode: str, device: Device,
+              ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "",
               mix_pairs: bool = True) -> EpochReports:
-    """Run every device of one producer for one epoch of ``query``.
+    """Run every device of one producer for one report of ``query``: each vehicle privatizes its
+    own part of ``truth``, by its type --
 
-    Per-vehicle mode: each vehicle privatizes its own truth; each round's reports are
-    shuffled independently (no position links a vehicle's two rounds), and per-sensor
-    mechanisms send only the non-default (station, report) pairs, shuffled across vehicles.
-    Tally mode: the exact-tally path of the statistics core.
+    * :class:`~estimators.per_station.StationCounts`: a 30-s epoch's, each vehicle at one
+      station or none (:func:`query_truth_counts`); the vehicles' order is re-drawn every epoch.
+    * :class:`~estimators.per_station.StationSets`: a span's, each vehicle's set of stations
+      (:meth:`SpanFleet.passages <producers.spans.SpanFleet.passages>`, in the query's order,
+      capped: :func:`~producers.spans.cap_passages`), whose order is already re-drawn per span;
+      a per-sensor ``query`` only. A station in the set answers from the Yes row, every other
+      from the No row.
+    * :class:`~estimators.per_station.YesCounts`: a span's sets tallied, tally mode only -- the
+      same draws as their :class:`~estimators.per_station.StationSets` in tally mode, when the
+      sets need not be read (no cap binds).
 
-    With a ``ledger`` (the devices' daily privacy budget, :func:`charge`), a query whose epoch
-    would take ``day``'s composed epsilon over the budget is refused, like an audit refusal.
+    Per-vehicle mode: each round's reports are shuffled independently (no position links a
+    vehicle's two rounds), and per-sensor mechanisms send only the non-default (station,
+    report) pairs, shuffled across vehicles. Tally mode: the exact-tally path of the statistics
+    core (a set truth's per station: its span flow's Yes answers and the other vehicles' No
+    answers, :meth:`~estimators.PerStation.tally` ``multi_hot``).
+
+    With a ``ledger`` (the devices' daily privacy budget, :func:`charge`), a query whose report
+    would take ``day``'s composed epsilon over the budget is refused, like an audit refusal: it
+    is charged once per report (an epoch's, or a span's).
 
     ``mix_pairs=False`` (the device path, ``--via-shuffler``: every device sends its own record,
     and the shuffler mixes them) leaves per-sensor pairs grouped by vehicle instead of
     shuffling ~10^8 pairs only for the device path to group them again. A permutation an
     earlier round's draws are followed by is still drawn, so every round's pairs are the direct
-    path's; the last round's is not (``rng`` is the epoch's own: nothing after it draws from it).
+    path's; the last round's is not (``rng`` is the report's own: nothing after it draws from it).
     Every round of a bit-valued mechanism (unary RR, per-sensor RR, fresh) whose bitmaps are
     the smaller encoding (:meth:`~estimators.PerStation.sparse_bits`: by its expected number of
     ones) comes as :class:`~estimators.reports.Bitmaps`, one row of bits per vehicle
@@ -192,6 +207,20 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     direct path's pairs; one with few expected ones (unary RR at q = 1.7e-4 over 3,220
     stations: ~0.5 noise bits a report) comes as its pairs, station ids, grouped by vehicle.
     """
+    match truth:
+        case StationCounts():
+            return _privatize_counts(query, truth.counts, rng, mode, device, ledger, day, mix_pairs)
+        case StationSets():
+            return _privatize_sets(query, truth, rng, mode, device, ledger, day, mix_pairs)
+        case YesCounts():
+            return _privatize_yes(query, truth, rng, mode, device, ledger, day)
+        case _:
+            raise TypeError(f"a truth is StationCounts, StationSets or YesCounts, not {type(truth).__name__}")
+
+
+def _privatize_counts(query: Query, truth_counts: IntArray, rng: np.random.Generator, mode: str, device: Device,
+                      ledger: DayLedger | ShuffledDayLedger | None, day: str, mix_pairs: bool) -> EpochReports:
+    """:func:`privatize` of a 30-s truth (vehicles per station index, 0 = at none)."""
     n = int(truth_counts.sum())
     out = _opened(query, n, mode, device, ledger, day)
     if out.refused:
@@ -215,20 +244,10 @@ def privatize(query: Query, truth_counts: IntArray, rng: np.random.Generator, mo
     return out
 
 
-def privatize_sets(query: Query, sets: StationSets, rng: np.random.Generator, mode: str, device: Device,
-                   ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "",
-                   mix_pairs: bool = True) -> EpochReports:
-    """Run every device of one producer for one span report of a per-sensor ``query``: each
-    vehicle's truth is its set of stations (:meth:`SpanFleet.passages`, in the query's order,
-    capped: :func:`cap_passages`); a station in the set answers from the Yes row, every other
-    from the No row. The rows' order is already re-drawn per span (:meth:`SpanFleet.passages`).
-    Tally mode: per station, the exact tally of its span flow's Yes answers and the other
-    vehicles' No answers (:meth:`~estimators.PerStation.tally` ``multi_hot``). Per-vehicle mode
-    and ``mix_pairs``: as :func:`privatize`. The ledger is charged once, for the span's report.
-    """
-    samplers = query.per_station
-    if samplers is None:
-        raise ValueError(f"{query.mechanism} reports one station: it has no set truth")
+def _privatize_sets(query: Query, sets: StationSets, rng: np.random.Generator, mode: str, device: Device,
+                    ledger: DayLedger | ShuffledDayLedger | None, day: str, mix_pairs: bool) -> EpochReports:
+    """:func:`privatize` of a span's set truths."""
+    samplers = _set_samplers(query)
     n = sets.n_vehicles
     out = _opened(query, n, mode, device, ledger, day)
     if out.refused:
@@ -240,18 +259,24 @@ def privatize_sets(query: Query, sets: StationSets, rng: np.random.Generator, mo
     return out
 
 
-def privatize_tally(query: Query, yes_counts: IntArray, n: int, rng: np.random.Generator, device: Device,
-                    ledger: DayLedger | ShuffledDayLedger | None = None, day: str = "") -> EpochReports:
-    """:func:`privatize_sets` in tally mode from the set truths' Yes counts per station (each at
-    most ``n``; their sum may exceed it) and ``n`` vehicles, the same draws: a span's exact
-    tally when the sets need not be read (no cap binds)."""
+def _privatize_yes(query: Query, truth: YesCounts, rng: np.random.Generator, mode: str, device: Device,
+                   ledger: DayLedger | ShuffledDayLedger | None, day: str) -> EpochReports:
+    """:func:`privatize` of a span's set truths tallied (tally mode only)."""
+    samplers = _set_samplers(query)
+    if mode != "tally":
+        raise ValueError(f"a tally of set truths (YesCounts) is privatized in tally mode only, not {mode!r}")
+    out = _opened(query, truth.n, mode, device, ledger, day)
+    if not out.refused:
+        _tally_rounds(out, samplers, rng, truth.yes, truth.n)
+    return out
+
+
+def _set_samplers(query: Query) -> tuple[PerStation, ...]:
+    """A per-sensor query's samplers, one a round; a station-valued one cannot answer a set truth."""
     samplers = query.per_station
     if samplers is None:
         raise ValueError(f"{query.mechanism} reports one station: it has no set truth")
-    out = _opened(query, n, "tally", device, ledger, day)
-    if not out.refused:
-        _tally_rounds(out, samplers, rng, yes_counts, n)
-    return out
+    return samplers
 
 
 def _tally_rounds(out: EpochReports, samplers: tuple[PerStation, ...], rng: np.random.Generator,

@@ -40,12 +40,12 @@ import numpy.typing as npt
 
 from estimators import DayLedger
 from estimators.ledger import ShuffledDayLedger
-from estimators.per_station import StationSets
+from estimators.per_station import StationSets, YesCounts
 from producers.fleet import query_truth_counts
 from schemas import Query
 from schemas.epochs import EPOCH_S
 
-from .fleet import Device, EpochReports, FleetTooSmall, epoch_rng, privatize_sets, privatize_tally
+from .fleet import Device, EpochReports, FleetTooSmall, epoch_rng, privatize
 from .pems import epoch_start
 from .trip_spans import ProducerTrips, TripSpans, query_lookup
 
@@ -513,15 +513,15 @@ def span_reports(q: Query, spans: SpanTracker, seed: int, index: int, start: int
     """Producer ``index``'s devices' one report each for ``q``'s span from epoch ``start`` (which
     just ended whole): the set of stations each vehicle passed, capped at the query's
     ``passages`` (:func:`cap_passages`), privatized and charged once
-    (:func:`producers.fleet.privatize_sets`, the generator :func:`producers.fleet.epoch_rng` of
-    the span's first epoch); with the passages the cap dropped (0 when refused). In tally mode
-    with a cap that cannot bind, the span flows are tallied without reading the sets (the same
-    draws: the cap draws nothing then)."""
+    (:func:`producers.fleet.privatize`, the generator :func:`producers.fleet.epoch_rng` of the
+    span's first epoch); with the passages the cap dropped (0 when refused). In tally mode with
+    a cap that cannot bind, the span flows are tallied without reading the sets (a
+    :class:`~estimators.per_station.YesCounts` truth, the same draws: the cap draws nothing then)."""
     rng = epoch_rng(seed, q, start, index)
     day = epoch_start(start).date().isoformat()
     if mode == "tally" and not spans.capped(q):  # the exact tally needs only the span flows: no sets read
-        return privatize_tally(q, spans.yes_counts(q), spans.n, rng, device, ledger, day), 0
+        return privatize(q, YesCounts(spans.yes_counts(q), spans.n), rng, mode, device, ledger, day), 0
     spans.station_drops = None
     sets, dropped = cap_passages(spans.truth(q, day), q.passages, rng)
-    er = privatize_sets(q, sets, rng, mode, device, ledger, day, mix_pairs)
+    er = privatize(q, sets, rng, mode, device, ledger, day, mix_pairs)
     return er, 0 if er.refused else dropped + spans.day_dropped

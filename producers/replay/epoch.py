@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from estimators import DayLedger
 from estimators.ledger import ShuffledDayLedger
+from estimators.per_station import StationCounts
 from schemas import Query
 
 from ..fleet import Device, EpochReports, epoch_rng, fleet_share, privatize, query_truth_counts
@@ -141,7 +142,7 @@ def query_output(plan: ReplayPlan, share: ProducerShare, work: EpochWork, q: Que
                                   share.summary)
     else:
         start = work.epoch
-        tc = query_truth_counts(row, share.stations, q)
+        tc = StationCounts(query_truth_counts(row, share.stations, q))
         er = privatize(q, tc, epoch_rng(s.seed, q, work.epoch, share.index), s.mode, share.device, share.ledger,
                        work.when.date().isoformat(), mix_pairs=mix_pairs)
     if er.refused:

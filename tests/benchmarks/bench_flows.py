@@ -3,7 +3,7 @@ the same span, at the same day budget, over synthetic days, through the worker's
 
 For each seed, the synthetic day's span flows (the sum of a station's 30-s counts over the span:
 the number of distinct vehicles passing it, as the fleet keeps identities through a span) are
-privatized by the span query's exact-tally path (:func:`producers.fleet.privatize_tally`, every
+privatized by the span query's exact-tally path (:func:`producers.fleet.privatize`, every
 vehicle of the fleet reporting once per span), estimated by the worker's ``epoch_results`` and
 scored against the truth; a station without a reading in any epoch of the span is not scored
 (missing is not zero). Coverage of the 95% and 99% bounds is counted per truth bin (the report's
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from estimators import FleetQuery, fleet_plan
-from producers.fleet import Device, privatize_tally
+from estimators import FleetQuery, YesCounts, fleet_plan
+from producers.fleet import Device, privatize
 from producers.replay import default_queries, fleet_size_for, load_day
 from producers.settings import ReplaySettings
 from schemas import Query
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             flows = day.flows[a:a + k].sum(axis=0)
             ok = day.has_truth[a:a + k].all(axis=0)
             missing = tuple(int(j) + 1 for j in np.flatnonzero(~ok))
-            er = privatize_tally(q, flows, fleet, rng, Device(epsilon_limit=math.inf))
+            er = privatize(q, YesCounts(flows, fleet), rng, "tally", Device(epsilon_limit=math.inf))
             w = span_window(q, start, er.rounds[0].arrays()["counts"], er.participants, missing)
             (res,) = epoch_results(qe, [(w, "markers")], CONF, 1)
             v = res.values[q.spec.headline]

@@ -64,6 +64,7 @@ from typing import Any
 from kafka import KafkaProducer
 from pydantic import SecretStr
 
+from estimators import StationCounts
 from producers.devices import DeviceRequests
 from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
 from producers.http_client import DeviceClient
@@ -93,7 +94,7 @@ def _requests(rs: ReplaySettings, limit: int) -> tuple[int, list[list[bytes]], i
     devices = DeviceRequests()
     enrollment = rs.enrollment()  # the simulated fleet stands in for the enrolled devices
     for q in queries:
-        er = privatize(q, query_truth_counts(share, day.stations, q), epoch_rng(rs.seed, q, epoch, 0),
+        er = privatize(q, StationCounts(query_truth_counts(share, day.stations, q)), epoch_rng(rs.seed, q, epoch, 0),
                        "per-vehicle", Device())
         devices.add(device_records(q, epoch, er, enrollment))
     return epoch, [d for d in devices.devices if d][:limit], fleet, queries

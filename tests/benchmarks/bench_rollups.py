@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from estimators import StationCounts
 from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
 from producers.replay import default_queries, fleet_size_for, load_day
 from producers.settings import ReplaySettings
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         missing = tuple(int(j) + 1 for j in np.flatnonzero(~day.has_truth[i]))  # query order = day order
         for q in queries:
             tc = query_truth_counts(row, day.stations, q)
-            er = privatize(q, tc, epoch_rng(settings.seed, q, e, 0), "tally", Device())
+            er = privatize(q, StationCounts(tc), epoch_rng(settings.seed, q, e, 0), "tally", Device())
             w = epoch_window(q, e, [rd.arrays()["counts"] for rd in er.rounds], er.participants, missing)
             (res,) = epoch_results(qes[q.query_id], [(w, "markers")], CONF, 1)
             epochs[q.query_id].append(res)

@@ -23,7 +23,7 @@ The line has (as ``bench_shuffler.py``'s s2):
   the passages of the sent spans);
 * ``replay_phases`` (``--profile``): the replay's CPU by phase from :mod:`cProfile` (its main
   thread's CPU clock): the fleet model (trips and their span sets), randomizing
-  (:func:`producers.fleet.privatize_sets`), encoding and sealing
+  (:func:`producers.fleet.privatize`), encoding and sealing
   (:func:`producers.devices.device_records`), handing to librdkafka
   (:meth:`producers.sink.ReportSink.send_many`); and ``shuffler_profile``, the shuffler's top
   functions (``tests/benchmarks/cpu_profile.py``).

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from estimators import StationCounts
 from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
 from producers.replay import default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
@@ -101,7 +102,7 @@ def main() -> None:
                 epoch = int(day_n.epochs[i])
                 tc = query_truth_counts(split_fleet(rs_n.seed, epoch, day_n.flows[i], fleet_n, 1)[0],
                                         day_n.stations, sp_n)
-                er = privatize(sp_n, tc, epoch_rng(rs_n.seed, sp_n, epoch, 0), "per-vehicle", Device())
+                er = privatize(sp_n, StationCounts(tc), epoch_rng(rs_n.seed, sp_n, epoch, 0), "per-vehicle", Device())
                 for r in range(2):
                     per_part = {p: 0 for p in sink.partitions}
                     for v in er.rounds[r].arrays()["value"]:

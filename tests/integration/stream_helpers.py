@@ -374,12 +374,13 @@ def genuine_reports(settings: ReplaySettings, day: TrafficDay, epoch_index: int,
                     template: Query) -> Any:
     """One producer's privatized reports for one epoch, drawn as the replay draws them for
     ``template``: the same arrays can then be sent under any query id with its parameters."""
+    from estimators import StationCounts
     from producers.fleet import Device, privatize
 
     epoch = int(day.epochs[epoch_index])
     tc = query_truth_counts(split_fleet(settings.seed, epoch, day.flows[epoch_index], fleet, 1)[0], day.stations,
                             template)
-    return privatize(template, tc, epoch_rng(settings.seed, template, epoch, 0), "per-vehicle", Device())
+    return privatize(template, StationCounts(tc), epoch_rng(settings.seed, template, epoch, 0), "per-vehicle", Device())
 
 
 class EpochSender:

@@ -2,7 +2,7 @@
 report per device per span, carrying the span's first epoch, and its markers -- sent only with
 the span's report; a span begun before the replay's first epoch is not sent (counted), the span
 the replay ends in is marked interrupted with nothing sent. The tally path's counts are the
-statistics core's from the same seeds (SpanFleet, cap_passages, privatize_sets), and through
+statistics core's from the same seeds (SpanFleet, cap_passages), and through
 --via-shuffler every device of the fleet sends exactly one record per span."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from producers.fleet import Device, epoch_rng, privatize_sets, split_fleet
+from producers.fleet import Device, epoch_rng, privatize, split_fleet
 from producers.pems import epoch_start
 from producers.replay import fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
@@ -62,7 +62,7 @@ def _core_span_counts(settings: ReplaySettings, q: Query, start: int, fleet: int
     assert sf.complete
     rng = epoch_rng(settings.seed, q, start, 0)
     sets, dropped = cap_passages(sf.query_sets(sf.passages(), day.stations, q), q.passages, rng)
-    er = privatize_sets(q, sets, rng, "tally", Device(settings.device_epsilon_limit),
+    er = privatize(q, sets, rng, "tally", Device(settings.device_epsilon_limit),
                         day=epoch_start(start).date().isoformat())
     return er.rounds[0].arrays()["counts"], dropped
 

@@ -395,6 +395,7 @@ def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
     """One epoch sent by hand: round 0's batch is delivered twice (same batch id) before the
     markers; the estimate equals the statistics core's and the duplicate is counted."""
     import estimators as E
+    from estimators import StationCounts
     from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
     from producers.replay import default_queries
     from schemas import EndOfEpoch, encode_json
@@ -408,7 +409,7 @@ def test_duplicate_deliveries_count_once(broker: str, tmp_path: Path) -> None:
     publish_query(rs, q)
     epoch = int(day.epochs[0])
     tc = query_truth_counts(split_fleet(rs.seed, epoch, day.flows[0], fleet, 1)[0], day.stations, q)
-    er = privatize(q, tc, epoch_rng(rs.seed, q, epoch, 0), "per-vehicle", Device())
+    er = privatize(q, StationCounts(tc), epoch_rng(rs.seed, q, epoch, 0), "per-vehicle", Device())
     sink = ReportSink(rs, rs.reports_topic)
     for r in range(2):
         batch_id = new_batch_id()

@@ -49,6 +49,7 @@ import pytest
 from kafka import KafkaProducer
 from scipy import stats
 
+from estimators import StationCounts
 from producers.fleet import Device, epoch_rng, privatize, query_truth_counts, split_fleet
 from producers.replay import KIND_HEADER, default_queries, fleet_size_for, load_day, replay
 from producers.settings import ReplaySettings
@@ -125,7 +126,7 @@ def test_a_vehicles_rounds_are_not_linked_on_the_wire(replay_settings: ReplaySet
     for i in range(EPOCHS):
         epoch = int(day.epochs[i])
         tc = query_truth_counts(split_fleet(s.seed, epoch, day.flows[i], fleet, 1)[0], day.stations, q)
-        er = privatize(q, tc, epoch_rng(s.seed, q, epoch, 0), s.mode, device)
+        er = privatize(q, StationCounts(tc), epoch_rng(s.seed, q, epoch, 0), s.mode, device)
         for r in range(2):
             sent, vehicles = er.rounds[r].arrays()["value"], er.vehicles[r]
             mine = [(rec, b) for rec, b in batches if (b.header.epoch, b.header.round) == (epoch, r)]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import estimators as E
+from estimators import StationCounts
 from estimators.registry import get_spec
 from producers.fleet import Device, privatize
 from stream_app.cli import main
@@ -149,7 +150,8 @@ def test_a_small_daily_budget_refuses_later_epochs_with_the_reason() -> None:
               t_start=datetime(2026, 11, 18, tzinfo=UTC), t_end=datetime(2026, 11, 19, tzinfo=UTC))
     ledger = E.DayLedger(budget=3 * q.epsilon + 1e-9)
     truth = np.array([70, 10, 10, 10])
-    out = [privatize(q, truth, np.random.default_rng(i), "tally", Device(), ledger, "2026-11-18") for i in range(5)]
+    out = [privatize(q, StationCounts(truth), np.random.default_rng(i), "tally", Device(), ledger, "2026-11-18")
+           for i in range(5)]
     assert [er.refused for er in out] == [0, 0, 0, 100, 100]
     assert [er.participants for er in out] == [100, 100, 100, 0, 0]
     assert "daily privacy budget" in (out[3].refusal_reason or "")

@@ -12,7 +12,7 @@ import pytest
 
 import estimators.registry as registry
 import schemas.query as query_module
-from estimators import SparseReports, linear, mechanisms
+from estimators import SparseReports, StationCounts, linear, mechanisms
 from producers.fleet import Device, privatize
 from schemas import Query, encode_batch, new_batch_id
 from stream_app.worker.decode import to_partials
@@ -66,7 +66,7 @@ def test_a_new_spec_runs_end_to_end(with_my_rr: None) -> None:
     assert q.epsilon == pytest.approx(np.log(0.7 / 0.2) + np.log(0.8 / 0.3))  # a move flips two answers
     epoch = q.epoch_range()[0]
     truth = np.array([n - 400, 100, 100, 100, 100])
-    er = privatize(q, truth, np.random.default_rng(5), "per-vehicle", Device())
+    er = privatize(q, StationCounts(truth), np.random.default_rng(5), "per-vehicle", Device())
     arrays = er.rounds[0].arrays()
     res = one_epoch_through_the_stream(q, epoch, er)
     assert res.withheld is None

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import estimators as E
+from estimators import StationCounts
 from producers.fleet import Device, privatize
 from schemas import Query
 from tests.unit.estimators.test_registry_add_mechanism import one_epoch_through_the_stream
@@ -85,7 +86,7 @@ def test_a_krr_query_runs_end_to_end() -> None:
     assert q.epsilon == pytest.approx(1.31, rel=1e-12)
     epoch = q.epoch_range()[0]
     truth = np.array([n - 1_000, 400, 300, 200, 100, 0])
-    er = privatize(q, truth, np.random.default_rng(7), "per-vehicle", Device())
+    er = privatize(q, StationCounts(truth), np.random.default_rng(7), "per-vehicle", Device())
     assert er.rounds[0].layout == "values"
     arrays = er.rounds[0].arrays()
     res = one_epoch_through_the_stream(q, epoch, er)

@@ -15,7 +15,7 @@ import pytest
 
 import estimators as E
 from estimators import Pairs, StationSets, per_station
-from producers.fleet import Device, EpochReports, privatize_sets
+from producers.fleet import Device, EpochReports, privatize
 from producers.replay import device_records
 from schemas import Query
 from stream_app.shuffler.columns import decode_batch
@@ -80,8 +80,8 @@ def test_the_device_path_sends_the_direct_paths_pairs_as_station_ids() -> None:
     q = _flows_query(v, 0.001)
     assert q.per_station is not None and q.per_station[0].sparse_bits()
     sets = _sets(3, n, v, 5)
-    mixed = privatize_sets(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e4))
-    grouped = privatize_sets(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e4), mix_pairs=False)
+    mixed = privatize(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e4))
+    grouped = privatize(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e4), mix_pairs=False)
     assert isinstance(grouped.rounds[0], Pairs)
 
     def triples(er: EpochReports) -> list[tuple[int, int, int]]:
@@ -109,6 +109,6 @@ def test_the_device_path_sends_the_direct_paths_pairs_as_station_ids() -> None:
 def test_a_refused_report_sends_nothing() -> None:
     """A report the devices refuse (here their epsilon limit) has no round to send."""
     q = _flows_query(40, 0.001)
-    er = privatize_sets(q, _sets(4, 10, 40, 3), np.random.default_rng(SEED), "per-vehicle", Device(0.1),
+    er = privatize(q, _sets(4, 10, 40, 3), np.random.default_rng(SEED), "per-vehicle", Device(0.1),
                         mix_pairs=False)
     assert er.refused == 10 and device_records(q, 1000, er, enrollment()) == []

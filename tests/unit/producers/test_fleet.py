@@ -4,7 +4,9 @@ Checked: ``split_fleet`` margins (rows = each producer's share, columns = the da
 its refusal when the fleet is too small, its determinism per (seed, epoch);
 ``query_truth_counts``; ``privatize`` in per-vehicle and tally modes for ``sp``, ``alp`` and
 ``rr``: report counts, allowed values, the device audit, reproducibility from
-``epoch_rng``, equality of the tally path with the statistics core's exact tally; and the
+``epoch_rng``, equality of the tally path with the statistics core's exact tally; its three
+truths (``StationCounts``, ``StationSets``, ``YesCounts``) answered alike, draw for draw, and a
+truth a query cannot answer refused with an error; and the
 privacy invariant of MECHANISMS.md §3: a vehicle's two Sampling Privacy rounds are never
 linkable by position (each round is shuffled on its own), nor is a report's position
 related to its vehicle.
@@ -24,7 +26,7 @@ import pytest
 from scipy import stats
 
 import estimators as E
-from estimators import Bitmaps, Counts, Pairs, Values
+from estimators import Bitmaps, Counts, Pairs, StationCounts, Values, YesCounts
 from estimators.reports import round_from_arrays
 from producers.fleet import (
     Device,
@@ -167,7 +169,7 @@ def test_sp_per_vehicle_reports() -> None:
     q = make_query("sp", sensors(3))
     tc = truth_for(3, 400, 150)
     n = int(tc.sum())
-    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device())
     assert isinstance(er, EpochReports)
     assert (er.participants, er.refused, er.refusal_reason) == (n, 0, None)
     assert len(er.rounds) == 2 and er.reports == [n, n]  # one report per vehicle per round
@@ -194,7 +196,7 @@ def test_per_sensor_per_vehicle_reports_are_pairs(mechanism: str) -> None:
     q = make_query(mechanism, sensors(v))
     tc = truth_for(v, 1500, 40)
     n, yes = int(tc.sum()), int(tc[1:].sum())
-    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device())
     assert (er.participants, er.refused) == (n, 0)
     assert len(er.rounds) == 1
     assert set(er.rounds[0].arrays()) == {"station", "output"}  # no "vehicle" array ever leaves
@@ -222,7 +224,7 @@ def test_tally_mode_reports(mechanism: str) -> None:
     q = make_query(mechanism, sensors(v))
     tc = truth_for(v, 700, 60)
     n = int(tc.sum())
-    er = privatize(q, tc, np.random.default_rng(SEED), "tally", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "tally", Device())
     assert (er.participants, er.refused, er.refusal_reason) == (n, 0, None)
     assert len(er.rounds) == q.n_rounds and er.reports == [n] * q.n_rounds
     o = q.build().n_outputs
@@ -243,7 +245,7 @@ def test_tally_mode_equals_the_core_exact_tally(mechanism: str) -> None:
     q = make_query(mechanism, sensors(v))
     tc = truth_for(v, 333, 77)
     n = int(tc.sum())
-    er = privatize(q, tc, np.random.default_rng(99), "tally", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(99), "tally", Device())
     # the mechanism as the statistics core builds it, independently of the Query object
     mech = E.build_mechanism(mechanism, {}, stations=v)
     if mechanism == "sp":
@@ -265,7 +267,7 @@ def test_reports_are_in_the_layout_the_registry_names(mechanism: str, mode: str)
     spec = E.get_spec(mechanism)
     v = spec.max_stations or 4
     q = make_query(mechanism, sensors(v))
-    er = privatize(q, truth_for(v, 300, 30), np.random.default_rng(SEED), mode, Device())
+    er = privatize(q, StationCounts(truth_for(v, 300, 30)), np.random.default_rng(SEED), mode, Device())
     layout = "counts" if mode == "tally" else spec.layout
     assert [rnd.layout for rnd in er.rounds] == [layout] * q.n_rounds
     for r, rnd in enumerate(er.rounds):
@@ -283,7 +285,7 @@ def test_reports_are_in_the_layout_the_registry_names(mechanism: str, mode: str)
 @pytest.mark.parametrize("mechanism", ["sp", "alp", "rr"])
 def test_no_vehicles(mechanism: str, mode: str) -> None:
     q = make_query(mechanism, sensors(3))
-    er = privatize(q, np.zeros(4, dtype=np.int64), np.random.default_rng(1), mode, Device())
+    er = privatize(q, StationCounts(np.zeros(4, dtype=np.int64)), np.random.default_rng(1), mode, Device())
     assert er.participants == 0 and er.refused == 0
     assert er.reports == [0] * q.n_rounds
     for rnd in er.rounds:
@@ -293,7 +295,91 @@ def test_no_vehicles(mechanism: str, mode: str) -> None:
 
 def test_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode"):
-        privatize(make_query("sp", sensors(2)), np.array([1, 1, 1]), np.random.default_rng(1), "batch", Device())
+        privatize(make_query("sp", sensors(2)), StationCounts(np.array([1, 1, 1])), np.random.default_rng(1), "batch",
+                  Device())
+
+
+# ---------------------------------------------------------------------------------------
+# One privatize, three truths: StationCounts, StationSets, YesCounts
+# ---------------------------------------------------------------------------------------
+def _same_reports(a: EpochReports, b: EpochReports) -> bool:
+    """The same refusals, rounds (their types and arrays) and vehicles behind them."""
+    arrays_a, arrays_b = _arrays(a), _arrays(b)
+    return ((a.participants, a.refused, a.refusal_reason) == (b.participants, b.refused, b.refusal_reason)
+            and [type(r) for r in a.rounds] == [type(r) for r in b.rounds] and len(arrays_a) == len(arrays_b)
+            and all(np.array_equal(x, y) for x, y in zip(arrays_a, arrays_b, strict=True))
+            and len(a.vehicles) == len(b.vehicles)
+            and all(np.array_equal(x, y) for x, y in zip(a.vehicles, b.vehicles, strict=True)))
+
+
+@pytest.mark.parametrize("mix_pairs", [True, False])
+@pytest.mark.parametrize("mechanism", ["alp", "rr", "unary", "fresh"])
+def test_a_30s_truth_is_its_vehicles_one_station_sets(mechanism: str, mix_pairs: bool) -> None:
+    """Per vehicle, a per-sensor query's 30-s truth (StationCounts) is privatized as the set
+    truths of its vehicles, one station or none each, in the order the epoch re-draws: the same
+    rounds, draw for draw, as StationSets.of_truths of those vehicles under the same rng."""
+    q = make_query(mechanism, sensors(9))
+    tc = truth_for(9, 400, 35)
+    got = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device(1e3),
+                    mix_pairs=mix_pairs)
+    rng = np.random.default_rng(SEED)
+    truths = np.repeat(np.arange(tc.size, dtype=np.int64), tc)
+    rng.shuffle(truths)  # the epoch's virtual identities, drawn first
+    want = privatize(q, E.StationSets.of_truths(truths), rng, "per-vehicle", Device(1e3), mix_pairs=mix_pairs)
+    assert got.participants == int(tc.sum()) and _same_reports(got, want)
+
+
+@pytest.mark.parametrize("mechanism", ["alp", "rr", "unary"])
+def test_the_three_truths_tally_alike(mechanism: str) -> None:
+    """Tally mode: a 30-s truth, its vehicles' one-station sets and their Yes counts give the
+    same counts under the same rng (each station's two multinomials; no shuffle is drawn)."""
+    q = make_query(mechanism, sensors(7))
+    tc = truth_for(7, 250, 20)
+    n = int(tc.sum())
+    sets = E.StationSets.of_truths(np.repeat(np.arange(tc.size, dtype=np.int64), tc))
+    got = [privatize(q, truth, np.random.default_rng(SEED), "tally", Device(1e3))
+           for truth in (StationCounts(tc), sets, YesCounts(tc[1:], n))]
+    assert got[0].participants == n and isinstance(got[0].rounds[0], Counts)
+    assert _same_reports(got[0], got[1]) and _same_reports(got[1], got[2])
+
+
+def test_a_tally_of_sets_charges_like_the_sets() -> None:
+    """YesCounts: the audit and the day's ledger as its sets (one charge a report)."""
+    q = make_query("unary", sensors(3))
+    sets = E.StationSets(4, np.array([0, 0, 2, 3]), np.array([1, 3, 2, 2]))
+    yes = YesCounts(sets.yes_counts(3), sets.n_vehicles)
+    ledgers = [E.DayLedger(1.5 * q.epsilon), E.DayLedger(1.5 * q.epsilon)]
+    for truth, ledger in zip((sets, yes), ledgers, strict=True):
+        first = privatize(q, truth, np.random.default_rng(1), "tally", Device(), ledger, "2026-11-18")
+        second = privatize(q, truth, np.random.default_rng(1), "tally", Device(), ledger, "2026-11-18")
+        assert first.participants == 4 and second.refused == 4
+        assert "daily privacy budget" in (second.refusal_reason or "")
+    assert ledgers[0].total("2026-11-18") == ledgers[1].total("2026-11-18")
+
+
+@pytest.mark.parametrize("mode", ["per-vehicle", "tally"])
+@pytest.mark.parametrize("mechanism", ["sp", "krr"])
+def test_a_station_valued_query_has_no_set_truth(mechanism: str, mode: str) -> None:
+    """A mechanism that reports one station cannot privatize a set of them, nor their tally;
+    nothing is charged to the day."""
+    q = make_query(mechanism, sensors(3))
+    sets = E.StationSets(2, np.array([0, 0, 1]), np.array([1, 2, 3]))
+    ledger = E.DayLedger(10 * q.epsilon)
+    for truth in (sets, YesCounts(sets.yes_counts(3), 2)):
+        with pytest.raises(ValueError, match="reports one station: it has no set truth"):
+            privatize(q, truth, np.random.default_rng(0), mode, Device(), ledger, "2026-11-18")
+    assert ledger.total("2026-11-18") == 0
+
+
+def test_a_tally_of_sets_is_privatized_in_tally_mode_only() -> None:
+    q = make_query("unary", sensors(3))
+    with pytest.raises(ValueError, match="tally mode only"):
+        privatize(q, YesCounts(np.array([1, 0, 2]), 3), np.random.default_rng(0), "per-vehicle", Device())
+
+
+def test_a_bare_array_is_no_truth() -> None:
+    with pytest.raises(TypeError, match="StationCounts, StationSets or YesCounts"):
+        privatize(make_query("sp", sensors(2)), np.array([1, 1, 1]), np.random.default_rng(1), "tally", Device())
 
 
 # ---------------------------------------------------------------------------------------
@@ -327,7 +413,7 @@ def test_sp_rounds_are_not_linkable_by_position() -> None:
     q = make_query("sp", sensors(v))
     tc = np.array([3000, 1000, 1000, 1000], dtype=np.int64)
     n = int(tc.sum())
-    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device())
     r1, r2 = er.rounds[0].arrays()["value"], er.rounds[1].arrays()["value"]
 
     truths = np.repeat(np.arange(v + 1), tc)
@@ -354,7 +440,7 @@ def test_sp_position_says_nothing_about_the_vehicle() -> None:
     value distribution (chi-square homogeneity, p > 1e-3 each, false-failure 2e-3)."""
     q = make_query("sp", sensors(3))
     tc = np.array([2000, 2000, 0, 2000], dtype=np.int64)
-    er = privatize(q, tc, np.random.default_rng(SEED + 5), "per-vehicle", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(SEED + 5), "per-vehicle", Device())
     for r in range(2):
         x = er.rounds[r].arrays()["value"]
         half = x.size // 2
@@ -375,7 +461,7 @@ def test_sp_rounds_use_different_permutations() -> None:
     tc = np.ones(v + 1, dtype=np.int64)
     tc[0] = 600
     n = int(tc.sum())
-    er = privatize(q, tc, np.random.default_rng(SEED + 9), "per-vehicle", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(SEED + 9), "per-vehicle", Device())
     r1, r2 = er.rounds[0].arrays()["value"], er.rounds[1].arrays()["value"]
     n1, n2 = np.bincount(r1, minlength=v + 1), np.bincount(r2, minlength=v + 1)
     chance = float((n1.astype(float) * n2).sum() / n)
@@ -394,7 +480,7 @@ def test_per_sensor_pairs_are_shuffled_across_vehicles() -> None:
     q = make_query("alp", sensors(v))
     tc = np.zeros(v + 1, dtype=np.int64)
     tc[0], tc[1:] = 1800, 1
-    er = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
+    er = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device())
     st = er.rounds[0].arrays()["station"]
     assert st.size > 15_000
     assert abs(ascent_fraction(st) - 0.5) < 0.03
@@ -414,12 +500,12 @@ def test_device_refuses_a_query_over_its_epsilon_limit(mechanism: str, mode: str
     q = make_query(mechanism, sensors(3))
     tc = truth_for(3, 100, 20)
     n = int(tc.sum())
-    er = privatize(q, tc, np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon * 0.99))
+    er = privatize(q, StationCounts(tc), np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon * 0.99))
     assert er.participants == 0 and er.refused == n
     assert er.refusal_reason is not None and "exceeds" in er.refusal_reason
     assert er.rounds == [] and er.reports == []  # nothing to send
     # at the limit exactly, the query is accepted
-    ok = privatize(q, tc, np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon))
+    ok = privatize(q, StationCounts(tc), np.random.default_rng(1), mode, Device(epsilon_limit=q.epsilon))
     assert ok.participants == n and ok.refused == 0 and ok.refusal_reason is None
 
 
@@ -428,7 +514,8 @@ def test_device_refuses_a_blacklisted_sensor(mechanism: str) -> None:
     q = make_query(mechanism, sensors(3))
     banned = q.sensors[1]
     tc = truth_for(3, 100, 20)
-    er = privatize(q, tc, np.random.default_rng(1), "per-vehicle", Device(blacklist=frozenset({banned, 1})))
+    er = privatize(q, StationCounts(tc), np.random.default_rng(1), "per-vehicle",
+                   Device(blacklist=frozenset({banned, 1})))
     assert er.participants == 0 and er.refused == int(tc.sum())
     assert er.refusal_reason is not None and "blacklisted" in er.refusal_reason and str(banned) in er.refusal_reason
     assert er.rounds == []
@@ -455,7 +542,7 @@ def test_epoch_rng_reproduces_an_epoch(mechanism: str, mode: str) -> None:
     tc = truth_for(6, 900, 50)
 
     def run(query: Query, seed: int = 7, epoch: int = 4_500_000, producer: int = 1) -> list[np.ndarray]:
-        return _arrays(privatize(query, tc, epoch_rng(seed, query, epoch, producer), mode, Device()))
+        return _arrays(privatize(query, StationCounts(tc), epoch_rng(seed, query, epoch, producer), mode, Device()))
 
     base = run(q)
     again = run(q)
@@ -572,8 +659,8 @@ def test_unmixed_pairs_are_the_mixed_ones_grouped_by_vehicle(mechanism: str) -> 
     q = make_query(mechanism, sensors(12))
     tc = truth_for(12, 600, 30)
     rngs = np.random.default_rng(SEED), np.random.default_rng(SEED)
-    mixed = privatize(q, tc, rngs[0], "per-vehicle", Device())
-    grouped = privatize(q, tc, rngs[1], "per-vehicle", Device(), mix_pairs=False)
+    mixed = privatize(q, StationCounts(tc), rngs[0], "per-vehicle", Device())
+    grouped = privatize(q, StationCounts(tc), rngs[1], "per-vehicle", Device(), mix_pairs=False)
 
     def triples(er: EpochReports) -> list[tuple[int, int, int, int]]:
         out = []

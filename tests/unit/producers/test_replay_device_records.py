@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from estimators import Bitmaps, Pairs, StationSets
+from estimators import Bitmaps, Pairs, StationCounts, StationSets
 from producers.devices import DeviceRequests
-from producers.fleet import Device, privatize, privatize_sets
+from producers.fleet import Device, privatize
 from producers.replay import device_records
 from schemas import Query
 from schemas.device_binary import DeviceFields, unpack_device
@@ -29,8 +29,8 @@ def test_bitmap_rounds_send_what_the_sparse_pairs_sent(mechanism: str, params: d
                                                        layout: str) -> None:
     q = make_query(mechanism, sensors(v), params)
     tc = truth_for(v, 300, 2)
-    sparse = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device())
-    bits = privatize(q, tc, np.random.default_rng(SEED), "per-vehicle", Device(), mix_pairs=False)
+    sparse = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device())
+    bits = privatize(q, StationCounts(tc), np.random.default_rng(SEED), "per-vehicle", Device(), mix_pairs=False)
     # the mechanism chooses: bitmaps, or pairs when it expects few ones (PerStation.sparse_bits)
     assert isinstance(bits.rounds[-1], Bitmaps) == (layout == "bitmap") and isinstance(sparse.rounds[-1], Pairs)
     got = device_records(q, 9, bits, enrollment(), first_device=5)
@@ -63,7 +63,7 @@ def test_a_span_report_is_one_record_per_device_with_the_spans_first_epoch() -> 
               params={"q": 1e-9}, population=100, span_s=300, t_start=t0, t_end=t0 + timedelta(days=1))
     n = 25
     sets = StationSets(n, np.repeat(np.arange(n), 3), np.tile(np.array([2, 17, 39]), n))
-    er = privatize_sets(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e3), mix_pairs=False)
+    er = privatize(q, sets, np.random.default_rng(SEED), "per-vehicle", Device(1e3), mix_pairs=False)
     got = device_records(q, 1_000_000, er, enrollment(), first_device=7)
     assert len(got) == 1
     vehicles, records = got[0]

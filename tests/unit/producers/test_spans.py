@@ -1,7 +1,7 @@
 """Vehicles that keep their identity through a span (``producers.spans``: ``SpanFleet``,
 ``SpanTracker``), the cap on a report's passages (``cap_passages``), the fleet a span needs
 (``span_fleet_need``) and a span report's privatization of set truths
-(``producers.fleet.privatize_sets``).
+(``producers.fleet.privatize`` of a ``StationSets`` or ``YesCounts`` truth).
 
 The identity checks are exact (fixed seeds, deterministic). Each Monte Carlo bound states its
 false-failure rate for a random seed under a correct implementation.
@@ -17,7 +17,7 @@ import pytest
 
 import estimators as E
 from estimators.per_station import StationSets
-from producers.fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize_sets, split_fleet
+from producers.fleet import Device, FleetTooSmall, epoch_rng, fleet_share, privatize, split_fleet
 from producers.pems import TrafficDay, read_station_raw
 from producers.spans import SpanFleet, SpanTracker, cap_passages, span_fleet_need, span_flows, span_reports
 from producers.synthetic import write_synthetic_day
@@ -173,7 +173,7 @@ def test_cap_keeps_a_uniformly_random_subset() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# privatize_sets: one report per device per span, the set truth answered per station
+# privatize of set truths: one report per device per span, the set truth answered per station
 # ---------------------------------------------------------------------------------------
 def random_sets(seed: int, n: int, v: int, most: int) -> StationSets:
     rng = np.random.default_rng(seed)
@@ -184,7 +184,7 @@ def random_sets(seed: int, n: int, v: int, most: int) -> StationSets:
 
 @pytest.mark.parametrize("mode", ["tally", "per-vehicle"])
 @pytest.mark.parametrize("mix_pairs", [True, False])
-def test_privatize_sets_answers_every_passed_station(mode: str, mix_pairs: bool) -> None:
+def test_privatizing_sets_answers_every_passed_station(mode: str, mix_pairs: bool) -> None:
     """Unary RR at q: each station's count of 1s has mean yes (1 - q) + (n - yes) q over the
     set truths' Yes counts (which sum to ~3.5 n here). Per station within 5 sd (false-failure
     < 6e-7 each, < 2e-5 over the 30 stations of the 4 cases). A set reduced to one station
@@ -192,7 +192,7 @@ def test_privatize_sets_answers_every_passed_station(mode: str, mix_pairs: bool)
     v, n, q = 30, 6000, 0.2
     query = make_query("unary", tuple(range(101, 101 + v)), params={"q": q})
     sets = random_sets(8, n, v, 6)
-    er = privatize_sets(query, sets, np.random.default_rng(9), mode, Device(1e3), mix_pairs=mix_pairs)
+    er = privatize(query, sets, np.random.default_rng(9), mode, Device(1e3), mix_pairs=mix_pairs)
     assert (er.participants, er.refused) == (n, 0) and len(er.rounds) == 1
     arrays = er.rounds[0].arrays()
     if mode == "tally":
@@ -207,22 +207,22 @@ def test_privatize_sets_answers_every_passed_station(mode: str, mix_pairs: bool)
     assert np.all(np.abs(ones - mean) < 5 * np.sqrt(n * q * (1 - q)))
 
 
-def test_privatize_sets_charges_the_ledger_once_a_span_report() -> None:
+def test_privatizing_sets_charges_the_ledger_once_a_span_report() -> None:
     query = make_query("unary", (1, 2, 3), span_s=300)
     ledger = E.DayLedger(2.5 * query.epsilon)
     sets = random_sets(1, 10, 3, 2)
     for _ in range(2):
-        er = privatize_sets(query, sets, np.random.default_rng(0), "tally", Device(), ledger, "2026-11-18")
+        er = privatize(query, sets, np.random.default_rng(0), "tally", Device(), ledger, "2026-11-18")
         assert er.refused == 0
-    er = privatize_sets(query, sets, np.random.default_rng(0), "tally", Device(), ledger, "2026-11-18")
+    er = privatize(query, sets, np.random.default_rng(0), "tally", Device(), ledger, "2026-11-18")
     assert er.refused == 10 and "daily privacy budget" in (er.refusal_reason or "")
 
 
-def test_privatize_sets_needs_a_per_sensor_query() -> None:
+def test_privatizing_sets_needs_a_per_sensor_query() -> None:
     query = Query(query_id="q", analyst_id="a", version=1, sensors=(1, 2), mechanism="sp", population=10,
                   t_start=T0, t_end=T0 + timedelta(hours=1))
     with pytest.raises(ValueError, match="no set truth"):
-        privatize_sets(query, random_sets(1, 4, 2, 1), np.random.default_rng(0), "tally", Device())
+        privatize(query, random_sets(1, 4, 2, 1), np.random.default_rng(0), "tally", Device())
 
 
 def test_query_sets_follow_the_querys_sensors_and_order() -> None:
@@ -279,7 +279,7 @@ def test_tracker_refuses_a_span_the_fleet_cannot_hold_and_goes_on() -> None:
 
 def test_the_tally_of_span_flows_is_the_tally_of_the_sets(day: TrafficDay) -> None:
     """In tally mode with a cap that cannot bind, span_reports tallies the span flows without
-    reading the sets: the same counts, draw for draw, as privatize_sets over the sets; with a
+    reading the sets: the same counts, draw for draw, as privatize over the sets; with a
     binding cap it reads them and counts the dropped passages."""
     q = make_query("unary", tuple(int(s) for s in day.stations[::-1]), span_s=300)  # another order
     q_cap = make_query("unary", tuple(int(s) for s in day.stations), span_s=300,
@@ -295,7 +295,7 @@ def test_the_tally_of_span_flows_is_the_tally_of_the_sets(day: TrafficDay) -> No
     np.testing.assert_array_equal(tr.yes_counts(q), tr.truth(q).yes_counts(q.n_stations))
     dev = Device(1e3)
     fast, dropped = span_reports(q, tr, 5, 0, start, "tally", dev)
-    slow = privatize_sets(q, tr.truth(q), epoch_rng(5, q, start, 0), "tally", dev)
+    slow = privatize(q, tr.truth(q), epoch_rng(5, q, start, 0), "tally", dev)
     assert dropped == 0
     np.testing.assert_array_equal(fast.rounds[0].arrays()["counts"], slow.rounds[0].arrays()["counts"])
     _, dropped = span_reports(q_cap, tr, 5, 0, start, "tally", dev)

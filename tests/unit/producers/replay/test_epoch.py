@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from estimators import DayLedger
+from estimators import DayLedger, StationCounts
 from producers.fleet import Device, EpochReports, epoch_rng, privatize, query_truth_counts, split_fleet
 from producers.replay.epoch import EpochWork, ProducerShare, epoch_outputs, epoch_work
 from producers.replay.plan import ReplayPlan
@@ -84,8 +84,8 @@ def test_the_reports_are_the_devices_privatization_of_this_producers_row(mode: s
     got = list(epoch_outputs(plan, _share(1), work, row, _Stop()))
     assert [(o.query.query_id, o.epoch) for o in got] == [("flows", EPOCH), ("sp", EPOCH)]
     for out, q in zip(got, queries, strict=True):
-        want = privatize(q, query_truth_counts(row, STATIONS, q), epoch_rng(SEED, q, EPOCH, 1), mode, Device(),
-                         None, work.when.date().isoformat(), mix_pairs=not via_shuffler)
+        want = privatize(q, StationCounts(query_truth_counts(row, STATIONS, q)), epoch_rng(SEED, q, EPOCH, 1), mode,
+                         Device(), None, work.when.date().isoformat(), mix_pairs=not via_shuffler)
         assert out.reports.participants == int(row.sum()) and _same(out.reports, want)
     other = list(epoch_outputs(plan, _share(1), work, _row(EPOCH, 0), _Stop()))
     assert not _same(other[0].reports, got[0].reports)

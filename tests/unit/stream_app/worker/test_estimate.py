@@ -51,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import estimators as E
 import producers.replay.transport
+from estimators import StationCounts
 from producers.fleet import Device, EpochReports, epoch_rng, privatize
 from producers.replay import send_markers, send_round
 from schemas import Query
@@ -149,7 +150,7 @@ def produce(q: Query, truths: Iterable[np.ndarray], modes: Iterable[str], sink: 
     for index, (tc, mode, device) in enumerate(zip(truths, modes, devices, strict=True)):
         producer_id = f"p{index}-{index:08x}"
         st = stop or Stop()
-        er = privatize(q, tc, epoch_rng(SEED, q, EPOCH, index), mode, device)
+        er = privatize(q, StationCounts(tc), epoch_rng(SEED, q, EPOCH, index), mode, device)
         sent: dict[tuple[str, int], dict[int, list[int]]] = {}
         for r in range(q.n_rounds):
             per_part = sent.setdefault((q.record_key, r), {p: [0, 0] for p in sink.partitions})
