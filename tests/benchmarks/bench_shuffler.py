@@ -357,17 +357,27 @@ def _differing(d_rows: Rows, v_rows: Rows) -> list[tuple[Any, ...]]:
 
 def _day_line(direct: dict[str, Any], d_rows: Rows, via: dict[str, Any], v_rows: Rows) -> dict[str, Any]:
     """day10's comparison line: the time to the last row published on each path, their ratio,
-    whether every row is identical, and the bar (identical, within 3x)."""
+    whether every row is identical, and the bar (identical, within 3x); where rows differ, the
+    first one's differing fields (direct, shuffler) and how many of the differing rows the
+    shuffler's run withheld (by reason) or published."""
     differ = _differing(d_rows, v_rows)
     ratio = round(via["last_row_s"] / direct["last_row_s"], 2)
     identical = not differ and d_rows.keys() == v_rows.keys()
+    first = (d_rows[differ[0]], v_rows.get(differ[0]) or {}) if differ else ({}, {})
+    fields = {k: [first[0].get(k), first[1].get(k)] for k in sorted(first[0].keys() | first[1].keys())
+              if k not in _SHUFFLE_FIELDS and first[0].get(k) != first[1].get(k)}
+    withheld = Counter(str(v_rows[k]["withheld"])[:60] for k in differ
+                       if k in v_rows and v_rows[k].get("withheld") is not None)
     return {"scenario": "day10", "compare": "shuffler vs direct, same fleet and epochs, same run",
             "queries": direct["query_mechanisms"], "epochs": direct["epochs"],
             "device_records": via.get("device_records"), "shufflers": via.get("shufflers", 1),
             "direct_s": direct["last_row_s"], "shuffler_s": via["last_row_s"], "shuffler_vs_direct": ratio,
             "rows_direct": len(d_rows), "rows_shuffler": len(v_rows), "rows_differing": len(differ),
             "rows_only_shuffler": len(v_rows.keys() - d_rows.keys()), "rows_identical": identical,
-            "example": list(differ[0]) if differ else None, "meets_bar": identical and ratio <= 3.0,
+            "example": list(differ[0]) if differ else None, "example_fields": fields,
+            "differing_withheld": dict(withheld.most_common(5)),
+            "differing_published": len(differ) - sum(withheld.values()),
+            "meets_bar": identical and ratio <= 3.0,
             "load_average": via["load_average"]}
 
 
