@@ -14,7 +14,11 @@ the ones that closed, with the reason. An epoch closes when
    broker's retry put behind its producer's markers is waited for; one that never comes
    leaves the epoch to the watermark, withheld as ``missing_batches``), or
 2. the event-time watermark -- the smallest, over source partitions, of the newest epoch
-   seen from it -- has passed the epoch by more than the allowed lateness, and the window has
+   seen from it, and, when the markers name several producers (shuffler instances each write
+   to every partition), over every producer's newest marker on every partition, so that the
+   fastest instance does not pass the epochs a slower one is still releasing (a producer the
+   markers name that never marks holds it back: rule 4 then closes) -- has passed the epoch
+   by more than the allowed lateness, and the window has
    been idle (no record added) for ``watermark_idle_s`` of the workers' tick clock
    ("watermark"), or
 3. for live data, a wall-clock grace after the epoch's end has passed ("wall_clock"), or
@@ -362,6 +366,8 @@ class Watermarks:
     since it was loaded (then it must be written back: restarts depend on it)."""
 
     newest: dict[int, int] = field(default_factory=dict)  # source partition -> epoch
+    marked: dict[tuple[int, int], int] = field(default_factory=dict)  # (source partition, producer index) -> epoch
+    producers: tuple[int, int] = (-1, 1)  # (epoch, producer count) of the newest marker's claim
     open: dict[WindowId, int] = field(default_factory=dict)  # open window -> its last epoch (insertion order)
     clock_s: float | None = None  # newest tick time seen on this partition
     active: dict[WindowId, float] = field(default_factory=dict)  # open window -> last record, tick clock
@@ -388,11 +394,40 @@ class Watermarks:
             self.newest[source_partition] = epoch
             self.dirty = True
 
+    def mark(self, source_partition: int, producer_index: int, producer_count: int, epoch: int) -> None:
+        """Producer ``producer_index`` of ``producer_count`` marked ``epoch`` on the partition."""
+        slot = (source_partition, producer_index)
+        if epoch > self.marked.get(slot, -1):
+            self.marked[slot] = epoch
+            self.dirty = True
+        if (epoch, producer_count) > self.producers:
+            self.producers = (epoch, producer_count)
+            self.dirty = True
+
     def watermark(self, n_partitions: int) -> int | None:
-        """The smallest newest-epoch over all source partitions (None until all were seen)."""
+        """The smallest newest-epoch over all source partitions (None until all were seen) and,
+        when the newest marker names several producers, over every (partition, producer) slot
+        of their markers too: each producer writes to every partition, so a partition's newest
+        epoch follows the fastest one; a slower one's epochs are not passed until it marks them
+        (None until every slot was marked).
+
+        >>> wm = Watermarks()
+        >>> wm.see(0, 9); wm.mark(0, 0, 2, 9)
+        >>> wm.watermark(1) is None  # producer 1 of 2 has marked nothing yet
+        True
+        >>> wm.mark(0, 1, 2, 4); wm.watermark(1)
+        4
+        """
         if any(p not in self.newest for p in range(n_partitions)):
             return None
-        return min(self.newest[p] for p in range(n_partitions))
+        wm = min(self.newest[p] for p in range(n_partitions))
+        k = self.producers[1]
+        if k < 2:
+            return wm
+        slots = [(p, i) for p in range(n_partitions) for i in range(k)]
+        if any(s not in self.marked for s in slots):
+            return None
+        return min(wm, *(self.marked[s] for s in slots))
 
     def track(self, wid: WindowId, last: int | None = None) -> None:
         """Keep ``wid`` open; ``last``: the last epoch it covers (a span's; None: its own epoch)."""
@@ -427,6 +462,8 @@ class Watermarks:
 
     def encode(self) -> bytes:
         return json.dumps({"newest": sorted(self.newest.items()),
+                           "marked": [[p, i, e] for (p, i), e in sorted(self.marked.items())],
+                           "producers": list(self.producers),
                            "open": [[w.query_id, w.query_version, w.epoch, *([last] if last != w.epoch else [])]
                                     for w, last in self.open.items()],
                            "clock": self.clock_s,
@@ -439,7 +476,10 @@ class Watermarks:
             return cls()
         d = json.loads(data)
         clock = d.get("clock")
+        epoch, count = d.get("producers", (-1, 1))
         return cls(newest={int(p): int(e) for p, e in d["newest"]},
+                   marked={(int(p), int(i)): int(e) for p, i, e in d.get("marked", [])},
+                   producers=(int(epoch), int(count)),
                    open={WindowId(q, int(v), int(e)): int(rest[0]) if rest else int(e) for q, v, e, *rest in d["open"]},
                    clock_s=None if clock is None else float(clock),
                    active={WindowId(q, int(v), int(e)): float(t) for q, v, e, t in d.get("active", [])})
@@ -593,6 +633,8 @@ class WindowPolicy:
                     wm.track(wid, st.last_epoch)
                     wm.touch(wid)
             wm.see(item.source_partition, wid.epoch)
+            if isinstance(item, MarkerPartial):
+                wm.mark(item.source_partition, item.producer_index, item.producer_count, wid.epoch)
             out.newest[qid] = max(out.newest.get(qid, wid.epoch), wid.epoch)
             if not st.closed and st.markers_complete(self.n_source_partitions) and not st.missing_batches():
                 close(st, "markers")

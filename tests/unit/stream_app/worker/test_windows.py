@@ -590,6 +590,28 @@ def test_too_old_epochs_are_late_before_a_window_exists() -> None:
     assert wm.too_old(12, 2, 2) and not wm.too_old(13, 2, 2) and not wm.too_old(15, 2, 2)
 
 
+def test_watermark_waits_for_every_producer_the_markers_name() -> None:
+    """Two shuffler instances each write to every partition: a partition's newest epoch follows
+    the faster one; the slower one's epochs are not passed until it marks them."""
+    wm = Watermarks()
+    for p in (0, 1):
+        wm.see(p, 20)
+        wm.mark(p, 0, 2, 20)
+    assert wm.watermark(2) is None  # producer 1 of 2 has marked nothing
+    wm.mark(0, 1, 2, 12)
+    assert wm.watermark(2) is None  # nor on partition 1
+    wm.mark(1, 1, 2, 14)
+    assert wm.watermark(2) == 12 and wm.due(2, 0) == [] and wm.too_old(11, 2, 0)
+    wm.mark(0, 1, 2, 11)  # an older marker never moves it back
+    assert wm.watermark(2) == 12
+    wm.mark(0, 1, 2, 30)
+    assert wm.watermark(2) == 14
+    wm.mark(0, 0, 1, 31)  # the newest marker names one producer (scaled down): partitions only
+    assert wm.watermark(2) == 20
+    wm.mark(0, 0, 3, 30)  # an older claim of three changes nothing
+    assert wm.producers == (31, 1) and wm.watermark(2) == 20
+
+
 def test_watermarks_round_trip() -> None:
     assert Watermarks.decode(None) == Watermarks()
     assert Watermarks.decode(b"") == Watermarks()
@@ -597,10 +619,12 @@ def test_watermarks_round_trip() -> None:
     wm.see(0, 3)
     wm.see(1, 4)
     wm.see(12, 2)
+    for part, index, epoch in ((0, 0, 3), (0, 1, 3), (1, 0, 4), (1, 1, 5)):
+        wm.mark(part, index, 2, epoch)
     wm.track(wid(3))
     wm.track(wid(1, version=7))
     back = Watermarks.decode(wm.encode())
-    assert (back.newest, back.open) == (wm.newest, wm.open)
+    assert (back.newest, back.open, back.marked, back.producers) == (wm.newest, wm.open, wm.marked, wm.producers)
     assert list(back.open) == list(wm.open)  # insertion order kept
     assert back.watermark(2) == 3 and back.due(2, 0) == [wid(1, version=7)]
     assert back.encode() == wm.encode()
@@ -610,6 +634,7 @@ def test_watermarks_dirty_exactly_when_a_change_must_be_persisted() -> None:
     wm = Watermarks()
     wm.see(0, 10)
     wm.see(1, 12)
+    wm.mark(0, 0, 1, 10)
     wm.track(wid(10))
     data = wm.encode()
 
@@ -621,11 +646,12 @@ def test_watermarks_dirty_exactly_when_a_change_must_be_persisted() -> None:
     w = fresh()
     w.see(0, 9)  # older: nothing changes
     w.see(1, 12)  # same: nothing changes
+    w.mark(0, 0, 1, 10)  # a marker already seen
     w.track(wid(10))  # already open
     w.untrack(wid(99))  # never open
     assert not w.dirty and w.encode() == data
     for change in (lambda x: x.see(0, 11), lambda x: x.see(2, 0), lambda x: x.track(wid(11)),
-                   lambda x: x.untrack(wid(10))):
+                   lambda x: x.untrack(wid(10)), lambda x: x.mark(0, 0, 1, 11), lambda x: x.mark(0, 0, 2, 10)):
         w = fresh()
         change(w)
         assert w.dirty
@@ -851,6 +877,27 @@ def test_policy_closes_by_watermark_with_allowed_lateness() -> None:
     out = store.apply(policy, [batch(bid(7), [1, 0, 0, 0, 0], partition=0, epoch=10)])
     assert out.late == Counter({QID: 1})
     assert WindowState.decode(store.windows[wid(10, VERSION)]).late == 1
+
+
+def test_policy_does_not_pass_a_slower_producers_epochs() -> None:
+    """Two producers (shuffler instances), each writing to both partitions: producer 0 runs
+    ten epochs ahead; the epochs producer 1 has not marked stay open (they would close by the
+    watermark, withheld, were it read from the partitions alone) and close by their markers
+    once producer 1's data comes."""
+    policy = WindowPolicy(n_source_partitions=2, allowed_lateness_epochs=1)
+    store = Store()
+
+    def epoch_of(producer: int, epoch: int) -> list[Partial]:
+        return [*(batch(bid(1000 * producer + 10 * epoch + part), [1, 0, 0], producer=f"p{producer}-aaaa",
+                        partition=part, epoch=epoch, qid="q-one") for part in (0, 1)),
+                *(marker(0, producer, part, count=2, batches=1, reports=1, epoch=epoch, qid="q-one")
+                  for part in (0, 1))]
+
+    out = store.apply(policy, [item for e in range(10, 21) for item in epoch_of(0, e)] + epoch_of(1, 10))
+    assert closed(out) == [(10, "markers")]
+    out = store.apply(policy, [item for e in range(11, 21) for item in epoch_of(1, e)])
+    assert closed(out) == [(e, "markers") for e in range(11, 21)]
+    assert all(st.reports.tolist() == [4] for st, _ in out.closed)
 
 
 def test_policy_closes_by_wall_clock_within_grace_and_horizon() -> None:
