@@ -404,6 +404,12 @@ class Watermarks:
             self.producers = (epoch, producer_count)
             self.dirty = True
 
+    def saw(self, item: BatchPartial | MarkerPartial) -> None:
+        """A batch or marker of its window's epoch came from its source partition."""
+        self.see(item.source_partition, item.window.epoch)
+        if isinstance(item, MarkerPartial):
+            self.mark(item.source_partition, item.producer_index, item.producer_count, item.window.epoch)
+
     def watermark(self, n_partitions: int) -> int | None:
         """The smallest newest-epoch over all source partitions (None until all were seen) and,
         when the newest marker names several producers, over every (partition, producer) slot
@@ -632,9 +638,7 @@ class WindowPolicy:
                 if not st.closed:
                     wm.track(wid, st.last_epoch)
                     wm.touch(wid)
-            wm.see(item.source_partition, wid.epoch)
-            if isinstance(item, MarkerPartial):
-                wm.mark(item.source_partition, item.producer_index, item.producer_count, wid.epoch)
+            wm.saw(item)
             out.newest[qid] = max(out.newest.get(qid, wid.epoch), wid.epoch)
             if not st.closed and st.markers_complete(self.n_source_partitions) and not st.missing_batches():
                 close(st, "markers")
