@@ -19,6 +19,15 @@ a broker that fills a fetch from the first partition it names up to ``fetch.max.
 does; Kafka rotates them) otherwise has the whole backlog of one partition read before the next
 (measured: 1.5 of 1.5 million records from partition 0 of four at 64 MiB; a quarter each at
 1 MiB, and faster). The runtime pauses a partition that runs ahead all the same (:meth:`Intake.pause_only`).
+
+Two waits removed (``tests/benchmarks/bench_shuffler.py --only day10 --epochs-day 240``, a
+backlog of 2.2 M records left when the replay ended): librdkafka postpones the fetch of a
+partition whose local queue is full by ``fetch.queue.backoff.ms`` (1 s by default), and a
+pause drops that queue -- the resumed partition then gave nothing for up to a second while the
+broker held its backlog (79 empty polls, 16 s of the 70 s drain; one with 20 ms); and the ends
+(:meth:`Intake.end_offsets`, the end-of-input check) asked on the reader's own connection waited
+behind the fetch the broker holds up to ``fetch.wait.max.ms`` (Tansu: ~0.5 s a partition, 1.8 s
+for four at the end of every run; ~3 ms on a connection of their own).
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ from schemas.settings import KafkaSettings
 __all__ = ["Intake", "Rec"]
 
 log = logging.getLogger(__name__)
+#: ms before a partition whose local queue is full is considered for a fetch again (librdkafka: 1000)
+FETCH_QUEUE_BACKOFF_MS = 20
 
 
 class Rec(NamedTuple):
@@ -58,15 +69,16 @@ class Intake:
     """A librdkafka consumer of assigned partitions; ``group_id``: whose committed offsets it reads."""
 
     def __init__(self, settings: KafkaSettings, group_id: str, fetch_max_bytes: int = 1024 * 1024) -> None:
+        base = {**librdkafka_options(settings), "group.id": group_id, "enable.auto.commit": False,
+                "enable.auto.offset.store": False, "log_level": 2, "logger": log}
         self._consumer = Consumer({
-            **librdkafka_options(settings),
-            "group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+            **base, "isolation.level": "read_committed", "auto.offset.reset": "earliest",
             "fetch.max.bytes": fetch_max_bytes, "max.partition.fetch.bytes": max(fetch_max_bytes // 4, 64 * 1024),
             "receive.message.max.bytes": max(fetch_max_bytes, 64 * 1024 * 1024) + 1024 * 1024,  # batches come whole
             "queued.max.messages.kbytes": 64 * 1024,
-            "log_level": 2, "logger": log,
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,  # not 1 s (module docstring)
         })
+        self._ends = Consumer(base)  # end_offsets: on a connection of its own, never behind a held fetch
         self._pos: dict[tuple[str, int], int] = {}
         self._skip: dict[tuple[str, int], int] = {}  # read elsewhere up to this offset: not returned again
         self._paused: set[tuple[str, int]] = set()
@@ -155,12 +167,15 @@ class Intake:
         out = {}
         for tp in tps:
             try:
-                _, high = self._consumer.get_watermark_offsets(CkPartition(tp.topic, tp.partition),
-                                                               timeout=timeout_s, cached=False)
+                _, high = self._ends.get_watermark_offsets(CkPartition(tp.topic, tp.partition),
+                                                           timeout=timeout_s, cached=False)
             except KafkaException as exc:
                 raise IntakeError(f"librdkafka consumer: {exc}") from exc
             out[tp] = high
         return out
 
     def close(self) -> None:
-        self._consumer.close()
+        try:
+            self._consumer.close()
+        finally:
+            self._ends.close()

@@ -57,7 +57,10 @@ class ShufflerSettings(EnrollmentSettings):
                     "per-value or per-station counts (one exact-tally batch); 'permuted', the device reports "
                     "themselves, permuted (reports batches)")
     batch_size: int = Field(default=5000, ge=1, description="reports per released columnar batch (permuted release)")
-    max_poll_records: int = Field(default=5000, ge=1, description="device records read per transaction at most")
+    max_poll_records: int = Field(default=20000, ge=1,
+                                  description="device records read per transaction at most (each transaction "
+                                              "waits for the broker a few times: fewer, larger ones read a "
+                                              "backlog faster)")
     metrics_host: str = Field(default="127.0.0.1", description="where the shuffler's /metrics is served")
     metrics_port: int = Field(default=6067, ge=0, le=65535,
                               description="port of the shuffler's Prometheus /metrics (0: not served); every "
