@@ -202,7 +202,7 @@ def _assert_unary_sent_as_bitmaps(ss: ShufflerSettings) -> None:
     ``bitmap`` form: smaller than their pairs at 6 stations), and no other query's is."""
     queries = {(q.query_id, q.version): q for q in read_queries(ss)}
     forms: Counter[tuple[str, int | None]] = Counter()
-    for rec in drain(ss, ss.device_topic, quiet_polls=1):
+    for rec in drain(ss, ss.device_topic):
         if rec.headers == [("ptt-kind", b"device_report")]:
             d = decode_device_record(rec.value)
             assert isinstance(d, DeviceReport)
@@ -222,7 +222,7 @@ def _assert_nothing_links(ss: ShufflerSettings) -> None:
     epoch, round) equal to the counts of the device reports sent for it (the worker's registry
     completes both to the same per-station counts): a function of the multiset of reports, so
     nothing in it can tell which device sent what."""
-    device = drain(ss, ss.device_topic, quiet_polls=1)
+    device = drain(ss, ss.device_topic)
     device_keys = {r.key for r in device}
     assert len(device_keys) > 100
     batches, markers = _drain_decoded(ss)
