@@ -231,7 +231,7 @@ class Enrollment:
         self._notes_key = hkdf_expand(self._prk, NOTES_LABEL)
         self.revocation = revocation or Revocation()
         self.key = lru_cache(maxsize=KEY_CACHE)(self._derive)
-        self._states = lru_cache(maxsize=KEY_CACHE)(self._keyed_states)
+        self._kept: dict[int, tuple[Any, Any]] = {}  # device -> its keyed states (a cached fleet: at most all of it)
         self._slot_keys = lru_cache(maxsize=4096)(self._slot_derive)
 
     def _derive(self, device: int) -> bytes:
@@ -259,8 +259,10 @@ class Enrollment:
         +87 MB at the papers' fleet (136,161)."""
         return _hmac_states(self._derive(device))
 
-    def _slot_derive(self, query_id: str, version: int, epoch: int, rnd: int) -> bytes:
-        return hmac.digest(self._slot_key, f"{query_id}\x1f{version}\x1f{epoch}\x1f{rnd}".encode(), "sha256")
+    def _slot_derive(self, query_id: str, version: int, epoch: int, rnd: int) -> Any:
+        """The slot's keyed BLAKE2s state, its key block hashed (:meth:`slot_digests` copies it)."""
+        key = hmac.digest(self._slot_key, f"{query_id}\x1f{version}\x1f{epoch}\x1f{rnd}".encode(), "sha256")
+        return hashlib.blake2s(key=key, digest_size=DIGEST_BYTES)
 
     def enrolled(self, device: int) -> bool:
         return 0 <= device < self.devices
@@ -294,14 +296,31 @@ class Enrollment:
         >>> all(e.mac(3, m) == hmac.digest(e.key(3), m, "sha256")[:MAC_BYTES] for m in (b"", b"x" * 100))
         True
         """
-        if self._cached:
-            inner, outer = self._states(device)
-            inner, outer = inner.copy(), outer.copy()
-        else:  # a fleet past the cache: derived afresh (7.98 us a seal against 22.4 through the caches)
-            inner, outer = _hmac_states(self._derive(device))
-        inner.update(message)
-        outer.update(inner.digest())
-        return outer.digest()[:MAC_BYTES]  # type: ignore[no-any-return]
+        return self.macs((device,), (message,))[0]
+
+    def macs(self, devices: Iterable[int], messages: Iterable[bytes | memoryview]) -> list[bytes]:
+        """:meth:`mac` of each message under its device's key, in one loop (the replay's sealing
+        and the shuffler's check: 1.2 µs a short report here, where a call of :meth:`mac` per
+        record cost 2.0)."""
+        out: list[bytes] = []
+        append, size = out.append, MAC_BYTES
+        if not self._cached:  # a fleet past the cache: derived afresh (7.98 us a seal against 22.4 through the caches)
+            for device, message in zip(devices, messages, strict=True):
+                inner, outer = _hmac_states(self._derive(device))
+                inner.update(message)
+                outer.update(inner.digest())
+                append(outer.digest()[:size])
+            return out
+        kept, keyed = self._kept, self._keyed_states
+        for device, message in zip(devices, messages, strict=True):
+            states = kept.get(device)
+            if states is None:
+                states = kept[device] = keyed(device)
+            inner, outer = states[0].copy(), states[1].copy()
+            inner.update(message)
+            outer.update(inner.digest())
+            append(outer.digest()[:size])
+        return out
 
     def seal(self, raw: bytes, device: int) -> bytes:
         """A binary report (:func:`~schemas.device_binary.encode_device`, no trailer) with its
@@ -312,8 +331,7 @@ class Enrollment:
     def seal_messages(self, messages: Sequence[bytes], devices: Sequence[int]) -> list[bytes]:
         """Many :func:`~schemas.device_binary.auth_message` byte strings, each with its MAC
         appended (the replay's path: ``encode_device_values(..., devices)``, then this)."""
-        mac = self.mac
-        return [m + mac(d, m) for m, d in zip(messages, devices, strict=True)]
+        return [m + t for m, t in zip(messages, self.macs(devices, messages), strict=True)]
 
     def sign_report(self, report: DeviceReport, device: int) -> DeviceReport:
         """A JSON device report with its ``device`` and ``mac`` (hex) set."""
@@ -344,15 +362,20 @@ class Enrollment:
         >>> [why.reason for _, why in e.check_sealed([5], [e.seal(b"\\x01\\x00\\x01q" + bytes(13), 5)])]
         ['revoked']
         """
-        out, mac, n, compare, revoked = [], self.mac, self.devices, hmac.compare_digest, self.revocation.ids
-        for j, (device, raw) in enumerate(zip(devices, records, strict=True)):
-            if not 0 <= device < n:
-                out.append((j, _UNAUTHENTICATED if device < 0 else _UNKNOWN))
-            elif not compare(mac(device, memoryview(raw)[:-MAC_BYTES]), raw[-MAC_BYTES:]):
+        if len(devices) != len(records):
+            raise ValueError(f"{len(devices)} devices for {len(records)} records")
+        n, size, revoked = self.devices, MAC_BYTES, self.revocation.ids
+        out = [(j, _UNAUTHENTICATED if device < 0 else _UNKNOWN) for j, device in enumerate(devices)
+               if not 0 <= device < n]
+        rows = [j for j, device in enumerate(devices) if 0 <= device < n] if out else range(len(devices))
+        compare = hmac.compare_digest
+        for j, tag in zip(rows, self.macs([devices[j] for j in rows], [records[j][:-size] for j in rows]),
+                          strict=True):
+            if not compare(tag, records[j][-size:]):
                 out.append((j, _BAD_MAC))
-            elif revoked and device in revoked:
+            elif revoked and devices[j] in revoked:
                 out.append((j, _REVOKED))
-        return out
+        return sorted(out, key=lambda t: t[0])
 
     def check_report(self, report: DeviceReport, raw: bytes | None = None) -> AuthFailure | None:
         """A decoded report's authentication: a binary one's trailer (``raw``: its bytes) or a
@@ -375,5 +398,11 @@ class Enrollment:
 
     def slot_digests(self, query_id: str, version: int, epoch: int, rnd: int, devices: Sequence[int]) -> list[bytes]:
         """:meth:`slot_digest` of many devices of one slot (the slot's key looked up once)."""
-        key, pack, blake = self._slot_keys(query_id, version, epoch, rnd), _U32.pack, hashlib.blake2s
-        return [blake(pack(d), key=key, digest_size=DIGEST_BYTES).digest() for d in devices]
+        base, pack = self._slot_keys(query_id, version, epoch, rnd), _U32.pack
+        out: list[bytes] = []
+        append = out.append
+        for d in devices:  # a copy of the slot's keyed state, its key block hashed once: half a keyed call
+            h = base.copy()
+            h.update(pack(d))
+            append(h.digest())
+        return out

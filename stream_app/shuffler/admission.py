@@ -99,15 +99,16 @@ class Admission:
                 or any(q is None for q in queries)
                 or (self.instances > 1 and bool(np.any(parts != batch.device % self.partitions)))):
             return None
-        slots, group = np.unique(np.stack([batch.key, batch.epoch, batch.round], axis=1), axis=0,
-                                 return_inverse=True)
+        # one int64 per row for its slot (key, round, u32 epoch): a 1-d unique, not a row-wise one
+        code = ((batch.key << 1) | batch.round) << 32 | batch.epoch
+        slots, group = np.unique(code, return_inverse=True)
         group = group.ravel()
         order = np.argsort(group, kind="stable")  # a slot's rows in arrival order
         cuts = np.searchsorted(group[order], np.arange(len(slots) + 1)).tolist()
         plan = []
         listed = slots.tolist()
         for g in sorted(range(len(listed)), key=lambda g: int(order[cuts[g]])):  # slots by first arrival
-            k, epoch, rnd = listed[g]
+            k, rnd, epoch = listed[g] >> 33, (listed[g] >> 32) & 1, listed[g] & 0xFFFFFFFF
             rows = order[cuts[g]:cuts[g + 1]]
             query_id, version = batch.keys[k]
             slot, query = (query_id, version, epoch, rnd), queries[k]

@@ -22,7 +22,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "estimators/fleet.py::fleet_plan": (93, "the day budget's split and its check, then the plan fleet --json "
                                             "contract"),
     "stream_app/worker/windows.py::apply": (91, "the window policy's one transition function, every event kind"),
-    "stream_app/shuffler/columns.py::decode_batch": (88, "the device batch decoder, one vectorised pass"),
     "stream_app/subscribe.py::subscribe": (81, "ptt subscribe's read loop"),
     "producers/pems/decimals.py::_short_decimals": (70, "the PeMS parser's decimal fast path"),
     "stream_app/report/plots.py::series_for": (68, "one plot's series, every kind of row"),

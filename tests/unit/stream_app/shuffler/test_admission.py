@@ -209,14 +209,16 @@ def test_bitmap_counts_are_the_pairs_counts() -> None:
 
 
 def _good(n: int, dup: bool = False) -> list[_Rec]:
-    """``n`` admissible reports of epoch E0 + 1 (station-valued for sp, bitmaps for un), one
-    per device and slot -- with ``dup``, device 7's sp report a second time at the end."""
+    """``n`` admissible reports of epoch E0 + 1 (station-valued for sp, both rounds, bitmaps
+    for un), one per device and slot -- with ``dup``, device 7's sp report a second time at
+    the end."""
     rng = np.random.default_rng(5)
     out = []
     for d in range(n):
-        raw = E.seal_messages(encode_device_values("sp", 1, E0 + 1, 0, np.array([rng.integers(0, V + 1)]),
-                                                   np.array([d])), [d])[0]
-        out += [_Rec(0, raw), _Rec(0, _bitmap("un", E0 + 1, 0, sorted(set(rng.integers(1, V + 1, 3).tolist())), V, d))]
+        raw = [E.seal_messages(encode_device_values("sp", 1, E0 + 1, r, np.array([rng.integers(0, V + 1)]),
+                                                    np.array([d])), [d])[0] for r in (0, 1)]
+        stations = sorted(set(rng.integers(1, V + 1, 3).tolist()))
+        out += [_Rec(0, raw[0]), _Rec(0, _bitmap("un", E0 + 1, 0, stations, V, d)), _Rec(0, raw[1])]
     if dup:
         out.append(_Rec(0, E.seal_messages(encode_device_values("sp", 1, E0 + 1, 0, np.array([2]), np.array([7])),
                                            [7])[0]))
@@ -261,5 +263,5 @@ def test_a_clean_batch_is_admitted_a_slot_at_a_time(dup: bool, population: int, 
     assert list(got_step.digests) == list(forced_step.digests)  # slots in first-arrival order
     assert [(w.reason, r.offset) for w, r in got_step.letters] == [(w.reason, r.offset) for w, r in forced_step.letters]
     assert got_step.slots == forced_step.slots
-    want = 1 if dup else 2 * max(0, 40 - population)
+    want = 1 if dup else 3 * max(0, 40 - population)
     assert len(got_step.letters) == want

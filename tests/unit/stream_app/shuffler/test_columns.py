@@ -76,6 +76,8 @@ def _signed(rng: np.random.Generator, n: int) -> tuple[list[bytes | None], list[
     good: list[tuple[bytes, int | None]] = [*zip(sealed, devices.tolist(), strict=True),
             (E.seal(encode_device("alp", 1, 9, 0, pairs=((4, 1), (7, 0))), 3), 3),
             (E.seal(encode_device("alp", 1, 9, 1, pairs=()), 4), 4),
+            (E.seal(encode_device("un", 1, 9, 0, pairs=((2, 1), (9, 1)), bitmap_stations=10), 8), 8),
+            (E.seal(encode_device("un", 2, 9, 1, pairs=((1, 1),), bitmap_stations=3), 9), 9),
             (encode_json(E.sign_report(DeviceReport(query_id="sp-day", query_version=1, epoch=9, value=4), 5)), 5),
             (encode_json(E.sign_report(DeviceReport(query_id="alp", query_version=1, epoch=9, pairs=((2, 3),)), 6)),
              6),
