@@ -84,24 +84,26 @@ class BulkProducer:
     def produce(self, values: Sequence[bytes], keys: bytes, key_size: int,
                 headers: list[tuple[str, str | bytes | None]], stopped: Callable[[], bool],
                 full: Callable[[], None], partitions: Sequence[int] | None = None) -> int:
-        """Hand ``values[j]`` with key ``keys[j * key_size:(j + 1) * key_size]`` over (on
-        ``partitions[j]`` when given), in order, until ``stopped()``; returns how many were
-        handed over. A full queue calls ``full()`` (which may raise, e.g. the broker is lost)
-        between waits for deliveries."""
+        """Hand ``values[j]`` with key ``keys[j * key_size:(j + 1) * key_size]`` (none: ``key_size``
+        0) over (on ``partitions[j]`` when given), in order, until ``stopped()``; returns how many
+        were handed over. A full queue calls ``full()`` (which may raise, e.g. the broker is
+        lost) between waits for deliveries. A record's key costs librdkafka ~0.65 CPU-µs and a
+        header ~0.6 here, of ~2.5 a record."""
         produce, report, topic = self._producer.produce, self._report, self.topic
+        hdrs = headers or None
         done = 0
         for j, value in enumerate(values):
             if j % _SERVE_EVERY == 0:
                 if stopped():
                     break
                 self._poll(0)
-            key = keys[j * key_size:(j + 1) * key_size]
+            key = keys[j * key_size:(j + 1) * key_size] if key_size else None
             while True:
                 try:
                     if partitions is None:
-                        produce(topic, value, key, on_delivery=report, headers=headers)
+                        produce(topic, value, key, on_delivery=report, headers=hdrs)
                     else:
-                        produce(topic, value, key, partitions[j], on_delivery=report, headers=headers)
+                        produce(topic, value, key, partitions[j], on_delivery=report, headers=hdrs)
                     break
                 except BufferError:  # the local queue is full: wait for deliveries
                     full()

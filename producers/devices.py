@@ -18,7 +18,6 @@ ends, as the Kafka path's acknowledgements are.
 from __future__ import annotations
 
 import functools
-import secrets
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 
@@ -149,17 +148,14 @@ def device_records(q: Query, epoch: int, er: EpochReports, enrollment: Enrollmen
 
 def send_device_reports(sink: ReportSink, q: Query, epoch: int, er: EpochReports, stop: Stops, enrollment: Enrollment,
                         first_device: int = 0) -> None:
-    """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record
-    under a fresh random key, on the partition ``device id mod partitions`` (where a shuffler
-    with several instances looks for all of a device's reports), handed over at once
-    (:meth:`ReportSink.send_many`, librdkafka)."""
-    headers = [(KIND_HEADER, b"device_report")]
+    """--via-shuffler (Kafka): every device report (:func:`device_records`) as its own record,
+    with no key and no header (docs/wire.md, "Device topic"), on the partition ``device id mod
+    partitions`` (where a shuffler with several instances looks for all of a device's reports),
+    handed over at once (:meth:`ReportSink.send_many`, librdkafka)."""
     parts = np.asarray(sink.partitions)
     for vehicles, records in device_records(q, epoch, er, enrollment, first_device):
-        keys = secrets.token_bytes(16 * len(records))  # fresh random keys, drawn at once
         partitions = parts[(first_device + np.asarray(vehicles)) % len(parts)].tolist()
-        if stop.requested or sink.send_many(records, keys, 16, headers=headers, stop=stop,
-                                            partitions=partitions) < len(records):
+        if stop.requested or sink.send_many(records, stop=stop, partitions=partitions) < len(records):
             return
 
 @functools.cache

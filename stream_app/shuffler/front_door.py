@@ -54,7 +54,6 @@ import json
 import logging
 import math
 import resource
-import secrets
 import socket
 import threading
 import time
@@ -70,13 +69,11 @@ from schemas.enrollment import Enrollment
 from schemas.kafka_io import BrokerUnavailable, ensure_topics
 
 from .door_policy import Accepted, DeviceCheck, DeviceRate, DoorLimits, Refusal, RefusalLog, parse_request, refusal
-from .release import KIND_HEADER
 from .settings import ShufflerSettings
 
 __all__ = ["FD_RESERVE", "FrontDoor", "connection_cap", "door_limits"]
 
 log = logging.getLogger(__name__)
-_HEADERS = [(KIND_HEADER, b"device_report")]
 FD_RESERVE = 512  # file descriptors the door keeps for its own: its broker connections, logs, the revocation list
 
 
@@ -561,13 +558,11 @@ class FrontDoor:
         if s.http_fault_hold_s and s.http_fault_point == "before_send":
             log.warning("fault injection: holding a request before its reports are sent")
             await asyncio.sleep(s.http_fault_hold_s)
-        keys = secrets.token_bytes(16 * len(got.records))
         try:
             parts = self._partitions
             partition = parts[device % len(parts)]
-            futures = [await self._producer.send(s.device_topic, value=raw, key=keys[16 * i:16 * i + 16],
-                                                 partition=partition, headers=_HEADERS)
-                       for i, raw in enumerate(got.records)]
+            futures = [await self._producer.send(s.device_topic, value=raw, partition=partition)
+                       for raw in got.records]
             metas = await asyncio.wait_for(asyncio.gather(*futures), timeout=s.http_ack_timeout_s)
         except (KafkaError, TimeoutError, OSError) as exc:
             self._refuse_reason("broker_unavailable")
