@@ -69,13 +69,18 @@ class Admission:
     instances: int = 1
     partitions: int = 1
 
-    def take(self, batch: DeviceBatch, records: list[Any], step: Step, now: Callable[[], float]) -> None:
-        """Admit ``records`` (decoded as ``batch``) into the policy; dead letters into ``step``."""
+    def take(self, batch: DeviceBatch, records: Any, step: Step, now: Callable[[], float]) -> None:
+        """Admit ``records`` (decoded as ``batch``; records with a ``partition`` and an
+        ``offset`` each, or one partition's :class:`~.intake.Polled` columns) into the policy;
+        dead letters into ``step``."""
         policy, n = self.policy, len(records)
         step.read[0] += n
         queries = [self.query(q, v) for q, v in batch.keys]
-        parts = np.fromiter((r.partition for r in records), np.int64, n)
-        offsets = np.fromiter((r.offset for r in records), np.int64, n)
+        if isinstance(getattr(records, "offsets", None), list):  # one partition's columns (intake.Polled)
+            parts, offsets = np.full(n, records.partition, np.int64), np.asarray(records.offsets, np.int64)
+        else:
+            parts = np.fromiter((r.partition for r in records), np.int64, n)
+            offsets = np.fromiter((r.offset for r in records), np.int64, n)
         clocks = self._clocks(parts, offsets)
         passes = self._passing(batch, queries, clocks)
         took = self._all_admitted(batch, queries, passes, parts, step)
@@ -126,7 +131,7 @@ class Admission:
             took[(slot[:3], slot[3])] = rows
         return took
 
-    def _one_by_one(self, batch: DeviceBatch, records: list[Any], queries: list[Query | None],
+    def _one_by_one(self, batch: DeviceBatch, records: Any, queries: list[Query | None],
                     parts: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], clocks: npt.NDArray[np.int64],
                     passes: npt.NDArray[np.bool_], step: Step) -> dict[tuple[EpochKey, int], list[int]]:
         """Each record in arrival order: its dead letter into ``step``, or admitted (its rows by
@@ -227,17 +232,18 @@ def _counts(batch: DeviceBatch, rows: list[int], query: Query) -> npt.NDArray[np
     if query.per_station is None:
         return np.bincount(batch.value[rows], minlength=n_out).astype(np.int64)
     out = np.zeros((query.n_stations + 1) * n_out, np.int64)
-    maps = [i for i in rows if batch.width[i] >= 0]
-    if maps:  # bitmap bit s - 1 is the pair (s, 1)
+    at = np.asarray(rows, np.int64)
+    maps = at[batch.width[at] >= 0]
+    if maps.size:  # bitmap bit s - 1 is the pair (s, 1)
         out[np.arange(1, query.n_stations + 1) * n_out + 1] += batch.station_counts(maps)
-    fast = [i for i in rows if batch.npairs[i] >= 0]
-    if fast:  # the fast path's pair rows: their pairs picked from the batch's pair arrays at once
+    fast = at[batch.npairs[at] >= 0]
+    if fast.size:  # the fast path's pair rows: their pairs picked from the batch's pair arrays at once
         mine = np.zeros(batch.key.size, bool)
         mine[fast] = True
         sel = mine[batch.pair_row]
         out += np.bincount(batch.pair_station[sel] * n_out + batch.pair_output[sel], minlength=out.size)
-    pairs = [np.asarray(batch.pairs[i], np.int64).reshape(-1, 2) for i in rows
-             if batch.width[i] < 0 and batch.npairs[i] < 0]
+    pairs = [np.asarray(batch.pairs[i], np.int64).reshape(-1, 2)
+             for i in at[(batch.width[at] < 0) & (batch.npairs[at] < 0)].tolist()]
     if pairs:
         flat = np.concatenate(pairs)
         out += np.bincount(flat[:, 0] * n_out + flat[:, 1], minlength=out.size)

@@ -99,7 +99,7 @@ class DeviceBatch:
         mat = self.buf[(self.off[r] + self.at[r])[:, None] + np.arange((v + 7) // 8)]
         return np.unpackbits(mat, axis=1, bitorder="little")[:, :v]
 
-    def station_counts(self, rows: Sequence[int], chunk: int = 8192) -> IntArray:
+    def station_counts(self, rows: Sequence[int] | IntArray, chunk: int = 8192) -> IntArray:
         """How many of bitmap rows ``rows`` (one V) set each station's bit: counts[s - 1]."""
         total = np.zeros(int(self.width[rows[0]]), np.int64)
         for start in range(0, len(rows), chunk):

@@ -33,7 +33,7 @@ for four at the end of every run; ~3 ms on a connection of their own).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
@@ -44,7 +44,7 @@ from kafka.errors import KafkaError as PyKafkaError
 from schemas.connection import librdkafka_options
 from schemas.settings import KafkaSettings
 
-__all__ = ["Intake", "Rec"]
+__all__ = ["Intake", "Polled", "Rec"]
 
 log = logging.getLogger(__name__)
 #: ms before a partition whose local queue is full is considered for a fetch again (librdkafka: 1000)
@@ -52,13 +52,40 @@ FETCH_QUEUE_BACKOFF_MS = 20
 
 
 class Rec(NamedTuple):
-    """One input record, as the shuffler needs it (a dead letter names topic, partition, offset);
-    a named tuple: ~0.5 µs to build against a frozen dataclass's ~1.1, once per device record."""
+    """One input record, as the shuffler needs it (a dead letter names topic, partition, offset)."""
 
     topic: str
     partition: int
     offset: int
     value: bytes | None
+
+
+class Polled:
+    """One partition's records of a poll, as two columns (``offsets``, ``values``, in offset
+    order): a :class:`Rec` is built only where one is asked for (``polled[i]``: a dead letter),
+    not for every record read (~0.5 µs a record, a fifth of the reader's Python time).
+
+    >>> p = Polled("t", 3)
+    >>> p.offsets += [7, 8]; p.values += [b"a", None]
+    >>> len(p), p[1], [r.offset for r in p]
+    (2, Rec(topic='t', partition=3, offset=8, value=None), [7, 8])
+    """
+
+    __slots__ = ("offsets", "partition", "topic", "values")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.offsets: list[int] = []
+        self.values: list[bytes | None] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, i: int) -> Rec:
+        return Rec(self.topic, self.partition, self.offsets[i], self.values[i])
+
+    def __iter__(self) -> Iterator[Rec]:
+        return (self[i] for i in range(len(self.offsets)))
 
 
 class IntakeError(PyKafkaError):  # type: ignore[misc]
@@ -124,11 +151,10 @@ class Intake:
         self._skip[k] = max(self._skip.get(k, 0), offset)
         self._pos[k] = max(self._pos.get(k, 0), offset)
 
-    def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, list[Rec]]:
+    def poll(self, timeout_s: float, max_records: int) -> dict[TopicPartition, Polled]:
         """Up to ``max_records`` records, per partition in offset order."""
-        out: dict[TopicPartition, list[Rec]] = {}
         got = self._consumer.consume(max_records, timeout_s)
-        tps: dict[tuple[str, int], TopicPartition] = {}
+        cols: dict[tuple[str, int], tuple[int, Polled]] = {}  # per partition: the first offset not returned yet
         for m in got:
             err = m.error()
             if err is not None:
@@ -138,17 +164,19 @@ class Intake:
                     raise IntakeError(f"librdkafka consumer: {err.str()}")
                 log.debug("librdkafka consumer: %s", err.str())
                 continue
-            topic, part, off = m.topic() or "", m.partition() or 0, m.offset() or 0
-            k = (topic, part)
-            if off < self._skip.get(k, -1) or off < self._pos.get(k, -1):  # read elsewhere, or returned already
-                continue
-            tp = tps.get(k)
-            if tp is None:
-                tp = tps[k] = TopicPartition(topic, part)
-                out[tp] = []
-            out[tp].append(Rec(topic, part, off, m.value()))
-        for k, tp in tps.items():
-            self._pos[k] = max(self._pos.get(k, 0), out[tp][-1].offset + 1)
+            k = (m.topic() or "", m.partition() or 0)
+            col = cols.get(k)
+            if col is None:
+                col = cols[k] = (max(self._skip.get(k, -1), self._pos.get(k, -1)), Polled(*k))
+            off = m.offset() or 0
+            if off >= col[0]:  # else read elsewhere, or returned already
+                col[1].offsets.append(off)
+                col[1].values.append(m.value())
+        out: dict[TopicPartition, Polled] = {}
+        for k, (_, polled) in cols.items():
+            if polled.offsets:
+                self._pos[k] = max(self._pos.get(k, 0), polled.offsets[-1] + 1)
+                out[TopicPartition(*k)] = polled
         return out
 
     def position(self, tp: TopicPartition) -> int:

@@ -388,7 +388,7 @@ class Shuffler:
                 self._take_note(rec, step)
             for tp, records in got.items():
                 if tp != self._notes_tp:  # the decode step: columns, reasons, each device id and MAC checked
-                    self._admission.take(decode_batch([r.value for r in records], self.enrollment), records, step,
+                    self._admission.take(decode_batch(records.values, self.enrollment), records, step,
                                          time.monotonic)
             positions = self._positions()
             self._abreast(positions)
