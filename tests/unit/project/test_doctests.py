@@ -81,6 +81,7 @@ WITH_EXAMPLES = {
     "stream_app.shuffler.columns": 5,
     "stream_app.shuffler.door_policy": 11,
     "stream_app.shuffler.front_door": 1,
+    "stream_app.shuffler.intake": 3,
     "stream_app.shuffler.enrolled": 9,
     "stream_app.shuffler.kept": 7,
     "stream_app.shuffler.metrics": 6,

@@ -228,7 +228,10 @@ def test_each_shipped_plan_is_what_the_planner_chooses_now(run: Callable[[str], 
         assert chosen.keys() == plan["params"].keys(), command
         for label, params in chosen.items():
             assert params.keys() == plan["params"][label].keys(), (command, label)
-            assert all(math.isclose(v, plan["params"][label][p], rel_tol=1e-9) for p, v in params.items()), (
+            # 1e-6: a parameter is the root of a day composed by FFT, whose last bits differ between
+            # CPUs (pocketfft's SIMD path; 2.5e-9 relative seen between two machines of this kind); a
+            # change of the planner moves it by far more
+            assert all(math.isclose(v, plan["params"][label][p], rel_tol=1e-6) for p, v in params.items()), (
                 f"{command}: the planner chooses {params} for {label}, producers/plans.json ships "
                 f"{plan['params'][label]}; ship what it chooses now")
 
