@@ -7,6 +7,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +68,19 @@ def planned_day_params(mechanisms: str, population: int, stations: int, day_budg
     shuffler's aggregate release (a minute or two at the papers' fleet on a busy machine:
     remembered per setting, and in ``cache``, a folder, across runs -- a remembered plan is
     used only if its composed day still fits the budget; the plans of the demo's defaults are
-    shipped, :data:`SHIPPED_PLANS`). :class:`~estimators.PlanError` when a
-    query cannot fit, saying which and why."""
+    shipped, :data:`SHIPPED_PLANS`). That check composes the day again (17 CPU-s for the
+    README's demo at n = 120,000), so ``cache`` also remembers each check that passed, per
+    setting, parameters and accounting code (:func:`_fitting`). :class:`~estimators.PlanError`
+    when a query cannot fit, saying which and why."""
     key = (mechanisms, population, stations, day_budget)
     path = cache / ("day-plan-" + hashlib.sha256(repr(key).encode()).hexdigest()[:16] + ".json") if cache else None
     for kept in (_read_plans(path), _read_plans(SHIPPED_PLANS)):
-        params = _fitting(kept, key)
+        params = _fitting(kept, key, cache)
         if params is not None:
             return params
     params = _planned_day_params(*key)
     if path is not None:
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"key": list(key), "params": params}))
+        _write_atomic(path, json.dumps({"key": list(key), "params": params}))
     return params
 
 
@@ -94,9 +95,13 @@ def _read_plans(path: Path | None) -> list[Any]:
     return kept if isinstance(kept, list) else [kept]
 
 
-def _fitting(kept: list[Any], key: tuple[str, int, int, float]) -> dict[str, dict[str, float]] | None:
+def _fitting(kept: list[Any], key: tuple[str, int, int, float], stamps: Path | None = None
+             ) -> dict[str, dict[str, float]] | None:
     """The parameters of the plan in ``kept`` made for ``key``, if its composed day still fits
-    the budget (a cache can be stale or tampered with: every kept plan is checked again)."""
+    the budget (a cache can be stale or tampered with: every kept plan is checked again) -- or
+    if ``stamps``, a folder, holds the stamp of that check passing for these parameters under
+    this accounting code (:func:`_accounting`; written when the check passes). A stamp is
+    trusted as the cache folder is: whoever can write one can change the code too."""
     from estimators.fleet import parse_fleet_queries, planned_day
 
     for plan in kept:
@@ -104,11 +109,39 @@ def _fitting(kept: list[Any], key: tuple[str, int, int, float]) -> dict[str, dic
             if plan["key"] != list(key):
                 continue
             params = {str(k): {str(p): float(v) for p, v in d.items()} for k, d in plan["params"].items()}
+            what = json.dumps([list(key), params, _accounting()], sort_keys=True)
+            stamp = stamps / f"day-fits-{hashlib.sha256(what.encode()).hexdigest()[:24]}" if stamps else None
+            if stamp is not None and stamp.is_file():
+                return params
             if planned_day(parse_fleet_queries(key[0]), params, key[1], key[2]) <= key[3]:
+                if stamp is not None:
+                    _write_atomic(stamp, what)
                 return params
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # planned again
     return None
+
+
+@functools.cache
+def _accounting() -> str:
+    """A digest of the accounting code -- the estimators package's sources -- so a remembered
+    check holds only for the code that made it (~2 ms, once a process)."""
+    import estimators
+
+    h = hashlib.sha256()
+    for source in sorted(Path(estimators.__file__).parent.glob("*.py")):
+        h.update(source.name.encode() + b"\0" + source.read_bytes())
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` under a temporary name, then renamed (a reader never sees half); a
+    folder that cannot be written is left as it is."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 @functools.lru_cache(maxsize=8)

@@ -34,6 +34,14 @@ os.environ["XDG_RUNTIME_DIR"] = str(SESSION_DIR / "run")
 # the bytecode cache of the processes the tests start (pytest_configure); pytest-xdist's workers
 # inherit the main process's, so a run compiles a module once
 PYCACHE = os.environ.setdefault("PTT_TESTS_PYCACHE", str(SESSION_DIR / "pycache"))
+# the day plans and their passed checks (producers.queries.planned_day_params, in
+# $XDG_CACHE_HOME/ptt/plans), shared by the run's workers in the same way: a setting is planned,
+# and a kept plan's day composed, once a run instead of once a worker (each file is written under
+# a temporary name and renamed)
+PLANS = Path(os.environ.setdefault("PTT_TESTS_PLANS", str(SESSION_DIR / "plans")))
+PLANS.mkdir(exist_ok=True)
+(SESSION_DIR / "cache" / "ptt").mkdir(parents=True)
+(SESSION_DIR / "cache" / "ptt" / "plans").symlink_to(PLANS, target_is_directory=True)
 
 
 @pytest.fixture

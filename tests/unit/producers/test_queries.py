@@ -60,12 +60,43 @@ def test_a_shipped_plan_is_used_while_it_fits_and_replanned_when_not(tmp_path: P
     shipped.write_text(json.dumps([{"key": [MECHANISMS, POPULATION + 1, STATIONS, BUDGET], "params": {}},
                                    {"key": [MECHANISMS, POPULATION, STATIONS, BUDGET], "params": fits}]))
     assert queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path / "cache") == fits
-    assert not planner and not (tmp_path / "cache").exists()
+    assert not planner and [p.name[:9] for p in (tmp_path / "cache").iterdir()] == ["day-fits-"]  # its check only
     shipped.write_text(json.dumps([{"key": [MECHANISMS, POPULATION, STATIONS, BUDGET],
                                     "params": {"unary@3600//40": {"q": 0.001}}}]))
     assert queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path / "cache") == {
         "unary@3600//40": {"q": 0.45}}
     assert len(planner) == 1
+
+
+def test_a_passed_check_is_remembered_for_its_parameters_and_accounting_code(
+        tmp_path: Path, planner: list[tuple[object, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remembered plan whose check passed once is used again without composing its day; the
+    stamp is for those parameters under this accounting code: other parameters (a tampered
+    file) or other code are checked again."""
+    queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)
+    queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)  # checked, stamped
+    composed: list[object] = []
+    real = planned_day
+
+    def counted(*args: object) -> float:
+        composed.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("estimators.fleet.planned_day", counted)
+    assert queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path) == {
+        "unary@3600//40": {"q": 0.45}}
+    assert not composed and len(planner) == 1
+    code = queries._accounting
+    monkeypatch.setattr(queries, "_accounting", lambda: "other code")
+    queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path)
+    assert len(composed) == 1 and len(planner) == 1  # checked again, still fits
+    monkeypatch.setattr(queries, "_accounting", code)
+    (path,) = tmp_path.glob("day-plan-*")
+    path.write_text(json.dumps({"key": [MECHANISMS, POPULATION, STATIONS, BUDGET],
+                                "params": {"unary@3600//40": {"q": 0.001}}}))
+    assert queries.planned_day_params(MECHANISMS, POPULATION, STATIONS, BUDGET, tmp_path) == {
+        "unary@3600//40": {"q": 0.45}}
+    assert len(composed) == 2 and len(planner) == 2  # over the budget: planned again
 
 
 @pytest.mark.slow
