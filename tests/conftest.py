@@ -39,7 +39,7 @@ PYCACHE = os.environ.setdefault("PTT_TESTS_PYCACHE", str(SESSION_DIR / "pycache"
 # and a kept plan's day composed, once a run instead of once a worker (each file is written under
 # a temporary name and renamed)
 PLANS = Path(os.environ.setdefault("PTT_TESTS_PLANS", str(SESSION_DIR / "plans")))
-PLANS.mkdir(exist_ok=True)
+PLANS.mkdir(parents=True, exist_ok=True)
 (SESSION_DIR / "cache" / "ptt").mkdir(parents=True)
 (SESSION_DIR / "cache" / "ptt" / "plans").symlink_to(PLANS, target_is_directory=True)
 
