@@ -162,7 +162,7 @@ MAX_DEVICE_PAIRS = 65_535  # (station, report) pairs in one device report
 class DeviceReport(_Frozen):
     """One device's report on the device topic (``ptt.device-reports``), for the anonymizing
     shuffler (``ptt shuffler``): one Kafka record per device, query version, epoch and round,
-    under a fresh random key, with no header but ``ptt-kind``. Nothing in it names or links a
+    with no key and no header. Nothing in it names or links a
     vehicle but, for the shuffler only, the enrolled ``device`` id and its ``mac`` (hex: the
     16-byte MAC of :func:`~schemas.device_binary.auth_message`, :mod:`schemas.enrollment`), which
     the shuffler checks and drops: no batch id, no producer id. ``value`` (station-valued mechanisms:

@@ -3,8 +3,8 @@
 ``POST /v1/reports`` takes one device's reports of one epoch (bodies:
 :mod:`~stream_app.shuffler.door_policy`), checks every report's device id and MAC with the
 shuffler's own enrollment check, forwards each report's bytes unchanged as its own record to
-the device topic -- a fresh random key, header ``ptt-kind: device_report`` only, as ``ptt
-replay --via-shuffler`` writes them -- and answers ``202`` only once the broker acknowledged
+the device topic -- no key and no header, as ``ptt replay --via-shuffler`` writes them --
+and answers ``202`` only once the broker acknowledged
 every record of the request (acks=all), with the (partition, offset) of each. A refused
 request writes nothing and costs no dead letter: its answer is a JSON reason (``401
 unauthenticated``; ``403 unknown_device``, ``bad_mac`` or what :meth:`FrontDoor.device_allowed`
