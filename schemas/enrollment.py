@@ -252,11 +252,11 @@ class Enrollment:
 
     def _keyed_states(self, device: int) -> tuple[Any, Any]:
         """HMAC-SHA256 under device ``device``'s key as two SHA-256 states that have hashed the
-        key padded to a block, xor ipad and xor opad (RFC 2104), kept per device: a MAC is then
-        two copies, an update each and two digests, 1.7 µs for a short report against 3.4 with
-        ``hmac.digest`` (OpenSSL 3 sets a one-shot HMAC up anew on every call), on the shuffler
-        and on every device (``tests/benchmarks/bench_enrollment.py``). Kept ~0.65 KB a device:
-        +87 MB at the papers' fleet (136,161)."""
+        key padded to a block, xor ipad and xor opad (RFC 2104), kept per device (:meth:`macs`): a
+        MAC is then two copies, an update each and two digests -- cheaper than ``hmac.digest``,
+        for which OpenSSL 3 sets a one-shot HMAC up anew on every call
+        (``tests/benchmarks/bench_enrollment.py``). Kept ~0.65 KB a device: +87 MB at the
+        papers' fleet (136,161)."""
         return _hmac_states(self._derive(device))
 
     def _slot_derive(self, query_id: str, version: int, epoch: int, rnd: int) -> Any:
